@@ -1,0 +1,586 @@
+//! The forwarder's configuration: the file `ferry-forwarder --config` reads and the operator
+//! renders. Two input formats are accepted:
+//! - Ferry's own (top-level `rules`), documented in the README;
+//! - the replaced forwarder's `config.yaml` (top-level `forwarding`), unchanged.
+//!
+//! Both become one [`ForwarderConfig`]. Loading never stops at the first problem: every invalid
+//! field is reported with its path.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::env;
+use crate::legacy;
+use crate::topic::{TopicFilter, validate_kafka_topic};
+
+/// Upper bound for `rules`; keeps the per-message target index small (see the forwarder's
+/// delivery opaque) and a config reviewable.
+pub const MAX_RULES: usize = 4096;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForwarderConfig {
+    pub mqtt: MqttConfig,
+    pub kafka: KafkaConfig,
+    pub rules: Vec<Rule>,
+    #[serde(default)]
+    pub http: HttpConfig,
+    /// Upper bound for the drain on SIGTERM: in-flight messages still unconfirmed by Kafka
+    /// after this are left unacknowledged, so the broker redelivers them.
+    #[serde(default = "default_shutdown_timeout_secs")]
+    pub shutdown_timeout_secs: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MqttConfig {
+    pub host: String,
+    #[serde(default = "default_mqtt_port")]
+    pub port: u16,
+    /// Stable client id: with `clean_session: false` the broker keeps the session (and the
+    /// messages it holds for it) while the forwarder is away.
+    pub client_id: String,
+    #[serde(default)]
+    pub clean_session: bool,
+    #[serde(default = "default_keep_alive_secs")]
+    pub keep_alive_secs: u16,
+    /// The in-flight window: messages received from MQTT and not yet acknowledged.
+    #[serde(default = "default_max_inflight")]
+    pub max_inflight: u16,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<Secret>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<MqttTls>,
+    #[serde(default = "default_reconnect_min_ms")]
+    pub reconnect_min_ms: u64,
+    #[serde(default = "default_reconnect_max_ms")]
+    pub reconnect_max_ms: u64,
+}
+
+/// PEM file paths for MQTT over TLS.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MqttTls {
+    pub ca_file: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<String>,
+}
+
+/// A value that must never be printed: `Debug` shows a placeholder.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(pub String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    /// Comma-separated `host:port` list.
+    pub bootstrap_servers: String,
+    /// librdkafka producer properties, passed through; they override Ferry's defaults.
+    #[serde(default, deserialize_with = "scalar_map")]
+    pub config: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    /// Unique; the label of this rule's metrics and status.
+    pub name: String,
+    pub mqtt: RuleMqtt,
+    pub kafka: RuleKafka,
+    #[serde(default)]
+    pub payload: PayloadFormat,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleMqtt {
+    /// MQTT topic filters (`+` and `#` wildcards).
+    pub topics: Vec<String>,
+    /// The maximum QoS requested in the subscription.
+    #[serde(default = "default_qos")]
+    pub qos: u8,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleKafka {
+    pub topic: String,
+    #[serde(default)]
+    pub key: KeyStrategy,
+}
+
+/// What becomes the Kafka record key (and so the partition).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyStrategy {
+    /// The MQTT topic, as the replaced forwarder did: one MQTT topic stays in one partition,
+    /// in order.
+    #[default]
+    MqttTopic,
+    /// No key: records spread over partitions, no per-topic order in Kafka.
+    None,
+    /// One level of the MQTT topic, counted from 0 (`topic_level: 1` of `plant/7/temp` is `7`).
+    /// A topic without that level gets no key.
+    TopicLevel(usize),
+}
+
+/// How the MQTT payload becomes the Kafka record value.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PayloadFormat {
+    /// The payload bytes unchanged.
+    #[default]
+    Raw,
+    /// `{"topic":"<mqtt topic>","payload":"<base64>"}`, byte-identical to the replaced
+    /// forwarder's `wrap_as_json`.
+    WrappedJson,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Address of `/healthz`, `/readyz` and `/metrics`.
+    pub listen: SocketAddr,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self { listen: SocketAddr::from(([0, 0, 0, 0], 8080)) }
+    }
+}
+
+fn default_mqtt_port() -> u16 {
+    1883
+}
+fn default_keep_alive_secs() -> u16 {
+    30
+}
+fn default_max_inflight() -> u16 {
+    1000
+}
+fn default_reconnect_min_ms() -> u64 {
+    100
+}
+fn default_reconnect_max_ms() -> u64 {
+    10_000
+}
+fn default_qos() -> u8 {
+    1
+}
+fn default_shutdown_timeout_secs() -> u64 {
+    30
+}
+
+/// librdkafka values are strings; YAML users write `linger.ms: 5` or `enable.idempotence: true`.
+fn scalar_map<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Scalar {
+        Bool(bool),
+        Int(i64),
+        Float(f64),
+        Str(String),
+    }
+    let raw = Option::<BTreeMap<String, Scalar>>::deserialize(d)?.unwrap_or_default();
+    Ok(raw
+        .into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                Scalar::Bool(b) => b.to_string(),
+                Scalar::Int(i) => i.to_string(),
+                Scalar::Float(f) => f.to_string(),
+                Scalar::Str(s) => s,
+            };
+            (k, v)
+        })
+        .collect())
+}
+
+/// One thing wrong with a config, at a field path such as `rules[2].kafka.topic`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("config is not valid YAML for this format: {0}")]
+    Syntax(String),
+    #[error("config has {} problem(s):\n{}", .0.len(), ProblemList(.0))]
+    Invalid(Vec<Problem>),
+}
+
+struct ProblemList<'a>(&'a [Problem]);
+
+impl fmt::Display for ProblemList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, p) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "  - {p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Which input format a file was written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceFormat {
+    Ferry,
+    /// The replaced forwarder's `config.yaml`.
+    Legacy,
+}
+
+/// A loaded, validated config, and what the loader noticed along the way.
+#[derive(Debug)]
+pub struct Loaded {
+    pub config: ForwarderConfig,
+    pub format: SourceFormat,
+    /// Non-fatal notes for the log (e.g. unset variables in a legacy file).
+    pub warnings: Vec<String>,
+}
+
+/// Parses and validates config text. `lookup_env` resolves `${VAR}`.
+pub fn load_str(text: &str, lookup_env: impl Fn(&str) -> Option<String>) -> Result<Loaded, ConfigError> {
+    let substituted = env::substitute(text, lookup_env);
+    let format = detect_format(&substituted.text)?;
+    let mut warnings = Vec::new();
+    let config = match format {
+        SourceFormat::Ferry => {
+            if !substituted.missing.is_empty() {
+                return Err(ConfigError::Invalid(missing_env_problems(&substituted.missing)));
+            }
+            parse::<ForwarderConfig>(&substituted.text)?
+        }
+        SourceFormat::Legacy => {
+            // The replaced forwarder substituted unset variables with "" silently; keep
+            // accepting such files, but say so.
+            for name in &substituted.missing {
+                warnings.push(format!("environment variable {name} is not set; substituted an empty string"));
+            }
+            parse::<legacy::LegacyConfig>(&substituted.text)?.into_ferry()
+        }
+    };
+    let problems = config.validate();
+    if !problems.is_empty() {
+        return Err(ConfigError::Invalid(problems));
+    }
+    Ok(Loaded { config, format, warnings })
+}
+
+fn missing_env_problems(missing: &[String]) -> Vec<Problem> {
+    missing
+        .iter()
+        .map(|name| Problem {
+            path: format!("${{{name}}}"),
+            message: "environment variable is not set (use ${NAME:-default} for a default)".into(),
+        })
+        .collect()
+}
+
+fn detect_format(text: &str) -> Result<SourceFormat, ConfigError> {
+    let top: BTreeMap<String, serde::de::IgnoredAny> =
+        serde_saphyr::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
+    match (top.contains_key("rules"), top.contains_key("forwarding")) {
+        (true, true) => Err(ConfigError::Invalid(vec![Problem {
+            path: "forwarding".into(),
+            message: "a config has either `rules` (Ferry format) or `forwarding` (legacy format), not both"
+                .into(),
+        }])),
+        (false, true) => Ok(SourceFormat::Legacy),
+        _ => Ok(SourceFormat::Ferry),
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, ConfigError> {
+    let mut at: Option<(String, String)> = None;
+    let result = serde_saphyr::with_deserializer_from_str(text, |de| {
+        serde_path_to_error::deserialize::<_, T>(de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            at = Some((path, inner.to_string()));
+            inner
+        })
+    });
+    match result {
+        Ok(v) => Ok(v),
+        Err(e) => match at {
+            // A type or shape error at a known field: report it like a validation problem.
+            Some((path, message)) if path != "." && !path.is_empty() => {
+                Err(ConfigError::Invalid(vec![Problem { path, message: first_line(&message) }]))
+            }
+            _ => Err(ConfigError::Syntax(first_line(&e.to_string()))),
+        },
+    }
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or_default().trim().to_owned()
+}
+
+impl ForwarderConfig {
+    /// Every semantic problem, with its field path. Empty means valid.
+    pub fn validate(&self) -> Vec<Problem> {
+        let mut p = Problems::default();
+        let m = &self.mqtt;
+        if m.host.trim().is_empty() {
+            p.add("mqtt.host", "must not be empty");
+        }
+        if m.port == 0 {
+            p.add("mqtt.port", "must be between 1 and 65535");
+        }
+        if m.client_id.is_empty() && !m.clean_session {
+            p.add(
+                "mqtt.client_id",
+                "must be set unless clean_session is true: a persistent session needs a stable client id",
+            );
+        }
+        if m.client_id.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            p.add("mqtt.client_id", format!("{:?} contains whitespace or control characters", m.client_id));
+        }
+        if m.max_inflight == 0 {
+            p.add("mqtt.max_inflight", "must be at least 1");
+        }
+        if m.keep_alive_secs != 0 && m.keep_alive_secs < 5 {
+            p.add("mqtt.keep_alive_secs", "must be 0 (off) or at least 5");
+        }
+        if m.password.is_some() && m.username.is_none() {
+            p.add("mqtt.password", "is set but mqtt.username is not");
+        }
+        if m.tls.is_some() {
+            p.add("mqtt.tls", "TLS to the MQTT broker is not supported by this version of ferry-forwarder yet");
+        }
+        if m.reconnect_min_ms == 0 || m.reconnect_min_ms > m.reconnect_max_ms {
+            p.add("mqtt.reconnect_min_ms", "must be at least 1 and not above mqtt.reconnect_max_ms");
+        }
+
+        let servers: Vec<&str> = self.kafka.bootstrap_servers.split(',').map(str::trim).collect();
+        if self.kafka.bootstrap_servers.trim().is_empty() {
+            p.add("kafka.bootstrap_servers", "must not be empty");
+        } else {
+            for s in servers {
+                let ok = s
+                    .rsplit_once(':')
+                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|n| n > 0));
+                if !ok {
+                    p.add("kafka.bootstrap_servers", format!("{s:?} is not host:port"));
+                }
+            }
+        }
+        for key in self.kafka.config.keys() {
+            if key == "bootstrap.servers" {
+                p.add("kafka.config.bootstrap.servers", "set kafka.bootstrap_servers instead");
+            }
+        }
+
+        if self.rules.is_empty() {
+            p.add("rules", "must contain at least one rule");
+        }
+        if self.rules.len() > MAX_RULES {
+            p.add("rules", format!("has {} rules; at most {MAX_RULES} are supported", self.rules.len()));
+        }
+        let mut names = BTreeSet::new();
+        for (i, rule) in self.rules.iter().enumerate() {
+            let at = |field: &str| format!("rules[{i}].{field}");
+            if !is_valid_rule_name(&rule.name) {
+                p.add(
+                    at("name"),
+                    format!(
+                        "{:?} must be 1-63 characters of letters, digits, '.', '_' or '-' (it labels metrics)",
+                        rule.name
+                    ),
+                );
+            } else if !names.insert(rule.name.as_str()) {
+                p.add(at("name"), format!("{:?} is used by another rule; names must be unique", rule.name));
+            }
+            if rule.mqtt.topics.is_empty() {
+                p.add(at("mqtt.topics"), "must contain at least one topic filter");
+            }
+            for (j, filter) in rule.mqtt.topics.iter().enumerate() {
+                if let Err(e) = TopicFilter::parse(filter) {
+                    p.add(at(&format!("mqtt.topics[{j}]")), format!("{filter:?} is not a valid MQTT topic filter: {e}"));
+                }
+            }
+            if rule.mqtt.qos > 2 {
+                p.add(at("mqtt.qos"), format!("{} is not an MQTT QoS (0, 1 or 2)", rule.mqtt.qos));
+            }
+            if let Err(e) = validate_kafka_topic(&rule.kafka.topic) {
+                p.add(at("kafka.topic"), format!("{:?} is not a valid Kafka topic name: it {e}", rule.kafka.topic));
+            }
+        }
+        p.0
+    }
+
+    /// Every distinct (filter, QoS) to subscribe to; the highest QoS wins when rules share a filter.
+    pub fn subscriptions(&self) -> Vec<(String, u8)> {
+        let mut subs: BTreeMap<&str, u8> = BTreeMap::new();
+        for rule in &self.rules {
+            for filter in &rule.mqtt.topics {
+                let qos = subs.entry(filter).or_insert(0);
+                *qos = (*qos).max(rule.mqtt.qos);
+            }
+        }
+        subs.into_iter().map(|(f, q)| (f.to_owned(), q)).collect()
+    }
+}
+
+fn is_valid_rule_name(name: &str) -> bool {
+    (1..=63).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+#[derive(Default)]
+struct Problems(Vec<Problem>);
+
+impl Problems {
+    fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(Problem { path: path.into(), message: message.into() });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    const FERRY: &str = r#"
+mqtt:
+  host: localhost
+  client_id: ferry-1
+kafka:
+  bootstrap_servers: localhost:9092
+  config:
+    linger.ms: 10
+    enable.idempotence: true
+rules:
+  - name: telemetry
+    mqtt:
+      topics: ["plant/+/telemetry"]
+    kafka:
+      topic: telemetry
+      key: { topic_level: 1 }
+    payload: wrapped_json
+"#;
+
+    #[test]
+    fn ferry_format_with_defaults() {
+        let loaded = load_str(FERRY, no_env).unwrap();
+        let c = loaded.config;
+        assert_eq!(loaded.format, SourceFormat::Ferry);
+        assert_eq!(c.mqtt.port, 1883);
+        assert!(!c.mqtt.clean_session);
+        assert_eq!(c.mqtt.max_inflight, 1000);
+        assert_eq!(c.kafka.config["linger.ms"], "10");
+        assert_eq!(c.kafka.config["enable.idempotence"], "true");
+        assert_eq!(c.rules[0].mqtt.qos, 1);
+        assert_eq!(c.rules[0].kafka.key, KeyStrategy::TopicLevel(1));
+        assert_eq!(c.rules[0].payload, PayloadFormat::WrappedJson);
+        assert_eq!(c.http.listen.port(), 8080);
+    }
+
+    #[test]
+    fn every_problem_is_listed_with_its_path() {
+        let text = r#"
+mqtt: { host: "", port: 0, client_id: "" , max_inflight: 0}
+kafka: { bootstrap_servers: "nohost" }
+rules:
+  - name: a
+    mqtt: { topics: ["a/#/b", "ok/+"], qos: 3 }
+    kafka: { topic: "a b" }
+  - name: a
+    mqtt: { topics: [] }
+    kafka: { topic: ok }
+"#;
+        let Err(ConfigError::Invalid(problems)) = load_str(text, no_env) else { panic!("expected invalid") };
+        let paths: Vec<&str> = problems.iter().map(|p| p.path.as_str()).collect();
+        for expected in [
+            "mqtt.host",
+            "mqtt.port",
+            "mqtt.client_id",
+            "mqtt.max_inflight",
+            "kafka.bootstrap_servers",
+            "rules[0].mqtt.topics[0]",
+            "rules[0].mqtt.qos",
+            "rules[0].kafka.topic",
+            "rules[1].name",
+            "rules[1].mqtt.topics",
+        ] {
+            assert!(paths.contains(&expected), "missing {expected} in {problems:#?}");
+        }
+        let topic = problems.iter().find(|p| p.path == "rules[0].kafka.topic").unwrap();
+        assert_eq!(topic.to_string(), r#"rules[0].kafka.topic: "a b" is not a valid Kafka topic name: it may contain only ASCII letters, digits, '.', '_' and '-'"#);
+    }
+
+    #[test]
+    fn type_errors_name_the_field() {
+        let text = FERRY.replace("client_id: ferry-1", "client_id: ferry-1\n  port: lots");
+        let Err(ConfigError::Invalid(problems)) = load_str(&text, no_env) else { panic!("expected invalid") };
+        assert_eq!(problems[0].path, "mqtt.port");
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected_in_ferry_format() {
+        let text = FERRY.replace("client_id: ferry-1", "client_id: ferry-1\n  clientid: typo");
+        let Err(ConfigError::Invalid(problems)) = load_str(&text, no_env) else { panic!("expected invalid") };
+        assert!(problems[0].message.contains("clientid"), "{problems:?}");
+    }
+
+    #[test]
+    fn unset_variables_fail_ferry_format() {
+        let text = FERRY.replace("host: localhost", "host: ${MQTT_HOST}");
+        let Err(ConfigError::Invalid(problems)) = load_str(&text, no_env) else { panic!("expected invalid") };
+        assert_eq!(problems[0].path, "${MQTT_HOST}");
+        let ok = load_str(&text, |n| (n == "MQTT_HOST").then(|| "broker".to_string())).unwrap();
+        assert_eq!(ok.config.mqtt.host, "broker");
+    }
+
+    #[test]
+    fn password_is_never_debug_printed() {
+        let text = FERRY.replace("client_id: ferry-1", "client_id: ferry-1\n  username: u\n  password: hunter2");
+        let loaded = load_str(&text, no_env).unwrap();
+        assert!(!format!("{loaded:?}").contains("hunter2"));
+        assert_eq!(loaded.config.mqtt.password.as_ref().map(Secret::expose), Some("hunter2"));
+    }
+
+    #[test]
+    fn subscriptions_merge_filters() {
+        let mut c = load_str(FERRY, no_env).unwrap().config;
+        let mut second = c.rules[0].clone();
+        second.name = "again".into();
+        second.mqtt.qos = 2;
+        c.rules.push(second);
+        assert_eq!(c.subscriptions(), vec![("plant/+/telemetry".to_string(), 2)]);
+    }
+}

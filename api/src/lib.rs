@@ -1,0 +1,10 @@
+//! Types shared by Ferry's operator and forwarder, with no dependency on librdkafka or on
+//! Kubernetes client code: the forwarder's config contract and topic rules.
+
+pub mod config;
+pub mod env;
+mod legacy;
+pub mod topic;
+
+pub use config::{ConfigError, ForwarderConfig, KeyStrategy, PayloadFormat, Problem, Rule, load_str};
+pub use topic::{TopicFilter, validate_kafka_topic};

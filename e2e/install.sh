@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what Ferry's tests and demo run on, caching outside the repo:
+#   - Debian packages: Mosquitto (the real MQTT broker), cmake/openssl headers (librdkafka's build)
+#   - Apache Kafka's jars from Maven Central (version pinned in e2e/kafka/pom.xml)
+# Idempotent and quiet when everything is already there.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cache=${FERRY_CACHE:-$HOME/.cache/ferry}
+kafka_version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here/kafka/pom.xml")
+kafka_libs="$cache/kafka-$kafka_version/libs"
+
+need_pkgs=()
+for bin_pkg in mosquitto:mosquitto mosquitto_pub:mosquitto-clients cmake:cmake pkg-config:pkg-config \
+               java:openjdk-17-jre-headless mvn:maven g++:g++ make:make; do
+  command -v "${bin_pkg%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${bin_pkg%%:*}" ] || need_pkgs+=("${bin_pkg#*:}")
+done
+dpkg -s libssl-dev >/dev/null 2>&1 || need_pkgs+=(libssl-dev)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  echo "ferry: installing Debian packages: ${need_pkgs[*]}"
+  sudo_cmd=(); [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
+fi
+# Debian starts a system-wide mosquitto on :1883 after install; tests run their own on free ports.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet mosquitto 2>/dev/null; then
+  systemctl disable --now mosquitto >/dev/null 2>&1 || true
+fi
+
+if [ ! -f "$kafka_libs/.complete" ]; then
+  echo "ferry: fetching Apache Kafka $kafka_version jars from Maven Central into $kafka_libs (~55 MB, once)"
+  mkdir -p "$kafka_libs"
+  mvn -q -f "$here/kafka/pom.xml" dependency:copy-dependencies -DoutputDirectory="$kafka_libs" \
+    -Dmaven.repo.local="$cache/m2"
+  touch "$kafka_libs/.complete"
+fi
+echo "ferry: brokers ready to run (mosquitto $(mosquitto -h 2>/dev/null | sed -n 's/^mosquitto version //p' | head -1), kafka $kafka_version at $kafka_libs)"
