@@ -1,0 +1,192 @@
+//! The Kafka side: librdkafka producer settings, delivery reports into the pipeline, and which
+//! errors are worth retrying.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferry_api::config::KafkaConfig;
+use rdkafka::ClientContext;
+use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use tokio::sync::mpsc;
+use tracing::{debug, error, info, warn};
+
+use crate::metrics::{FailureReason, Metrics};
+
+/// Ferry's producer defaults; anything in `kafka.config` overrides them.
+pub const DEFAULTS: &[(&str, &str)] = &[
+    ("acks", "all"),
+    ("enable.idempotence", "true"),
+    ("compression.type", "lz4"),
+    ("linger.ms", "5"),
+    // Never give up on a record inside librdkafka: a Kafka outage must hold messages (and so
+    // the MQTT acks) rather than fail them. librdkafka keeps retrying with capped backoff and,
+    // with idempotence, keeps per-partition order.
+    ("message.timeout.ms", "0"),
+    ("retry.backoff.ms", "100"),
+    ("retry.backoff.max.ms", "5000"),
+    ("socket.keepalive.enable", "true"),
+];
+
+pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
+    let mut cc = ClientConfig::new();
+    cc.set("bootstrap.servers", &kafka.bootstrap_servers);
+    for (k, v) in DEFAULTS {
+        cc.set(*k, *v);
+    }
+    for (k, v) in &kafka.config {
+        cc.set(k, v);
+    }
+    cc.set_log_level(RDKafkaLogLevel::Warning);
+    cc
+}
+
+/// One delivery report: which (message, target) it is for, and how it went.
+#[derive(Debug)]
+pub struct Report {
+    pub opaque: usize,
+    pub result: Result<(), KafkaError>,
+}
+
+/// Routes librdkafka's callbacks: delivery reports to the pipeline, logs and errors to tracing.
+pub struct Context {
+    reports: mpsc::UnboundedSender<Report>,
+    metrics: Arc<Metrics>,
+}
+
+impl ClientContext for Context {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        log_librdkafka(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::AllBrokersDown)) {
+            self.metrics.set_kafka_reachable(false);
+        }
+        warn!(error = %error, reason, "kafka client error");
+    }
+}
+
+impl ProducerContext for Context {
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: usize) {
+        let result = result.as_ref().map(|_| ()).map_err(|(e, _)| e.clone());
+        // The receiver is gone only while shutting down; nothing is waiting for the report then.
+        let _ = self.reports.send(Report { opaque, result });
+    }
+}
+
+pub type KafkaProducer = ThreadedProducer<Context>;
+
+/// Creates the producer. The report channel is unbounded in type but bounded in fact: every
+/// report answers one produce call, and produce calls are bounded by the in-flight window.
+pub fn producer(
+    kafka: &KafkaConfig,
+    metrics: Arc<Metrics>,
+    reports: mpsc::UnboundedSender<Report>,
+) -> Result<KafkaProducer, KafkaError> {
+    client_config(kafka).create_with_context(Context { reports, metrics })
+}
+
+/// What to do about a failed produce.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Kafka may take it later: produce again after a backoff.
+    Retry,
+    /// Kafka will never take it: count, log, acknowledge.
+    Permanent(FailureReason),
+    /// The producer instance is unusable (librdkafka fatal error): build a new one.
+    Fatal,
+}
+
+pub fn classify(error: &KafkaError) -> Failure {
+    use RDKafkaErrorCode as C;
+    match error.rdkafka_error_code() {
+        Some(C::MessageSizeTooLarge | C::InvalidMessageSize | C::MessageBatchTooLarge) => {
+            Failure::Permanent(FailureReason::TooLarge)
+        }
+        Some(C::InvalidTopic) => Failure::Permanent(FailureReason::InvalidTopic),
+        Some(C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed) => {
+            Failure::Permanent(FailureReason::Unauthorized)
+        }
+        Some(C::UnknownTopic | C::UnknownTopicOrPartition | C::UnknownPartition) => {
+            Failure::Permanent(FailureReason::UnknownTopic)
+        }
+        Some(C::InvalidRecord | C::PolicyViolation | C::InvalidArgument) => {
+            Failure::Permanent(FailureReason::Rejected)
+        }
+        Some(C::Fatal) => Failure::Fatal,
+        _ => Failure::Retry,
+    }
+}
+
+/// Asks Kafka for metadata every `interval` and sets `kafka_reachable`; runs until dropped.
+pub async fn probe_reachability(kafka: KafkaConfig, metrics: Arc<Metrics>, interval: Duration) {
+    let probe: Result<BaseProducer, _> = client_config(&kafka).create();
+    let probe = match probe {
+        Ok(p) => Arc::new(p),
+        Err(e) => {
+            error!(error = %e, "cannot create kafka metadata probe; readiness will stay false");
+            return;
+        }
+    };
+    let mut was: Option<bool> = None;
+    loop {
+        let p = Arc::clone(&probe);
+        let ok = tokio::task::spawn_blocking(move || p.client().fetch_metadata(None, Duration::from_secs(3)))
+            .await
+            .map(|r| r.is_ok())
+            .unwrap_or(false);
+        metrics.set_kafka_reachable(ok);
+        if was != Some(ok) {
+            if ok {
+                info!(bootstrap_servers = %kafka.bootstrap_servers, "kafka reachable");
+            } else {
+                warn!(bootstrap_servers = %kafka.bootstrap_servers, "kafka not reachable");
+            }
+            was = Some(ok);
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+fn log_librdkafka(level: RDKafkaLogLevel, fac: &str, message: &str) {
+    match level {
+        RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
+            error!(target: "librdkafka", facility = fac, "{message}")
+        }
+        RDKafkaLogLevel::Warning => warn!(target: "librdkafka", facility = fac, "{message}"),
+        RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => info!(target: "librdkafka", facility = fac, "{message}"),
+        RDKafkaLogLevel::Debug => debug!(target: "librdkafka", facility = fac, "{message}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_config_overrides_defaults() {
+        let mut kafka = KafkaConfig { bootstrap_servers: "k:9092".into(), config: Default::default() };
+        kafka.config.insert("linger.ms".into(), "50".into());
+        let cc = client_config(&kafka);
+        assert_eq!(cc.get("linger.ms"), Some("50"));
+        assert_eq!(cc.get("acks"), Some("all"));
+        assert_eq!(cc.get("enable.idempotence"), Some("true"));
+        assert_eq!(cc.get("bootstrap.servers"), Some("k:9092"));
+    }
+
+    #[test]
+    fn errors_are_classified() {
+        use RDKafkaErrorCode as C;
+        let e = |c| KafkaError::MessageProduction(c);
+        assert_eq!(classify(&e(C::MessageSizeTooLarge)), Failure::Permanent(FailureReason::TooLarge));
+        assert_eq!(classify(&e(C::TopicAuthorizationFailed)), Failure::Permanent(FailureReason::Unauthorized));
+        assert_eq!(classify(&e(C::MessageTimedOut)), Failure::Retry);
+        assert_eq!(classify(&e(C::QueueFull)), Failure::Retry);
+        assert_eq!(classify(&e(C::BrokerTransportFailure)), Failure::Retry);
+        assert_eq!(classify(&e(C::Fatal)), Failure::Fatal);
+    }
+}
