@@ -1,4 +1,4 @@
-//! `/healthz` (the process is serving), `/readyz` (MQTT connected and Kafka answering metadata),
+//! `/healthz` (the process is serving), `/readyz` (MQTT subscribed and Kafka answering metadata),
 //! `/metrics` (Prometheus text format).
 
 use std::sync::Arc;
@@ -25,9 +25,14 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
 }
 
 async fn readyz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
-    let (mqtt, kafka) = (m.health.mqtt_connected(), m.health.kafka_reachable());
-    let body = format!("mqtt_connected={mqtt} kafka_reachable={kafka}\n");
-    if mqtt && kafka { (StatusCode::OK, body) } else { (StatusCode::SERVICE_UNAVAILABLE, body) }
+    let h = &m.health;
+    let body = format!(
+        "mqtt_connected={} mqtt_subscribed={} kafka_reachable={}\n",
+        h.mqtt_connected(),
+        h.mqtt_subscribed(),
+        h.kafka_reachable()
+    );
+    if h.ready() { (StatusCode::OK, body) } else { (StatusCode::SERVICE_UNAVAILABLE, body) }
 }
 
 async fn metrics_text(State(m): State<Arc<Metrics>>) -> impl IntoResponse {

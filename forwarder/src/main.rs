@@ -18,6 +18,9 @@ struct Cli {
     /// Only load and validate the config, then exit (0 valid, 2 invalid).
     #[arg(long)]
     check: bool,
+    /// Overrides `http.listen` (e.g. 127.0.0.1:9090).
+    #[arg(long, env = "FERRY_HTTP_LISTEN")]
+    http_listen: Option<std::net::SocketAddr>,
     /// Log format.
     #[arg(long, env = "FERRY_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
@@ -34,13 +37,16 @@ fn main() -> ExitCode {
     let loaded = std::fs::read_to_string(&path)
         .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })
         .and_then(|text| ferry_api::load_str(&text, |name| std::env::var(name).ok()));
-    let loaded = match loaded {
+    let mut loaded = match loaded {
         Ok(l) => l,
         Err(e) => {
             eprintln!("ferry-forwarder: invalid config {}: {e}", path.display());
             return ExitCode::from(2);
         }
     };
+    if let Some(addr) = cli.http_listen {
+        loaded.config.http.listen = addr;
+    }
     for w in &loaded.warnings {
         warn!(config = %path.display(), "{w}");
     }

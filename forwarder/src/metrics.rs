@@ -73,12 +73,17 @@ pub struct Metrics {
 #[derive(Clone, Default)]
 pub struct Health {
     mqtt_connected: Arc<AtomicBool>,
+    /// The broker acknowledged our subscriptions on the current connection.
+    mqtt_subscribed: Arc<AtomicBool>,
     kafka_reachable: Arc<AtomicBool>,
 }
 
 impl Health {
     pub fn ready(&self) -> bool {
-        self.mqtt_connected.load(Ordering::Relaxed) && self.kafka_reachable.load(Ordering::Relaxed)
+        self.mqtt_subscribed.load(Ordering::Relaxed) && self.kafka_reachable.load(Ordering::Relaxed)
+    }
+    pub fn mqtt_subscribed(&self) -> bool {
+        self.mqtt_subscribed.load(Ordering::Relaxed)
     }
     pub fn mqtt_connected(&self) -> bool {
         self.mqtt_connected.load(Ordering::Relaxed)
@@ -141,7 +146,14 @@ impl Metrics {
 
     pub fn set_mqtt_connected(&self, up: bool) {
         self.health.mqtt_connected.store(up, Ordering::Relaxed);
+        if !up {
+            self.health.mqtt_subscribed.store(false, Ordering::Relaxed);
+        }
         self.mqtt_connected.set(i64::from(up));
+    }
+
+    pub fn set_mqtt_subscribed(&self) {
+        self.health.mqtt_subscribed.store(true, Ordering::Relaxed);
     }
 
     pub fn set_kafka_reachable(&self, up: bool) {

@@ -156,6 +156,7 @@ impl Reader {
                 true
             }
             Event::Incoming(Incoming::SubAck(ack)) => {
+                self.metrics.set_mqtt_subscribed();
                 for (code, (filter, _)) in ack.return_codes.iter().zip(&self.subscriptions) {
                     match code {
                         SubscribeReasonCode::Failure => {

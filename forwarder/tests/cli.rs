@@ -1,0 +1,68 @@
+//! The binary's contract for bad input: exit code 2 and every problem named by its field path,
+//! before anything starts.
+
+use std::process::Command;
+
+fn run_with_config(text: &str) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, text).expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry-forwarder")).arg("--config").arg(&path).output().expect("run");
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn invalid_config_exits_2_naming_every_field() {
+    let (code, stderr) = run_with_config(
+        "mqtt: { host: localhost, client_id: c, password: hunter2 }\n\
+         kafka: { bootstrap_servers: \"localhost\" }\n\
+         rules:\n\
+         \x20 - name: ok\n    mqtt: { topics: [\"a/#\"] }\n    kafka: { topic: ok }\n\
+         \x20 - name: bad\n    mqtt: { topics: [\"a/#/b\"], qos: 3 }\n    kafka: { topic: \"a b\" }\n",
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    for expected in [
+        "mqtt.password: is set but mqtt.username is not",
+        "kafka.bootstrap_servers: \"localhost\" is not host:port",
+        "rules[1].mqtt.topics[0]: \"a/#/b\" is not a valid MQTT topic filter",
+        "rules[1].mqtt.qos: 3 is not an MQTT QoS",
+        "rules[1].kafka.topic: \"a b\" is not a valid Kafka topic name",
+    ] {
+        assert!(stderr.contains(expected), "missing {expected:?} in:\n{stderr}");
+    }
+    assert!(!stderr.contains("hunter2"), "secrets never appear in errors");
+}
+
+#[test]
+fn legacy_config_errors_use_legacy_field_names_where_types_are_wrong() {
+    let (code, stderr) = run_with_config(
+        "mqtt: { host: h, port: notaport, client_id: c }\nkafka: { bootstrap_server: k, port: 9092 }\nforwarding: []\n",
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("mqtt.port"), "{stderr}");
+}
+
+#[test]
+fn missing_config_file_exits_2_with_its_path() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry-forwarder"))
+        .arg("--config")
+        .arg("/nonexistent/ferry.yaml")
+        .output()
+        .expect("run");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/ferry.yaml"));
+}
+
+#[test]
+fn check_flag_validates_without_connecting() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("config.yaml");
+    std::fs::write(
+        &path,
+        "mqtt: { host: 192.0.2.1, client_id: c }\nkafka: { bootstrap_servers: \"192.0.2.1:9092\" }\nrules:\n  - name: r\n    mqtt: { topics: [t] }\n    kafka: { topic: t }\n",
+    )
+    .expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry-forwarder")).arg("--check").arg("--config").arg(&path).output().expect("run");
+    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("valid (1 rules)"));
+}
