@@ -55,11 +55,19 @@ pub async fn run(config: ForwarderConfig, shutdown: impl Future<Output = ()>) ->
     let http = tokio::spawn(http::serve(listener, Arc::clone(&metrics)));
     let probe = tokio::spawn(kafka::probe_reachability(config.kafka.clone(), Arc::clone(&metrics), KAFKA_PROBE_INTERVAL));
 
-    let (client, eventloop) = mqtt::client(&config.mqtt);
     let max_inflight = usize::from(config.mqtt.max_inflight);
-    let pipeline = Pipeline::new(router, config.kafka.clone(), Arc::clone(&metrics), client.clone(), max_inflight)?;
+    // +1: the message the reader holds a hand-over permit for.
+    let (client, eventloop) = mqtt::client(&config.mqtt, max_inflight + HANDOVER_CAPACITY + 1);
+    let reader = Reader::new(eventloop, client.clone(), &config.mqtt, config.subscriptions(), Arc::clone(&metrics));
+    let pipeline = Pipeline::new(
+        router,
+        config.kafka.clone(),
+        Arc::clone(&metrics),
+        client,
+        Arc::clone(&reader.gone),
+        max_inflight,
+    )?;
     let (to_pipeline, inbound) = mpsc::channel(HANDOVER_CAPACITY);
-    let reader = Reader::new(eventloop, client, &config.mqtt, config.subscriptions(), Arc::clone(&metrics));
     let reader = tokio::spawn(reader.run(to_pipeline));
     info!(
         mqtt = %format!("{}:{}", config.mqtt.host, config.mqtt.port),

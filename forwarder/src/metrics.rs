@@ -16,6 +16,11 @@ struct RuleLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QosLabel {
+    qos: u8,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FailureLabel {
     rule: String,
     reason: FailureReason,
@@ -59,7 +64,8 @@ impl RuleCounters {
 pub struct Metrics {
     pub registry: Registry,
     pub rules: Vec<RuleCounters>,
-    pub received: Counter,
+    /// Received PUBLISHes by QoS (index 0, 1, 2).
+    pub received: [Counter; 3],
     pub unmatched: Counter,
     pub acked: Counter,
     pub produce_retries: Counter,
@@ -116,14 +122,15 @@ impl Metrics {
                 name: name.clone(),
             })
             .collect();
-        let received = Counter::default();
+        let received_family = Family::<QosLabel, Counter>::default();
+        let received = [0u8, 1, 2].map(|qos| received_family.get_or_create(&QosLabel { qos }).clone());
         let unmatched = Counter::default();
         let acked = Counter::default();
         let produce_retries = Counter::default();
         let inflight = Gauge::default();
         let mqtt_connected = Gauge::default();
         let kafka_reachable = Gauge::default();
-        registry.register("mqtt_received_messages", "PUBLISH packets received from MQTT", received.clone());
+        registry.register("mqtt_received_messages", "PUBLISH packets received from MQTT, by QoS", received_family);
         registry.register("mqtt_unmatched_messages", "Messages that matched no rule", unmatched.clone());
         registry.register("mqtt_acked_messages", "Messages acknowledged to MQTT", acked.clone());
         registry.register("kafka_produce_retries", "Records produced again after a retriable error", produce_retries.clone());

@@ -7,6 +7,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ferry_api::config::MqttConfig;
@@ -33,7 +34,10 @@ pub fn qos(level: u8) -> QoS {
     }
 }
 
-pub fn client(cfg: &MqttConfig) -> (AsyncClient, EventLoop) {
+/// `unacked_bound` is the most messages that can be read and not yet acknowledged (window plus
+/// hand-over); the request channel gets room for all their acks plus control requests, so the
+/// pipeline's `try_ack` never finds it full.
+pub fn client(cfg: &MqttConfig, unacked_bound: usize) -> (AsyncClient, EventLoop) {
     let mut o = MqttOptions::new(cfg.client_id.clone(), cfg.host.clone(), cfg.port);
     o.set_keep_alive(Duration::from_secs(u64::from(cfg.keep_alive_secs)))
         .set_clean_session(cfg.clean_session)
@@ -42,8 +46,7 @@ pub fn client(cfg: &MqttConfig) -> (AsyncClient, EventLoop) {
     if let Some(user) = &cfg.username {
         o.set_credentials(user.clone(), cfg.password.as_ref().map(|p| p.expose().to_owned()).unwrap_or_default());
     }
-    // Room for every ack of a full window plus subscribe/disconnect, so `try_ack` never fails.
-    AsyncClient::new(o, usize::from(cfg.max_inflight) + 64)
+    AsyncClient::new(o, unacked_bound + 64)
 }
 
 /// How the reader ended.
@@ -66,6 +69,8 @@ pub struct Reader {
     /// them on reconnect and then treats the broker's re-sent PUBREL as a protocol error, which
     /// would reconnect forever; see `remember_owed_pubrels`.
     owed_pubcomp: BTreeSet<u16>,
+    /// Set when `run` returns, for the pipeline to stop waiting on the request channel.
+    pub gone: Arc<AtomicBool>,
 }
 
 impl Reader {
@@ -84,12 +89,20 @@ impl Reader {
             reconnect_max: Duration::from_millis(cfg.reconnect_max_ms),
             metrics,
             owed_pubcomp: BTreeSet::new(),
+            gone: Arc::new(AtomicBool::new(false)),
         }
     }
 
     /// Reads until the pipeline closes its end of `to_pipeline`, then keeps the connection
     /// going only to flush the last acks and the DISCONNECT the pipeline queued.
-    pub async fn run(mut self, to_pipeline: mpsc::Sender<Publish>) -> ReaderExit {
+    pub async fn run(self, to_pipeline: mpsc::Sender<Publish>) -> ReaderExit {
+        let gone = Arc::clone(&self.gone);
+        let exit = self.read(to_pipeline).await;
+        gone.store(true, Ordering::Relaxed);
+        exit
+    }
+
+    async fn read(mut self, to_pipeline: mpsc::Sender<Publish>) -> ReaderExit {
         let mut failures: u32 = 0;
         loop {
             let Ok(permit) = to_pipeline.reserve().await else {
@@ -97,7 +110,7 @@ impl Reader {
             };
             match self.eventloop.poll().await {
                 Ok(Event::Incoming(Packet::Publish(publish))) => {
-                    self.metrics.received.inc();
+                    self.metrics.received[publish.qos as usize].inc();
                     permit.send(publish);
                 }
                 Ok(event) => {

@@ -10,6 +10,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ferry_api::PayloadFormat;
@@ -28,6 +29,7 @@ use crate::route::{Router, record_key, wrap_json};
 
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(10);
+const ACK_RETRY: Duration = Duration::from_millis(5);
 
 // A delivery opaque packs (producer generation, message sequence, target position).
 const POS_BITS: u32 = 12;
@@ -77,6 +79,12 @@ pub struct Pipeline {
     head_seq: u64,
     max_inflight: usize,
     retries: BinaryHeap<Reverse<(Instant, u64, usize)>>,
+    /// Acks rumqttc's request channel had no room for, oldest first. rumqttc takes one request
+    /// per poll and prefers reading, so a broker that sends without an in-flight limit can
+    /// outrun it; the acks wait here, in order, instead of being lost.
+    unsent_acks: VecDeque<(QoS, u16)>,
+    /// Set when the MQTT reader (and with it rumqttc's event loop) has ended.
+    reader_gone: Arc<AtomicBool>,
     scratch: Vec<usize>,
 }
 
@@ -86,6 +94,7 @@ impl Pipeline {
         kafka: KafkaConfig,
         metrics: Arc<Metrics>,
         client: AsyncClient,
+        reader_gone: Arc<AtomicBool>,
         max_inflight: usize,
     ) -> Result<Self, KafkaError> {
         let (reports_tx, reports) = mpsc::unbounded_channel();
@@ -103,6 +112,8 @@ impl Pipeline {
             head_seq: 0,
             max_inflight,
             retries: BinaryHeap::new(),
+            unsent_acks: VecDeque::new(),
+            reader_gone,
             scratch: Vec::new(),
         })
     }
@@ -132,6 +143,7 @@ impl Pipeline {
                 _ = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)), if retry_at.is_some() => {
                     self.retry_due();
                 }
+                _ = tokio::time::sleep(ACK_RETRY), if !self.unsent_acks.is_empty() => {}
                 _ = tokio::time::sleep_until(drain_deadline.unwrap_or_else(Instant::now)), if drain_deadline.is_some() => {
                     warn!(abandoned = self.window.len(), "drain bound passed; leaving unconfirmed messages unacknowledged for redelivery");
                     break;
@@ -154,7 +166,7 @@ impl Pipeline {
                 },
             }
             self.ack_completed();
-            if !accepting && self.window.is_empty() {
+            if !accepting && self.window.is_empty() && self.unsent_acks.is_empty() {
                 break;
             }
         }
@@ -325,15 +337,32 @@ impl Pipeline {
             let Some(slot) = self.window.pop_front() else { break };
             self.head_seq += 1;
             if slot.publish.qos != QoS::AtMostOnce {
-                match self.client.try_ack(&slot.publish) {
-                    Ok(()) => {
-                        self.metrics.acked.inc();
-                    }
-                    Err(e) => debug!(error = %e, "mqtt ack not queued"),
+                self.unsent_acks.push_back((slot.publish.qos, slot.publish.pkid));
+            }
+        }
+        self.flush_acks();
+        self.metrics.inflight.set(self.window.len() as i64);
+    }
+
+    fn flush_acks(&mut self) {
+        while let Some(&(qos, pkid)) = self.unsent_acks.front() {
+            let mut ack = Publish::new("", qos, Vec::new());
+            ack.pkid = pkid;
+            match self.client.try_ack(&ack) {
+                Ok(()) => {
+                    self.unsent_acks.pop_front();
+                    self.metrics.acked.inc();
+                }
+                Err(_) if !self.reader_gone.load(Ordering::Relaxed) => {
+                    break; // Full: try again shortly.
+                }
+                Err(e) => {
+                    // The event loop is gone (shutting down): the broker redelivers these.
+                    debug!(error = %e, unsent = self.unsent_acks.len(), "mqtt acks not sent");
+                    self.unsent_acks.clear();
                 }
             }
         }
-        self.metrics.inflight.set(self.window.len() as i64);
     }
 }
 

@@ -193,7 +193,7 @@ pub struct Delivery {
 }
 
 /// Checks records of numbered messages: per MQTT topic (the key), read in partition order.
-pub fn judge(records: &[Record], topics: usize, total: usize) -> Delivery {
+pub fn judge(records: &[Record], total: usize) -> Delivery {
     let mut seen = std::collections::BTreeSet::new();
     let mut by_topic: BTreeMap<String, Vec<(i32, i64, u64)>> = BTreeMap::new();
     for r in records {
