@@ -165,7 +165,9 @@ pub struct HttpConfig {
 
 impl Default for HttpConfig {
     fn default() -> Self {
-        Self { listen: SocketAddr::from(([0, 0, 0, 0], 8080)) }
+        Self {
+            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+        }
     }
 }
 
@@ -192,7 +194,9 @@ fn default_shutdown_timeout_secs() -> u64 {
 }
 
 /// librdkafka values are strings; YAML users write `linger.ms: 5` or `enable.idempotence: true`.
-fn scalar_map<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, String>, D::Error> {
+fn scalar_map<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Scalar {
@@ -232,7 +236,10 @@ impl fmt::Display for Problem {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: String, source: std::io::Error },
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("config is not valid YAML for this format: {0}")]
     Syntax(String),
     #[error("config has {} problem(s):\n{}", .0.len(), ProblemList(.0))]
@@ -271,14 +278,19 @@ pub struct Loaded {
 }
 
 /// Parses and validates config text. `lookup_env` resolves `${VAR}`.
-pub fn load_str(text: &str, lookup_env: impl Fn(&str) -> Option<String>) -> Result<Loaded, ConfigError> {
+pub fn load_str(
+    text: &str,
+    lookup_env: impl Fn(&str) -> Option<String>,
+) -> Result<Loaded, ConfigError> {
     let substituted = env::substitute(text, lookup_env);
     let format = detect_format(&substituted.text)?;
     let mut warnings = Vec::new();
     let config = match format {
         SourceFormat::Ferry => {
             if !substituted.missing.is_empty() {
-                return Err(ConfigError::Invalid(missing_env_problems(&substituted.missing)));
+                return Err(ConfigError::Invalid(missing_env_problems(
+                    &substituted.missing,
+                )));
             }
             parse::<ForwarderConfig>(&substituted.text)?
         }
@@ -286,7 +298,9 @@ pub fn load_str(text: &str, lookup_env: impl Fn(&str) -> Option<String>) -> Resu
             // The replaced forwarder substituted unset variables with "" silently; keep
             // accepting such files, but say so.
             for name in &substituted.missing {
-                warnings.push(format!("environment variable {name} is not set; substituted an empty string"));
+                warnings.push(format!(
+                    "environment variable {name} is not set; substituted an empty string"
+                ));
             }
             parse::<legacy::LegacyConfig>(&substituted.text)?.into_ferry()
         }
@@ -295,7 +309,11 @@ pub fn load_str(text: &str, lookup_env: impl Fn(&str) -> Option<String>) -> Resu
     if !problems.is_empty() {
         return Err(ConfigError::Invalid(problems));
     }
-    Ok(Loaded { config, format, warnings })
+    Ok(Loaded {
+        config,
+        format,
+        warnings,
+    })
 }
 
 fn missing_env_problems(missing: &[String]) -> Vec<Problem> {
@@ -337,7 +355,10 @@ fn parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, ConfigError> {
         Err(e) => match at {
             // A type or shape error at a known field: report it like a validation problem.
             Some((path, message)) if path != "." && !path.is_empty() => {
-                Err(ConfigError::Invalid(vec![Problem { path, message: first_line(&message) }]))
+                Err(ConfigError::Invalid(vec![Problem {
+                    path,
+                    message: first_line(&message),
+                }]))
             }
             _ => Err(ConfigError::Syntax(first_line(&e.to_string()))),
         },
@@ -365,8 +386,17 @@ impl ForwarderConfig {
                 "must be set unless clean_session is true: a persistent session needs a stable client id",
             );
         }
-        if m.client_id.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            p.add("mqtt.client_id", format!("{:?} contains whitespace or control characters", m.client_id));
+        if m.client_id
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control())
+        {
+            p.add(
+                "mqtt.client_id",
+                format!(
+                    "{:?} contains whitespace or control characters",
+                    m.client_id
+                ),
+            );
         }
         if m.max_inflight == 0 {
             p.add("mqtt.max_inflight", "must be at least 1");
@@ -378,20 +408,31 @@ impl ForwarderConfig {
             p.add("mqtt.password", "is set but mqtt.username is not");
         }
         if m.tls.is_some() {
-            p.add("mqtt.tls", "TLS to the MQTT broker is not supported by this version of ferry-forwarder yet");
+            p.add(
+                "mqtt.tls",
+                "TLS to the MQTT broker is not supported by this version of ferry-forwarder yet",
+            );
         }
         if m.reconnect_min_ms == 0 || m.reconnect_min_ms > m.reconnect_max_ms {
-            p.add("mqtt.reconnect_min_ms", "must be at least 1 and not above mqtt.reconnect_max_ms");
+            p.add(
+                "mqtt.reconnect_min_ms",
+                "must be at least 1 and not above mqtt.reconnect_max_ms",
+            );
         }
 
-        let servers: Vec<&str> = self.kafka.bootstrap_servers.split(',').map(str::trim).collect();
+        let servers: Vec<&str> = self
+            .kafka
+            .bootstrap_servers
+            .split(',')
+            .map(str::trim)
+            .collect();
         if self.kafka.bootstrap_servers.trim().is_empty() {
             p.add("kafka.bootstrap_servers", "must not be empty");
         } else {
             for s in servers {
-                let ok = s
-                    .rsplit_once(':')
-                    .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok_and(|n| n > 0));
+                let ok = s.rsplit_once(':').is_some_and(|(host, port)| {
+                    !host.is_empty() && port.parse::<u16>().is_ok_and(|n| n > 0)
+                });
                 if !ok {
                     p.add("kafka.bootstrap_servers", format!("{s:?} is not host:port"));
                 }
@@ -399,7 +440,10 @@ impl ForwarderConfig {
         }
         for key in self.kafka.config.keys() {
             if key == "bootstrap.servers" {
-                p.add("kafka.config.bootstrap.servers", "set kafka.bootstrap_servers instead");
+                p.add(
+                    "kafka.config.bootstrap.servers",
+                    "set kafka.bootstrap_servers instead",
+                );
             }
         }
 
@@ -407,7 +451,13 @@ impl ForwarderConfig {
             p.add("rules", "must contain at least one rule");
         }
         if self.rules.len() > MAX_RULES {
-            p.add("rules", format!("has {} rules; at most {MAX_RULES} are supported", self.rules.len()));
+            p.add(
+                "rules",
+                format!(
+                    "has {} rules; at most {MAX_RULES} are supported",
+                    self.rules.len()
+                ),
+            );
         }
         let mut names = BTreeSet::new();
         for (i, rule) in self.rules.iter().enumerate() {
@@ -421,21 +471,39 @@ impl ForwarderConfig {
                     ),
                 );
             } else if !names.insert(rule.name.as_str()) {
-                p.add(at("name"), format!("{:?} is used by another rule; names must be unique", rule.name));
+                p.add(
+                    at("name"),
+                    format!(
+                        "{:?} is used by another rule; names must be unique",
+                        rule.name
+                    ),
+                );
             }
             if rule.mqtt.topics.is_empty() {
                 p.add(at("mqtt.topics"), "must contain at least one topic filter");
             }
             for (j, filter) in rule.mqtt.topics.iter().enumerate() {
                 if let Err(e) = TopicFilter::parse(filter) {
-                    p.add(at(&format!("mqtt.topics[{j}]")), format!("{filter:?} is not a valid MQTT topic filter: {e}"));
+                    p.add(
+                        at(&format!("mqtt.topics[{j}]")),
+                        format!("{filter:?} is not a valid MQTT topic filter: {e}"),
+                    );
                 }
             }
             if rule.mqtt.qos > 2 {
-                p.add(at("mqtt.qos"), format!("{} is not an MQTT QoS (0, 1 or 2)", rule.mqtt.qos));
+                p.add(
+                    at("mqtt.qos"),
+                    format!("{} is not an MQTT QoS (0, 1 or 2)", rule.mqtt.qos),
+                );
             }
             if let Err(e) = validate_kafka_topic(&rule.kafka.topic) {
-                p.add(at("kafka.topic"), format!("{:?} is not a valid Kafka topic name: it {e}", rule.kafka.topic));
+                p.add(
+                    at("kafka.topic"),
+                    format!(
+                        "{:?} is not a valid Kafka topic name: it {e}",
+                        rule.kafka.topic
+                    ),
+                );
             }
         }
         p.0
@@ -455,7 +523,10 @@ impl ForwarderConfig {
 }
 
 fn is_valid_rule_name(name: &str) -> bool {
-    (1..=63).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
 #[derive(Default)]
@@ -463,7 +534,10 @@ struct Problems(Vec<Problem>);
 
 impl Problems {
     fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.0.push(Problem { path: path.into(), message: message.into() });
+        self.0.push(Problem {
+            path: path.into(),
+            message: message.into(),
+        });
     }
 }
 
@@ -523,7 +597,9 @@ rules:
     mqtt: { topics: [] }
     kafka: { topic: ok }
 "#;
-        let Err(ConfigError::Invalid(problems)) = load_str(text, no_env) else { panic!("expected invalid") };
+        let Err(ConfigError::Invalid(problems)) = load_str(text, no_env) else {
+            panic!("expected invalid")
+        };
         let paths: Vec<&str> = problems.iter().map(|p| p.path.as_str()).collect();
         for expected in [
             "mqtt.host",
@@ -537,30 +613,45 @@ rules:
             "rules[1].name",
             "rules[1].mqtt.topics",
         ] {
-            assert!(paths.contains(&expected), "missing {expected} in {problems:#?}");
+            assert!(
+                paths.contains(&expected),
+                "missing {expected} in {problems:#?}"
+            );
         }
-        let topic = problems.iter().find(|p| p.path == "rules[0].kafka.topic").unwrap();
-        assert_eq!(topic.to_string(), r#"rules[0].kafka.topic: "a b" is not a valid Kafka topic name: it may contain only ASCII letters, digits, '.', '_' and '-'"#);
+        let topic = problems
+            .iter()
+            .find(|p| p.path == "rules[0].kafka.topic")
+            .unwrap();
+        assert_eq!(
+            topic.to_string(),
+            r#"rules[0].kafka.topic: "a b" is not a valid Kafka topic name: it may contain only ASCII letters, digits, '.', '_' and '-'"#
+        );
     }
 
     #[test]
     fn type_errors_name_the_field() {
         let text = FERRY.replace("client_id: ferry-1", "client_id: ferry-1\n  port: lots");
-        let Err(ConfigError::Invalid(problems)) = load_str(&text, no_env) else { panic!("expected invalid") };
+        let Err(ConfigError::Invalid(problems)) = load_str(&text, no_env) else {
+            panic!("expected invalid")
+        };
         assert_eq!(problems[0].path, "mqtt.port");
     }
 
     #[test]
     fn unknown_fields_are_rejected_in_ferry_format() {
         let text = FERRY.replace("client_id: ferry-1", "client_id: ferry-1\n  clientid: typo");
-        let Err(ConfigError::Invalid(problems)) = load_str(&text, no_env) else { panic!("expected invalid") };
+        let Err(ConfigError::Invalid(problems)) = load_str(&text, no_env) else {
+            panic!("expected invalid")
+        };
         assert!(problems[0].message.contains("clientid"), "{problems:?}");
     }
 
     #[test]
     fn unset_variables_fail_ferry_format() {
         let text = FERRY.replace("host: localhost", "host: ${MQTT_HOST}");
-        let Err(ConfigError::Invalid(problems)) = load_str(&text, no_env) else { panic!("expected invalid") };
+        let Err(ConfigError::Invalid(problems)) = load_str(&text, no_env) else {
+            panic!("expected invalid")
+        };
         assert_eq!(problems[0].path, "${MQTT_HOST}");
         let ok = load_str(&text, |n| (n == "MQTT_HOST").then(|| "broker".to_string())).unwrap();
         assert_eq!(ok.config.mqtt.host, "broker");
@@ -568,10 +659,16 @@ rules:
 
     #[test]
     fn password_is_never_debug_printed() {
-        let text = FERRY.replace("client_id: ferry-1", "client_id: ferry-1\n  username: u\n  password: hunter2");
+        let text = FERRY.replace(
+            "client_id: ferry-1",
+            "client_id: ferry-1\n  username: u\n  password: hunter2",
+        );
         let loaded = load_str(&text, no_env).unwrap();
         assert!(!format!("{loaded:?}").contains("hunter2"));
-        assert_eq!(loaded.config.mqtt.password.as_ref().map(Secret::expose), Some("hunter2"));
+        assert_eq!(
+            loaded.config.mqtt.password.as_ref().map(Secret::expose),
+            Some("hunter2")
+        );
     }
 
     #[test]
@@ -581,6 +678,9 @@ rules:
         second.name = "again".into();
         second.mqtt.qos = 2;
         c.rules.push(second);
-        assert_eq!(c.subscriptions(), vec![("plant/+/telemetry".to_string(), 2)]);
+        assert_eq!(
+            c.subscriptions(),
+            vec![("plant/+/telemetry".to_string(), 2)]
+        );
     }
 }

@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use crate::config::{
-    ForwarderConfig, HttpConfig, KafkaConfig, KeyStrategy, MqttConfig, MqttTls, PayloadFormat, Rule, RuleKafka,
-    RuleMqtt, Secret,
+    ForwarderConfig, HttpConfig, KafkaConfig, KeyStrategy, MqttConfig, MqttTls, PayloadFormat,
+    Rule, RuleKafka, RuleMqtt, Secret,
 };
 
 #[derive(Debug, Deserialize)]
@@ -77,7 +77,11 @@ impl LegacyConfig {
             max_inflight: 1000,
             username: None,
             password: None,
-            tls: self.mqtt.tls.map(|t| MqttTls { ca_file: t.ca_cert, cert_file: t.client_cert, key_file: t.client_key }),
+            tls: self.mqtt.tls.map(|t| MqttTls {
+                ca_file: t.ca_cert,
+                cert_file: t.client_cert,
+                key_file: t.client_key,
+            }),
             reconnect_min_ms: 100,
             reconnect_max_ms: 10_000,
         };
@@ -86,7 +90,11 @@ impl LegacyConfig {
             None => (None, None),
         };
         ForwarderConfig {
-            mqtt: MqttConfig { username, password, ..defaults },
+            mqtt: MqttConfig {
+                username,
+                password,
+                ..defaults
+            },
             kafka: KafkaConfig {
                 bootstrap_servers: format!("{}:{}", self.kafka.bootstrap_server, self.kafka.port),
                 config: self.kafka.config.unwrap_or_default(),
@@ -96,8 +104,14 @@ impl LegacyConfig {
                 .into_iter()
                 .map(|f| Rule {
                     name: f.name,
-                    mqtt: RuleMqtt { topics: vec![f.mqtt.topic], qos: 1 },
-                    kafka: RuleKafka { topic: f.kafka.topic, key: KeyStrategy::MqttTopic },
+                    mqtt: RuleMqtt {
+                        topics: vec![f.mqtt.topic],
+                        qos: 1,
+                    },
+                    kafka: RuleKafka {
+                        topic: f.kafka.topic,
+                        key: KeyStrategy::MqttTopic,
+                    },
                     payload: if f.wrap_as_json.unwrap_or(false) {
                         PayloadFormat::WrappedJson
                     } else {
@@ -164,6 +178,9 @@ forwarding:
     fn legacy_invalid_topic_names_the_field() {
         let text = SHIPPED.replace("topic: foobar", "topic: 'foo bar'");
         let err = load_str(&text, |_| None).unwrap_err().to_string();
-        assert!(err.contains("rules[0].kafka.topic: \"foo bar\" is not a valid Kafka topic name"), "{err}");
+        assert!(
+            err.contains("rules[0].kafka.topic: \"foo bar\" is not a valid Kafka topic name"),
+            "{err}"
+        );
     }
 }

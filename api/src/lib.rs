@@ -6,5 +6,7 @@ pub mod env;
 mod legacy;
 pub mod topic;
 
-pub use config::{ConfigError, ForwarderConfig, KeyStrategy, PayloadFormat, Problem, Rule, load_str};
+pub use config::{
+    ConfigError, ForwarderConfig, KeyStrategy, PayloadFormat, Problem, Rule, load_str,
+};
 pub use topic::{TopicFilter, validate_kafka_topic};

@@ -57,7 +57,10 @@ impl TopicFilter {
             };
             levels.push(level);
         }
-        Ok(Self { text: text.to_owned(), levels })
+        Ok(Self {
+            text: text.to_owned(),
+            levels,
+        })
     }
 
     pub fn as_str(&self) -> &str {
@@ -67,7 +70,9 @@ impl TopicFilter {
     /// Whether a concrete topic name matches this filter. Topics starting with `$` are not
     /// matched by a filter whose first level is a wildcard (§4.7.2).
     pub fn matches(&self, topic: &str) -> bool {
-        if topic.starts_with('$') && matches!(self.levels.first(), Some(Level::Single | Level::Multi)) {
+        if topic.starts_with('$')
+            && matches!(self.levels.first(), Some(Level::Single | Level::Multi))
+        {
             return false;
         }
         let mut parts = topic.split('/');
@@ -119,7 +124,10 @@ pub fn validate_kafka_topic(name: &str) -> Result<(), KafkaTopicError> {
     if name == "." || name == ".." {
         return Err(KafkaTopicError::Dots);
     }
-    if !name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')) {
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    {
         return Err(KafkaTopicError::IllegalCharacter);
     }
     Ok(())
@@ -130,7 +138,9 @@ mod tests {
     use super::*;
 
     fn m(filter: &str, topic: &str) -> bool {
-        TopicFilter::parse(filter).map(|f| f.matches(topic)).unwrap_or_else(|e| panic!("{filter}: {e}"))
+        TopicFilter::parse(filter)
+            .map(|f| f.matches(topic))
+            .unwrap_or_else(|e| panic!("{filter}: {e}"))
     }
 
     #[test]
@@ -167,19 +177,37 @@ mod tests {
     #[test]
     fn invalid_filters_say_why() {
         assert_eq!(TopicFilter::parse(""), Err(FilterError::Empty));
-        assert_eq!(TopicFilter::parse("a/#/b"), Err(FilterError::MultiLevelMisplaced));
-        assert_eq!(TopicFilter::parse("a/b#"), Err(FilterError::MultiLevelMisplaced));
-        assert_eq!(TopicFilter::parse("a/b+/c"), Err(FilterError::SingleLevelMisplaced));
+        assert_eq!(
+            TopicFilter::parse("a/#/b"),
+            Err(FilterError::MultiLevelMisplaced)
+        );
+        assert_eq!(
+            TopicFilter::parse("a/b#"),
+            Err(FilterError::MultiLevelMisplaced)
+        );
+        assert_eq!(
+            TopicFilter::parse("a/b+/c"),
+            Err(FilterError::SingleLevelMisplaced)
+        );
         assert_eq!(TopicFilter::parse("a\0"), Err(FilterError::Nul));
     }
 
     #[test]
     fn kafka_topic_names() {
         assert!(validate_kafka_topic("telemetry.plant-1_raw").is_ok());
-        assert_eq!(validate_kafka_topic("a b"), Err(KafkaTopicError::IllegalCharacter));
-        assert_eq!(validate_kafka_topic("a/b"), Err(KafkaTopicError::IllegalCharacter));
+        assert_eq!(
+            validate_kafka_topic("a b"),
+            Err(KafkaTopicError::IllegalCharacter)
+        );
+        assert_eq!(
+            validate_kafka_topic("a/b"),
+            Err(KafkaTopicError::IllegalCharacter)
+        );
         assert_eq!(validate_kafka_topic(".."), Err(KafkaTopicError::Dots));
         assert_eq!(validate_kafka_topic(""), Err(KafkaTopicError::Empty));
-        assert_eq!(validate_kafka_topic(&"x".repeat(250)), Err(KafkaTopicError::TooLong));
+        assert_eq!(
+            validate_kafka_topic(&"x".repeat(250)),
+            Err(KafkaTopicError::TooLong)
+        );
     }
 }

@@ -32,7 +32,10 @@ pub const MOSQUITTO_MAX_QUEUED: u32 = 2_000_000;
 pub fn cache_dir() -> PathBuf {
     std::env::var_os("FERRY_CACHE")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into())).join(".cache/ferry"))
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into()))
+                .join(".cache/ferry")
+        })
 }
 
 /// A free TCP port on 127.0.0.1 (bound and released; good enough for a test run).
@@ -40,18 +43,32 @@ pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-fn wait_for_port(port: u16, timeout: Duration, child: &mut Child, what: &str, log: &Path) -> Result<()> {
+fn wait_for_port(
+    port: u16,
+    timeout: Duration,
+    child: &mut Child,
+    what: &str,
+    log: &Path,
+) -> Result<()> {
     let start = Instant::now();
     while start.elapsed() < timeout {
         if TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return Ok(());
         }
         if let Some(status) = child.try_wait()? {
-            bail!("{what} exited with {status} before listening; log {}:\n{}", log.display(), tail(log));
+            bail!(
+                "{what} exited with {status} before listening; log {}:\n{}",
+                log.display(),
+                tail(log)
+            );
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    bail!("{what} did not listen on {port} within {timeout:?}; log {}:\n{}", log.display(), tail(log))
+    bail!(
+        "{what} did not listen on {port} within {timeout:?}; log {}:\n{}",
+        log.display(),
+        tail(log)
+    )
 }
 
 fn tail(log: &Path) -> String {
@@ -63,7 +80,9 @@ fn tail(log: &Path) -> String {
 /// Starts `cmd` so that it dies with the process that started it.
 fn spawn_tied(cmd: &mut Command, log: &Path) -> Result<Child> {
     let out = fs::File::create(log)?;
-    cmd.stdout(out.try_clone()?).stderr(out).stdin(Stdio::null());
+    cmd.stdout(out.try_clone()?)
+        .stderr(out)
+        .stdin(Stdio::null());
     // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
     unsafe {
         cmd.pre_exec(|| {
@@ -102,7 +121,9 @@ pub struct Mosquitto {
 
 impl Mosquitto {
     pub fn start() -> Result<Self> {
-        let dir = tempfile::Builder::new().prefix("ferry-mosquitto-").tempdir()?;
+        let dir = tempfile::Builder::new()
+            .prefix("ferry-mosquitto-")
+            .tempdir()?;
         let port = free_port()?;
         let conf = dir.path().join("mosquitto.conf");
         let mut f = fs::File::create(&conf)?;
@@ -114,7 +135,11 @@ impl Mosquitto {
         writeln!(f, "max_queued_bytes 0")?;
         writeln!(f, "log_type error")?;
         writeln!(f, "log_type warning")?;
-        let mut m = Self { child: None, port, dir };
+        let mut m = Self {
+            child: None,
+            port,
+            dir,
+        };
         m.resume()?;
         Ok(m)
     }
@@ -132,10 +157,22 @@ impl Mosquitto {
 
     /// Starts it again on the same port.
     pub fn resume(&mut self) -> Result<()> {
-        let bin = which("mosquitto").ok_or_else(|| anyhow!("mosquitto not installed: run e2e/install.sh"))?;
+        let bin = which("mosquitto")
+            .ok_or_else(|| anyhow!("mosquitto not installed: run e2e/install.sh"))?;
         let log = self.dir.path().join("mosquitto.log");
-        let mut child = spawn_tied(Command::new(bin).arg("-c").arg(self.dir.path().join("mosquitto.conf")), &log)?;
-        wait_for_port(self.port, Duration::from_secs(10), &mut child, "mosquitto", &log)?;
+        let mut child = spawn_tied(
+            Command::new(bin)
+                .arg("-c")
+                .arg(self.dir.path().join("mosquitto.conf")),
+            &log,
+        )?;
+        wait_for_port(
+            self.port,
+            Duration::from_secs(10),
+            &mut child,
+            "mosquitto",
+            &log,
+        )?;
         self.child = Some(child);
         Ok(())
     }
@@ -167,13 +204,18 @@ pub const KAFKA_VERSION: &str = "4.1.1";
 
 impl Kafka {
     pub fn libs_dir() -> PathBuf {
-        cache_dir().join(format!("kafka-{KAFKA_VERSION}")).join("libs")
+        cache_dir()
+            .join(format!("kafka-{KAFKA_VERSION}"))
+            .join("libs")
     }
 
     pub fn start() -> Result<Self> {
         let libs = Self::libs_dir();
         if !libs.join(".complete").exists() {
-            bail!("Kafka jars not found in {}: run e2e/install.sh", libs.display());
+            bail!(
+                "Kafka jars not found in {}: run e2e/install.sh",
+                libs.display()
+            );
         }
         let dir = tempfile::Builder::new().prefix("ferry-kafka-").tempdir()?;
         let port = free_port()?;
@@ -204,19 +246,37 @@ impl Kafka {
             ),
         )?;
         let classpath = format!("{}/*", libs.display());
-        let uuid = Command::new("java").args(["-cp", &classpath, "kafka.tools.StorageTool", "random-uuid"]).output()?;
+        let uuid = Command::new("java")
+            .args(["-cp", &classpath, "kafka.tools.StorageTool", "random-uuid"])
+            .output()?;
         let uuid = String::from_utf8_lossy(&uuid.stdout).trim().to_owned();
         if uuid.is_empty() {
             bail!("kafka StorageTool random-uuid printed nothing");
         }
         let format = Command::new("java")
-            .args(["-cp", &classpath, "kafka.tools.StorageTool", "format", "-t", &uuid, "-c"])
+            .args([
+                "-cp",
+                &classpath,
+                "kafka.tools.StorageTool",
+                "format",
+                "-t",
+                &uuid,
+                "-c",
+            ])
             .arg(&props)
             .output()?;
         if !format.status.success() {
-            bail!("kafka storage format failed: {}", String::from_utf8_lossy(&format.stderr));
+            bail!(
+                "kafka storage format failed: {}",
+                String::from_utf8_lossy(&format.stderr)
+            );
         }
-        let mut k = Self { child: None, port, dir, libs };
+        let mut k = Self {
+            child: None,
+            port,
+            dir,
+            libs,
+        };
         k.resume()?;
         Ok(k)
     }
@@ -242,11 +302,25 @@ impl Kafka {
         let classpath = format!("{}/*", self.libs.display());
         let mut child = spawn_tied(
             Command::new("java")
-                .args(["-Xms256m", "-Xmx1g", "-XX:+UseG1GC", "-Djava.awt.headless=true", "-cp", &classpath, "kafka.Kafka"])
+                .args([
+                    "-Xms256m",
+                    "-Xmx1g",
+                    "-XX:+UseG1GC",
+                    "-Djava.awt.headless=true",
+                    "-cp",
+                    &classpath,
+                    "kafka.Kafka",
+                ])
                 .arg(self.dir.path().join("server.properties")),
             &log,
         )?;
-        wait_for_port(self.port, Duration::from_secs(60), &mut child, "kafka", &log)?;
+        wait_for_port(
+            self.port,
+            Duration::from_secs(60),
+            &mut child,
+            "kafka",
+            &log,
+        )?;
         self.child = Some(child);
         self.wait_ready(Duration::from_secs(60))
     }
@@ -272,7 +346,12 @@ impl Kafka {
     pub async fn create_topic(&self, name: &str, partitions: i32) -> Result<()> {
         let admin: AdminClient<DefaultClientContext> = self.client_config().create()?;
         let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-        let results = admin.create_topics([&topic], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)))).await?;
+        let results = admin
+            .create_topics(
+                [&topic],
+                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+            )
+            .await?;
         for r in results {
             r.map_err(|(t, e)| anyhow!("create topic {t}: {e}"))?;
         }
@@ -281,7 +360,13 @@ impl Kafka {
 
     /// Reads a topic from the beginning until `expect` records arrived and then `settle` passed
     /// with nothing new (to catch extra duplicates), or `timeout` passed.
-    pub fn read_all(&self, topic: &str, expect: usize, settle: Duration, timeout: Duration) -> Result<Vec<Record>> {
+    pub fn read_all(
+        &self,
+        topic: &str,
+        expect: usize,
+        settle: Duration,
+        timeout: Duration,
+    ) -> Result<Vec<Record>> {
         let consumer: BaseConsumer = self
             .client_config()
             .set("group.id", format!("ferry-test-{}", std::process::id()))
@@ -315,7 +400,12 @@ impl Kafka {
                         .headers()
                         .map(|h| {
                             h.iter()
-                                .map(|h| (h.key.to_owned(), h.value.map(<[u8]>::to_vec).unwrap_or_default()))
+                                .map(|h| {
+                                    (
+                                        h.key.to_owned(),
+                                        h.value.map(<[u8]>::to_vec).unwrap_or_default(),
+                                    )
+                                })
                                 .collect()
                         })
                         .unwrap_or_default();
@@ -354,7 +444,9 @@ pub struct Record {
 
 impl Record {
     pub fn key_str(&self) -> Option<&str> {
-        self.key.as_deref().and_then(|k| std::str::from_utf8(k).ok())
+        self.key
+            .as_deref()
+            .and_then(|k| std::str::from_utf8(k).ok())
     }
     pub fn value_str(&self) -> &str {
         std::str::from_utf8(&self.value).unwrap_or("<binary>")
@@ -363,10 +455,17 @@ impl Record {
 
 /// Publishes messages over MQTT at `qos` and returns once the broker acknowledged every one
 /// (QoS 1/2), so the caller knows the broker holds them.
-pub async fn publish(port: u16, client_id: &str, qos: rumqttc::QoS, messages: Vec<(String, Vec<u8>)>) -> Result<()> {
+pub async fn publish(
+    port: u16,
+    client_id: &str,
+    qos: rumqttc::QoS,
+    messages: Vec<(String, Vec<u8>)>,
+) -> Result<()> {
     use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet};
     let mut opts = MqttOptions::new(client_id, "127.0.0.1", port);
-    opts.set_keep_alive(Duration::from_secs(30)).set_inflight(200).set_max_packet_size(1 << 24, 1 << 24);
+    opts.set_keep_alive(Duration::from_secs(30))
+        .set_inflight(200)
+        .set_max_packet_size(1 << 24, 1 << 24);
     let (client, mut eventloop) = AsyncClient::new(opts, 1000);
     let total = messages.len();
     let sender = tokio::spawn(async move {
@@ -405,4 +504,21 @@ pub async fn publish(port: u16, client_id: &str, qos: rumqttc::QoS, messages: Ve
     })
     .await;
     Ok(())
+}
+
+/// A minimal HTTP/1.0 GET on loopback: (status, body). Enough for `/readyz` and `/metrics`.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use std::io::Read as _;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let status = buf.split(' ').nth(1)?.parse().ok()?;
+    Some((
+        status,
+        buf.split_once("\r\n\r\n")
+            .map(|(_, b)| b.to_owned())
+            .unwrap_or_default(),
+    ))
 }

@@ -32,12 +32,19 @@ async fn readyz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
         h.mqtt_subscribed(),
         h.kafka_reachable()
     );
-    if h.ready() { (StatusCode::OK, body) } else { (StatusCode::SERVICE_UNAVAILABLE, body) }
+    if h.ready() {
+        (StatusCode::OK, body)
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, body)
+    }
 }
 
 async fn metrics_text(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
     (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
         m.encode(),
     )
 }

@@ -8,7 +8,9 @@ use ferry_api::config::KafkaConfig;
 use rdkafka::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{BaseProducer, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{
+    BaseProducer, DeliveryResult, Producer, ProducerContext, ThreadedProducer,
+};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
@@ -61,7 +63,10 @@ impl ClientContext for Context {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        if matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::AllBrokersDown)) {
+        if matches!(
+            error.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::AllBrokersDown)
+        ) {
             self.metrics.set_kafka_reachable(false);
         }
         warn!(error = %error, reason, "kafka client error");
@@ -135,10 +140,12 @@ pub async fn probe_reachability(kafka: KafkaConfig, metrics: Arc<Metrics>, inter
     let mut was: Option<bool> = None;
     loop {
         let p = Arc::clone(&probe);
-        let ok = tokio::task::spawn_blocking(move || p.client().fetch_metadata(None, Duration::from_secs(3)))
-            .await
-            .map(|r| r.is_ok())
-            .unwrap_or(false);
+        let ok = tokio::task::spawn_blocking(move || {
+            p.client().fetch_metadata(None, Duration::from_secs(3))
+        })
+        .await
+        .map(|r| r.is_ok())
+        .unwrap_or(false);
         metrics.set_kafka_reachable(ok);
         if was != Some(ok) {
             if ok {
@@ -154,11 +161,16 @@ pub async fn probe_reachability(kafka: KafkaConfig, metrics: Arc<Metrics>, inter
 
 fn log_librdkafka(level: RDKafkaLogLevel, fac: &str, message: &str) {
     match level {
-        RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
+        RDKafkaLogLevel::Emerg
+        | RDKafkaLogLevel::Alert
+        | RDKafkaLogLevel::Critical
+        | RDKafkaLogLevel::Error => {
             error!(target: "librdkafka", facility = fac, "{message}")
         }
         RDKafkaLogLevel::Warning => warn!(target: "librdkafka", facility = fac, "{message}"),
-        RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => info!(target: "librdkafka", facility = fac, "{message}"),
+        RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+            info!(target: "librdkafka", facility = fac, "{message}")
+        }
         RDKafkaLogLevel::Debug => debug!(target: "librdkafka", facility = fac, "{message}"),
     }
 }
@@ -169,7 +181,10 @@ mod tests {
 
     #[test]
     fn user_config_overrides_defaults() {
-        let mut kafka = KafkaConfig { bootstrap_servers: "k:9092".into(), config: Default::default() };
+        let mut kafka = KafkaConfig {
+            bootstrap_servers: "k:9092".into(),
+            config: Default::default(),
+        };
         kafka.config.insert("linger.ms".into(), "50".into());
         let cc = client_config(&kafka);
         assert_eq!(cc.get("linger.ms"), Some("50"));
@@ -182,8 +197,14 @@ mod tests {
     fn errors_are_classified() {
         use RDKafkaErrorCode as C;
         let e = |c| KafkaError::MessageProduction(c);
-        assert_eq!(classify(&e(C::MessageSizeTooLarge)), Failure::Permanent(FailureReason::TooLarge));
-        assert_eq!(classify(&e(C::TopicAuthorizationFailed)), Failure::Permanent(FailureReason::Unauthorized));
+        assert_eq!(
+            classify(&e(C::MessageSizeTooLarge)),
+            Failure::Permanent(FailureReason::TooLarge)
+        );
+        assert_eq!(
+            classify(&e(C::TopicAuthorizationFailed)),
+            Failure::Permanent(FailureReason::Unauthorized)
+        );
         assert_eq!(classify(&e(C::MessageTimedOut)), Failure::Retry);
         assert_eq!(classify(&e(C::QueueFull)), Failure::Retry);
         assert_eq!(classify(&e(C::BrokerTransportFailure)), Failure::Retry);

@@ -32,7 +32,10 @@ const KAFKA_PROBE_INTERVAL: Duration = Duration::from_secs(5);
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error("cannot listen for http on {addr}: {source}")]
-    Http { addr: SocketAddr, source: std::io::Error },
+    Http {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("cannot create the kafka producer: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
 }
@@ -47,18 +50,33 @@ pub struct RunSummary {
 
 /// Forwards until `shutdown` resolves, then drains: stops reading, finishes in-flight messages,
 /// acks them, disconnects.
-pub async fn run(config: ForwarderConfig, shutdown: impl Future<Output = ()>) -> Result<RunSummary, RunError> {
+pub async fn run(
+    config: ForwarderConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<RunSummary, RunError> {
     let router = Router::new(&config);
     let metrics = Arc::new(Metrics::new(router.rule_names()));
     let addr = config.http.listen;
-    let listener = TcpListener::bind(addr).await.map_err(|source| RunError::Http { addr, source })?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| RunError::Http { addr, source })?;
     let http = tokio::spawn(http::serve(listener, Arc::clone(&metrics)));
-    let probe = tokio::spawn(kafka::probe_reachability(config.kafka.clone(), Arc::clone(&metrics), KAFKA_PROBE_INTERVAL));
+    let probe = tokio::spawn(kafka::probe_reachability(
+        config.kafka.clone(),
+        Arc::clone(&metrics),
+        KAFKA_PROBE_INTERVAL,
+    ));
 
     let max_inflight = usize::from(config.mqtt.max_inflight);
     // +1: the message the reader holds a hand-over permit for.
     let (client, eventloop) = mqtt::client(&config.mqtt, max_inflight + HANDOVER_CAPACITY + 1);
-    let reader = Reader::new(eventloop, client.clone(), &config.mqtt, config.subscriptions(), Arc::clone(&metrics));
+    let reader = Reader::new(
+        eventloop,
+        client.clone(),
+        &config.mqtt,
+        config.subscriptions(),
+        Arc::clone(&metrics),
+    );
     let pipeline = Pipeline::new(
         router,
         config.kafka.clone(),
@@ -78,7 +96,13 @@ pub async fn run(config: ForwarderConfig, shutdown: impl Future<Output = ()>) ->
         "forwarder started"
     );
 
-    let exit = pipeline.run(inbound, shutdown, Duration::from_secs(config.shutdown_timeout_secs)).await;
+    let exit = pipeline
+        .run(
+            inbound,
+            shutdown,
+            Duration::from_secs(config.shutdown_timeout_secs),
+        )
+        .await;
     let disconnected_cleanly = match tokio::time::timeout(DISCONNECT_BOUND, reader).await {
         Ok(Ok(ReaderExit::Disconnected)) => true,
         Ok(Ok(ReaderExit::ConnectionLost)) => false,
@@ -93,6 +117,12 @@ pub async fn run(config: ForwarderConfig, shutdown: impl Future<Output = ()>) ->
     };
     http.abort();
     probe.abort();
-    info!(abandoned = exit.abandoned, disconnected_cleanly, "forwarder stopped");
-    Ok(RunSummary { abandoned: exit.abandoned, disconnected_cleanly })
+    info!(
+        abandoned = exit.abandoned,
+        disconnected_cleanly, "forwarder stopped"
+    );
+    Ok(RunSummary {
+        abandoned: exit.abandoned,
+        disconnected_cleanly,
+    })
 }

@@ -35,7 +35,10 @@ fn main() -> ExitCode {
         .or_else(|| std::env::var_os("CONFIG_FILE").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from("config.yaml"));
     let loaded = std::fs::read_to_string(&path)
-        .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })
+        .map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })
         .and_then(|text| ferry_api::load_str(&text, |name| std::env::var(name).ok()));
     let mut loaded = match loaded {
         Ok(l) => l,
@@ -54,10 +57,17 @@ fn main() -> ExitCode {
         info!(config = %path.display(), "read a config in the replaced forwarder's format");
     }
     if cli.check {
-        println!("{}: valid ({} rules)", path.display(), loaded.config.rules.len());
+        println!(
+            "{}: valid ({} rules)",
+            path.display(),
+            loaded.config.rules.len()
+        );
         return ExitCode::SUCCESS;
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             error!(error = %e, "cannot start the async runtime");
@@ -75,7 +85,9 @@ fn main() -> ExitCode {
 
 fn init_logging(format: &str) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();
     } else {
@@ -86,7 +98,10 @@ fn init_logging(format: &str) {
 /// Resolves on SIGTERM or SIGINT.
 async fn shutdown_signal() {
     use tokio::signal::unix::{SignalKind, signal};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(mut term), Ok(mut int)) => {
             tokio::select! {
                 _ = term.recv() => info!("SIGTERM received"),

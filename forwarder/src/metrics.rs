@@ -57,7 +57,12 @@ pub struct RuleCounters {
 
 impl RuleCounters {
     pub fn failed(&self, reason: FailureReason) {
-        self.failed.get_or_create(&FailureLabel { rule: self.name.clone(), reason }).inc();
+        self.failed
+            .get_or_create(&FailureLabel {
+                rule: self.name.clone(),
+                reason,
+            })
+            .inc();
     }
 }
 
@@ -117,26 +122,57 @@ impl Metrics {
         let rules = rule_names
             .iter()
             .map(|name| RuleCounters {
-                forwarded: forwarded.get_or_create(&RuleLabel { rule: name.clone() }).clone(),
+                forwarded: forwarded
+                    .get_or_create(&RuleLabel { rule: name.clone() })
+                    .clone(),
                 failed: failed.clone(),
                 name: name.clone(),
             })
             .collect();
         let received_family = Family::<QosLabel, Counter>::default();
-        let received = [0u8, 1, 2].map(|qos| received_family.get_or_create(&QosLabel { qos }).clone());
+        let received =
+            [0u8, 1, 2].map(|qos| received_family.get_or_create(&QosLabel { qos }).clone());
         let unmatched = Counter::default();
         let acked = Counter::default();
         let produce_retries = Counter::default();
         let inflight = Gauge::default();
         let mqtt_connected = Gauge::default();
         let kafka_reachable = Gauge::default();
-        registry.register("mqtt_received_messages", "PUBLISH packets received from MQTT, by QoS", received_family);
-        registry.register("mqtt_unmatched_messages", "Messages that matched no rule", unmatched.clone());
-        registry.register("mqtt_acked_messages", "Messages acknowledged to MQTT", acked.clone());
-        registry.register("kafka_produce_retries", "Records produced again after a retriable error", produce_retries.clone());
-        registry.register("inflight_messages", "Messages received and not yet acknowledged", inflight.clone());
-        registry.register("mqtt_connected", "1 while the MQTT connection is up", mqtt_connected.clone());
-        registry.register("kafka_reachable", "1 while Kafka answers metadata requests", kafka_reachable.clone());
+        registry.register(
+            "mqtt_received_messages",
+            "PUBLISH packets received from MQTT, by QoS",
+            received_family,
+        );
+        registry.register(
+            "mqtt_unmatched_messages",
+            "Messages that matched no rule",
+            unmatched.clone(),
+        );
+        registry.register(
+            "mqtt_acked_messages",
+            "Messages acknowledged to MQTT",
+            acked.clone(),
+        );
+        registry.register(
+            "kafka_produce_retries",
+            "Records produced again after a retriable error",
+            produce_retries.clone(),
+        );
+        registry.register(
+            "inflight_messages",
+            "Messages received and not yet acknowledged",
+            inflight.clone(),
+        );
+        registry.register(
+            "mqtt_connected",
+            "1 while the MQTT connection is up",
+            mqtt_connected.clone(),
+        );
+        registry.register(
+            "kafka_reachable",
+            "1 while Kafka answers metadata requests",
+            kafka_reachable.clone(),
+        );
         Self {
             registry,
             rules,

@@ -13,8 +13,8 @@ use std::time::Duration;
 use ferry_api::config::MqttConfig;
 use rand::Rng as _;
 use rumqttc::{
-    AsyncClient, ConnectionError, Event, EventLoop, Incoming, MqttOptions, Outgoing, Packet, Publish, QoS,
-    StateError, SubscribeFilter, SubscribeReasonCode,
+    AsyncClient, ConnectionError, Event, EventLoop, Incoming, MqttOptions, Outgoing, Packet,
+    Publish, QoS, StateError, SubscribeFilter, SubscribeReasonCode,
 };
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
@@ -44,7 +44,13 @@ pub fn client(cfg: &MqttConfig, unacked_bound: usize) -> (AsyncClient, EventLoop
         .set_manual_acks(true)
         .set_max_packet_size(MAX_PACKET_SIZE, MAX_PACKET_SIZE);
     if let Some(user) = &cfg.username {
-        o.set_credentials(user.clone(), cfg.password.as_ref().map(|p| p.expose().to_owned()).unwrap_or_default());
+        o.set_credentials(
+            user.clone(),
+            cfg.password
+                .as_ref()
+                .map(|p| p.expose().to_owned())
+                .unwrap_or_default(),
+        );
     }
     AsyncClient::new(o, unacked_bound + 64)
 }
@@ -125,7 +131,12 @@ impl Reader {
                     failures = failures.saturating_add(1);
                     // A PUBREL we could not answer: reconnect at once, now that we know its id.
                     if !matches!(e, ConnectionError::MqttState(StateError::Unsolicited(_))) {
-                        tokio::time::sleep(backoff(self.reconnect_min, self.reconnect_max, failures)).await;
+                        tokio::time::sleep(backoff(
+                            self.reconnect_min,
+                            self.reconnect_max,
+                            failures,
+                        ))
+                        .await;
                     }
                 }
             }
@@ -162,7 +173,10 @@ impl Reader {
                 info!(session_present = ack.session_present, "mqtt connected");
                 // Subscribing again on every connect is harmless with a resumed session and
                 // required without one.
-                let filters = self.subscriptions.iter().map(|(f, q)| SubscribeFilter::new(f.clone(), qos(*q)));
+                let filters = self
+                    .subscriptions
+                    .iter()
+                    .map(|(f, q)| SubscribeFilter::new(f.clone(), qos(*q)));
                 if let Err(e) = self.client.try_subscribe_many(filters) {
                     error!(error = %e, "cannot queue mqtt subscribe");
                 }
@@ -175,7 +189,9 @@ impl Reader {
                         SubscribeReasonCode::Failure => {
                             error!(filter = %filter, "mqtt broker refused the subscription (check its ACL)")
                         }
-                        SubscribeReasonCode::Success(granted) => debug!(filter = %filter, ?granted, "subscribed"),
+                        SubscribeReasonCode::Success(granted) => {
+                            debug!(filter = %filter, ?granted, "subscribed")
+                        }
                     }
                 }
                 true
@@ -198,7 +214,10 @@ impl Reader {
         match e {
             ConnectionError::MqttState(StateError::Unsolicited(pkid)) => {
                 self.owed_pubcomp.insert(*pkid);
-                debug!(pkid, "pubrel for a qos 2 message received before a restart; answering it after reconnect");
+                debug!(
+                    pkid,
+                    "pubrel for a qos 2 message received before a restart; answering it after reconnect"
+                );
             }
             ConnectionError::ConnectionRefused(code) => {
                 error!(?code, "mqtt broker refused the connection")
@@ -216,7 +235,12 @@ impl Reader {
         for &pkid in &self.owed_pubcomp {
             let mut marker = Publish::new("", QoS::ExactlyOnce, Vec::new());
             marker.pkid = pkid;
-            if self.eventloop.state.handle_incoming_packet(Incoming::Publish(marker)).is_ok() {
+            if self
+                .eventloop
+                .state
+                .handle_incoming_packet(Incoming::Publish(marker))
+                .is_ok()
+            {
                 self.eventloop.state.events.pop_back();
             }
         }

@@ -37,11 +37,17 @@ const SEQ_BITS: u32 = 44;
 const GEN_SHIFT: u32 = POS_BITS + SEQ_BITS;
 
 fn opaque(generation: u8, seq: u64, pos: usize) -> usize {
-    ((generation as usize) << GEN_SHIFT) | (((seq as usize) & ((1 << SEQ_BITS) - 1)) << POS_BITS) | pos
+    ((generation as usize) << GEN_SHIFT)
+        | (((seq as usize) & ((1 << SEQ_BITS) - 1)) << POS_BITS)
+        | pos
 }
 
 fn unpack(opaque: usize) -> (u8, u64, usize) {
-    ((opaque >> GEN_SHIFT) as u8, ((opaque >> POS_BITS) & ((1 << SEQ_BITS) - 1)) as u64, opaque & ((1 << POS_BITS) - 1))
+    (
+        (opaque >> GEN_SHIFT) as u8,
+        ((opaque >> POS_BITS) & ((1 << SEQ_BITS) - 1)) as u64,
+        opaque & ((1 << POS_BITS) - 1),
+    )
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -183,10 +189,17 @@ impl Pipeline {
         if self.scratch.is_empty() {
             self.metrics.unmatched.inc();
         }
-        let targets: Vec<(usize, TargetState)> =
-            self.scratch.iter().map(|&t| (t, TargetState::Pending { attempts: 0 })).collect();
+        let targets: Vec<(usize, TargetState)> = self
+            .scratch
+            .iter()
+            .map(|&t| (t, TargetState::Pending { attempts: 0 }))
+            .collect();
         let remaining = targets.len();
-        self.window.push_back(Slot { publish, targets, remaining });
+        self.window.push_back(Slot {
+            publish,
+            targets,
+            remaining,
+        });
         self.metrics.inflight.set(self.window.len() as i64);
         for pos in 0..remaining {
             self.produce(seq, pos);
@@ -199,9 +212,13 @@ impl Pipeline {
     }
 
     fn produce(&mut self, seq: u64, pos: usize) {
-        let Some(idx) = self.index_of(seq) else { return };
+        let Some(idx) = self.index_of(seq) else {
+            return;
+        };
         let slot = &self.window[idx];
-        let Some(&(target_idx, _)) = slot.targets.get(pos) else { return };
+        let Some(&(target_idx, _)) = slot.targets.get(pos) else {
+            return;
+        };
         let target = &self.router.targets()[target_idx];
         let publish = &slot.publish;
         let wrapped;
@@ -212,9 +229,11 @@ impl Pipeline {
                 &wrapped
             }
         };
-        let mut record =
-            BaseRecord::<str, [u8], usize>::with_opaque_to(&target.kafka_topic, opaque(self.generation, seq, pos))
-                .payload(value);
+        let mut record = BaseRecord::<str, [u8], usize>::with_opaque_to(
+            &target.kafka_topic,
+            opaque(self.generation, seq, pos),
+        )
+        .payload(value);
         if let Some(key) = record_key(target.key, &publish.topic) {
             record = record.key(key);
         }
@@ -234,9 +253,12 @@ impl Pipeline {
     }
 
     fn on_delivery(&mut self, seq: u64, pos: usize, result: Result<(), KafkaError>) {
-        let Some(idx) = self.index_of(seq) else { return };
+        let Some(idx) = self.index_of(seq) else {
+            return;
+        };
         let slot = &mut self.window[idx];
-        let Some(&mut (target_idx, TargetState::Pending { attempts })) = slot.targets.get_mut(pos) else {
+        let Some(&mut (target_idx, TargetState::Pending { attempts })) = slot.targets.get_mut(pos)
+        else {
             return;
         };
         let failure = match &result {
@@ -262,13 +284,18 @@ impl Pipeline {
                 slot.targets[pos].1 = TargetState::Pending { attempts };
                 // QueueFull is librdkafka saying "not now"; retry soon and quietly.
                 let queue_full = matches!(&result, Err(e) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull));
-                let delay = if queue_full { Duration::from_millis(10) } else { backoff(RETRY_MIN, RETRY_MAX, attempts) };
+                let delay = if queue_full {
+                    Duration::from_millis(10)
+                } else {
+                    backoff(RETRY_MIN, RETRY_MAX, attempts)
+                };
                 if !queue_full && (attempts == 1 || attempts % 10 == 0) {
                     let target = &self.router.targets()[target_idx];
                     warn!(kafka_topic = %target.kafka_topic, attempts, error = ?result.as_ref().err(), "kafka produce failed; retrying");
                 }
                 self.metrics.produce_retries.inc();
-                self.retries.push(Reverse((Instant::now() + delay, seq, pos)));
+                self.retries
+                    .push(Reverse((Instant::now() + delay, seq, pos)));
             }
             Some(Failure::Fatal) => {
                 error!(error = ?result.as_ref().err(), "kafka producer hit a fatal error; replacing it and re-sending unconfirmed records");
@@ -277,7 +304,13 @@ impl Pipeline {
         }
     }
 
-    fn count_failure(&self, target_idx: usize, reason: FailureReason, mqtt_topic: &str, result: &Result<(), KafkaError>) {
+    fn count_failure(
+        &self,
+        target_idx: usize,
+        reason: FailureReason,
+        mqtt_topic: &str,
+        result: &Result<(), KafkaError>,
+    ) {
         let target = &self.router.targets()[target_idx];
         for &rule in &target.rules {
             self.metrics.rules[rule].failed(reason);
@@ -304,7 +337,11 @@ impl Pipeline {
     }
 
     fn replace_producer(&mut self) {
-        match kafka::producer(&self.kafka, Arc::clone(&self.metrics), self.reports_tx.clone()) {
+        match kafka::producer(
+            &self.kafka,
+            Arc::clone(&self.metrics),
+            self.reports_tx.clone(),
+        ) {
             Ok(fresh) => {
                 let old = std::mem::replace(&mut self.producer, fresh);
                 // Dropping purges and flushes for up to 500 ms: keep it off the runtime.
@@ -334,10 +371,13 @@ impl Pipeline {
 
     fn ack_completed(&mut self) {
         while self.window.front().is_some_and(|s| s.remaining == 0) {
-            let Some(slot) = self.window.pop_front() else { break };
+            let Some(slot) = self.window.pop_front() else {
+                break;
+            };
             self.head_seq += 1;
             if slot.publish.qos != QoS::AtMostOnce {
-                self.unsent_acks.push_back((slot.publish.qos, slot.publish.pkid));
+                self.unsent_acks
+                    .push_back((slot.publish.qos, slot.publish.pkid));
             }
         }
         self.flush_acks();
@@ -372,7 +412,11 @@ mod tests {
 
     #[test]
     fn opaque_round_trips() {
-        for (g, s, p) in [(0u8, 0u64, 0usize), (255, (1 << 44) - 1, 4095), (7, 123_456_789, 17)] {
+        for (g, s, p) in [
+            (0u8, 0u64, 0usize),
+            (255, (1 << 44) - 1, 4095),
+            (7, 123_456_789, 17),
+        ] {
             assert_eq!(unpack(opaque(g, s, p)), (g, s, p));
         }
     }

@@ -34,7 +34,9 @@ impl Router {
         let mut filters = Vec::new();
         for (i, rule) in config.rules.iter().enumerate() {
             let existing = targets.iter().position(|t| {
-                t.kafka_topic == rule.kafka.topic && t.key == rule.kafka.key && t.payload == rule.payload
+                t.kafka_topic == rule.kafka.topic
+                    && t.key == rule.kafka.key
+                    && t.payload == rule.payload
             });
             let t = match existing {
                 Some(t) => {
@@ -58,7 +60,12 @@ impl Router {
                 }
             }
         }
-        Self { filters, targets, rule_target, rule_names: config.rules.iter().map(|r| r.name.clone()).collect() }
+        Self {
+            filters,
+            targets,
+            rule_target,
+            rule_names: config.rules.iter().map(|r| r.name.clone()).collect(),
+        }
     }
 
     pub fn targets(&self) -> &[Target] {
@@ -82,7 +89,7 @@ impl Router {
 }
 
 /// The record key for a message under a key strategy.
-pub fn record_key<'a>(strategy: KeyStrategy, mqtt_topic: &'a str) -> Option<&'a str> {
+pub fn record_key(strategy: KeyStrategy, mqtt_topic: &str) -> Option<&str> {
     match strategy {
         KeyStrategy::MqttTopic => Some(mqtt_topic),
         KeyStrategy::None => None,
@@ -98,7 +105,10 @@ pub fn wrap_json(mqtt_topic: &str, payload: &[u8]) -> Vec<u8> {
         topic: &'a str,
         payload: String,
     }
-    let wrapped = Wrapped { topic: mqtt_topic, payload: BASE64.encode(payload) };
+    let wrapped = Wrapped {
+        topic: mqtt_topic,
+        payload: BASE64.encode(payload),
+    };
     // Serializing a struct of two strings cannot fail; fall back to an empty object if the
     // impossible happens rather than panicking on the data path.
     serde_json::to_vec(&wrapped).unwrap_or_else(|_| b"{}".to_vec())
@@ -109,7 +119,9 @@ mod tests {
     use super::*;
 
     fn config(yaml: &str) -> ForwarderConfig {
-        ferry_api::load_str(yaml, |_| None).map(|l| l.config).unwrap_or_else(|e| panic!("{e}"))
+        ferry_api::load_str(yaml, |_| None)
+            .map(|l| l.config)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     const TWO_RULES_SAME_TARGET: &str = r#"
@@ -153,11 +165,19 @@ rules:
     #[test]
     fn wrapped_json_matches_the_replaced_forwarder_byte_for_byte() {
         // serde_json + BASE64_STANDARD over {topic, payload}, as in the original's mqtt.rs.
-        assert_eq!(wrap_json("foo/bar", b"hello"), br#"{"topic":"foo/bar","payload":"aGVsbG8="}"#.to_vec());
+        assert_eq!(
+            wrap_json("foo/bar", b"hello"),
+            br#"{"topic":"foo/bar","payload":"aGVsbG8="}"#.to_vec()
+        );
         assert_eq!(
             wrap_json("caf\u{e9}/\"q\"", &[0, 255, 1]),
-            "{\"topic\":\"caf\u{e9}/\\\"q\\\"\",\"payload\":\"AP8B\"}".as_bytes().to_vec()
+            "{\"topic\":\"caf\u{e9}/\\\"q\\\"\",\"payload\":\"AP8B\"}"
+                .as_bytes()
+                .to_vec()
         );
-        assert_eq!(wrap_json("t", b""), br#"{"topic":"t","payload":""}"#.to_vec());
+        assert_eq!(
+            wrap_json("t", b""),
+            br#"{"topic":"t","payload":""}"#.to_vec()
+        );
     }
 }

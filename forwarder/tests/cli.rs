@@ -7,8 +7,15 @@ fn run_with_config(text: &str) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().expect("dir");
     let path = dir.path().join("config.yaml");
     std::fs::write(&path, text).expect("write");
-    let out = Command::new(env!("CARGO_BIN_EXE_ferry-forwarder")).arg("--config").arg(&path).output().expect("run");
-    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry-forwarder"))
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .expect("run");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 #[test]
@@ -28,9 +35,15 @@ fn invalid_config_exits_2_naming_every_field() {
         "rules[1].mqtt.qos: 3 is not an MQTT QoS",
         "rules[1].kafka.topic: \"a b\" is not a valid Kafka topic name",
     ] {
-        assert!(stderr.contains(expected), "missing {expected:?} in:\n{stderr}");
+        assert!(
+            stderr.contains(expected),
+            "missing {expected:?} in:\n{stderr}"
+        );
     }
-    assert!(!stderr.contains("hunter2"), "secrets never appear in errors");
+    assert!(
+        !stderr.contains("hunter2"),
+        "secrets never appear in errors"
+    );
 }
 
 #[test]
@@ -62,7 +75,36 @@ fn check_flag_validates_without_connecting() {
         "mqtt: { host: 192.0.2.1, client_id: c }\nkafka: { bootstrap_servers: \"192.0.2.1:9092\" }\nrules:\n  - name: r\n    mqtt: { topics: [t] }\n    kafka: { topic: t }\n",
     )
     .expect("write");
-    let out = Command::new(env!("CARGO_BIN_EXE_ferry-forwarder")).arg("--check").arg("--config").arg(&path).output().expect("run");
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry-forwarder"))
+        .arg("--check")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .expect("run");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("valid (1 rules)"));
+}
+
+#[test]
+fn shipped_examples_are_valid() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/");
+    for file in ["forwarder.yaml", "legacy-config.yaml"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_ferry-forwarder"))
+            .arg("--check")
+            .arg("--config")
+            .arg(format!("{root}{file}"))
+            .output()
+            .expect("run");
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{file}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }

@@ -3,8 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::{Read as _, Write as _};
-use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -60,7 +58,13 @@ impl Forwarder {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("config.yaml");
         fs::write(&path, config).expect("write config");
-        let mut f = Forwarder { child: None, http_port: free_port().expect("port"), dir, config: path, runs: 0 };
+        let mut f = Forwarder {
+            child: None,
+            http_port: free_port().expect("port"),
+            dir,
+            config: path,
+            runs: 0,
+        };
         f.restart();
         f
     }
@@ -68,7 +72,8 @@ impl Forwarder {
     /// Starts the binary again with the same config (after a kill or exit).
     pub fn restart(&mut self) {
         self.runs += 1;
-        let log = fs::File::create(self.dir.path().join(format!("forwarder-{}.log", self.runs))).expect("log");
+        let log = fs::File::create(self.dir.path().join(format!("forwarder-{}.log", self.runs)))
+            .expect("log");
         let child = Command::new(Self::bin())
             .arg("--config")
             .arg(&self.config)
@@ -84,7 +89,10 @@ impl Forwarder {
 
     pub fn log(&self) -> String {
         (1..=self.runs)
-            .map(|i| fs::read_to_string(self.dir.path().join(format!("forwarder-{i}.log"))).unwrap_or_default())
+            .map(|i| {
+                fs::read_to_string(self.dir.path().join(format!("forwarder-{i}.log")))
+                    .unwrap_or_default()
+            })
             .collect::<Vec<_>>()
             .join("\n--- restart ---\n")
     }
@@ -97,7 +105,11 @@ impl Forwarder {
     pub fn wait_ready(&mut self, timeout: Duration) {
         let start = Instant::now();
         while start.elapsed() < timeout {
-            assert!(self.running(), "forwarder exited while starting:\n{}", self.log());
+            assert!(
+                self.running(),
+                "forwarder exited while starting:\n{}",
+                self.log()
+            );
             if http_get(self.http_port, "/readyz").is_some_and(|(status, _)| status == 200) {
                 return;
             }
@@ -112,7 +124,9 @@ impl Forwarder {
 
     /// Sum of every sample of a metric family (e.g. `ferry_rule_forwarded_messages_total`).
     pub fn metric(&self, name: &str) -> f64 {
-        let Some((_, body)) = http_get(self.http_port, "/metrics") else { return 0.0 };
+        let Some((_, body)) = http_get(self.http_port, "/metrics") else {
+            return 0.0;
+        };
         body.lines()
             .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -157,17 +171,7 @@ impl Drop for Forwarder {
     }
 }
 
-/// A minimal HTTP/1.0 GET on loopback: (status, body).
-pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    let status = buf.split(' ').nth(1)?.parse().ok()?;
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    Some((status, body))
-}
+pub use ferry_e2e::http_get;
 
 /// Messages `"<topic index>:<seq>"` on `topics` topics `sensors/<i>/data`, round-robin.
 pub fn numbered_messages(topics: usize, total: usize) -> Vec<(String, Vec<u8>)> {
@@ -175,7 +179,10 @@ pub fn numbered_messages(topics: usize, total: usize) -> Vec<(String, Vec<u8>)> 
         .map(|n| {
             let t = n % topics;
             let seq = n / topics;
-            (format!("sensors/{t}/data"), format!("{t}:{seq}").into_bytes())
+            (
+                format!("sensors/{t}/data"),
+                format!("{t}:{seq}").into_bytes(),
+            )
         })
         .collect()
 }
@@ -199,9 +206,16 @@ pub fn judge(records: &[Record], total: usize) -> Delivery {
     for r in records {
         let (t, seq) = r.value_str().split_once(':').expect("numbered payload");
         let (t, seq): (usize, u64) = (t.parse().expect("topic index"), seq.parse().expect("seq"));
-        assert_eq!(r.key_str(), Some(format!("sensors/{t}/data").as_str()), "key is the MQTT topic");
+        assert_eq!(
+            r.key_str(),
+            Some(format!("sensors/{t}/data").as_str()),
+            "key is the MQTT topic"
+        );
         seen.insert((t, seq));
-        by_topic.entry(format!("sensors/{t}/data")).or_default().push((r.partition, r.offset, seq));
+        by_topic
+            .entry(format!("sensors/{t}/data"))
+            .or_default()
+            .push((r.partition, r.offset, seq));
     }
     let mut out_of_order = 0;
     for recs in by_topic.values_mut() {

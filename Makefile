@@ -1,0 +1,37 @@
+# Ferry: the two commands a newcomer needs are `make demo` and `make test`.
+# Builds and downloads are cached outside the repo (FERRY_CACHE, default ~/.cache/ferry).
+SHELL := /bin/bash
+FERRY_CACHE ?= $(HOME)/.cache/ferry
+export FERRY_CACHE
+export CARGO_TARGET_DIR ?= $(FERRY_CACHE)/target
+
+.PHONY: all deps build test lint unit demo clean-cache
+
+all: build
+
+# Debian packages (mosquitto, build tools) and Apache Kafka's jars; idempotent.
+deps:
+	@bash e2e/install.sh
+
+build: deps
+	cargo build --workspace --all-targets
+
+lint: deps
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+# Unit tests plus every integration test against real Mosquitto and Kafka. The broker tests
+# each start their own brokers; they run one at a time so timings stay meaningful on 2 cores.
+test: deps lint
+	cargo test --workspace -- --test-threads=1
+
+# Only the tests that need no brokers.
+unit:
+	cargo test --workspace --lib --test cli
+
+demo: deps
+	cargo build -p ferry-forwarder -p ferry-e2e --bin ferry-forwarder --bin demo-local
+	$(CARGO_TARGET_DIR)/debug/demo-local
+
+clean-cache:
+	rm -rf "$(FERRY_CACHE)"
