@@ -96,8 +96,14 @@ fn main() -> Result<()> {
     );
     println!("    {:<36} {}", alarm.0, String::from_utf8_lossy(&alarm.1));
     messages.push(alarm);
-    messages.push(("office/coffee".into(), b"ignored: no rule matches".to_vec()));
-    println!("    {:<36} ignored: no rule matches", "office/coffee");
+    messages.push((
+        "office/coffee".into(),
+        b"not forwarded: no rule subscribes to it".to_vec(),
+    ));
+    println!(
+        "    {:<36} not forwarded: no rule subscribes to it",
+        "office/coffee"
+    );
     rt.block_on(ferry_e2e::publish(
         mqtt.port(),
         "ferry-demo-publisher",
@@ -156,7 +162,7 @@ fn main() -> Result<()> {
         "    {} telemetry records and {} alarm record reached Kafka. Each telemetry record is keyed by its MQTT\n    \
          topic, so one sensor's readings stay in one partition, in order. The alarm was wrapped as JSON with\n    \
          its MQTT topic and keyed by plant id. Every message was acknowledged to MQTT only after Kafka\n    \
-         confirmed it. The office/coffee message matched no rule and was acknowledged without being forwarded.\n\n    \
+         confirmed it. No rule subscribes to office/coffee, so the broker never sent it to the forwarder.\n\n    \
          Next: `make test` runs every test against real brokers; README.md has the configuration reference.",
         telemetry.len(),
         alarms.len()
