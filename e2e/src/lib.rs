@@ -457,7 +457,7 @@ impl Record {
 /// (QoS 1/2), so the caller knows the broker holds them.
 pub async fn publish(
     port: u16,
-    client_id: &str,
+    client_id: impl Into<String>,
     qos: rumqttc::QoS,
     messages: Vec<(String, Vec<u8>)>,
 ) -> Result<()> {

@@ -143,25 +143,28 @@ fn kafka_down_for_20s_mid_stream_loses_nothing_and_forwarder_stays_up() {
     fwd.wait_ready(Duration::from_secs(30));
 }
 
-#[test]
-fn forwarder_sigkilled_mid_stream_and_restarted_loses_nothing() {
-    let brokers = Brokers::start();
-    let rt = runtime();
-    rt.block_on(brokers.kafka.create_topic("telemetry", 2))
+/// A forwarder on `telemetry` (`partitions` partitions) with a publisher of `total` numbered
+/// messages running; returns once the forwarder has forwarded `after` of them.
+fn mid_stream(
+    brokers: &Brokers,
+    rt: &tokio::runtime::Runtime,
+    name: &str,
+    partitions: i32,
+    (topics, total): (usize, usize),
+    after: f64,
+) -> (Forwarder, tokio::task::JoinHandle<anyhow::Result<()>>) {
+    rt.block_on(brokers.kafka.create_topic("telemetry", partitions))
         .expect("topic");
-    let mut fwd = Forwarder::start(&brokers.config("ferry-kill", TELEMETRY_RULE));
+    let mut fwd = Forwarder::start(&brokers.config(name, TELEMETRY_RULE));
     fwd.wait_ready(Duration::from_secs(30));
-
-    let (topics, total) = (20, 40_000);
-    let port = brokers.mqtt.port();
     let publisher = rt.spawn(ferry_e2e::publish(
-        port,
-        "pub-kill",
+        brokers.mqtt.port(),
+        format!("pub-{name}"),
         QoS::AtLeastOnce,
         numbered_messages(topics, total),
     ));
     let start = Instant::now();
-    while fwd.metric("ferry_rule_forwarded_messages_total") < 5_000.0 {
+    while fwd.metric("ferry_rule_forwarded_messages_total") < after {
         assert!(
             start.elapsed() < Duration::from_secs(60),
             "forwarding did not start:\n{}",
@@ -169,6 +172,15 @@ fn forwarder_sigkilled_mid_stream_and_restarted_loses_nothing() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    (fwd, publisher)
+}
+
+#[test]
+fn forwarder_sigkilled_mid_stream_and_restarted_loses_nothing() {
+    let brokers = Brokers::start();
+    let rt = runtime();
+    let (topics, total) = (20, 40_000);
+    let (mut fwd, publisher) = mid_stream(&brokers, &rt, "kill", 2, (topics, total), 5_000.0);
     fwd.signal(libc::SIGKILL);
     let status = fwd.wait_exit(Duration::from_secs(5)).expect("killed");
     eprintln!("forwarder SIGKILLed mid-stream ({status})");
@@ -204,28 +216,8 @@ fn forwarder_sigkilled_mid_stream_and_restarted_loses_nothing() {
 fn sigterm_drains_and_exits_0_within_its_bound_losing_nothing() {
     let brokers = Brokers::start();
     let rt = runtime();
-    rt.block_on(brokers.kafka.create_topic("telemetry", 1))
-        .expect("topic");
-    let mut fwd = Forwarder::start(&brokers.config("ferry-term", TELEMETRY_RULE));
-    fwd.wait_ready(Duration::from_secs(30));
-
     let (topics, total) = (5, 20_000);
-    let port = brokers.mqtt.port();
-    let publisher = rt.spawn(ferry_e2e::publish(
-        port,
-        "pub-term",
-        QoS::AtLeastOnce,
-        numbered_messages(topics, total),
-    ));
-    let start = Instant::now();
-    while fwd.metric("ferry_rule_forwarded_messages_total") < 3_000.0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "forwarding did not start:\n{}",
-            fwd.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (mut fwd, publisher) = mid_stream(&brokers, &rt, "term", 1, (topics, total), 3_000.0);
     let term = Instant::now();
     fwd.signal(libc::SIGTERM);
     let status = fwd
