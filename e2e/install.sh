@@ -14,7 +14,9 @@ for bin_pkg in mosquitto:mosquitto mosquitto_pub:mosquitto-clients cmake:cmake p
                java:openjdk-17-jre-headless mvn:maven g++:g++ make:make; do
   command -v "${bin_pkg%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${bin_pkg%%:*}" ] || need_pkgs+=("${bin_pkg#*:}")
 done
-dpkg -s libssl-dev >/dev/null 2>&1 || need_pkgs+=(libssl-dev)
+for dev_pkg in libssl-dev zlib1g-dev; do
+  dpkg -s "$dev_pkg" >/dev/null 2>&1 || need_pkgs+=("$dev_pkg")
+done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
   echo "ferry: installing Debian packages: ${need_pkgs[*]}"
   sudo_cmd=(); [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
