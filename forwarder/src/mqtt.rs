@@ -25,6 +25,8 @@ use crate::metrics::Metrics;
 /// otherwise drop the connection, be redelivered, and wedge the session); Kafka's size limit is
 /// handled as a permanent produce failure instead.
 const MAX_PACKET_SIZE: usize = 268_435_455;
+/// How long to wait, after DISCONNECT, for the broker to close the connection.
+const LINGER_BOUND: Duration = Duration::from_secs(2);
 
 pub fn qos(level: u8) -> QoS {
     match level {
@@ -148,6 +150,7 @@ impl Reader {
             match self.eventloop.poll().await {
                 Ok(Event::Outgoing(Outgoing::Disconnect)) => {
                     self.metrics.set_mqtt_connected(false);
+                    self.linger().await;
                     info!("mqtt disconnected cleanly");
                     return ReaderExit::Disconnected;
                 }
@@ -162,6 +165,25 @@ impl Reader {
                     return ReaderExit::ConnectionLost;
                 }
             }
+        }
+    }
+
+    /// Keeps reading (and discarding) after the DISCONNECT was written, until the broker closes
+    /// the connection. Closing a socket with unread PUBLISHes in its receive buffer makes the
+    /// kernel send a reset, and a reset makes the broker's kernel discard what it had not read
+    /// yet: our last acks and the DISCONNECT itself. Measured before this: ~1.5k–2.5k of 20k
+    /// messages replayed after a clean SIGTERM.
+    async fn linger(&mut self) {
+        let closed = tokio::time::timeout(LINGER_BOUND, async {
+            loop {
+                if self.eventloop.poll().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+        if closed.is_err() {
+            debug!("mqtt broker did not close the connection after DISCONNECT");
         }
     }
 
