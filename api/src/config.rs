@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::env;
 use crate::legacy;
-use crate::topic::{TopicFilter, validate_kafka_topic};
+use crate::topic::{TopicFilter, TopicTemplate, is_valid_share_group, validate_kafka_topic};
 
 /// Upper bound for `rules`; keeps the per-message target index small (see the forwarder's
 /// delivery opaque) and a config reviewable.
@@ -32,6 +32,59 @@ pub struct ForwarderConfig {
     /// after this are left unacknowledged, so the broker redelivers them.
     #[serde(default = "default_shutdown_timeout_secs")]
     pub shutdown_timeout_secs: u64,
+    /// Where messages go that Kafka can never take, for every rule without its own
+    /// `dead_letter`. Unset: such messages are counted, logged and acknowledged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetter>,
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+/// A dead-letter topic: receives the original payload, with headers naming the MQTT topic, the
+/// intended Kafka topic, the rule and the error.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeadLetter {
+    pub topic: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// A `tracing` filter: `info`, `debug`, or per module (`info,ferry_forwarder=debug`).
+    /// `FERRY_LOG` overrides it.
+    #[serde(default = "default_log_level")]
+    pub level: String,
+    /// `FERRY_LOG_FORMAT` or `--log-format` override it.
+    #[serde(default)]
+    pub format: LogFormat,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            level: default_log_level(),
+            format: LogFormat::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// The MQTT protocol version spoken to the broker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MqttProtocol {
+    #[default]
+    #[serde(rename = "3.1.1")]
+    V311,
+    #[serde(rename = "5")]
+    V5,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -40,11 +93,23 @@ pub struct MqttConfig {
     pub host: String,
     #[serde(default = "default_mqtt_port")]
     pub port: u16,
+    /// `"3.1.1"` or `"5"`. MQTT 5 adds user properties and content type (see a rule's
+    /// `kafka.headers`), announces `max_inflight` as Receive Maximum, and has session expiry.
+    #[serde(default, deserialize_with = "protocol")]
+    pub protocol: MqttProtocol,
     /// Stable client id: with `clean_session: false` the broker keeps the session (and the
     /// messages it holds for it) while the forwarder is away.
     pub client_id: String,
     #[serde(default)]
     pub clean_session: bool,
+    /// MQTT 5 only: how long the broker keeps the session after a disconnect. Unset: 0 with
+    /// `clean_session: true`, otherwise never expires (as a 3.1.1 persistent session).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_expiry_secs: Option<u32>,
+    /// Subscribe as `$share/<group>/<filter>`: replicas with the same group split the messages
+    /// between them, each with its own client id and session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_group: Option<String>,
     #[serde(default = "default_keep_alive_secs")]
     pub keep_alive_secs: u16,
     /// The in-flight window: messages received from MQTT and not yet acknowledged.
@@ -55,22 +120,54 @@ pub struct MqttConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password: Option<Secret>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tls: Option<MqttTls>,
+    pub tls: Option<Tls>,
     #[serde(default = "default_reconnect_min_ms")]
     pub reconnect_min_ms: u64,
     #[serde(default = "default_reconnect_max_ms")]
     pub reconnect_max_ms: u64,
 }
 
-/// PEM file paths for MQTT over TLS.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// PEM files for TLS. The broker's certificate is always verified: against `ca_file`, or the
+/// system's trusted roots when it is unset. `cert_file` and `key_file` (both or neither) are
+/// the client certificate, RSA or ECDSA.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct MqttTls {
-    pub ca_file: String,
+pub struct Tls {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert_file: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_file: Option<String>,
+}
+
+/// SASL authentication to Kafka (over TLS when `kafka.tls` is set).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sasl {
+    pub mechanism: SaslMechanism,
+    pub username: String,
+    pub password: Secret,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SaslMechanism {
+    #[serde(rename = "SCRAM-SHA-512")]
+    ScramSha512,
+    #[serde(rename = "SCRAM-SHA-256")]
+    ScramSha256,
+    #[serde(rename = "PLAIN")]
+    Plain,
+}
+
+impl SaslMechanism {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ScramSha512 => "SCRAM-SHA-512",
+            Self::ScramSha256 => "SCRAM-SHA-256",
+            Self::Plain => "PLAIN",
+        }
+    }
 }
 
 /// A value that must never be printed: `Debug` shows a placeholder.
@@ -95,6 +192,11 @@ impl fmt::Debug for Secret {
 pub struct KafkaConfig {
     /// Comma-separated `host:port` list.
     pub bootstrap_servers: String,
+    /// TLS to the brokers (`security.protocol` `ssl`, or `sasl_ssl` with `sasl`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<Tls>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sasl: Option<Sasl>,
     /// librdkafka producer properties, passed through; they override Ferry's defaults.
     #[serde(default, deserialize_with = "scalar_map")]
     pub config: BTreeMap<String, String>,
@@ -109,6 +211,9 @@ pub struct Rule {
     pub kafka: RuleKafka,
     #[serde(default)]
     pub payload: PayloadFormat,
+    /// Overrides the top-level `dead_letter` for this rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetter>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -124,9 +229,39 @@ pub struct RuleMqtt {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RuleKafka {
+    /// A topic name, or a template taking MQTT topic levels (counted from 0): `telemetry.{1}`
+    /// for `plant/7/telemetry` is `telemetry.7`.
     pub topic: String,
     #[serde(default)]
     pub key: KeyStrategy,
+    #[serde(default)]
+    pub headers: Headers,
+}
+
+/// Which Kafka headers a record carries. All off by default, so records are exactly the
+/// MQTT payload.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Headers {
+    /// `<prefix>topic`, `<prefix>qos`, `<prefix>retain` and, from MQTT 5 publishers that set
+    /// it, `<prefix>content_type`.
+    #[serde(default)]
+    pub metadata: bool,
+    /// MQTT 5 user properties, one header each, named as sent.
+    #[serde(default)]
+    pub user_properties: bool,
+    #[serde(default = "default_header_prefix")]
+    pub prefix: String,
+}
+
+impl Default for Headers {
+    fn default() -> Self {
+        Self {
+            metadata: false,
+            user_properties: false,
+            prefix: default_header_prefix(),
+        }
+    }
 }
 
 /// What becomes the Kafka record key (and so the partition).
@@ -191,6 +326,33 @@ fn default_qos() -> u8 {
 }
 fn default_shutdown_timeout_secs() -> u64 {
     30
+}
+fn default_log_level() -> String {
+    "info".into()
+}
+fn default_header_prefix() -> String {
+    "mqtt.".into()
+}
+
+/// YAML reads `protocol: 5` as a number and `protocol: 3.1.1` as a string; accept both.
+fn protocol<'de, D: serde::Deserializer<'de>>(d: D) -> Result<MqttProtocol, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Int(u64),
+        Str(String),
+    }
+    match Raw::deserialize(d)? {
+        Raw::Int(5) => Ok(MqttProtocol::V5),
+        Raw::Str(s) if s == "5" || s == "5.0" => Ok(MqttProtocol::V5),
+        Raw::Str(s) if s == "3.1.1" => Ok(MqttProtocol::V311),
+        Raw::Int(n) => Err(serde::de::Error::custom(format!(
+            "{n} is not a supported MQTT version (\"3.1.1\" or 5)"
+        ))),
+        Raw::Str(s) => Err(serde::de::Error::custom(format!(
+            "{s:?} is not a supported MQTT version (\"3.1.1\" or 5)"
+        ))),
+    }
 }
 
 /// librdkafka values are strings; YAML users write `linger.ms: 5` or `enable.idempotence: true`.
@@ -407,10 +569,21 @@ impl ForwarderConfig {
         if m.password.is_some() && m.username.is_none() {
             p.add("mqtt.password", "is set but mqtt.username is not");
         }
-        if m.tls.is_some() {
+        if let Some(tls) = &m.tls {
+            check_tls(&mut p, "mqtt.tls", tls);
+        }
+        if m.protocol == MqttProtocol::V311 && m.session_expiry_secs.is_some() {
             p.add(
-                "mqtt.tls",
-                "TLS to the MQTT broker is not supported by this version of ferry-forwarder yet",
+                "mqtt.session_expiry_secs",
+                "is an MQTT 5 setting; set mqtt.protocol: 5 or remove it (3.1.1 sessions follow clean_session)",
+            );
+        }
+        if let Some(group) = &m.shared_group
+            && !is_valid_share_group(group)
+        {
+            p.add(
+                "mqtt.shared_group",
+                format!("{group:?} must be non-empty and contain no '/', '+' or '#'"),
             );
         }
         if m.reconnect_min_ms == 0 || m.reconnect_min_ms > m.reconnect_max_ms {
@@ -445,6 +618,34 @@ impl ForwarderConfig {
                     "set kafka.bootstrap_servers instead",
                 );
             }
+            let managed =
+                key == "security.protocol" || key.starts_with("ssl.") || key.starts_with("sasl.");
+            if managed && (self.kafka.tls.is_some() || self.kafka.sasl.is_some()) {
+                p.add(
+                    format!("kafka.config.{key}"),
+                    "is set from kafka.tls / kafka.sasl; set it there, not in both",
+                );
+            }
+        }
+        if let Some(tls) = &self.kafka.tls {
+            check_tls(&mut p, "kafka.tls", tls);
+        }
+        if let Some(sasl) = &self.kafka.sasl {
+            if sasl.username.is_empty() {
+                p.add("kafka.sasl.username", "must not be empty");
+            }
+            if sasl.password.expose().is_empty() {
+                p.add("kafka.sasl.password", "must not be empty");
+            }
+            if self.kafka.tls.is_none() && sasl.mechanism == SaslMechanism::Plain {
+                p.add(
+                    "kafka.sasl.mechanism",
+                    "PLAIN sends the password in clear text; use it only with kafka.tls",
+                );
+            }
+        }
+        if let Some(dl) = &self.dead_letter {
+            check_dead_letter(&mut p, "dead_letter.topic", dl);
         }
 
         if self.rules.is_empty() {
@@ -496,29 +697,95 @@ impl ForwarderConfig {
                     format!("{} is not an MQTT QoS (0, 1 or 2)", rule.mqtt.qos),
                 );
             }
-            if let Err(e) = validate_kafka_topic(&rule.kafka.topic) {
-                p.add(
+            match TopicTemplate::parse(&rule.kafka.topic) {
+                Err(e) => p.add(
                     at("kafka.topic"),
                     format!(
-                        "{:?} is not a valid Kafka topic name: it {e}",
+                        "{:?} is not a valid Kafka topic name or template: it {e}",
                         rule.kafka.topic
                     ),
+                ),
+                Ok(template) => {
+                    for (j, filter) in rule.mqtt.topics.iter().enumerate() {
+                        let Ok(filter) = TopicFilter::parse(filter) else {
+                            continue;
+                        };
+                        let (depth, open) = filter.depth();
+                        if let Some(level) = template.levels().find(|&n| n >= depth && !open) {
+                            p.add(
+                                at("kafka.topic"),
+                                format!(
+                                    "uses topic level {{{level}}}, but topics matching mqtt.topics[{j}] {:?} have only {depth} level(s), counted from 0",
+                                    filter.as_str()
+                                ),
+                            );
+                        }
+                    }
+                }
+            }
+            if rule.kafka.headers.prefix.chars().any(char::is_control) {
+                p.add(
+                    at("kafka.headers.prefix"),
+                    "must not contain control characters",
                 );
+            }
+            if let Some(dl) = &rule.dead_letter {
+                check_dead_letter(&mut p, &at("dead_letter.topic"), dl);
             }
         }
         p.0
     }
 
-    /// Every distinct (filter, QoS) to subscribe to; the highest QoS wins when rules share a filter.
+    /// Every distinct (filter, QoS) to subscribe to; the highest QoS wins when rules share a
+    /// filter. With `mqtt.shared_group`, filters not already shared become
+    /// `$share/<group>/<filter>`.
     pub fn subscriptions(&self) -> Vec<(String, u8)> {
-        let mut subs: BTreeMap<&str, u8> = BTreeMap::new();
+        let mut subs: BTreeMap<String, u8> = BTreeMap::new();
         for rule in &self.rules {
             for filter in &rule.mqtt.topics {
-                let qos = subs.entry(filter).or_insert(0);
+                let subscribed = match &self.mqtt.shared_group {
+                    Some(group) if !filter.starts_with("$share/") => {
+                        format!("$share/{group}/{filter}")
+                    }
+                    _ => filter.clone(),
+                };
+                let qos = subs.entry(subscribed).or_insert(0);
                 *qos = (*qos).max(rule.mqtt.qos);
             }
         }
-        subs.into_iter().map(|(f, q)| (f.to_owned(), q)).collect()
+        subs.into_iter().collect()
+    }
+
+    /// The dead-letter topic of a rule: its own, else the top-level one.
+    pub fn dead_letter_of<'a>(&'a self, rule: &'a Rule) -> Option<&'a DeadLetter> {
+        rule.dead_letter.as_ref().or(self.dead_letter.as_ref())
+    }
+}
+
+fn check_tls(p: &mut Problems, at: &str, tls: &Tls) {
+    if tls.cert_file.is_some() != tls.key_file.is_some() {
+        p.add(
+            format!("{at}.key_file"),
+            "cert_file and key_file go together: set both for a client certificate, or neither",
+        );
+    }
+    for (field, value) in [
+        ("ca_file", &tls.ca_file),
+        ("cert_file", &tls.cert_file),
+        ("key_file", &tls.key_file),
+    ] {
+        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            p.add(format!("{at}.{field}"), "must not be empty when set");
+        }
+    }
+}
+
+fn check_dead_letter(p: &mut Problems, at: &str, dl: &DeadLetter) {
+    if let Err(e) = validate_kafka_topic(&dl.topic) {
+        p.add(
+            at,
+            format!("{:?} is not a valid Kafka topic name: it {e}", dl.topic),
+        );
     }
 }
 
@@ -624,7 +891,7 @@ rules:
             .unwrap();
         assert_eq!(
             topic.to_string(),
-            r#"rules[0].kafka.topic: "a b" is not a valid Kafka topic name: it may contain only ASCII letters, digits, '.', '_' and '-'"#
+            r#"rules[0].kafka.topic: "a b" is not a valid Kafka topic name or template: it may contain only ASCII letters, digits, '.', '_' and '-'"#
         );
     }
 
@@ -669,6 +936,117 @@ rules:
             loaded.config.mqtt.password.as_ref().map(Secret::expose),
             Some("hunter2")
         );
+    }
+
+    #[test]
+    fn production_settings_load() {
+        let text = r#"
+mqtt:
+  host: broker
+  client_id: ferry-0
+  protocol: 5
+  session_expiry_secs: 3600
+  shared_group: ferry
+  tls: { ca_file: /etc/ferry/ca.pem, cert_file: /etc/ferry/tls.crt, key_file: /etc/ferry/tls.key }
+kafka:
+  bootstrap_servers: kafka:9093
+  tls: { ca_file: /etc/ferry/kafka-ca.pem }
+  sasl: { mechanism: SCRAM-SHA-512, username: ferry, password: s3cret }
+dead_letter: { topic: ferry.dlq }
+log: { level: debug, format: json }
+rules:
+  - name: telemetry
+    mqtt: { topics: ["plant/+/telemetry", "$share/other/x/#"] }
+    kafka:
+      topic: "telemetry.{1}"
+      headers: { metadata: true, user_properties: true }
+    dead_letter: { topic: telemetry.dlq }
+  - name: other
+    mqtt: { topics: ["x/y"] }
+    kafka: { topic: other }
+"#;
+        let c = load_str(text, no_env).unwrap().config;
+        assert_eq!(c.mqtt.protocol, MqttProtocol::V5);
+        assert_eq!(
+            c.kafka.sasl.as_ref().unwrap().mechanism,
+            SaslMechanism::ScramSha512
+        );
+        assert_eq!(c.log.format, LogFormat::Json);
+        assert_eq!(c.rules[0].kafka.headers.prefix, "mqtt.");
+        assert_eq!(
+            c.dead_letter_of(&c.rules[0]).unwrap().topic,
+            "telemetry.dlq"
+        );
+        assert_eq!(c.dead_letter_of(&c.rules[1]).unwrap().topic, "ferry.dlq");
+        assert_eq!(
+            c.subscriptions(),
+            vec![
+                ("$share/ferry/plant/+/telemetry".to_string(), 1),
+                ("$share/ferry/x/y".to_string(), 1),
+                ("$share/other/x/#".to_string(), 1),
+            ]
+        );
+        assert!(!format!("{c:?}").contains("s3cret"));
+        let v311 = load_str(&text.replace("protocol: 5", "protocol: \"3.1.1\""), no_env);
+        let Err(ConfigError::Invalid(problems)) = v311 else {
+            panic!("session expiry needs MQTT 5")
+        };
+        assert_eq!(problems[0].path, "mqtt.session_expiry_secs");
+    }
+
+    #[test]
+    fn production_settings_problems_name_their_fields() {
+        let text = r#"
+mqtt:
+  host: broker
+  client_id: ferry-0
+  shared_group: "a/b"
+  tls: { cert_file: /c.pem }
+kafka:
+  bootstrap_servers: kafka:9093
+  sasl: { mechanism: PLAIN, username: "", password: "" }
+  config: { security.protocol: plaintext }
+dead_letter: { topic: "no good" }
+rules:
+  - name: r
+    mqtt: { topics: ["plant/+"] }
+    kafka: { topic: "t.{2}" }
+    dead_letter: { topic: ".." }
+  - name: s
+    mqtt: { topics: ["plant/#"] }
+    kafka: { topic: "t.{2" }
+"#;
+        let Err(ConfigError::Invalid(problems)) = load_str(text, no_env) else {
+            panic!("expected invalid")
+        };
+        let paths: Vec<&str> = problems.iter().map(|p| p.path.as_str()).collect();
+        for expected in [
+            "mqtt.shared_group",
+            "mqtt.tls.key_file",
+            "kafka.sasl.username",
+            "kafka.sasl.password",
+            "kafka.sasl.mechanism",
+            "kafka.config.security.protocol",
+            "dead_letter.topic",
+            "rules[0].kafka.topic",
+            "rules[0].dead_letter.topic",
+            "rules[1].kafka.topic",
+        ] {
+            assert!(
+                paths.contains(&expected),
+                "missing {expected} in {problems:#?}"
+            );
+        }
+        let level = problems
+            .iter()
+            .find(|p| p.path == "rules[0].kafka.topic")
+            .unwrap();
+        assert!(level.message.contains("have only 2 level(s)"), "{level}");
+        let bad = load_str(
+            &text.replace("shared_group: \"a/b\"", "protocol: 4"),
+            no_env,
+        );
+        assert!(matches!(bad, Err(ConfigError::Invalid(p)) if p[0].path == "mqtt.protocol"));
     }
 
     #[test]

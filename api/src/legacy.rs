@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 
 use crate::config::{
-    ForwarderConfig, HttpConfig, KafkaConfig, KeyStrategy, MqttConfig, MqttTls, PayloadFormat,
-    Rule, RuleKafka, RuleMqtt, Secret,
+    ForwarderConfig, Headers, HttpConfig, KafkaConfig, KeyStrategy, LogConfig, MqttConfig,
+    MqttProtocol, PayloadFormat, Rule, RuleKafka, RuleMqtt, Secret, Tls,
 };
 
 #[derive(Debug, Deserialize)]
@@ -77,8 +77,11 @@ impl LegacyConfig {
             max_inflight: 1000,
             username: None,
             password: None,
-            tls: self.mqtt.tls.map(|t| MqttTls {
-                ca_file: t.ca_cert,
+            protocol: MqttProtocol::V311,
+            session_expiry_secs: None,
+            shared_group: None,
+            tls: self.mqtt.tls.map(|t| Tls {
+                ca_file: Some(t.ca_cert),
                 cert_file: t.client_cert,
                 key_file: t.client_key,
             }),
@@ -97,6 +100,8 @@ impl LegacyConfig {
             },
             kafka: KafkaConfig {
                 bootstrap_servers: format!("{}:{}", self.kafka.bootstrap_server, self.kafka.port),
+                tls: None,
+                sasl: None,
                 config: self.kafka.config.unwrap_or_default(),
             },
             rules: self
@@ -111,16 +116,20 @@ impl LegacyConfig {
                     kafka: RuleKafka {
                         topic: f.kafka.topic,
                         key: KeyStrategy::MqttTopic,
+                        headers: Headers::default(),
                     },
                     payload: if f.wrap_as_json.unwrap_or(false) {
                         PayloadFormat::WrappedJson
                     } else {
                         PayloadFormat::Raw
                     },
+                    dead_letter: None,
                 })
                 .collect(),
             http: HttpConfig::default(),
             shutdown_timeout_secs: 30,
+            dead_letter: None,
+            log: LogConfig::default(),
         }
     }
 }

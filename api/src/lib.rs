@@ -1,12 +1,14 @@
 //! Types shared by Ferry's operator and forwarder, with no dependency on librdkafka or on
-//! Kubernetes client code: the forwarder's config contract and topic rules.
+//! Kubernetes client code: the forwarder's config contract, its status contract, and topic
+//! rules.
 
 pub mod config;
 pub mod env;
 mod legacy;
+pub mod status;
 pub mod topic;
 
 pub use config::{
     ConfigError, ForwarderConfig, KeyStrategy, PayloadFormat, Problem, Rule, load_str,
 };
-pub use topic::{TopicFilter, validate_kafka_topic};
+pub use topic::{TopicFilter, TopicTemplate, validate_kafka_topic};

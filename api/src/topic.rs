@@ -1,11 +1,15 @@
 //! MQTT topic filters (MQTT 3.1.1 §4.7 / MQTT 5 §4.7) and Kafka topic names.
 
+use std::borrow::Cow;
 use std::fmt;
 
-/// A validated MQTT topic filter, matched level by level.
+/// A validated MQTT topic filter, matched level by level. A shared subscription
+/// (`$share/<group>/<filter>`, MQTT 5 §4.8.2, also honoured by brokers for 3.1.1) matches what
+/// its inner filter matches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TopicFilter {
     text: String,
+    share_group: Option<String>,
     levels: Vec<Level>,
 }
 
@@ -31,6 +35,10 @@ pub enum FilterError {
     MultiLevelMisplaced,
     #[error("'+' must occupy a whole level")]
     SingleLevelMisplaced,
+    #[error(
+        "a shared subscription must be $share/<group>/<filter>, the group without '/', '+' or '#'"
+    )]
+    BadShare,
 }
 
 impl TopicFilter {
@@ -44,7 +52,17 @@ impl TopicFilter {
         if text.contains('\0') {
             return Err(FilterError::Nul);
         }
-        let parts: Vec<&str> = text.split('/').collect();
+        let (share_group, inner) = match text.strip_prefix("$share/") {
+            Some(rest) => {
+                let (group, inner) = rest.split_once('/').ok_or(FilterError::BadShare)?;
+                if !is_valid_share_group(group) || inner.is_empty() {
+                    return Err(FilterError::BadShare);
+                }
+                (Some(group.to_owned()), inner)
+            }
+            None => (None, text),
+        };
+        let parts: Vec<&str> = inner.split('/').collect();
         let last = parts.len() - 1;
         let mut levels = Vec::with_capacity(parts.len());
         for (i, part) in parts.iter().enumerate() {
@@ -59,12 +77,27 @@ impl TopicFilter {
         }
         Ok(Self {
             text: text.to_owned(),
+            share_group,
             levels,
         })
     }
 
+    /// The whole filter, as subscribed.
     pub fn as_str(&self) -> &str {
         &self.text
+    }
+
+    pub fn share_group(&self) -> Option<&str> {
+        self.share_group.as_deref()
+    }
+
+    /// How many levels every matching topic has at least, and whether it may have more (`#`).
+    pub fn depth(&self) -> (usize, bool) {
+        match self.levels.last() {
+            // `a/#` also matches `a`.
+            Some(Level::Multi) => (self.levels.len() - 1, true),
+            _ => (self.levels.len(), false),
+        }
     }
 
     /// Whether a concrete topic name matches this filter. Topics starting with `$` are not
@@ -97,6 +130,144 @@ impl TopicFilter {
 impl fmt::Display for TopicFilter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.text)
+    }
+}
+
+/// A shared-subscription group name: non-empty, without `/`, `+` or `#`.
+pub fn is_valid_share_group(group: &str) -> bool {
+    !group.is_empty() && !group.contains(['/', '+', '#'])
+}
+
+/// A Kafka topic name with optional placeholders for MQTT topic levels, counted from 0:
+/// `telemetry.{1}` maps `plant/7/telemetry` to `telemetry.7`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TopicTemplate {
+    parts: Vec<TemplatePart>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum TemplatePart {
+    Text(String),
+    Level(usize),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TemplateError {
+    #[error("has an unclosed '{{'")]
+    Unclosed,
+    #[error("has a '}}' without '{{'")]
+    Unopened,
+    #[error("has {{{0}}}: a placeholder is a topic level number, like {{1}}")]
+    BadPlaceholder(String),
+    #[error("{0}")]
+    Name(KafkaTopicError),
+}
+
+/// Why a template gave no legal topic name for one MQTT topic.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResolveError {
+    #[error("the MQTT topic has no level {0}")]
+    MissingLevel(usize),
+    #[error("level {0} of the MQTT topic is empty")]
+    EmptyLevel(usize),
+    #[error("the resolved name {name:?} is not a legal Kafka topic: it {reason}")]
+    Illegal {
+        name: String,
+        reason: KafkaTopicError,
+    },
+}
+
+impl TopicTemplate {
+    pub fn parse(text: &str) -> Result<Self, TemplateError> {
+        let mut parts = Vec::new();
+        let mut rest = text;
+        while !rest.is_empty() {
+            match rest.find(['{', '}']) {
+                Some(i) if rest.as_bytes()[i] == b'}' => return Err(TemplateError::Unopened),
+                Some(i) => {
+                    if i > 0 {
+                        parts.push(TemplatePart::Text(rest[..i].to_owned()));
+                    }
+                    let after = &rest[i + 1..];
+                    let end = after.find('}').ok_or(TemplateError::Unclosed)?;
+                    let inner = &after[..end];
+                    let level = inner
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|_| inner.bytes().all(|b| b.is_ascii_digit()))
+                        .ok_or_else(|| TemplateError::BadPlaceholder(inner.to_owned()))?;
+                    parts.push(TemplatePart::Level(level));
+                    rest = &after[end + 1..];
+                }
+                None => {
+                    parts.push(TemplatePart::Text(rest.to_owned()));
+                    rest = "";
+                }
+            }
+        }
+        let template = Self { parts };
+        // The static parts must be legal on their own; a placeholder stands for at least one
+        // legal character.
+        let sample: String = template
+            .parts
+            .iter()
+            .map(|p| match p {
+                TemplatePart::Text(t) => t.as_str(),
+                TemplatePart::Level(_) => "x",
+            })
+            .collect();
+        validate_kafka_topic(&sample).map_err(TemplateError::Name)?;
+        Ok(template)
+    }
+
+    /// The topic levels the template uses.
+    pub fn levels(&self) -> impl Iterator<Item = usize> + '_ {
+        self.parts.iter().filter_map(|p| match p {
+            TemplatePart::Level(n) => Some(*n),
+            TemplatePart::Text(_) => None,
+        })
+    }
+
+    /// The name when the template has no placeholder.
+    pub fn as_static(&self) -> Option<&str> {
+        match self.parts.as_slice() {
+            [TemplatePart::Text(t)] => Some(t),
+            _ => None,
+        }
+    }
+
+    pub fn resolve(&self, mqtt_topic: &str) -> Result<Cow<'_, str>, ResolveError> {
+        if let Some(name) = self.as_static() {
+            return Ok(Cow::Borrowed(name));
+        }
+        let levels: Vec<&str> = mqtt_topic.split('/').collect();
+        let mut name = String::new();
+        for part in &self.parts {
+            match part {
+                TemplatePart::Text(t) => name.push_str(t),
+                TemplatePart::Level(n) => match levels.get(*n) {
+                    None => return Err(ResolveError::MissingLevel(*n)),
+                    Some(&"") => return Err(ResolveError::EmptyLevel(*n)),
+                    Some(level) => name.push_str(level),
+                },
+            }
+        }
+        match validate_kafka_topic(&name) {
+            Ok(()) => Ok(Cow::Owned(name)),
+            Err(reason) => Err(ResolveError::Illegal { name, reason }),
+        }
+    }
+}
+
+impl fmt::Display for TopicTemplate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for part in &self.parts {
+            match part {
+                TemplatePart::Text(t) => f.write_str(t)?,
+                TemplatePart::Level(n) => write!(f, "{{{n}}}")?,
+            }
+        }
+        Ok(())
     }
 }
 
@@ -190,6 +361,64 @@ mod tests {
             Err(FilterError::SingleLevelMisplaced)
         );
         assert_eq!(TopicFilter::parse("a\0"), Err(FilterError::Nul));
+    }
+
+    #[test]
+    fn shared_subscriptions_match_their_inner_filter() {
+        let f = TopicFilter::parse("$share/ferry/plant/+/temp").unwrap();
+        assert_eq!(f.share_group(), Some("ferry"));
+        assert_eq!(f.as_str(), "$share/ferry/plant/+/temp");
+        assert!(f.matches("plant/7/temp"));
+        assert!(!f.matches("$share/ferry/plant/7/temp"));
+        for bad in ["$share/ferry", "$share//a", "$share/a+b/x", "$share/g/"] {
+            assert_eq!(TopicFilter::parse(bad), Err(FilterError::BadShare), "{bad}");
+        }
+    }
+
+    #[test]
+    fn topic_templates_resolve_levels() {
+        let t = TopicTemplate::parse("telemetry.{1}").unwrap();
+        assert_eq!(t.resolve("plant/7/telemetry").unwrap(), "telemetry.7");
+        assert_eq!(t.levels().collect::<Vec<_>>(), vec![1]);
+        assert_eq!(t.to_string(), "telemetry.{1}");
+        assert_eq!(
+            t.resolve("plant"),
+            Err(ResolveError::MissingLevel(1)),
+            "a level the topic does not have"
+        );
+        assert!(matches!(
+            t.resolve("plant/a b/telemetry"),
+            Err(ResolveError::Illegal { .. })
+        ));
+        assert_eq!(t.resolve("plant//x"), Err(ResolveError::EmptyLevel(1)));
+        let fixed = TopicTemplate::parse("plain").unwrap();
+        assert_eq!(fixed.as_static(), Some("plain"));
+        assert_eq!(fixed.resolve("any/thing").unwrap(), "plain");
+        assert_eq!(
+            TopicTemplate::parse("{0}.{2}-raw")
+                .unwrap()
+                .resolve("a/b/c")
+                .unwrap(),
+            "a.c-raw"
+        );
+    }
+
+    #[test]
+    fn bad_templates_say_why() {
+        assert_eq!(TopicTemplate::parse("t.{1"), Err(TemplateError::Unclosed));
+        assert_eq!(TopicTemplate::parse("t.1}"), Err(TemplateError::Unopened));
+        assert_eq!(
+            TopicTemplate::parse("t.{x}"),
+            Err(TemplateError::BadPlaceholder("x".into()))
+        );
+        assert_eq!(
+            TopicTemplate::parse("t.{+1}"),
+            Err(TemplateError::BadPlaceholder("+1".into()))
+        );
+        assert_eq!(
+            TopicTemplate::parse("a b.{1}"),
+            Err(TemplateError::Name(KafkaTopicError::IllegalCharacter))
+        );
     }
 
     #[test]

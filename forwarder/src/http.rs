@@ -1,5 +1,5 @@
 //! `/healthz` (the process is serving), `/readyz` (MQTT subscribed and Kafka answering metadata),
-//! `/metrics` (Prometheus text format).
+//! `/metrics` (Prometheus text format), `/status` (per-rule JSON for the operator).
 
 use std::sync::Arc;
 
@@ -18,6 +18,7 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
+        .route(ferry_api::status::STATUS_PATH, get(status))
         .with_state(metrics);
     if let Err(e) = axum::serve(listener, app).await {
         error!(error = %e, "http server stopped");
@@ -37,6 +38,10 @@ async fn readyz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, body)
     }
+}
+
+async fn status(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+    axum::Json(m.status())
 }
 
 async fn metrics_text(State(m): State<Arc<Metrics>>) -> impl IntoResponse {

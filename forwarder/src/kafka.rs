@@ -37,6 +37,31 @@ pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     for (k, v) in DEFAULTS {
         cc.set(*k, *v);
     }
+    let protocol = match (&kafka.tls, &kafka.sasl) {
+        (None, None) => None,
+        (Some(_), None) => Some("ssl"),
+        (None, Some(_)) => Some("sasl_plaintext"),
+        (Some(_), Some(_)) => Some("sasl_ssl"),
+    };
+    if let Some(p) = protocol {
+        cc.set("security.protocol", p);
+    }
+    if let Some(tls) = &kafka.tls {
+        // Verify the broker's name against its certificate, not only the chain.
+        cc.set("ssl.endpoint.identification.algorithm", "https");
+        if let Some(ca) = &tls.ca_file {
+            cc.set("ssl.ca.location", ca);
+        }
+        if let (Some(cert), Some(key)) = (&tls.cert_file, &tls.key_file) {
+            cc.set("ssl.certificate.location", cert);
+            cc.set("ssl.key.location", key);
+        }
+    }
+    if let Some(sasl) = &kafka.sasl {
+        cc.set("sasl.mechanism", sasl.mechanism.as_str());
+        cc.set("sasl.username", &sasl.username);
+        cc.set("sasl.password", sasl.password.expose());
+    }
     for (k, v) in &kafka.config {
         cc.set(k, v);
     }
@@ -69,6 +94,7 @@ impl ClientContext for Context {
         ) {
             self.metrics.set_kafka_reachable(false);
         }
+        self.metrics.kafka_error(reason.to_owned());
         warn!(error = %error, reason, "kafka client error");
     }
 }
@@ -127,26 +153,92 @@ pub fn classify(error: &KafkaError) -> Failure {
     }
 }
 
-/// Asks Kafka for metadata every `interval` and sets `kafka_reachable`; runs until dropped.
-pub async fn probe_reachability(kafka: KafkaConfig, metrics: Arc<Metrics>, interval: Duration) {
-    let probe: Result<BaseProducer, _> = client_config(&kafka).create();
+/// The metadata probe's context: remembers errors retrying cannot fix (the broker's certificate
+/// does not verify, authentication refused).
+struct ProbeContext {
+    unfixable: std::sync::Mutex<Option<String>>,
+}
+
+impl ClientContext for ProbeContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        log_librdkafka(level, fac, message);
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        if let Some(kind) = unfixable(&error, reason) {
+            let mut u = self
+                .unfixable
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            u.get_or_insert_with(|| format!("{kind}: {reason}"));
+        }
+    }
+}
+
+impl ProducerContext for ProbeContext {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &DeliveryResult<'_>, _: ()) {}
+}
+
+/// librdkafka reports certificate and authentication failures as errors it keeps retrying.
+fn unfixable(error: &KafkaError, reason: &str) -> Option<&'static str> {
+    match error.rdkafka_error_code() {
+        Some(RDKafkaErrorCode::SSL) if reason.contains("certificate verify failed") => {
+            Some("TLS certificate verification failed")
+        }
+        Some(RDKafkaErrorCode::Authentication) => Some("authentication failed"),
+        _ => None,
+    }
+}
+
+/// Asks Kafka for metadata every `interval` and sets `kafka_reachable`. Runs until dropped,
+/// or returns the reason when, before Kafka was ever reached, it failed in a way retrying
+/// cannot fix.
+pub async fn probe_reachability(
+    kafka: KafkaConfig,
+    metrics: Arc<Metrics>,
+    interval: Duration,
+) -> String {
+    let context = ProbeContext {
+        unfixable: std::sync::Mutex::new(None),
+    };
+    let probe: Result<BaseProducer<ProbeContext>, _> =
+        client_config(&kafka).create_with_context(context);
     let probe = match probe {
         Ok(p) => Arc::new(p),
         Err(e) => {
             error!(error = %e, "cannot create kafka metadata probe; readiness will stay false");
-            return;
+            return std::future::pending().await;
         }
     };
     let mut was: Option<bool> = None;
+    let mut ever_reached = false;
     loop {
         let p = Arc::clone(&probe);
-        let ok = tokio::task::spawn_blocking(move || {
+        let result = tokio::task::spawn_blocking(move || {
             p.client().fetch_metadata(None, Duration::from_secs(3))
         })
-        .await
-        .map(|r| r.is_ok())
-        .unwrap_or(false);
+        .await;
+        let ok = matches!(result, Ok(Ok(_)));
         metrics.set_kafka_reachable(ok);
+        ever_reached |= ok;
+        if !ok {
+            let unfixable = probe
+                .context()
+                .unfixable
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .take();
+            if let Some(reason) = unfixable {
+                metrics.kafka_error(reason.clone());
+                if !ever_reached {
+                    return format!("kafka {}: {reason}", kafka.bootstrap_servers);
+                }
+                error!(bootstrap_servers = %kafka.bootstrap_servers, error = %reason, "kafka refuses the forwarder");
+            } else if let Ok(Err(e)) = &result {
+                metrics.kafka_error(e.to_string());
+            }
+        }
         if was != Some(ok) {
             if ok {
                 info!(bootstrap_servers = %kafka.bootstrap_servers, "kafka reachable");
@@ -183,6 +275,8 @@ mod tests {
     fn user_config_overrides_defaults() {
         let mut kafka = KafkaConfig {
             bootstrap_servers: "k:9092".into(),
+            tls: None,
+            sasl: None,
             config: Default::default(),
         };
         kafka.config.insert("linger.ms".into(), "50".into());
@@ -191,6 +285,33 @@ mod tests {
         assert_eq!(cc.get("acks"), Some("all"));
         assert_eq!(cc.get("enable.idempotence"), Some("true"));
         assert_eq!(cc.get("bootstrap.servers"), Some("k:9092"));
+        assert_eq!(cc.get("security.protocol"), None);
+    }
+
+    #[test]
+    fn tls_and_sasl_set_the_security_protocol() {
+        use ferry_api::config::{Sasl, SaslMechanism, Secret, Tls};
+        let kafka = KafkaConfig {
+            bootstrap_servers: "k:9093".into(),
+            tls: Some(Tls {
+                ca_file: Some("/ca.pem".into()),
+                ..Tls::default()
+            }),
+            sasl: Some(Sasl {
+                mechanism: SaslMechanism::ScramSha512,
+                username: "ferry".into(),
+                password: Secret("pw".into()),
+            }),
+            config: Default::default(),
+        };
+        let cc = client_config(&kafka);
+        assert_eq!(cc.get("security.protocol"), Some("sasl_ssl"));
+        assert_eq!(cc.get("sasl.mechanism"), Some("SCRAM-SHA-512"));
+        assert_eq!(cc.get("ssl.ca.location"), Some("/ca.pem"));
+        assert_eq!(
+            cc.get("ssl.endpoint.identification.algorithm"),
+            Some("https")
+        );
     }
 
     #[test]

@@ -6,11 +6,14 @@ pub mod kafka;
 pub mod metrics;
 pub mod mqtt;
 pub mod pipeline;
+pub mod reload;
 pub mod route;
+pub mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ferry_api::ForwarderConfig;
@@ -19,8 +22,9 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;
-use crate::mqtt::{Reader, ReaderExit};
-use crate::pipeline::Pipeline;
+use crate::mqtt::{Connection, Reader, ReaderExit, Session};
+use crate::pipeline::{Pipeline, Wiring};
+use crate::reload::ConfigSource;
 use crate::route::Router;
 
 /// Capacity of the hand-over from the MQTT reader to the pipeline; the window is the real buffer.
@@ -28,6 +32,7 @@ const HANDOVER_CAPACITY: usize = 128;
 /// How long the reader gets, after the pipeline finished, to write the last acks and DISCONNECT.
 const DISCONNECT_BOUND: Duration = Duration::from_secs(5);
 const KAFKA_PROBE_INTERVAL: Duration = Duration::from_secs(5);
+const RATE_SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -38,6 +43,12 @@ pub enum RunError {
     },
     #[error("cannot create the kafka producer: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("{0}")]
+    Tls(#[from] tls::TlsSetupError),
+    /// Before the first successful connection, an error retrying cannot fix (a certificate that
+    /// does not verify, refused credentials).
+    #[error("{0}")]
+    Unrecoverable(String),
 }
 
 /// What a finished run left behind.
@@ -49,46 +60,90 @@ pub struct RunSummary {
 }
 
 /// Forwards until `shutdown` resolves, then drains: stops reading, finishes in-flight messages,
-/// acks them, disconnects.
+/// acks them, disconnects. With a `source`, changes to the config file apply while running.
 pub async fn run(
     config: ForwarderConfig,
+    source: Option<ConfigSource>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<RunSummary, RunError> {
-    let router = Router::new(&config);
-    let metrics = Arc::new(Metrics::new(router.rule_names()));
+    let metrics = Arc::new(Metrics::new());
+    let router = Router::new(&config, &metrics);
     let addr = config.http.listen;
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| RunError::Http { addr, source })?;
-    let http = tokio::spawn(http::serve(listener, Arc::clone(&metrics)));
-    let probe = tokio::spawn(kafka::probe_reachability(
+    let max_inflight = usize::from(config.mqtt.max_inflight);
+    // +1: the message the reader holds a hand-over permit for.
+    let connection = mqtt::connect(&config.mqtt, max_inflight + HANDOVER_CAPACITY + 1)?;
+
+    let mut background = tokio::task::JoinSet::new();
+    background.spawn(http::serve(listener, Arc::clone(&metrics)));
+    let sampler = Arc::clone(&metrics);
+    background.spawn(async move {
+        loop {
+            sampler.sample_rates();
+            tokio::time::sleep(RATE_SAMPLE_INTERVAL).await;
+        }
+    });
+    let kafka_fatal = tokio::spawn(kafka::probe_reachability(
         config.kafka.clone(),
         Arc::clone(&metrics),
         KAFKA_PROBE_INTERVAL,
     ));
+    let (reload_tx, reloads) = mpsc::channel(1);
+    if let Some(source) = source {
+        background.spawn(reload::watch(
+            source,
+            config.clone(),
+            Arc::clone(&metrics),
+            reload_tx,
+        ));
+    }
 
-    let max_inflight = usize::from(config.mqtt.max_inflight);
-    // +1: the message the reader holds a hand-over permit for.
-    let (client, eventloop) = mqtt::client(&config.mqtt, max_inflight + HANDOVER_CAPACITY + 1);
-    let reader = Reader::new(
-        eventloop,
-        client.clone(),
-        &config.mqtt,
-        config.subscriptions(),
-        Arc::clone(&metrics),
-    );
+    let subscriptions = Arc::new(Mutex::new(config.subscriptions()));
+    let reader_gone = Arc::new(AtomicBool::new(false));
+    let (to_pipeline, inbound) = mpsc::channel(HANDOVER_CAPACITY);
+    let (client, reader) = match connection {
+        Connection::V4(client, session) => (
+            client.clone(),
+            spawn_reader(
+                *session,
+                client,
+                &config,
+                &subscriptions,
+                &metrics,
+                &reader_gone,
+                to_pipeline,
+            ),
+        ),
+        Connection::V5(client, session) => (
+            client.clone(),
+            spawn_reader(
+                *session,
+                client,
+                &config,
+                &subscriptions,
+                &metrics,
+                &reader_gone,
+                to_pipeline,
+            ),
+        ),
+    };
     let pipeline = Pipeline::new(
         router,
         config.kafka.clone(),
-        Arc::clone(&metrics),
-        client,
-        Arc::clone(&reader.gone),
+        Wiring {
+            metrics: Arc::clone(&metrics),
+            client,
+            subscriptions,
+            reader_gone,
+        },
         max_inflight,
     )?;
-    let (to_pipeline, inbound) = mpsc::channel(HANDOVER_CAPACITY);
-    let reader = tokio::spawn(reader.run(to_pipeline));
     info!(
         mqtt = %format!("{}:{}", config.mqtt.host, config.mqtt.port),
+        protocol = ?config.mqtt.protocol,
+        tls = config.mqtt.tls.is_some(),
         client_id = %config.mqtt.client_id,
         kafka = %config.kafka.bootstrap_servers,
         rules = config.rules.len(),
@@ -96,27 +151,51 @@ pub async fn run(
         "forwarder started"
     );
 
+    // A Kafka setting that can never work stops the forwarder like a signal, with the reason.
+    let kafka_unrecoverable: Arc<Mutex<Option<String>>> = Arc::default();
+    let noted = Arc::clone(&kafka_unrecoverable);
+    let stop = async move {
+        tokio::select! {
+            () = shutdown => {}
+            reason = kafka_fatal => {
+                if let Ok(reason) = reason {
+                    tracing::error!(error = %reason, "cannot use kafka, and retrying will not help");
+                    *noted.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+                }
+            }
+        }
+    };
     let exit = pipeline
         .run(
             inbound,
-            shutdown,
+            reloads,
+            stop,
             Duration::from_secs(config.shutdown_timeout_secs),
         )
         .await;
-    let disconnected_cleanly = match tokio::time::timeout(DISCONNECT_BOUND, reader).await {
-        Ok(Ok(ReaderExit::Disconnected)) => true,
-        Ok(Ok(ReaderExit::ConnectionLost)) => false,
+    let reader_exit = match tokio::time::timeout(DISCONNECT_BOUND, reader).await {
+        Ok(Ok(exit)) => Some(exit),
         Ok(Err(e)) => {
             warn!(error = %e, "mqtt reader task failed");
-            false
+            None
         }
         Err(_) => {
             warn!("mqtt disconnect did not complete in time");
-            false
+            None
         }
     };
-    http.abort();
-    probe.abort();
+    background.abort_all();
+    if let Some(ReaderExit::Fatal(reason)) = reader_exit {
+        return Err(RunError::Unrecoverable(reason));
+    }
+    if let Some(reason) = kafka_unrecoverable
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+    {
+        return Err(RunError::Unrecoverable(reason));
+    }
+    let disconnected_cleanly = reader_exit == Some(ReaderExit::Disconnected);
     info!(
         abandoned = exit.abandoned,
         disconnected_cleanly, "forwarder stopped"
@@ -124,5 +203,30 @@ pub async fn run(
     Ok(RunSummary {
         abandoned: exit.abandoned,
         disconnected_cleanly,
+    })
+}
+
+fn spawn_reader<S: Session>(
+    session: S,
+    client: mqtt::Client,
+    config: &ForwarderConfig,
+    subscriptions: &mqtt::Subscriptions,
+    metrics: &Arc<Metrics>,
+    gone: &Arc<AtomicBool>,
+    to_pipeline: mpsc::Sender<mqtt::Message>,
+) -> tokio::task::JoinHandle<ReaderExit> {
+    let reader = Reader::new(
+        session,
+        client,
+        &config.mqtt,
+        Arc::clone(subscriptions),
+        Arc::clone(metrics),
+    );
+    let gone = Arc::clone(gone);
+    tokio::spawn(async move {
+        let exit = reader.run(to_pipeline).await;
+        // Tells the pipeline to stop waiting on the request channel.
+        gone.store(true, Ordering::Relaxed);
+        exit
     })
 }

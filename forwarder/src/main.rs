@@ -4,9 +4,14 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use ferry_api::config::{ConfigError, SourceFormat};
+use std::sync::Arc;
+
+use ferry_api::config::{ConfigError, LogFormat, SourceFormat};
+use ferry_forwarder::reload::{ConfigSource, LogLevelSetter};
 use tracing::{error, info, warn};
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, reload};
 
 /// Forwards MQTT messages into Kafka, at least once and in order.
 #[derive(Parser)]
@@ -21,17 +26,23 @@ struct Cli {
     /// Overrides `http.listen` (e.g. 127.0.0.1:9090).
     #[arg(long, env = "FERRY_HTTP_LISTEN")]
     http_listen: Option<std::net::SocketAddr>,
-    /// Log format.
-    #[arg(long, env = "FERRY_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
-    log_format: String,
+    /// Log format; overrides `log.format`.
+    #[arg(long, env = "FERRY_LOG_FORMAT", value_parser = ["text", "json"])]
+    log_format: Option<String>,
+    /// Log filter (`info`, `debug`, `info,ferry_forwarder=debug`); overrides `log.level`.
+    #[arg(long, env = "FERRY_LOG")]
+    log_level: Option<String>,
+    /// Do not watch the config file for changes.
+    #[arg(long)]
+    no_reload: bool,
 }
 
 /// Exit codes: 0 stopped cleanly, 1 runtime failure, 2 invalid config.
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging(&cli.log_format);
     let path = cli
         .config
+        .clone()
         .or_else(|| std::env::var_os("CONFIG_FILE").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from("config.yaml"));
     let loaded = std::fs::read_to_string(&path)
@@ -50,6 +61,30 @@ fn main() -> ExitCode {
     if let Some(addr) = cli.http_listen {
         loaded.config.http.listen = addr;
     }
+    let json = match cli.log_format.as_deref() {
+        Some(f) => f == "json",
+        None => loaded.config.log.format == LogFormat::Json,
+    };
+    let level_overridden = cli.log_level.is_some();
+    let level = cli
+        .log_level
+        .clone()
+        .unwrap_or_else(|| loaded.config.log.level.clone());
+    let set_log_level = match init_logging(&level, json) {
+        Ok(setter) => setter,
+        Err(e) => {
+            let field = if level_overridden {
+                "FERRY_LOG"
+            } else {
+                "log.level"
+            };
+            eprintln!(
+                "ferry-forwarder: invalid config {}: {field}: {level:?} is not a log filter: {e}",
+                path.display()
+            );
+            return ExitCode::from(2);
+        }
+    };
     for w in &loaded.warnings {
         warn!(config = %path.display(), "{w}");
     }
@@ -64,6 +99,12 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
+    let source = (!cli.no_reload).then(|| ConfigSource {
+        path: path.clone(),
+        http_listen: cli.http_listen,
+        // A level given on the command line or in the environment wins over the file's.
+        set_log_level: (!level_overridden).then_some(set_log_level),
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -74,25 +115,35 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(ferry_forwarder::run(loaded.config, shutdown_signal())) {
+    match runtime.block_on(ferry_forwarder::run(
+        loaded.config,
+        source,
+        shutdown_signal(),
+    )) {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             error!(error = %e, "forwarder failed");
+            eprintln!("ferry-forwarder: {e}");
             ExitCode::FAILURE
         }
     }
 }
 
-fn init_logging(format: &str) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
+/// Installs the subscriber; returns a setter that changes the filter while running.
+fn init_logging(level: &str, json: bool) -> Result<LogLevelSetter, String> {
+    let filter = EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+    let (filter, handle) = reload::Layer::new(filter);
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry().with(filter);
+    if json {
+        registry.with(fmt.json()).init();
     } else {
-        builder.init();
+        registry.with(fmt).init();
     }
+    Ok(Arc::new(move |level: &str| {
+        let filter = EnvFilter::try_new(level).map_err(|e| e.to_string())?;
+        handle.reload(filter).map_err(|e| e.to_string())
+    }))
 }
 
 /// Resolves on SIGTERM or SIGINT.

@@ -1,14 +1,25 @@
-//! Prometheus metrics and the health flags behind `/readyz`. Labels are rule names and a small
-//! fixed set of failure reasons, never raw MQTT topics (bounded cardinality).
+//! Prometheus metrics, the per-rule counters behind `/status`, and the health flags behind
+//! `/readyz`. Labels are rule names and a small fixed set of failure reasons, never raw MQTT
+//! topics (bounded cardinality).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
+use ferry_api::status::{
+    ConfigStatus, ForwarderStatus, KafkaStatus, LastError, MqttStatus, RuleStatus,
+};
+use jiff::Timestamp;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+/// The window `rate_per_second` is computed over.
+const RATE_WINDOW: Duration = Duration::from_secs(60);
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RuleLabel {
@@ -26,6 +37,17 @@ struct FailureLabel {
     reason: FailureReason,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabel {
+    result: ReloadResult,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+pub enum ReloadResult {
+    Applied,
+    Rejected,
+}
+
 /// Why Kafka can never take a record.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 pub enum FailureReason {
@@ -37,6 +59,14 @@ pub enum FailureReason {
 }
 
 impl FailureReason {
+    const ALL: [Self; 5] = [
+        Self::TooLarge,
+        Self::InvalidTopic,
+        Self::Unauthorized,
+        Self::UnknownTopic,
+        Self::Rejected,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::TooLarge => "record too large",
@@ -48,27 +78,115 @@ impl FailureReason {
     }
 }
 
-/// Per-rule counters, resolved once so the data path never hashes label sets.
-pub struct RuleCounters {
-    pub forwarded: Counter,
+#[derive(Clone, Default)]
+struct RuleFamilies {
+    received: Family<RuleLabel, Counter>,
+    forwarded: Family<RuleLabel, Counter>,
+    acked: Family<RuleLabel, Counter>,
+    dead_lettered: Family<RuleLabel, Counter>,
     failed: Family<FailureLabel, Counter>,
-    name: String,
 }
 
-impl RuleCounters {
-    pub fn failed(&self, reason: FailureReason) {
-        self.failed
+/// One rule's counters, resolved once so the data path never hashes label sets. Kept across
+/// reloads while the rule keeps its name.
+pub struct RuleStats {
+    pub name: String,
+    received: Counter,
+    forwarded: Counter,
+    acked: Counter,
+    dead_lettered: Counter,
+    failed_family: Family<FailureLabel, Counter>,
+    failed: AtomicU64,
+    /// Unix milliseconds; 0 = never.
+    last_forwarded_ms: AtomicI64,
+    last_error: Mutex<Option<LastError>>,
+    /// (when, forwarded count) samples for the rate, oldest first.
+    samples: Mutex<VecDeque<(Instant, u64)>>,
+}
+
+impl RuleStats {
+    pub fn on_received(&self) {
+        self.received.inc();
+    }
+    pub fn on_forwarded(&self) {
+        self.forwarded.inc();
+        self.last_forwarded_ms
+            .store(Timestamp::now().as_millisecond(), Ordering::Relaxed);
+    }
+    pub fn on_acked(&self) {
+        self.acked.inc();
+    }
+    pub fn on_dead_lettered(&self, error: String) {
+        self.dead_lettered.inc();
+        self.set_error(error);
+    }
+    pub fn on_failed(&self, reason: FailureReason, error: String) {
+        self.failed_family
             .get_or_create(&FailureLabel {
                 rule: self.name.clone(),
                 reason,
             })
             .inc();
+        self.failed.fetch_add(1, Ordering::Relaxed);
+        self.set_error(error);
+    }
+    pub fn set_error(&self, message: String) {
+        *lock(&self.last_error) = Some(LastError {
+            message,
+            at: Timestamp::now(),
+        });
+    }
+
+    fn sample(&self, now: Instant) {
+        let mut s = lock(&self.samples);
+        s.push_back((now, self.forwarded.get()));
+        while s
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > RATE_WINDOW + Duration::from_secs(5))
+        {
+            s.pop_front();
+        }
+    }
+
+    fn rate(&self) -> f64 {
+        let s = lock(&self.samples);
+        let now = (Instant::now(), self.forwarded.get());
+        match s.front() {
+            Some(&(at, count)) if now.0 > at => {
+                (now.1 - count.min(now.1)) as f64 / now.0.duration_since(at).as_secs_f64()
+            }
+            _ => 0.0,
+        }
+    }
+
+    fn status(&self) -> RuleStatus {
+        let ms = self.last_forwarded_ms.load(Ordering::Relaxed);
+        RuleStatus {
+            name: self.name.clone(),
+            received: self.received.get(),
+            forwarded: self.forwarded.get(),
+            acked: self.acked.get(),
+            dead_lettered: self.dead_lettered.get(),
+            failed: self.failed.load(Ordering::Relaxed),
+            rate_per_second: (self.rate() * 100.0).round() / 100.0,
+            last_forwarded_at: (ms != 0)
+                .then(|| Timestamp::from_millisecond(ms).ok())
+                .flatten(),
+            last_error: lock(&self.last_error).clone(),
+        }
     }
 }
 
+/// A poisoned lock only means another thread panicked mid-update of plain counters; the data is
+/// still the best we have.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 pub struct Metrics {
-    pub registry: Registry,
-    pub rules: Vec<RuleCounters>,
+    registry: Registry,
+    families: RuleFamilies,
+    rules: Mutex<Vec<Arc<RuleStats>>>,
     /// Received PUBLISHes by QoS (index 0, 1, 2).
     pub received: [Counter; 3],
     pub unmatched: Counter,
@@ -77,7 +195,17 @@ pub struct Metrics {
     pub inflight: Gauge,
     pub mqtt_connected: Gauge,
     pub kafka_reachable: Gauge,
+    /// From handing a record to librdkafka to its delivery report.
+    pub produce_latency: Histogram,
+    /// From reading a message off MQTT to queueing its ack.
+    pub ack_latency: Histogram,
+    reloads: Family<ReloadLabel, Counter>,
+    config_generation: Gauge,
     pub health: Health,
+    started_at: Timestamp,
+    mqtt_last_error: Mutex<Option<LastError>>,
+    kafka_last_error: Mutex<Option<LastError>>,
+    config: Mutex<ConfigStatus>,
 }
 
 /// What `/readyz` answers from.
@@ -104,86 +232,190 @@ impl Health {
     }
 }
 
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Metrics {
-    pub fn new(rule_names: &[String]) -> Self {
+    pub fn new() -> Self {
         let mut registry = Registry::with_prefix("ferry");
-        let forwarded = Family::<RuleLabel, Counter>::default();
-        let failed = Family::<FailureLabel, Counter>::default();
+        let families = RuleFamilies::default();
+        registry.register(
+            "rule_received_messages",
+            "Messages that matched a rule",
+            families.received.clone(),
+        );
         registry.register(
             "rule_forwarded_messages",
-            "Messages of a rule confirmed by Kafka",
-            forwarded.clone(),
+            "Records of a rule confirmed by Kafka",
+            families.forwarded.clone(),
+        );
+        registry.register(
+            "rule_acked_messages",
+            "Messages of a rule acknowledged to MQTT",
+            families.acked.clone(),
+        );
+        registry.register(
+            "rule_dead_lettered_messages",
+            "Messages of a rule Kafka could never take, written to the dead-letter topic",
+            families.dead_lettered.clone(),
         );
         registry.register(
             "rule_failed_messages",
-            "Messages of a rule Kafka can never take, acknowledged after being counted and logged",
-            failed.clone(),
+            "Messages of a rule Kafka can never take and no dead-letter topic took; acknowledged after being counted and logged",
+            families.failed.clone(),
         );
-        let rules = rule_names
-            .iter()
-            .map(|name| RuleCounters {
-                forwarded: forwarded
-                    .get_or_create(&RuleLabel { rule: name.clone() })
-                    .clone(),
-                failed: failed.clone(),
-                name: name.clone(),
-            })
-            .collect();
         let received_family = Family::<QosLabel, Counter>::default();
         let received =
             [0u8, 1, 2].map(|qos| received_family.get_or_create(&QosLabel { qos }).clone());
-        let unmatched = Counter::default();
-        let acked = Counter::default();
-        let produce_retries = Counter::default();
-        let inflight = Gauge::default();
-        let mqtt_connected = Gauge::default();
-        let kafka_reachable = Gauge::default();
         registry.register(
             "mqtt_received_messages",
             "PUBLISH packets received from MQTT, by QoS",
             received_family,
         );
+        let m = Self {
+            families,
+            rules: Mutex::new(Vec::new()),
+            received,
+            unmatched: Counter::default(),
+            acked: Counter::default(),
+            produce_retries: Counter::default(),
+            inflight: Gauge::default(),
+            mqtt_connected: Gauge::default(),
+            kafka_reachable: Gauge::default(),
+            produce_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            ack_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
+            reloads: Family::default(),
+            config_generation: Gauge::default(),
+            health: Health::default(),
+            started_at: Timestamp::now(),
+            mqtt_last_error: Mutex::new(None),
+            kafka_last_error: Mutex::new(None),
+            config: Mutex::new(ConfigStatus {
+                generation: 1,
+                applied_at: Timestamp::now(),
+                reload_error: None,
+                restart_required: Vec::new(),
+            }),
+            registry: Registry::default(),
+        };
+        m.config_generation.set(1);
+        m.register_rest(registry)
+    }
+
+    fn register_rest(mut self, mut registry: Registry) -> Self {
         registry.register(
             "mqtt_unmatched_messages",
             "Messages that matched no rule",
-            unmatched.clone(),
+            self.unmatched.clone(),
         );
         registry.register(
             "mqtt_acked_messages",
             "Messages acknowledged to MQTT",
-            acked.clone(),
+            self.acked.clone(),
         );
         registry.register(
             "kafka_produce_retries",
             "Records produced again after a retriable error",
-            produce_retries.clone(),
+            self.produce_retries.clone(),
         );
         registry.register(
             "inflight_messages",
             "Messages received and not yet acknowledged",
-            inflight.clone(),
+            self.inflight.clone(),
         );
         registry.register(
             "mqtt_connected",
             "1 while the MQTT connection is up",
-            mqtt_connected.clone(),
+            self.mqtt_connected.clone(),
         );
         registry.register(
             "kafka_reachable",
             "1 while Kafka answers metadata requests",
-            kafka_reachable.clone(),
+            self.kafka_reachable.clone(),
         );
-        Self {
-            registry,
-            rules,
-            received,
-            unmatched,
-            acked,
-            produce_retries,
-            inflight,
-            mqtt_connected,
-            kafka_reachable,
-            health: Health::default(),
+        registry.register(
+            "kafka_produce_latency_seconds",
+            "From handing a record to the Kafka producer to its delivery report",
+            self.produce_latency.clone(),
+        );
+        registry.register(
+            "message_ack_latency_seconds",
+            "From reading a message off MQTT to queueing its acknowledgement",
+            self.ack_latency.clone(),
+        );
+        registry.register(
+            "config_reloads",
+            "Config file changes, applied or rejected",
+            self.reloads.clone(),
+        );
+        registry.register(
+            "config_generation",
+            "1 for the config the forwarder started with, +1 per applied reload",
+            self.config_generation.clone(),
+        );
+        self.registry = registry;
+        self
+    }
+
+    /// The stats of these rules, in this order: existing ones keep their counters, new ones
+    /// start at zero, and rules no longer named stop being reported.
+    pub fn set_rules(&self, names: &[String]) -> Vec<Arc<RuleStats>> {
+        let mut current = lock(&self.rules);
+        let next: Vec<Arc<RuleStats>> = names
+            .iter()
+            .map(|name| {
+                current
+                    .iter()
+                    .find(|r| &r.name == name)
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(self.new_rule(name)))
+            })
+            .collect();
+        for gone in current.iter().filter(|r| !names.contains(&r.name)) {
+            let label = RuleLabel {
+                rule: gone.name.clone(),
+            };
+            self.families.received.remove(&label);
+            self.families.forwarded.remove(&label);
+            self.families.acked.remove(&label);
+            self.families.dead_lettered.remove(&label);
+            for reason in FailureReason::ALL {
+                self.families.failed.remove(&FailureLabel {
+                    rule: gone.name.clone(),
+                    reason,
+                });
+            }
+        }
+        current.clone_from(&next);
+        next
+    }
+
+    fn new_rule(&self, name: &str) -> RuleStats {
+        let label = RuleLabel {
+            rule: name.to_owned(),
+        };
+        RuleStats {
+            name: name.to_owned(),
+            received: self.families.received.get_or_create(&label).clone(),
+            forwarded: self.families.forwarded.get_or_create(&label).clone(),
+            acked: self.families.acked.get_or_create(&label).clone(),
+            dead_lettered: self.families.dead_lettered.get_or_create(&label).clone(),
+            failed_family: self.families.failed.clone(),
+            failed: AtomicU64::new(0),
+            last_forwarded_ms: AtomicI64::new(0),
+            last_error: Mutex::new(None),
+            samples: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Takes a rate sample of every rule; call every few seconds.
+    pub fn sample_rates(&self) {
+        let now = Instant::now();
+        for rule in lock(&self.rules).iter() {
+            rule.sample(now);
         }
     }
 
@@ -199,9 +431,68 @@ impl Metrics {
         self.health.mqtt_subscribed.store(true, Ordering::Relaxed);
     }
 
+    pub fn mqtt_error(&self, message: String) {
+        *lock(&self.mqtt_last_error) = Some(LastError {
+            message,
+            at: Timestamp::now(),
+        });
+    }
+
+    pub fn kafka_error(&self, message: String) {
+        *lock(&self.kafka_last_error) = Some(LastError {
+            message,
+            at: Timestamp::now(),
+        });
+    }
+
     pub fn set_kafka_reachable(&self, up: bool) {
         self.health.kafka_reachable.store(up, Ordering::Relaxed);
         self.kafka_reachable.set(i64::from(up));
+    }
+
+    pub fn config_applied(&self, restart_required: Vec<String>) {
+        let mut c = lock(&self.config);
+        c.generation += 1;
+        c.applied_at = Timestamp::now();
+        c.reload_error = None;
+        c.restart_required = restart_required;
+        self.config_generation.set(c.generation as i64);
+        self.reloads
+            .get_or_create(&ReloadLabel {
+                result: ReloadResult::Applied,
+            })
+            .inc();
+    }
+
+    pub fn config_rejected(&self, message: String) {
+        lock(&self.config).reload_error = Some(LastError {
+            message,
+            at: Timestamp::now(),
+        });
+        self.reloads
+            .get_or_create(&ReloadLabel {
+                result: ReloadResult::Rejected,
+            })
+            .inc();
+    }
+
+    pub fn status(&self) -> ForwarderStatus {
+        ForwarderStatus {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            started_at: self.started_at,
+            config: lock(&self.config).clone(),
+            mqtt: MqttStatus {
+                connected: self.health.mqtt_connected(),
+                subscribed: self.health.mqtt_subscribed(),
+                last_error: lock(&self.mqtt_last_error).clone(),
+            },
+            kafka: KafkaStatus {
+                reachable: self.health.kafka_reachable(),
+                last_error: lock(&self.kafka_last_error).clone(),
+            },
+            inflight: self.inflight.get().max(0) as u64,
+            rules: lock(&self.rules).iter().map(|r| r.status()).collect(),
+        }
     }
 
     pub fn encode(&self) -> String {

@@ -16,16 +16,16 @@ use std::time::Duration;
 use ferry_api::PayloadFormat;
 use ferry_api::config::KafkaConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::BaseRecord;
-use rumqttc::{AsyncClient, Publish, QoS};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::kafka::{self, Failure, KafkaProducer, Report};
 use crate::metrics::{FailureReason, Metrics};
-use crate::mqtt::backoff;
-use crate::route::{Router, record_key, wrap_json};
+use crate::mqtt::{Client, Message, Subscriptions, backoff};
+use crate::route::{Router, Target, header, record_headers, record_key, wrap_json};
 
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(10);
@@ -50,17 +50,47 @@ fn unpack(opaque: usize) -> (u8, u64, usize) {
     )
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum TargetState {
-    Pending { attempts: u32 },
+    Pending {
+        attempts: u32,
+    },
+    /// Kafka can never take the record; writing it to the dead-letter topic.
+    DeadLettering {
+        attempts: u32,
+        error: String,
+    },
     Done,
 }
 
+struct TargetSlot {
+    target: Arc<Target>,
+    /// The resolved name when the topic is a template with placeholders.
+    resolved: Option<String>,
+    state: TargetState,
+    sent_at: Instant,
+}
+
+impl TargetSlot {
+    fn kafka_topic(&self) -> &str {
+        self.resolved
+            .as_deref()
+            .or(self.target.topic.as_static())
+            .unwrap_or_default()
+    }
+}
+
 struct Slot {
-    publish: Publish,
-    /// (target index in the router, state), in rule order.
-    targets: Vec<(usize, TargetState)>,
+    message: Message,
+    received_at: Instant,
+    targets: Vec<TargetSlot>,
     remaining: usize,
+}
+
+/// A new set of rules for the running pipeline (config reload).
+pub struct Reload {
+    pub router: Router,
+    pub subscriptions: Vec<(String, u8)>,
 }
 
 /// How the pipeline ended.
@@ -72,9 +102,10 @@ pub struct PipelineExit {
 }
 
 pub struct Pipeline {
-    router: Router,
+    router: Arc<Router>,
     metrics: Arc<Metrics>,
-    client: AsyncClient,
+    client: Client,
+    subscriptions: Subscriptions,
     kafka: KafkaConfig,
     producer: KafkaProducer,
     generation: u8,
@@ -88,27 +119,34 @@ pub struct Pipeline {
     /// Acks rumqttc's request channel had no room for, oldest first. rumqttc takes one request
     /// per poll and prefers reading, so a broker that sends without an in-flight limit can
     /// outrun it; the acks wait here, in order, instead of being lost.
-    unsent_acks: VecDeque<(QoS, u16)>,
+    unsent_acks: VecDeque<(u8, u16)>,
     /// Set when the MQTT reader (and with it rumqttc's event loop) has ended.
     reader_gone: Arc<AtomicBool>,
-    scratch: Vec<usize>,
+    scratch: Vec<Arc<Target>>,
+}
+
+/// What the pipeline is connected to.
+pub struct Wiring {
+    pub metrics: Arc<Metrics>,
+    pub client: Client,
+    pub subscriptions: Subscriptions,
+    pub reader_gone: Arc<AtomicBool>,
 }
 
 impl Pipeline {
     pub fn new(
         router: Router,
         kafka: KafkaConfig,
-        metrics: Arc<Metrics>,
-        client: AsyncClient,
-        reader_gone: Arc<AtomicBool>,
+        wiring: Wiring,
         max_inflight: usize,
     ) -> Result<Self, KafkaError> {
         let (reports_tx, reports) = mpsc::unbounded_channel();
-        let producer = kafka::producer(&kafka, Arc::clone(&metrics), reports_tx.clone())?;
+        let producer = kafka::producer(&kafka, Arc::clone(&wiring.metrics), reports_tx.clone())?;
         Ok(Self {
-            router,
-            metrics,
-            client,
+            router: Arc::new(router),
+            metrics: wiring.metrics,
+            client: wiring.client,
+            subscriptions: wiring.subscriptions,
             kafka,
             producer,
             generation: 0,
@@ -119,7 +157,7 @@ impl Pipeline {
             max_inflight,
             retries: BinaryHeap::new(),
             unsent_acks: VecDeque::new(),
-            reader_gone,
+            reader_gone: wiring.reader_gone,
             scratch: Vec::new(),
         })
     }
@@ -128,7 +166,8 @@ impl Pipeline {
     /// until the reader stops. Then queues the MQTT DISCONNECT behind the last acks.
     pub async fn run(
         mut self,
-        mut inbound: mpsc::Receiver<Publish>,
+        mut inbound: mpsc::Receiver<Message>,
+        mut reloads: mpsc::Receiver<Reload>,
         shutdown: impl Future<Output = ()>,
         drain_bound: Duration,
     ) -> PipelineExit {
@@ -162,8 +201,9 @@ impl Pipeline {
                     inbound.close();
                     info!(inflight = self.window.len(), "shutting down: finishing in-flight messages");
                 }
+                Some(reload) = reloads.recv(), if accepting => self.apply(reload),
                 msg = inbound.recv(), if accepting && has_room => match msg {
-                    Some(publish) => self.accept(publish),
+                    Some(message) => self.accept(message),
                     None => {
                         // The reader is gone: nothing more will arrive.
                         accepting = false;
@@ -183,27 +223,96 @@ impl Pipeline {
         PipelineExit { abandoned }
     }
 
-    fn accept(&mut self, publish: Publish) {
+    /// Swaps in new rules. In-flight messages keep the targets they were routed to. The new
+    /// router is in place before new filters are subscribed, so nothing arrives unrouted.
+    fn apply(&mut self, reload: Reload) {
+        self.router = Arc::new(reload.router);
+        let old = {
+            let mut subs = self
+                .subscriptions
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            std::mem::replace(&mut *subs, reload.subscriptions.clone())
+        };
+        let added: Vec<(String, u8)> = reload
+            .subscriptions
+            .iter()
+            .filter(|s| !old.contains(s))
+            .cloned()
+            .collect();
+        if let Err(e) = self.client.try_subscribe(&added) {
+            error!(error = %e, "cannot subscribe to the reloaded filters; they apply after the next reconnect");
+        }
+        for (filter, _) in old
+            .iter()
+            .filter(|(f, _)| !reload.subscriptions.iter().any(|(n, _)| n == f))
+        {
+            if let Err(e) = self.client.try_unsubscribe(filter) {
+                warn!(filter = %filter, error = %e, "cannot unsubscribe a removed filter");
+            }
+        }
+        info!(
+            subscribed = added.len(),
+            unsubscribed = old.len() + added.len() - reload.subscriptions.len(),
+            "rules reloaded"
+        );
+    }
+
+    fn accept(&mut self, message: Message) {
         let seq = self.head_seq + self.window.len() as u64;
-        self.router.route(&publish.topic, &mut self.scratch);
+        self.router.route(&message.topic, &mut self.scratch);
         if self.scratch.is_empty() {
             self.metrics.unmatched.inc();
         }
-        let targets: Vec<(usize, TargetState)> = self
-            .scratch
-            .iter()
-            .map(|&t| (t, TargetState::Pending { attempts: 0 }))
-            .collect();
+        let now = Instant::now();
+        let mut targets = Vec::with_capacity(self.scratch.len());
+        for target in self.scratch.drain(..) {
+            let (resolved, state) = match target.topic.resolve(&message.topic) {
+                Ok(name) if target.topic.as_static().is_some() => {
+                    drop(name);
+                    (None, TargetState::Pending { attempts: 0 })
+                }
+                Ok(name) => (
+                    Some(name.into_owned()),
+                    TargetState::Pending { attempts: 0 },
+                ),
+                Err(e) => {
+                    let error = format!("kafka topic {}: {e}", target.topic);
+                    (None, TargetState::DeadLettering { attempts: 0, error })
+                }
+            };
+            targets.push(TargetSlot {
+                target,
+                resolved,
+                state,
+                sent_at: now,
+            });
+        }
         let remaining = targets.len();
         self.window.push_back(Slot {
-            publish,
+            message,
+            received_at: now,
             targets,
             remaining,
         });
         self.metrics.inflight.set(self.window.len() as i64);
         for pos in 0..remaining {
-            self.produce(seq, pos);
+            let unresolvable = matches!(
+                &self.window.back().map(|s| &s.targets[pos].state),
+                Some(TargetState::DeadLettering { .. })
+            );
+            if unresolvable && !self.has_dead_letter(seq, pos) {
+                self.fail(seq, pos, FailureReason::InvalidTopic, None);
+            } else {
+                self.produce(seq, pos);
+            }
         }
+    }
+
+    fn has_dead_letter(&self, seq: u64, pos: usize) -> bool {
+        self.index_of(seq)
+            .and_then(|i| self.window[i].targets.get(pos))
+            .is_some_and(|t| t.target.dead_letter.is_some())
     }
 
     fn index_of(&self, seq: u64) -> Option<usize> {
@@ -215,31 +324,65 @@ impl Pipeline {
         let Some(idx) = self.index_of(seq) else {
             return;
         };
-        let slot = &self.window[idx];
-        let Some(&(target_idx, _)) = slot.targets.get(pos) else {
+        let opaque = opaque(self.generation, seq, pos);
+        let slot = &mut self.window[idx];
+        let Some(ts) = slot.targets.get_mut(pos) else {
             return;
         };
-        let target = &self.router.targets()[target_idx];
-        let publish = &slot.publish;
-        let wrapped;
-        let value: &[u8] = match target.payload {
-            PayloadFormat::Raw => &publish.payload,
-            PayloadFormat::WrappedJson => {
-                wrapped = wrap_json(&publish.topic, &publish.payload);
-                &wrapped
+        ts.sent_at = Instant::now();
+        let ts = &slot.targets[pos];
+        let target = &ts.target;
+        let message = &slot.message;
+        let key = record_key(target.key, &message.topic);
+        let result = match &ts.state {
+            TargetState::Done => return,
+            TargetState::Pending { .. } => {
+                let wrapped;
+                let value: &[u8] = match target.payload {
+                    PayloadFormat::Raw => &message.payload,
+                    PayloadFormat::WrappedJson => {
+                        wrapped = wrap_json(&message.topic, &message.payload);
+                        &wrapped
+                    }
+                };
+                let mut record =
+                    BaseRecord::<str, [u8], usize>::with_opaque_to(ts.kafka_topic(), opaque)
+                        .payload(value);
+                if let Some(key) = key {
+                    record = record.key(key);
+                }
+                if let Some(h) = record_headers(&target.headers, message) {
+                    record = record.headers(h);
+                }
+                self.producer.send(record).map_err(|(e, _)| e)
+            }
+            TargetState::DeadLettering { error, .. } => {
+                let Some(dlq) = target.dead_letter.as_deref() else {
+                    return;
+                };
+                let intended = match &ts.resolved {
+                    Some(name) => name.clone(),
+                    None => target.topic.to_string(),
+                };
+                let headers = dead_letter_headers(
+                    record_headers(&target.headers, message),
+                    &message.topic,
+                    &intended,
+                    &target.rule_names(),
+                    error,
+                );
+                let mut record = BaseRecord::<str, [u8], usize>::with_opaque_to(dlq, opaque)
+                    .payload(&message.payload[..])
+                    .headers(headers);
+                if let Some(key) = key {
+                    record = record.key(key);
+                }
+                self.producer.send(record).map_err(|(e, _)| e)
             }
         };
-        let mut record = BaseRecord::<str, [u8], usize>::with_opaque_to(
-            &target.kafka_topic,
-            opaque(self.generation, seq, pos),
-        )
-        .payload(value);
-        if let Some(key) = record_key(target.key, &publish.topic) {
-            record = record.key(key);
-        }
         // Refused before reaching librdkafka's queue (queue full, size over message.max.bytes):
         // handled exactly like a failed delivery.
-        if let Err(e) = self.producer.send(record).map_err(|(e, _)| e) {
+        if let Err(e) = result {
             self.on_delivery(seq, pos, Err(e));
         }
     }
@@ -256,10 +399,13 @@ impl Pipeline {
         let Some(idx) = self.index_of(seq) else {
             return;
         };
-        let slot = &mut self.window[idx];
-        let Some(&mut (target_idx, TargetState::Pending { attempts })) = slot.targets.get_mut(pos)
-        else {
+        let Some(ts) = self.window[idx].targets.get_mut(pos) else {
             return;
+        };
+        let (attempts, dead_lettering) = match &ts.state {
+            TargetState::Pending { attempts } => (*attempts, false),
+            TargetState::DeadLettering { attempts, .. } => (*attempts, true),
+            TargetState::Done => return,
         };
         let failure = match &result {
             Ok(()) => None,
@@ -267,21 +413,51 @@ impl Pipeline {
         };
         match failure {
             None => {
-                slot.targets[pos].1 = TargetState::Done;
-                slot.remaining -= 1;
-                for &rule in &self.router.targets()[target_idx].rules {
-                    self.metrics.rules[rule].forwarded.inc();
+                self.metrics
+                    .produce_latency
+                    .observe(ts.sent_at.elapsed().as_secs_f64());
+                let state = std::mem::replace(&mut ts.state, TargetState::Done);
+                self.window[idx].remaining -= 1;
+                let ts = &self.window[idx].targets[pos];
+                if let TargetState::DeadLettering { error, .. } = state {
+                    warn!(
+                        rule = %ts.target.rule_names(),
+                        mqtt_topic = %self.window[idx].message.topic,
+                        dead_letter_topic = ts.target.dead_letter.as_deref().unwrap_or_default(),
+                        error = %error,
+                        "kafka can never take this message; written to the dead-letter topic"
+                    );
+                    for rule in &ts.target.rules {
+                        rule.on_dead_lettered(error.clone());
+                    }
+                } else {
+                    for rule in &ts.target.rules {
+                        rule.on_forwarded();
+                    }
                 }
             }
             Some(Failure::Permanent(reason)) => {
-                slot.targets[pos].1 = TargetState::Done;
-                slot.remaining -= 1;
-                let topic = slot.publish.topic.clone();
-                self.count_failure(target_idx, reason, &topic, &result);
+                let has_dlq = ts.target.dead_letter.is_some();
+                if !dead_lettering && has_dlq {
+                    let error = format!(
+                        "kafka topic {}: {} ({})",
+                        ts.kafka_topic(),
+                        reason.as_str(),
+                        error_text(&result)
+                    );
+                    ts.state = TargetState::DeadLettering { attempts: 0, error };
+                    self.produce(seq, pos);
+                } else {
+                    self.fail(seq, pos, reason, Some(&result));
+                }
             }
             Some(Failure::Retry) => {
                 let attempts = attempts + 1;
-                slot.targets[pos].1 = TargetState::Pending { attempts };
+                match &mut ts.state {
+                    TargetState::Pending { attempts: a }
+                    | TargetState::DeadLettering { attempts: a, .. } => *a = attempts,
+                    TargetState::Done => {}
+                }
                 // QueueFull is librdkafka saying "not now"; retry soon and quietly.
                 let queue_full = matches!(&result, Err(e) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull));
                 let delay = if queue_full {
@@ -290,38 +466,66 @@ impl Pipeline {
                     backoff(RETRY_MIN, RETRY_MAX, attempts)
                 };
                 if !queue_full && (attempts == 1 || attempts % 10 == 0) {
-                    let target = &self.router.targets()[target_idx];
-                    warn!(kafka_topic = %target.kafka_topic, attempts, error = ?result.as_ref().err(), "kafka produce failed; retrying");
+                    warn!(kafka_topic = %ts.kafka_topic(), attempts, error = %error_text(&result), "kafka produce failed; retrying");
+                    self.metrics.kafka_error(error_text(&result));
                 }
                 self.metrics.produce_retries.inc();
                 self.retries
                     .push(Reverse((Instant::now() + delay, seq, pos)));
             }
             Some(Failure::Fatal) => {
-                error!(error = ?result.as_ref().err(), "kafka producer hit a fatal error; replacing it and re-sending unconfirmed records");
+                error!(error = %error_text(&result), "kafka producer hit a fatal error; replacing it and re-sending unconfirmed records");
+                self.metrics.kafka_error(error_text(&result));
                 self.replace_producer();
             }
         }
     }
 
-    fn count_failure(
-        &self,
-        target_idx: usize,
+    /// Gives up on one target of a message: counted per rule, logged, and the message can be
+    /// acknowledged.
+    fn fail(
+        &mut self,
+        seq: u64,
+        pos: usize,
         reason: FailureReason,
-        mqtt_topic: &str,
-        result: &Result<(), KafkaError>,
+        result: Option<&Result<(), KafkaError>>,
     ) {
-        let target = &self.router.targets()[target_idx];
-        for &rule in &target.rules {
-            self.metrics.rules[rule].failed(reason);
-            error!(
-                rule = %self.router.rule_names()[rule],
-                mqtt_topic,
-                kafka_topic = %target.kafka_topic,
-                reason = reason.as_str(),
-                error = ?result.as_ref().err(),
-                "kafka can never take this message; counted and acknowledged"
-            );
+        let Some(idx) = self.index_of(seq) else {
+            return;
+        };
+        let slot = &mut self.window[idx];
+        let Some(ts) = slot.targets.get_mut(pos) else {
+            return;
+        };
+        let previous = std::mem::replace(&mut ts.state, TargetState::Done);
+        if previous == TargetState::Done {
+            return;
+        }
+        slot.remaining -= 1;
+        let error = match (&previous, result) {
+            (TargetState::DeadLettering { error, .. }, None) => error.clone(),
+            (TargetState::DeadLettering { error, .. }, Some(r)) => format!(
+                "{error}; dead-letter topic {} refused it too: {}",
+                ts.target.dead_letter.as_deref().unwrap_or_default(),
+                error_text(r)
+            ),
+            (_, Some(r)) => format!(
+                "kafka topic {}: {} ({})",
+                ts.kafka_topic(),
+                reason.as_str(),
+                error_text(r)
+            ),
+            (_, None) => format!("kafka topic {}: {}", ts.kafka_topic(), reason.as_str()),
+        };
+        error!(
+            rule = %ts.target.rule_names(),
+            mqtt_topic = %slot.message.topic,
+            reason = reason.as_str(),
+            error = %error,
+            "kafka can never take this message and no dead-letter topic took it; counted and acknowledged"
+        );
+        for rule in &ts.target.rules {
+            rule.on_failed(reason, error.clone());
         }
     }
 
@@ -357,7 +561,7 @@ impl Pipeline {
                         slot.targets
                             .iter()
                             .enumerate()
-                            .filter(|(_, (_, s))| matches!(s, TargetState::Pending { .. }))
+                            .filter(|(_, t)| t.state != TargetState::Done)
                             .map(move |(pos, _)| (seq, pos))
                     })
                     .collect();
@@ -375,9 +579,17 @@ impl Pipeline {
                 break;
             };
             self.head_seq += 1;
-            if slot.publish.qos != QoS::AtMostOnce {
+            self.metrics
+                .ack_latency
+                .observe(slot.received_at.elapsed().as_secs_f64());
+            for ts in &slot.targets {
+                for rule in &ts.target.rules {
+                    rule.on_acked();
+                }
+            }
+            if slot.message.qos > 0 {
                 self.unsent_acks
-                    .push_back((slot.publish.qos, slot.publish.pkid));
+                    .push_back((slot.message.qos, slot.message.pkid));
             }
         }
         self.flush_acks();
@@ -386,9 +598,7 @@ impl Pipeline {
 
     fn flush_acks(&mut self) {
         while let Some(&(qos, pkid)) = self.unsent_acks.front() {
-            let mut ack = Publish::new("", qos, Vec::new());
-            ack.pkid = pkid;
-            match self.client.try_ack(&ack) {
+            match self.client.try_ack(qos, pkid) {
                 Ok(()) => {
                     self.unsent_acks.pop_front();
                     self.metrics.acked.inc();
@@ -403,6 +613,30 @@ impl Pipeline {
                 }
             }
         }
+    }
+}
+
+/// The dead-letter record's headers: the original record's (if any) and where it came from,
+/// where it was going, and why it could not get there.
+fn dead_letter_headers(
+    original: Option<OwnedHeaders>,
+    mqtt_topic: &str,
+    kafka_topic: &str,
+    rules: &str,
+    error: &str,
+) -> OwnedHeaders {
+    original
+        .unwrap_or_default()
+        .insert(header("ferry.mqtt.topic", mqtt_topic.as_bytes()))
+        .insert(header("ferry.kafka.topic", kafka_topic.as_bytes()))
+        .insert(header("ferry.rule", rules.as_bytes()))
+        .insert(header("ferry.error", error.as_bytes()))
+}
+
+fn error_text(result: &Result<(), KafkaError>) -> String {
+    match result {
+        Ok(()) => String::new(),
+        Err(e) => e.to_string(),
     }
 }
 

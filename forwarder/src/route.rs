@@ -1,90 +1,155 @@
 //! Which Kafka records an MQTT message becomes: matching against the rules, one record per
 //! distinct target, and the record's key and value.
 
+use std::sync::Arc;
+
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use ferry_api::{ForwarderConfig, KeyStrategy, PayloadFormat, TopicFilter};
+use ferry_api::config::Headers;
+use ferry_api::{ForwarderConfig, KeyStrategy, PayloadFormat, TopicFilter, TopicTemplate};
+use rdkafka::message::{Header, OwnedHeaders};
 
-/// A distinct destination: two rules with the same topic, key and payload format share one,
-/// so a message matching both is written once.
-#[derive(Debug, Clone)]
+use crate::metrics::{Metrics, RuleStats};
+use crate::mqtt::Message;
+
+/// A distinct destination: rules with the same topic, key, payload format, headers and dead
+/// letter topic share one, so a message matching several is written once.
+#[derive(Debug)]
 pub struct Target {
-    pub kafka_topic: String,
+    pub topic: TopicTemplate,
     pub key: KeyStrategy,
     pub payload: PayloadFormat,
-    /// Indices (into the config's rules) of the rules that lead here, for per-rule counters.
-    pub rules: Vec<usize>,
+    pub headers: Headers,
+    pub dead_letter: Option<String>,
+    /// The rules that lead here, for per-rule counters.
+    pub rules: Vec<Arc<RuleStats>>,
+}
+
+impl Target {
+    /// The names of the rules behind this target, comma-separated (for logs and headers).
+    pub fn rule_names(&self) -> String {
+        let names: Vec<&str> = self.rules.iter().map(|r| r.name.as_str()).collect();
+        names.join(",")
+    }
+}
+
+impl std::fmt::Debug for RuleStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
 }
 
 #[derive(Debug)]
 pub struct Router {
-    filters: Vec<(TopicFilter, usize)>,
-    targets: Vec<Target>,
-    /// For each rule, the index of its target.
-    rule_target: Vec<usize>,
-    rule_names: Vec<String>,
+    /// (filter, index of its rule's target, index of the rule).
+    filters: Vec<(TopicFilter, usize, usize)>,
+    targets: Vec<Arc<Target>>,
+    rules: Vec<Arc<RuleStats>>,
 }
 
 impl Router {
-    /// Builds from a validated config (invalid filters were rejected by validation and are
-    /// skipped here rather than panicking).
-    pub fn new(config: &ForwarderConfig) -> Self {
+    /// Builds from a validated config (invalid filters and templates were rejected by
+    /// validation and are skipped here rather than panicking).
+    pub fn new(config: &ForwarderConfig, metrics: &Metrics) -> Self {
+        let names: Vec<String> = config.rules.iter().map(|r| r.name.clone()).collect();
+        let rules = metrics.set_rules(&names);
         let mut targets: Vec<Target> = Vec::new();
-        let mut rule_target = Vec::with_capacity(config.rules.len());
         let mut filters = Vec::new();
         for (i, rule) in config.rules.iter().enumerate() {
+            let Ok(topic) = TopicTemplate::parse(&rule.kafka.topic) else {
+                continue;
+            };
+            let dead_letter = config.dead_letter_of(rule).map(|d| d.topic.clone());
             let existing = targets.iter().position(|t| {
-                t.kafka_topic == rule.kafka.topic
+                t.topic == topic
                     && t.key == rule.kafka.key
                     && t.payload == rule.payload
+                    && t.headers == rule.kafka.headers
+                    && t.dead_letter == dead_letter
             });
             let t = match existing {
                 Some(t) => {
-                    targets[t].rules.push(i);
+                    targets[t].rules.push(Arc::clone(&rules[i]));
                     t
                 }
                 None => {
                     targets.push(Target {
-                        kafka_topic: rule.kafka.topic.clone(),
+                        topic,
                         key: rule.kafka.key,
                         payload: rule.payload,
-                        rules: vec![i],
+                        headers: rule.kafka.headers.clone(),
+                        dead_letter,
+                        rules: vec![Arc::clone(&rules[i])],
                     });
                     targets.len() - 1
                 }
             };
-            rule_target.push(t);
             for f in &rule.mqtt.topics {
                 if let Ok(filter) = TopicFilter::parse(f) {
-                    filters.push((filter, i));
+                    filters.push((filter, t, i));
                 }
             }
         }
         Self {
             filters,
-            targets,
-            rule_target,
-            rule_names: config.rules.iter().map(|r| r.name.clone()).collect(),
+            targets: targets.into_iter().map(Arc::new).collect(),
+            rules,
         }
     }
 
-    pub fn targets(&self) -> &[Target] {
+    pub fn targets(&self) -> &[Arc<Target>] {
         &self.targets
     }
 
-    pub fn rule_names(&self) -> &[String] {
-        &self.rule_names
-    }
-
-    /// The distinct targets of a topic, in rule order, appended to `out`.
-    pub fn route(&self, topic: &str, out: &mut Vec<usize>) {
+    /// The distinct targets of a topic, in rule order, into `out`; counts the message as
+    /// received for every rule it matched.
+    pub fn route(&self, topic: &str, out: &mut Vec<Arc<Target>>) {
         out.clear();
-        for (filter, rule) in &self.filters {
-            let t = self.rule_target[*rule];
-            if !out.contains(&t) && filter.matches(topic) {
-                out.push(t);
+        let mut last_rule = usize::MAX;
+        for (filter, t, rule) in &self.filters {
+            if *rule == last_rule || !filter.matches(topic) {
+                continue;
+            }
+            // A rule with two matching filters still received the message once.
+            last_rule = *rule;
+            self.rules[*rule].on_received();
+            let target = &self.targets[*t];
+            if !out.iter().any(|o| Arc::ptr_eq(o, target)) {
+                out.push(Arc::clone(target));
             }
         }
+    }
+}
+
+/// The headers of a record under a target's header settings; `None` when there are none.
+pub fn record_headers(h: &Headers, m: &Message) -> Option<OwnedHeaders> {
+    if !h.metadata && (!h.user_properties || m.user_properties.is_empty()) {
+        return None;
+    }
+    let mut out = OwnedHeaders::new();
+    if h.metadata {
+        let qos = [b'0' + m.qos.min(2)];
+        let retain: &[u8] = if m.retain { b"true" } else { b"false" };
+        out = out
+            .insert(header(&format!("{}topic", h.prefix), m.topic.as_bytes()))
+            .insert(header(&format!("{}qos", h.prefix), &qos))
+            .insert(header(&format!("{}retain", h.prefix), retain));
+        if let Some(ct) = &m.content_type {
+            out = out.insert(header(&format!("{}content_type", h.prefix), ct.as_bytes()));
+        }
+    }
+    if h.user_properties {
+        for (k, v) in &m.user_properties {
+            out = out.insert(header(k, v.as_bytes()));
+        }
+    }
+    Some(out)
+}
+
+pub fn header<'a>(key: &'a str, value: &'a [u8]) -> Header<'a, &'a [u8]> {
+    Header {
+        key,
+        value: Some(value),
     }
 }
 
@@ -140,18 +205,75 @@ rules:
     payload: wrapped_json
 "#;
 
+    fn indices(router: &Router, out: &[Arc<Target>]) -> Vec<usize> {
+        out.iter()
+            .map(|t| {
+                router
+                    .targets()
+                    .iter()
+                    .position(|r| Arc::ptr_eq(r, t))
+                    .unwrap()
+            })
+            .collect()
+    }
+
     #[test]
     fn a_message_reaches_each_distinct_target_once() {
-        let router = Router::new(&config(TWO_RULES_SAME_TARGET));
+        let metrics = Metrics::new();
+        let router = Router::new(&config(TWO_RULES_SAME_TARGET), &metrics);
         assert_eq!(router.targets().len(), 2);
         let mut out = Vec::new();
         router.route("plant/1/temp", &mut out);
-        assert_eq!(out, vec![0, 1]);
-        assert_eq!(router.targets()[0].rules, vec![0, 1]);
+        assert_eq!(indices(&router, &out), vec![0, 1]);
+        assert_eq!(router.targets()[0].rule_names(), "all,temps");
         router.route("plant/1/pressure", &mut out);
-        assert_eq!(out, vec![0]);
+        assert_eq!(indices(&router, &out), vec![0]);
         router.route("other/1/temp", &mut out);
         assert!(out.is_empty());
+        let received: Vec<u64> = metrics.status().rules.iter().map(|r| r.received).collect();
+        assert_eq!(received, vec![2, 1, 1], "per rule, once per message");
+    }
+
+    #[test]
+    fn headers_carry_metadata_and_user_properties() {
+        use rdkafka::message::Headers as _;
+        let m = Message {
+            topic: "plant/1/temp".into(),
+            payload: bytes::Bytes::from_static(b"x"),
+            qos: 1,
+            pkid: 7,
+            retain: true,
+            content_type: Some("application/json".into()),
+            user_properties: vec![("trace".into(), "abc".into())],
+        };
+        let off = Headers::default();
+        assert!(record_headers(&off, &m).is_none());
+        let all = Headers {
+            metadata: true,
+            user_properties: true,
+            prefix: "mqtt.".into(),
+        };
+        let h = record_headers(&all, &m).unwrap();
+        let got: Vec<(String, String)> = h
+            .iter()
+            .map(|h| {
+                (
+                    h.key.to_owned(),
+                    String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                )
+            })
+            .collect();
+        let want: Vec<(String, String)> = [
+            ("mqtt.topic", "plant/1/temp"),
+            ("mqtt.qos", "1"),
+            ("mqtt.retain", "true"),
+            ("mqtt.content_type", "application/json"),
+            ("trace", "abc"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        assert_eq!(got, want);
     }
 
     #[test]

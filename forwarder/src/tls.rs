@@ -1,0 +1,123 @@
+//! TLS to the MQTT broker (rustls with the ring provider). The broker's certificate is always
+//! verified; the client certificate may be RSA or ECDSA (PKCS#1, PKCS#8 or SEC1 PEM keys).
+
+use std::sync::Arc;
+
+use ferry_api::config::Tls;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::{ClientConfig, RootCertStore};
+
+/// A TLS setting that cannot work; names the file and what is wrong with it.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsSetupError {
+    #[error("{field} {path}: cannot read PEM certificates: {reason}")]
+    Certificates {
+        field: &'static str,
+        path: String,
+        reason: String,
+    },
+    #[error("{field} {path}: no certificate in the file")]
+    NoCertificate { field: &'static str, path: String },
+    #[error("{field} {path}: cannot read a PEM private key (PKCS#1, PKCS#8 or SEC1): {reason}")]
+    Key {
+        field: &'static str,
+        path: String,
+        reason: String,
+    },
+    #[error("mqtt.tls.ca_file {path}: certificate not usable as a trust anchor: {reason}")]
+    TrustAnchor { path: String, reason: String },
+    #[error("mqtt.tls: no trusted roots: ca_file is unset and the system has none ({reason})")]
+    NoSystemRoots { reason: String },
+    #[error("mqtt.tls: client certificate and key do not fit together: {0}")]
+    ClientAuth(rustls::Error),
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+pub fn client_config(tls: &Tls) -> Result<ClientConfig, TlsSetupError> {
+    let mut roots = RootCertStore::empty();
+    match &tls.ca_file {
+        Some(path) => {
+            for cert in read_certs("mqtt.tls.ca_file", path)? {
+                roots.add(cert).map_err(|e| TlsSetupError::TrustAnchor {
+                    path: path.clone(),
+                    reason: e.to_string(),
+                })?;
+            }
+        }
+        None => {
+            let native = rustls_native_certs::load_native_certs();
+            for cert in native.certs {
+                // A broken system certificate is not ours to fail on; the rest still count.
+                let _ = roots.add(cert);
+            }
+            if roots.is_empty() {
+                return Err(TlsSetupError::NoSystemRoots {
+                    reason: native
+                        .errors
+                        .first()
+                        .map_or_else(|| "none found".to_owned(), ToString::to_string),
+                });
+            }
+        }
+    }
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(TlsSetupError::ClientAuth)?
+        .with_root_certificates(roots);
+    match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => {
+            let chain = read_certs("mqtt.tls.cert_file", cert)?;
+            let key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsSetupError::Key {
+                field: "mqtt.tls.key_file",
+                path: key.clone(),
+                reason: e.to_string(),
+            })?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(TlsSetupError::ClientAuth)
+        }
+        _ => Ok(builder.with_no_client_auth()),
+    }
+}
+
+fn read_certs(
+    field: &'static str,
+    path: &str,
+) -> Result<Vec<CertificateDer<'static>>, TlsSetupError> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| TlsSetupError::Certificates {
+            field,
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })?;
+    if certs.is_empty() {
+        return Err(TlsSetupError::NoCertificate {
+            field,
+            path: path.to_owned(),
+        });
+    }
+    Ok(certs)
+}
+
+/// The certificate problem inside a TLS connect error, if that is what it was.
+pub fn certificate_error(e: &rumqttc::TlsError) -> Option<String> {
+    let io = match e {
+        rumqttc::TlsError::Io(io) => io,
+        rumqttc::TlsError::TLS(rustls::Error::InvalidCertificate(c)) => {
+            return Some(format!("invalid peer certificate: {c:?}"));
+        }
+        _ => return None,
+    };
+    let inner = io.get_ref()?.downcast_ref::<rustls::Error>()?;
+    match inner {
+        rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented => {
+            Some(inner.to_string())
+        }
+        _ => None,
+    }
+}
