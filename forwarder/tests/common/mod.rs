@@ -47,6 +47,7 @@ pub struct Forwarder {
     dir: tempfile::TempDir,
     config: PathBuf,
     runs: usize,
+    env: Vec<(String, String)>,
 }
 
 impl Forwarder {
@@ -55,18 +56,71 @@ impl Forwarder {
     }
 
     pub fn start(config: &str) -> Forwarder {
+        Self::start_with(config, &[])
+    }
+
+    /// Starts with extra environment variables (e.g. `FERRY_LOG`).
+    pub fn start_with(config: &str, env: &[(&str, &str)]) -> Forwarder {
+        let mut f = Self::prepare(env);
+        fs::write(&f.config, config).expect("write config");
+        f.restart();
+        f
+    }
+
+    /// Starts with the config laid out as Kubernetes mounts a ConfigMap: `config.yaml` is a
+    /// symlink into `..data`, itself a symlink to a timestamped directory. `swap_config`
+    /// replaces it the way the kubelet does.
+    pub fn start_configmap(config: &str) -> Forwarder {
+        let mut f = Self::prepare(&[]);
+        let mount = f.dir.path().join("mount");
+        fs::create_dir(&mount).expect("mount dir");
+        f.config = mount.join("config.yaml");
+        f.swap_config(config);
+        std::os::unix::fs::symlink("..data/config.yaml", &f.config).expect("symlink");
+        f.restart();
+        f
+    }
+
+    /// Atomically replaces the ConfigMap-style config (see `start_configmap`).
+    pub fn swap_config(&mut self, config: &str) {
+        let mount = self.dir.path().join("mount");
+        let version = format!("..{}", Instant::now().elapsed().as_nanos() + self.swaps());
+        let versioned = mount.join(&version);
+        fs::create_dir(&versioned).expect("version dir");
+        fs::write(versioned.join("config.yaml"), config).expect("write config");
+        let tmp = mount.join("..data_tmp");
+        let _ = fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(&version, &tmp).expect("symlink");
+        fs::rename(&tmp, mount.join("..data")).expect("swap ..data");
+    }
+
+    fn swaps(&self) -> u128 {
+        fs::read_dir(self.dir.path().join("mount"))
+            .map(|d| d.count() as u128)
+            .unwrap_or(0)
+    }
+
+    fn prepare(env: &[(&str, &str)]) -> Forwarder {
         let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("config.yaml");
-        fs::write(&path, config).expect("write config");
-        let mut f = Forwarder {
+        let config = dir.path().join("config.yaml");
+        Forwarder {
             child: None,
             http_port: free_port().expect("port"),
             dir,
-            config: path,
+            config,
             runs: 0,
-        };
-        f.restart();
-        f
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    /// The forwarder's `/status`.
+    pub fn status(&self) -> Option<ferry_api::status::ForwarderStatus> {
+        let (code, body) = http_get(self.http_port, ferry_api::status::STATUS_PATH)?;
+        assert_eq!(code, 200, "/status: {body}");
+        Some(serde_json::from_str(&body).unwrap_or_else(|e| panic!("/status {e}: {body}")))
     }
 
     /// Starts the binary again with the same config (after a kill or exit).
@@ -78,7 +132,7 @@ impl Forwarder {
             .arg("--config")
             .arg(&self.config)
             .env("FERRY_HTTP_LISTEN", format!("127.0.0.1:{}", self.http_port))
-            .env("RUST_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -242,4 +296,124 @@ pub fn judge(records: &[Record], total: usize) -> Delivery {
         duplicates: records.len() - seen.len(),
         out_of_order,
     }
+}
+
+/// Waits until `cond` holds, or panics with `what` and the forwarder's log.
+pub fn wait_until(fwd: &Forwarder, timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}:\n{}",
+            fwd.log()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A record with its headers, read with a plain consumer.
+#[derive(Debug, Clone)]
+pub struct FullRecord {
+    pub key: Option<String>,
+    pub value: Vec<u8>,
+    pub headers: Vec<(String, String)>,
+}
+
+impl FullRecord {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Reads `topic` (one partition) from the beginning until `expected` records or `timeout`.
+pub fn read_with_headers(
+    bootstrap: &str,
+    topic: &str,
+    expected: usize,
+    timeout: Duration,
+) -> Vec<FullRecord> {
+    use rdkafka::consumer::{BaseConsumer, Consumer};
+    use rdkafka::message::{Headers, Message};
+    use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", format!("read-{topic}"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Beginning)
+        .expect("partition");
+    consumer.assign(&tpl).expect("assign");
+    let mut out = Vec::new();
+    let start = Instant::now();
+    while out.len() < expected && start.elapsed() < timeout {
+        let Some(Ok(m)) = consumer.poll(Duration::from_millis(200)) else {
+            continue;
+        };
+        let headers = m
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| {
+                        (
+                            h.key.to_owned(),
+                            String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.push(FullRecord {
+            key: m.key().map(|k| String::from_utf8_lossy(k).into_owned()),
+            value: m.payload().unwrap_or_default().to_vec(),
+            headers,
+        });
+    }
+    out
+}
+
+/// An MQTT 5 message: topic, payload, content type, user properties.
+pub type V5Message = (String, Vec<u8>, Option<String>, Vec<(String, String)>);
+
+/// Publishes with MQTT 5 at QoS 1 and waits for every PUBACK.
+pub async fn publish_v5(port: u16, client_id: &str, messages: Vec<V5Message>) {
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::{Packet, PublishProperties};
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+    let mut opts = MqttOptions::new(client_id, "127.0.0.1", port);
+    opts.set_keep_alive(Duration::from_secs(30));
+    let (client, mut eventloop) = AsyncClient::new(opts, 100);
+    let total = messages.len();
+    let sender = tokio::spawn(async move {
+        for (topic, payload, content_type, user_properties) in messages {
+            let props = PublishProperties {
+                content_type,
+                user_properties,
+                ..Default::default()
+            };
+            client
+                .publish_with_properties(topic, QoS::AtLeastOnce, false, payload, props)
+                .await
+                .expect("publish");
+        }
+        client
+    });
+    let mut acked = 0;
+    while acked < total {
+        match tokio::time::timeout(Duration::from_secs(30), eventloop.poll()).await {
+            Ok(Ok(Event::Incoming(Packet::PubAck(_)))) => acked += 1,
+            Ok(Ok(_)) => {}
+            other => panic!("mqtt 5 publisher failed after {acked}/{total}: {other:?}"),
+        }
+    }
+    let client = sender.await.expect("sender");
+    let _ = client.disconnect().await;
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while eventloop.poll().await.is_ok() {}
+    })
+    .await;
 }
