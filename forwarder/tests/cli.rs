@@ -108,3 +108,63 @@ fn shipped_examples_are_valid() {
         );
     }
 }
+
+#[test]
+fn log_format_and_level_come_from_the_config() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("config.yaml");
+    let mqtt_port = ferry_e2e::free_port().expect("port");
+    let http_port = ferry_e2e::free_port().expect("port");
+    // Nothing listens on the MQTT port: the forwarder keeps retrying and logs each attempt at
+    // debug level.
+    std::fs::write(
+        &path,
+        format!(
+            "mqtt: {{ host: 127.0.0.1, port: {mqtt_port}, client_id: c, reconnect_max_ms: 200 }}\n\
+             kafka: {{ bootstrap_servers: \"127.0.0.1:1\" }}\n\
+             http: {{ listen: \"127.0.0.1:{http_port}\" }}\n\
+             log: {{ format: json, level: debug }}\n\
+             rules:\n  - name: r\n    mqtt: {{ topics: [\"a/#\"] }}\n    kafka: {{ topic: t }}\n"
+        ),
+    )
+    .expect("write");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ferry-forwarder"))
+        .arg("--config")
+        .arg(&path)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // SAFETY: kill(2) on our own child.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["level"] == "DEBUG"
+            && l["fields"]["message"] == "mqtt connect failed; retrying"),
+        "{stderr}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["fields"]["message"] == "forwarder started"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_bad_log_level_is_a_config_error() {
+    let (code, stderr) = run_with_config(
+        "mqtt: { host: h, client_id: c }\nkafka: { bootstrap_servers: \"k:9092\" }\nlog: { level: \"info,[\" }\n\
+         rules:\n  - name: r\n    mqtt: { topics: [\"a/#\"] }\n    kafka: { topic: t }\n",
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("log.level"), "{stderr}");
+}
