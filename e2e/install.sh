@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Ferry's tests and demo run on, caching outside the repo:
-#   - Debian packages: Mosquitto (the real MQTT broker), cmake/openssl headers (librdkafka's build)
+#   - Debian packages: Mosquitto (the real MQTT broker, mosquitto_passwd), the openssl CLI (test
+#     certificates), cmake/openssl headers (librdkafka's build)
 #   - Apache Kafka's jars from Maven Central (version pinned in e2e/kafka/pom.xml)
 # Idempotent and quiet when everything is already there.
 set -euo pipefail
@@ -10,7 +11,7 @@ kafka_version=$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$here
 kafka_libs="$cache/kafka-$kafka_version/libs"
 
 need_pkgs=()
-for bin_pkg in mosquitto:mosquitto mosquitto_pub:mosquitto-clients cmake:cmake pkg-config:pkg-config \
+for bin_pkg in mosquitto:mosquitto mosquitto_pub:mosquitto-clients openssl:openssl cmake:cmake pkg-config:pkg-config \
                java:openjdk-17-jre-headless mvn:maven g++:g++ make:make; do
   command -v "${bin_pkg%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${bin_pkg%%:*}" ] || need_pkgs+=("${bin_pkg#*:}")
 done

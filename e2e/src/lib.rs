@@ -22,6 +22,9 @@ use rdkafka::{Offset, TopicPartitionList};
 
 pub use rumqttc;
 
+mod pki;
+pub use pki::{CLIENT_CN, KeyType, Pki};
+
 /// Mosquitto's flow-control settings used everywhere, printed by the tests and benchmarks:
 /// 1000 unacknowledged messages in flight toward a client (as a production broker serving a
 /// forwarder would be set; the default of 20 caps throughput at 20 per Kafka round trip), and
@@ -113,39 +116,166 @@ fn terminate(child: &mut Child, grace: Duration) {
 }
 
 /// A Mosquitto broker on a free loopback port, in-memory sessions.
+///
+/// [`Mosquitto::start`] gives a plaintext listener with anonymous access.
+/// [`Mosquitto::start_with`] can add a TLS listener and require a user name and password.
 pub struct Mosquitto {
     child: Option<Child>,
     port: u16,
+    tls_port: Option<u16>,
     dir: tempfile::TempDir,
 }
 
+/// How to secure a [`Mosquitto`]. `MosquittoOptions::default()` is what [`Mosquitto::start`]
+/// runs: one plaintext listener, anonymous access.
+///
+/// The plaintext listener ([`Mosquitto::port`]) is always there. Mosquitto's
+/// `per_listener_settings` is off, so `users` apply to every listener, the plaintext one too.
+#[derive(Debug, Default, Clone)]
+pub struct MosquittoOptions<'a> {
+    /// Adds a TLS listener ([`Mosquitto::tls_port`]) using the PKI's server certificate.
+    pub tls: Option<TlsListener<'a>>,
+    /// `(user name, password)` pairs. When not empty, anonymous clients are refused
+    /// (`allow_anonymous false`) and these users are written to a `password_file` with
+    /// `mosquitto_passwd`. Names and passwords: see [`check_credential`].
+    pub users: Vec<(String, String)>,
+}
+
+/// A TLS listener of [`Mosquitto`].
+#[derive(Debug, Clone, Copy)]
+pub struct TlsListener<'a> {
+    /// The server certificate and key, and the CA client certificates are checked against. The
+    /// files are copied into the broker's dir, so the `Pki` may be dropped after the start.
+    pub pki: &'a Pki,
+    /// `require_certificate true`: clients must present a certificate signed by the PKI's CA.
+    pub require_client_cert: bool,
+}
+
+/// Checks a user name or password given to [`MosquittoOptions`] or [`SaslSsl`]: 1 to 64
+/// printable ASCII characters, none of them space, `"`, `\`, `,`, `=`, `[`, `]` or `:` (they
+/// would need quoting in Mosquitto's password file, Kafka's JAAS config or `--add-scram`).
+pub fn check_credential(what: &str, value: &str) -> Result<()> {
+    let bad = |c: char| !c.is_ascii_graphic() || "\"\\,=[]:".contains(c);
+    if value.is_empty() || value.len() > 64 || value.chars().any(bad) {
+        bail!(
+            "{what} {value:?} is not allowed by the test fixtures: use 1-64 printable ASCII \
+             characters without space, '\"', '\\', ',', '=', '[', ']' or ':'"
+        );
+    }
+    Ok(())
+}
+
 impl Mosquitto {
+    /// A broker with one plaintext listener ([`Mosquitto::port`]) and anonymous access.
     pub fn start() -> Result<Self> {
+        Self::start_with(MosquittoOptions::default())
+    }
+
+    /// A broker secured as `options` say. Its configuration (`mosquitto.conf`, next to
+    /// `mosquitto.log`) is: a plaintext `listener <port> 127.0.0.1`; with `tls`, a second
+    /// `listener <tls_port> 127.0.0.1` with `cafile`, `certfile`, `keyfile` and
+    /// `require_certificate true|false`; with `users`, `allow_anonymous false` and
+    /// `password_file`; always `persistence false`, `max_inflight_messages`
+    /// [`MOSQUITTO_MAX_INFLIGHT`], `max_queued_messages` [`MOSQUITTO_MAX_QUEUED`],
+    /// `max_queued_bytes 0`. With `tls` or `users`, when run as root, it stays root (`user root`)
+    /// so it can still read its password file in the private temp dir after the start.
+    pub fn start_with(options: MosquittoOptions<'_>) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("ferry-mosquitto-")
             .tempdir()?;
         let port = free_port()?;
+        let tls_port = options.tls.map(|_| free_port()).transpose()?;
         let conf = dir.path().join("mosquitto.conf");
         let mut f = fs::File::create(&conf)?;
+        let secured = options.tls.is_some() || !options.users.is_empty();
+        // SAFETY: geteuid(2) has no preconditions.
+        if secured && unsafe { libc::geteuid() } == 0 {
+            // Otherwise Mosquitto, started as root, drops to the `mosquitto` user before it
+            // reads the password file, and that user cannot enter this (0700) temp dir.
+            writeln!(f, "user root")?;
+        }
         writeln!(f, "listener {port} 127.0.0.1")?;
-        writeln!(f, "allow_anonymous true")?;
+        if let (Some(tls), Some(tls_port)) = (options.tls, tls_port) {
+            let pki = tls.pki;
+            let copy = |from: &Path, name: &str| -> Result<PathBuf> {
+                let to = dir.path().join(name);
+                fs::copy(from, &to).with_context(|| format!("copy {}", from.display()))?;
+                Ok(to)
+            };
+            writeln!(f, "listener {tls_port} 127.0.0.1")?;
+            writeln!(f, "cafile {}", copy(pki.ca_cert(), "ca.pem")?.display())?;
+            writeln!(
+                f,
+                "certfile {}",
+                copy(pki.server_cert(), "server.pem")?.display()
+            )?;
+            writeln!(
+                f,
+                "keyfile {}",
+                copy(pki.server_key(), "server.key")?.display()
+            )?;
+            writeln!(f, "require_certificate {}", tls.require_client_cert)?;
+        }
+        if options.users.is_empty() {
+            writeln!(f, "allow_anonymous true")?;
+        } else {
+            let passwords = dir.path().join("passwords");
+            let mut text = String::new();
+            for (user, password) in &options.users {
+                check_credential("mosquitto user name", user)?;
+                check_credential("mosquitto password", password)?;
+                text.push_str(&format!("{user}:{password}\n"));
+            }
+            fs::write(&passwords, text)?;
+            // -U hashes every plaintext password of the file in place.
+            let bin = which("mosquitto_passwd").ok_or_else(|| {
+                anyhow!("mosquitto_passwd not installed (package mosquitto): run e2e/install.sh")
+            })?;
+            let out = Command::new(bin).arg("-U").arg(&passwords).output()?;
+            if !out.status.success() {
+                bail!(
+                    "mosquitto_passwd -U failed: {}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            writeln!(f, "allow_anonymous false")?;
+            writeln!(f, "password_file {}", passwords.display())?;
+        }
         writeln!(f, "persistence false")?;
         writeln!(f, "max_inflight_messages {MOSQUITTO_MAX_INFLIGHT}")?;
         writeln!(f, "max_queued_messages {MOSQUITTO_MAX_QUEUED}")?;
         writeln!(f, "max_queued_bytes 0")?;
         writeln!(f, "log_type error")?;
         writeln!(f, "log_type warning")?;
+        drop(f);
         let mut m = Self {
             child: None,
             port,
+            tls_port,
             dir,
         };
         m.resume()?;
         Ok(m)
     }
 
+    /// The plaintext listener's port (on 127.0.0.1).
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The TLS listener's port (on 127.0.0.1).
+    ///
+    /// # Panics
+    /// If the broker was started without [`MosquittoOptions::tls`].
+    pub fn tls_port(&self) -> u16 {
+        self.tls_port
+            .expect("this Mosquitto has no TLS listener: start it with MosquittoOptions::tls")
+    }
+
+    /// The broker's dir: `mosquitto.conf`, `mosquitto.log`, the password file and certificates.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 
     /// Stops the broker (SIGTERM). Sessions are in memory, so they are lost with it.
@@ -155,7 +285,7 @@ impl Mosquitto {
         }
     }
 
-    /// Starts it again on the same port.
+    /// Starts it again on the same port(s).
     pub fn resume(&mut self) -> Result<()> {
         let bin = which("mosquitto")
             .ok_or_else(|| anyhow!("mosquitto not installed: run e2e/install.sh"))?;
@@ -166,13 +296,14 @@ impl Mosquitto {
                 .arg(self.dir.path().join("mosquitto.conf")),
             &log,
         )?;
-        wait_for_port(
-            self.port,
-            Duration::from_secs(10),
-            &mut child,
-            "mosquitto",
-            &log,
-        )?;
+        for port in std::iter::once(self.port).chain(self.tls_port) {
+            if let Err(e) =
+                wait_for_port(port, Duration::from_secs(10), &mut child, "mosquitto", &log)
+            {
+                terminate(&mut child, Duration::from_secs(1));
+                return Err(e);
+            }
+        }
         self.child = Some(child);
         Ok(())
     }
@@ -193,14 +324,47 @@ fn which(name: &str) -> Option<PathBuf> {
 }
 
 /// A single-node Kafka (KRaft, broker+controller) on free loopback ports.
+///
+/// It always has a `PLAINTEXT` listener ([`Kafka::bootstrap`]), which the test helpers
+/// ([`Kafka::client_config`], [`Kafka::create_topic`], [`Kafka::read_all`]) use, and a
+/// `CONTROLLER` listener. [`Kafka::start_with`] can add a `SASL_SSL` listener.
 pub struct Kafka {
     child: Option<Child>,
     port: u16,
+    sasl_ssl_port: Option<u16>,
     dir: tempfile::TempDir,
     libs: PathBuf,
 }
 
 pub const KAFKA_VERSION: &str = "4.1.1";
+
+/// The SASL mechanisms enabled on the `SASL_SSL` listener.
+pub const KAFKA_SASL_MECHANISMS: [&str; 2] = ["SCRAM-SHA-512", "PLAIN"];
+
+/// How to start a [`Kafka`]. `KafkaOptions::default()` is what [`Kafka::start`] runs.
+#[derive(Debug, Default, Clone)]
+pub struct KafkaOptions<'a> {
+    /// Adds a `SASL_SSL` listener ([`Kafka::sasl_ssl_bootstrap`]).
+    pub sasl_ssl: Option<SaslSsl<'a>>,
+}
+
+/// A `SASL_SSL` listener of [`Kafka`] with mechanisms `SCRAM-SHA-512` and `PLAIN`.
+///
+/// Users of both lists may only use their own mechanism. Names and passwords: see
+/// [`check_credential`]. SCRAM credentials are written into the cluster metadata when the
+/// storage is formatted, so they survive [`Kafka::stop`]/[`Kafka::resume`].
+#[derive(Debug, Clone)]
+pub struct SaslSsl<'a> {
+    /// The server certificate and key (a PEM keystore), and with `require_client_cert` the CA
+    /// client certificates are checked against. The files are copied into the broker's dir.
+    pub pki: &'a Pki,
+    /// `(user name, password)` pairs for `SCRAM-SHA-512`.
+    pub scram_sha512_users: Vec<(String, String)>,
+    /// `(user name, password)` pairs for `PLAIN`.
+    pub plain_users: Vec<(String, String)>,
+    /// `ssl.client.auth=required`: clients must also present a certificate signed by the CA.
+    pub require_client_cert: bool,
+}
 
 impl Kafka {
     pub fn libs_dir() -> PathBuf {
@@ -209,7 +373,31 @@ impl Kafka {
             .join("libs")
     }
 
+    /// A broker with only the `PLAINTEXT` (and `CONTROLLER`) listener.
     pub fn start() -> Result<Self> {
+        Self::start_with(KafkaOptions::default())
+    }
+
+    /// A broker set up as `options` say; `server.properties` and `kafka.log` are in
+    /// [`Kafka::dir`]. With `sasl_ssl` it adds to the plain configuration:
+    ///
+    /// ```properties
+    /// listeners=PLAINTEXT://127.0.0.1:<port>,CONTROLLER://127.0.0.1:<cport>,SASL_SSL://127.0.0.1:<sport>
+    /// advertised.listeners=PLAINTEXT://127.0.0.1:<port>,SASL_SSL://127.0.0.1:<sport>
+    /// listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL
+    /// listener.name.sasl_ssl.sasl.enabled.mechanisms=SCRAM-SHA-512,PLAIN
+    /// listener.name.sasl_ssl.ssl.keystore.type=PEM
+    /// listener.name.sasl_ssl.ssl.keystore.location=<dir>/keystore.pem   (key, cert, CA cert)
+    /// listener.name.sasl_ssl.ssl.client.auth=none|required
+    /// listener.name.sasl_ssl.ssl.truststore.type=PEM                      (if required)
+    /// listener.name.sasl_ssl.ssl.truststore.location=<dir>/ca.pem         (if required)
+    /// listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+    /// listener.name.sasl_ssl.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_<name>="<password>" ...;
+    /// ```
+    ///
+    /// and formats the storage with `--add-scram 'SCRAM-SHA-512=[name=<name>,password=<pw>]'`
+    /// for each SCRAM user.
+    pub fn start_with(options: KafkaOptions<'_>) -> Result<Self> {
         let libs = Self::libs_dir();
         if !libs.join(".complete").exists() {
             bail!(
@@ -220,19 +408,83 @@ impl Kafka {
         let dir = tempfile::Builder::new().prefix("ferry-kafka-").tempdir()?;
         let port = free_port()?;
         let cport = free_port()?;
+        let sasl_ssl_port = options.sasl_ssl.as_ref().map(|_| free_port()).transpose()?;
         let data = dir.path().join("data");
         let props = dir.path().join("server.properties");
+        let mut listeners = format!("PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}");
+        let mut advertised = format!("PLAINTEXT://127.0.0.1:{port}");
+        let mut protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT".to_owned();
+        let mut extra = String::new();
+        let mut format_args: Vec<String> = Vec::new();
+        if let (Some(sasl), Some(sport)) = (&options.sasl_ssl, sasl_ssl_port) {
+            listeners.push_str(&format!(",SASL_SSL://127.0.0.1:{sport}"));
+            advertised.push_str(&format!(",SASL_SSL://127.0.0.1:{sport}"));
+            protocols.push_str(",SASL_SSL:SASL_SSL");
+            let keystore = dir.path().join("keystore.pem");
+            let mut pem = String::new();
+            for part in [
+                sasl.pki.server_key(),
+                sasl.pki.server_cert(),
+                sasl.pki.ca_cert(),
+            ] {
+                pem.push_str(
+                    &fs::read_to_string(part)
+                        .with_context(|| format!("read {}", part.display()))?,
+                );
+            }
+            fs::write(&keystore, pem)?;
+            let ca = dir.path().join("ca.pem");
+            fs::copy(sasl.pki.ca_cert(), &ca)?;
+            let l = "listener.name.sasl_ssl";
+            extra.push_str(&format!(
+                "{l}.sasl.enabled.mechanisms={mechanisms}\n\
+                 {l}.ssl.keystore.type=PEM\n\
+                 {l}.ssl.keystore.location={keystore}\n",
+                mechanisms = KAFKA_SASL_MECHANISMS.join(","),
+                keystore = keystore.display()
+            ));
+            if sasl.require_client_cert {
+                extra.push_str(&format!(
+                    "{l}.ssl.client.auth=required\n\
+                     {l}.ssl.truststore.type=PEM\n\
+                     {l}.ssl.truststore.location={ca}\n",
+                    ca = ca.display()
+                ));
+            } else {
+                extra.push_str(&format!("{l}.ssl.client.auth=none\n"));
+            }
+            extra.push_str(&format!(
+                "{l}.scram-sha-512.sasl.jaas.config=\
+                 org.apache.kafka.common.security.scram.ScramLoginModule required;\n"
+            ));
+            let mut plain_users = String::new();
+            for (user, password) in &sasl.plain_users {
+                check_credential("kafka PLAIN user name", user)?;
+                check_credential("kafka PLAIN password", password)?;
+                plain_users.push_str(&format!(" user_{user}=\"{password}\""));
+            }
+            extra.push_str(&format!(
+                "{l}.plain.sasl.jaas.config=\
+                 org.apache.kafka.common.security.plain.PlainLoginModule required{plain_users};\n"
+            ));
+            for (user, password) in &sasl.scram_sha512_users {
+                check_credential("kafka SCRAM user name", user)?;
+                check_credential("kafka SCRAM password", password)?;
+                format_args.push("--add-scram".into());
+                format_args.push(format!("SCRAM-SHA-512=[name={user},password={password}]"));
+            }
+        }
         fs::write(
             &props,
             format!(
                 "process.roles=broker,controller\n\
                  node.id=1\n\
                  controller.quorum.voters=1@127.0.0.1:{cport}\n\
-                 listeners=PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}\n\
-                 advertised.listeners=PLAINTEXT://127.0.0.1:{port}\n\
+                 listeners={listeners}\n\
+                 advertised.listeners={advertised}\n\
                  controller.listener.names=CONTROLLER\n\
                  inter.broker.listener.name=PLAINTEXT\n\
-                 listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT\n\
+                 listener.security.protocol.map={protocols}\n\
                  log.dirs={data}\n\
                  num.partitions=1\n\
                  offsets.topic.replication.factor=1\n\
@@ -241,7 +493,8 @@ impl Kafka {
                  share.coordinator.state.topic.replication.factor=1\n\
                  share.coordinator.state.topic.min.isr=1\n\
                  group.initial.rebalance.delay.ms=0\n\
-                 auto.create.topics.enable=false\n",
+                 auto.create.topics.enable=false\n\
+                 {extra}",
                 data = data.display()
             ),
         )?;
@@ -264,21 +517,72 @@ impl Kafka {
                 "-c",
             ])
             .arg(&props)
+            .args(&format_args)
             .output()?;
         if !format.status.success() {
             bail!(
-                "kafka storage format failed: {}",
+                "kafka storage format failed: {}{}",
+                String::from_utf8_lossy(&format.stdout),
                 String::from_utf8_lossy(&format.stderr)
             );
         }
         let mut k = Self {
             child: None,
             port,
+            sasl_ssl_port,
             dir,
             libs,
         };
         k.resume()?;
         Ok(k)
+    }
+
+    /// The `SASL_SSL` listener's port (on 127.0.0.1).
+    ///
+    /// # Panics
+    /// If the broker was started without [`KafkaOptions::sasl_ssl`].
+    pub fn sasl_ssl_port(&self) -> u16 {
+        self.sasl_ssl_port
+            .expect("this Kafka has no SASL_SSL listener: start it with KafkaOptions::sasl_ssl")
+    }
+
+    /// `127.0.0.1:<port>` of the `SASL_SSL` listener.
+    ///
+    /// # Panics
+    /// If the broker was started without [`KafkaOptions::sasl_ssl`].
+    pub fn sasl_ssl_bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.sasl_ssl_port())
+    }
+
+    /// A client configuration for the `SASL_SSL` listener: `bootstrap.servers`,
+    /// `security.protocol=SASL_SSL`, `sasl.mechanism`, `sasl.username`, `sasl.password` and
+    /// `ssl.ca.location` (the broker's copy of the PKI's CA). Add `ssl.certificate.location` and
+    /// `ssl.key.location` for a broker that requires client certificates.
+    ///
+    /// # Panics
+    /// If the broker was started without [`KafkaOptions::sasl_ssl`].
+    pub fn sasl_ssl_client_config(
+        &self,
+        mechanism: &str,
+        username: &str,
+        password: &str,
+    ) -> ClientConfig {
+        let mut cc = ClientConfig::new();
+        cc.set("bootstrap.servers", self.sasl_ssl_bootstrap())
+            .set("security.protocol", "SASL_SSL")
+            .set("sasl.mechanism", mechanism)
+            .set("sasl.username", username)
+            .set("sasl.password", password)
+            .set(
+                "ssl.ca.location",
+                self.dir.path().join("ca.pem").display().to_string(),
+            );
+        cc
+    }
+
+    /// The broker's dir: `server.properties`, `kafka.log`, the keystore and the data.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 
     pub fn port(&self) -> u16 {
@@ -314,13 +618,13 @@ impl Kafka {
                 .arg(self.dir.path().join("server.properties")),
             &log,
         )?;
-        wait_for_port(
-            self.port,
-            Duration::from_secs(60),
-            &mut child,
-            "kafka",
-            &log,
-        )?;
+        for port in std::iter::once(self.port).chain(self.sasl_ssl_port) {
+            if let Err(e) = wait_for_port(port, Duration::from_secs(60), &mut child, "kafka", &log)
+            {
+                terminate(&mut child, Duration::from_secs(5));
+                return Err(e);
+            }
+        }
         self.child = Some(child);
         self.wait_ready(Duration::from_secs(60))
     }
@@ -461,11 +765,27 @@ pub async fn publish(
     qos: rumqttc::QoS,
     messages: Vec<(String, Vec<u8>)>,
 ) -> Result<()> {
+    publish_as(port, client_id, None, qos, messages).await
+}
+
+/// [`publish`] with a user name and password, for a [`Mosquitto`] started with
+/// [`MosquittoOptions::users`] (use its plaintext [`Mosquitto::port`]). Fails if the broker
+/// refuses the connection.
+pub async fn publish_as(
+    port: u16,
+    client_id: impl Into<String>,
+    credentials: Option<(&str, &str)>,
+    qos: rumqttc::QoS,
+    messages: Vec<(String, Vec<u8>)>,
+) -> Result<()> {
     use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet};
     let mut opts = MqttOptions::new(client_id, "127.0.0.1", port);
     opts.set_keep_alive(Duration::from_secs(30))
         .set_inflight(200)
         .set_max_packet_size(1 << 24, 1 << 24);
+    if let Some((user, password)) = credentials {
+        opts.set_credentials(user, password);
+    }
     let (client, mut eventloop) = AsyncClient::new(opts, 1000);
     let total = messages.len();
     let sender = tokio::spawn(async move {
