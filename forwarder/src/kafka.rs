@@ -95,6 +95,9 @@ impl ClientContext for Context {
             self.metrics.set_kafka_reachable(false);
         }
         self.metrics.kafka_error(reason.to_owned());
+        if let Some(kind) = unfixable(&error, reason) {
+            self.metrics.kafka_unfixable(format!("{kind}: {reason}"));
+        }
         warn!(error = %error, reason, "kafka client error");
     }
 }
@@ -153,10 +156,10 @@ pub fn classify(error: &KafkaError) -> Failure {
     }
 }
 
-/// The metadata probe's context: remembers errors retrying cannot fix (the broker's certificate
-/// does not verify, authentication refused).
+/// The metadata probe's context: hands errors retrying cannot fix (the broker's certificate
+/// does not verify, authentication refused) to the probe loop.
 struct ProbeContext {
-    unfixable: std::sync::Mutex<Option<String>>,
+    metrics: Arc<Metrics>,
 }
 
 impl ClientContext for ProbeContext {
@@ -166,11 +169,7 @@ impl ClientContext for ProbeContext {
 
     fn error(&self, error: KafkaError, reason: &str) {
         if let Some(kind) = unfixable(&error, reason) {
-            let mut u = self
-                .unfixable
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            u.get_or_insert_with(|| format!("{kind}: {reason}"));
+            self.metrics.kafka_unfixable(format!("{kind}: {reason}"));
         }
     }
 }
@@ -200,7 +199,7 @@ pub async fn probe_reachability(
     interval: Duration,
 ) -> String {
     let context = ProbeContext {
-        unfixable: std::sync::Mutex::new(None),
+        metrics: Arc::clone(&metrics),
     };
     let probe: Result<BaseProducer<ProbeContext>, _> =
         client_config(&kafka).create_with_context(context);
@@ -216,20 +215,17 @@ pub async fn probe_reachability(
     loop {
         let p = Arc::clone(&probe);
         let result = tokio::task::spawn_blocking(move || {
-            p.client().fetch_metadata(None, Duration::from_secs(3))
+            let r = p.client().fetch_metadata(None, Duration::from_secs(3));
+            // Serves the error callbacks (a BaseProducer only runs them when polled).
+            p.poll(Duration::ZERO);
+            r
         })
         .await;
         let ok = matches!(result, Ok(Ok(_)));
         metrics.set_kafka_reachable(ok);
         ever_reached |= ok;
         if !ok {
-            let unfixable = probe
-                .context()
-                .unfixable
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .take();
-            if let Some(reason) = unfixable {
+            if let Some(reason) = metrics.take_kafka_unfixable() {
                 metrics.kafka_error(reason.clone());
                 if !ever_reached {
                     return format!("kafka {}: {reason}", kafka.bootstrap_servers);

@@ -205,6 +205,8 @@ pub struct Metrics {
     started_at: Timestamp,
     mqtt_last_error: Mutex<Option<LastError>>,
     kafka_last_error: Mutex<Option<LastError>>,
+    /// A Kafka error retrying cannot fix, seen since the last probe looked.
+    kafka_unfixable: Mutex<Option<String>>,
     config: Mutex<ConfigStatus>,
 }
 
@@ -293,6 +295,7 @@ impl Metrics {
             started_at: Timestamp::now(),
             mqtt_last_error: Mutex::new(None),
             kafka_last_error: Mutex::new(None),
+            kafka_unfixable: Mutex::new(None),
             config: Mutex::new(ConfigStatus {
                 generation: 1,
                 applied_at: Timestamp::now(),
@@ -443,6 +446,14 @@ impl Metrics {
             message,
             at: Timestamp::now(),
         });
+    }
+
+    pub fn kafka_unfixable(&self, reason: String) {
+        lock(&self.kafka_unfixable).get_or_insert(reason);
+    }
+
+    pub fn take_kafka_unfixable(&self) -> Option<String> {
+        lock(&self.kafka_unfixable).take()
     }
 
     pub fn set_kafka_reachable(&self, up: bool) {

@@ -128,7 +128,7 @@ fn log_format_and_level_come_from_the_config() {
         ),
     )
     .expect("write");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ferry-forwarder"))
+    let child = Command::new(env!("CARGO_BIN_EXE_ferry-forwarder"))
         .arg("--config")
         .arg(&path)
         .stderr(std::process::Stdio::piped())

@@ -1,0 +1,315 @@
+//! Security on both sides, on real brokers with certificates generated for each test: MQTT over
+//! TLS with client certificates (RSA and ECDSA) and a password, Kafka over SASL_SSL (SCRAM and
+//! PLAIN); a certificate that does not verify or refused credentials stop the forwarder with an
+//! error naming the host; secrets never reach logs, metrics or `/status`.
+
+mod common;
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::Forwarder;
+use ferry_e2e::{
+    Kafka, KafkaOptions, KeyType, Mosquitto, MosquittoOptions, Pki, SaslSsl, TlsListener,
+};
+use rumqttc::QoS;
+
+const MQTT_USER: &str = "ferry";
+const MQTT_PASSWORD: &str = "mqtt-Secret-4711";
+const SCRAM_USER: &str = "ferry-scram";
+const SCRAM_PASSWORD: &str = "scram-Secret-0815";
+const PLAIN_USER: &str = "ferry-plain";
+const PLAIN_PASSWORD: &str = "plain-Secret-1234";
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+struct SecureBrokers {
+    mqtt: Mosquitto,
+    kafka: Kafka,
+}
+
+fn start(mqtt_pki: &Pki, kafka_pki: &Pki) -> SecureBrokers {
+    let mqtt = Mosquitto::start_with(MosquittoOptions {
+        tls: Some(TlsListener {
+            pki: mqtt_pki,
+            require_client_cert: true,
+        }),
+        users: vec![(MQTT_USER.into(), MQTT_PASSWORD.into())],
+    })
+    .expect("mosquitto");
+    let kafka = Kafka::start_with(KafkaOptions {
+        sasl_ssl: Some(SaslSsl {
+            pki: kafka_pki,
+            scram_sha512_users: vec![(SCRAM_USER.into(), SCRAM_PASSWORD.into())],
+            plain_users: vec![(PLAIN_USER.into(), PLAIN_PASSWORD.into())],
+            require_client_cert: false,
+        }),
+    })
+    .expect("kafka");
+    SecureBrokers { mqtt, kafka }
+}
+
+struct Settings<'a> {
+    client_id: &'a str,
+    protocol: &'a str,
+    mqtt_pki: &'a Pki,
+    mqtt_ca: &'a Pki,
+    mqtt_password: &'a str,
+    kafka_ca: &'a Pki,
+    sasl: (&'a str, &'a str, &'a str),
+    topic: &'a str,
+}
+
+fn config(b: &SecureBrokers, s: &Settings<'_>) -> String {
+    let (mechanism, user, password) = s.sasl;
+    format!(
+        "mqtt:\n  host: 127.0.0.1\n  port: {mqtt_port}\n  protocol: {protocol}\n  client_id: {client_id}\n  reconnect_max_ms: 500\n\
+         \x20 username: {MQTT_USER}\n  password: {mqtt_password}\n\
+         \x20 tls: {{ ca_file: {mqtt_ca}, cert_file: {cert}, key_file: {key} }}\n\
+         kafka:\n  bootstrap_servers: {kafka}\n  tls: {{ ca_file: {kafka_ca} }}\n\
+         \x20 sasl: {{ mechanism: {mechanism}, username: {user}, password: {password} }}\n\
+         \x20 config: {{ debug: \"security,broker,protocol\" }}\n\
+         rules:\n  - name: secure\n    mqtt: {{ topics: [\"secure/#\"] }}\n    kafka: {{ topic: {topic} }}\n",
+        mqtt_port = b.mqtt.tls_port(),
+        protocol = s.protocol,
+        client_id = s.client_id,
+        mqtt_password = s.mqtt_password,
+        mqtt_ca = s.mqtt_ca.ca_cert().display(),
+        cert = s.mqtt_pki.client_cert().display(),
+        key = s.mqtt_pki.client_key().display(),
+        kafka = b.kafka.sasl_ssl_bootstrap(),
+        kafka_ca = s.kafka_ca.ca_cert().display(),
+        topic = s.topic,
+    )
+}
+
+/// Every secret the forwarder was given must be absent from everything it shows.
+fn assert_no_secrets(fwd: &Forwarder, what: &str) {
+    let metrics = common::http_get(fwd.http_port, "/metrics").map(|(_, b)| b);
+    let status = common::http_get(fwd.http_port, "/status").map(|(_, b)| b);
+    for (surface, text) in [
+        ("log", Some(fwd.log())),
+        ("/metrics", metrics),
+        ("/status", status),
+    ] {
+        let text = text.unwrap_or_default();
+        for secret in [MQTT_PASSWORD, SCRAM_PASSWORD, PLAIN_PASSWORD] {
+            assert!(
+                !text.contains(secret),
+                "{what}: a secret appears in the {surface}"
+            );
+        }
+    }
+}
+
+#[test]
+fn tls_client_certificates_and_sasl_forward_end_to_end_without_leaking_secrets() {
+    let rsa = Pki::generate(KeyType::Rsa).expect("rsa pki");
+    let ecdsa = Pki::generate(KeyType::Ecdsa).expect("ecdsa pki");
+    // The MQTT broker's certificate chain is RSA; client certificates of both kinds are
+    // accepted only because their CA is the broker's, so the ECDSA client gets an RSA-CA-signed
+    // ECDSA certificate from a second broker below.
+    let b = start(&rsa, &rsa);
+    let rt = runtime();
+    for t in ["scram", "plain"] {
+        rt.block_on(b.kafka.create_topic(t, 1)).expect("topic");
+    }
+    // Trace level, and librdkafka's own security debugging: the most a log can say.
+    let trace = [("FERRY_LOG", "trace")];
+    let mut scram = Forwarder::start_with(
+        &config(
+            &b,
+            &Settings {
+                client_id: "ferry-rsa-v311",
+                protocol: "\"3.1.1\"",
+                mqtt_pki: &rsa,
+                mqtt_ca: &rsa,
+                mqtt_password: MQTT_PASSWORD,
+                kafka_ca: &rsa,
+                sasl: ("SCRAM-SHA-512", SCRAM_USER, SCRAM_PASSWORD),
+                topic: "scram",
+            },
+        ),
+        &trace,
+    );
+    let mut plain = Forwarder::start_with(
+        &config(
+            &b,
+            &Settings {
+                client_id: "ferry-rsa-v5",
+                protocol: "5",
+                mqtt_pki: &rsa,
+                mqtt_ca: &rsa,
+                mqtt_password: MQTT_PASSWORD,
+                kafka_ca: &rsa,
+                sasl: ("PLAIN", PLAIN_USER, PLAIN_PASSWORD),
+                topic: "plain",
+            },
+        ),
+        &trace,
+    );
+    scram.wait_ready(Duration::from_secs(30));
+    plain.wait_ready(Duration::from_secs(30));
+    let msgs: Vec<(String, Vec<u8>)> = (0..200)
+        .map(|i| (format!("secure/{}", i % 4), format!("m{i}").into_bytes()))
+        .collect();
+    rt.block_on(ferry_e2e::publish_as(
+        b.mqtt.port(),
+        "pub-secure",
+        Some((MQTT_USER, MQTT_PASSWORD)),
+        QoS::AtLeastOnce,
+        msgs,
+    ))
+    .expect("publish");
+    for (fwd, topic) in [(&scram, "scram"), (&plain, "plain")] {
+        let records = b
+            .kafka
+            .read_all(topic, 200, Duration::from_secs(2), Duration::from_secs(60))
+            .expect("read");
+        assert_eq!(records.len(), 200, "{topic}:\n{}", fwd.log());
+        assert_no_secrets(fwd, topic);
+    }
+    drop((scram, plain));
+
+    // An ECDSA client certificate against a broker with an ECDSA PKI, over MQTT 5.
+    let e = start(&ecdsa, &rsa);
+    rt.block_on(e.kafka.create_topic("ecdsa", 1)).expect("topic");
+    let ec = Forwarder::start_with(
+        &config(
+            &e,
+            &Settings {
+                client_id: "ferry-ecdsa",
+                protocol: "5",
+                mqtt_pki: &ecdsa,
+                mqtt_ca: &ecdsa,
+                mqtt_password: MQTT_PASSWORD,
+                kafka_ca: &rsa,
+                sasl: ("SCRAM-SHA-512", SCRAM_USER, SCRAM_PASSWORD),
+                topic: "ecdsa",
+            },
+        ),
+        &trace,
+    );
+    let mut ec = ec;
+    ec.wait_ready(Duration::from_secs(30));
+    rt.block_on(ferry_e2e::publish_as(
+        e.mqtt.port(),
+        "pub-ecdsa",
+        Some((MQTT_USER, MQTT_PASSWORD)),
+        QoS::AtLeastOnce,
+        vec![("secure/ec".into(), b"ec".to_vec())],
+    ))
+    .expect("publish");
+    let records = e
+        .kafka
+        .read_all("ecdsa", 1, Duration::from_secs(1), Duration::from_secs(30))
+        .expect("read");
+    assert_eq!(records.len(), 1, "{}", ec.log());
+    assert_no_secrets(&ec, "ecdsa");
+}
+
+/// Runs the forwarder until it exits (it should, by itself); returns (exit code, stderr).
+fn run_to_exit(config: &str) -> (Option<i32>, String, Duration) {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, config).expect("write");
+    let http = ferry_e2e::free_port().expect("port");
+    let start = Instant::now();
+    let mut child = Command::new(Forwarder::bin())
+        .arg("--config")
+        .arg(&path)
+        .env("FERRY_HTTP_LISTEN", format!("127.0.0.1:{http}"))
+        .env("FERRY_LOG", "trace")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    while start.elapsed() < Duration::from_secs(60) {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let out = child.wait_with_output().expect("wait");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        start.elapsed(),
+    )
+}
+
+#[test]
+fn unverifiable_certificates_and_refused_credentials_stop_the_forwarder_naming_the_host() {
+    let pki = Pki::generate(KeyType::Rsa).expect("pki");
+    let stranger = Pki::generate(KeyType::Ecdsa).expect("other ca");
+    let b = start(&pki, &pki);
+    let good = Settings {
+        client_id: "ferry-bad",
+        protocol: "\"3.1.1\"",
+        mqtt_pki: &pki,
+        mqtt_ca: &pki,
+        mqtt_password: MQTT_PASSWORD,
+        kafka_ca: &pki,
+        sasl: ("SCRAM-SHA-512", SCRAM_USER, SCRAM_PASSWORD),
+        topic: "t",
+    };
+    let mqtt_host = format!("127.0.0.1:{}", b.mqtt.tls_port());
+    let cases: [(&str, Settings<'_>, Vec<&str>); 4] = [
+        (
+            "MQTT broker certificate from an unknown CA",
+            Settings {
+                mqtt_ca: &stranger,
+                ..good
+            },
+            vec![mqtt_host.as_str(), "certificate"],
+        ),
+        (
+            "MQTT password refused",
+            Settings {
+                mqtt_password: "wrong-password",
+                ..good
+            },
+            vec![mqtt_host.as_str(), "refused"],
+        ),
+        (
+            "Kafka broker certificate from an unknown CA",
+            Settings {
+                kafka_ca: &stranger,
+                ..good
+            },
+            vec!["kafka", "certificate verification failed"],
+        ),
+        (
+            "Kafka SCRAM password refused",
+            Settings {
+                sasl: ("SCRAM-SHA-512", SCRAM_USER, "wrong-password"),
+                ..good
+            },
+            vec!["kafka", "authentication failed"],
+        ),
+    ];
+    for (what, settings, expected) in cases {
+        let (code, stderr, took) = run_to_exit(&config(&b, &settings));
+        let last = stderr
+            .lines()
+            .find(|l| l.starts_with("ferry-forwarder: "))
+            .unwrap_or_default()
+            .to_owned();
+        eprintln!("{what}: exit {code:?} after {took:.1?}: {last}");
+        assert_eq!(code, Some(1), "{what}:\n{stderr}");
+        for e in expected {
+            assert!(last.contains(e), "{what}: {e:?} missing in the final error: {last}");
+        }
+        if what.contains("Kafka") {
+            assert!(last.contains(&b.kafka.sasl_ssl_bootstrap()), "{last}");
+        }
+        for secret in [MQTT_PASSWORD, SCRAM_PASSWORD, "wrong-password"] {
+            assert!(!stderr.contains(secret), "{what}: a secret in the log");
+        }
+    }
+}
