@@ -93,11 +93,14 @@ fn check_flag_validates_without_connecting() {
 #[test]
 fn shipped_examples_are_valid() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/");
-    for file in ["forwarder.yaml", "legacy-config.yaml"] {
+    for file in ["forwarder.yaml", "forwarder-secure.yaml", "legacy-config.yaml"] {
         let out = Command::new(env!("CARGO_BIN_EXE_ferry-forwarder"))
             .arg("--check")
             .arg("--config")
             .arg(format!("{root}{file}"))
+            // The secure example takes its secrets from the environment, as documented.
+            .env("MQTT_PASSWORD", "example")
+            .env("KAFKA_PASSWORD", "example")
             .output()
             .expect("run");
         assert_eq!(
