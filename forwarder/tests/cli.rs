@@ -93,7 +93,11 @@ fn check_flag_validates_without_connecting() {
 #[test]
 fn shipped_examples_are_valid() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/");
-    for file in ["forwarder.yaml", "forwarder-secure.yaml", "legacy-config.yaml"] {
+    for file in [
+        "forwarder.yaml",
+        "forwarder-secure.yaml",
+        "legacy-config.yaml",
+    ] {
         let out = Command::new(env!("CARGO_BIN_EXE_ferry-forwarder"))
             .arg("--check")
             .arg("--config")
@@ -150,8 +154,10 @@ fn log_format_and_level_come_from_the_config() {
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
         .collect();
     assert!(
-        lines.iter().any(|l| l["level"] == "DEBUG"
-            && l["fields"]["message"] == "mqtt connect failed; retrying"),
+        lines
+            .iter()
+            .any(|l| l["level"] == "DEBUG"
+                && l["fields"]["message"] == "mqtt connect failed; retrying"),
         "{stderr}"
     );
     assert!(

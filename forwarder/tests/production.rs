@@ -501,3 +501,52 @@ fn drain_bound_passing_leaves_unconfirmed_messages_for_redelivery() {
     eprintln!("after the bound passed and a restart: {d:?}");
     assert_eq!(d.missing, 0, "unconfirmed messages were redelivered");
 }
+
+#[test]
+fn mqtt5_persistent_session_survives_a_kill_and_restart_losing_nothing() {
+    let brokers = Brokers::start();
+    let rt = runtime();
+    rt.block_on(brokers.kafka.create_topic("telemetry", 1))
+        .expect("topic");
+    let window = 500;
+    let config = brokers
+        .config("ferry-rm", &format!("{SENSORS_TO}telemetry }}\n"))
+        .replace(
+            "  client_id: ferry-rm\n",
+            "  client_id: ferry-rm\n  protocol: 5\n",
+        )
+        .replace("max_inflight: 1000", &format!("max_inflight: {window}"));
+    let mut fwd = Forwarder::start(&config);
+    fwd.wait_ready(Duration::from_secs(30));
+    let (topics, total) = (20, 40_000);
+    let publisher = rt.spawn(ferry_e2e::publish(
+        brokers.mqtt.port(),
+        "pub-rm",
+        QoS::AtLeastOnce,
+        numbered_messages(topics, total),
+    ));
+    wait_until(&fwd, Duration::from_secs(60), "forwarding", || {
+        fwd.metric("ferry_rule_forwarded_messages_total") >= 5000.0
+    });
+    fwd.signal(libc::SIGKILL);
+    fwd.wait_exit(Duration::from_secs(5)).expect("killed");
+    fwd.restart();
+    rt.block_on(publisher).expect("join").expect("publish");
+    let records = brokers
+        .kafka
+        .read_all(
+            "telemetry",
+            total,
+            Duration::from_secs(3),
+            Duration::from_secs(240),
+        )
+        .expect("read");
+    let d = judge(&records, total);
+    eprintln!("MQTT 5 (Receive Maximum {window}), SIGKILL mid-stream and restart: {d:?}");
+    // The session (expiry: never) kept what was published while the forwarder was down.
+    assert_eq!(d.missing, 0);
+    assert_eq!(d.out_of_order, 0);
+    // Mosquitto 2.0.11 was measured not to hold to Receive Maximum (9,396 sent, 1,673 acked at
+    // the kill), so replays are not bounded by the window here; see README.
+    assert!(d.duplicates <= total / 2, "replayed {}", d.duplicates);
+}

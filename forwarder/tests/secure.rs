@@ -178,7 +178,8 @@ fn tls_client_certificates_and_sasl_forward_end_to_end_without_leaking_secrets()
 
     // An ECDSA client certificate against a broker with an ECDSA PKI, over MQTT 5.
     let e = start(&ecdsa, &rsa);
-    rt.block_on(e.kafka.create_topic("ecdsa", 1)).expect("topic");
+    rt.block_on(e.kafka.create_topic("ecdsa", 1))
+        .expect("topic");
     let ec = Forwarder::start_with(
         &config(
             &e,
@@ -303,7 +304,10 @@ fn unverifiable_certificates_and_refused_credentials_stop_the_forwarder_naming_t
         eprintln!("{what}: exit {code:?} after {took:.1?}: {last}");
         assert_eq!(code, Some(1), "{what}:\n{stderr}");
         for e in expected {
-            assert!(last.contains(e), "{what}: {e:?} missing in the final error: {last}");
+            assert!(
+                last.contains(e),
+                "{what}: {e:?} missing in the final error: {last}"
+            );
         }
         if what.contains("Kafka") {
             assert!(last.contains(&b.kafka.sasl_ssl_bootstrap()), "{last}");
