@@ -87,6 +87,13 @@ struct Slot {
     remaining: usize,
 }
 
+/// What the pipeline asks of the MQTT client.
+enum MqttRequest {
+    Ack { qos: u8, pkid: u16 },
+    Subscribe(Vec<(String, u8)>),
+    Unsubscribe(String),
+}
+
 /// A new set of rules for the running pipeline (config reload).
 pub struct Reload {
     pub router: Router,
@@ -116,10 +123,11 @@ pub struct Pipeline {
     head_seq: u64,
     max_inflight: usize,
     retries: BinaryHeap<Reverse<(Instant, u64, usize)>>,
-    /// Acks rumqttc's request channel had no room for, oldest first. rumqttc takes one request
-    /// per poll and prefers reading, so a broker that sends without an in-flight limit can
-    /// outrun it; the acks wait here, in order, instead of being lost.
-    unsent_acks: VecDeque<(u8, u16)>,
+    /// Requests (mostly acks) rumqttc's request channel had no room for, oldest first.
+    /// rumqttc takes one request per poll and prefers reading, so a broker that sends without
+    /// an in-flight limit can outrun it; the requests wait here, in order, instead of being
+    /// lost.
+    unsent: VecDeque<MqttRequest>,
     /// Set when the MQTT reader (and with it rumqttc's event loop) has ended.
     reader_gone: Arc<AtomicBool>,
     scratch: Vec<Arc<Target>>,
@@ -156,7 +164,7 @@ impl Pipeline {
             head_seq: 0,
             max_inflight,
             retries: BinaryHeap::new(),
-            unsent_acks: VecDeque::new(),
+            unsent: VecDeque::new(),
             reader_gone: wiring.reader_gone,
             scratch: Vec::new(),
         })
@@ -188,7 +196,7 @@ impl Pipeline {
                 _ = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)), if retry_at.is_some() => {
                     self.retry_due();
                 }
-                _ = tokio::time::sleep(ACK_RETRY), if !self.unsent_acks.is_empty() => {}
+                _ = tokio::time::sleep(ACK_RETRY), if !self.unsent.is_empty() => {}
                 _ = tokio::time::sleep_until(drain_deadline.unwrap_or_else(Instant::now)), if drain_deadline.is_some() => {
                     warn!(abandoned = self.window.len(), "drain bound passed; leaving unconfirmed messages unacknowledged for redelivery");
                     break;
@@ -212,7 +220,7 @@ impl Pipeline {
                 },
             }
             self.ack_completed();
-            if !accepting && self.window.is_empty() && self.unsent_acks.is_empty() {
+            if !accepting && self.window.is_empty() && self.unsent.is_empty() {
                 break;
             }
         }
@@ -240,20 +248,23 @@ impl Pipeline {
             .filter(|s| !old.contains(s))
             .cloned()
             .collect();
-        if let Err(e) = self.client.try_subscribe(&added) {
-            error!(error = %e, "cannot subscribe to the reloaded filters; they apply after the next reconnect");
+        // Queued behind the acks already requested, so they keep their order.
+        if !added.is_empty() {
+            self.unsent.push_back(MqttRequest::Subscribe(added.clone()));
         }
+        let mut removed = 0;
         for (filter, _) in old
             .iter()
             .filter(|(f, _)| !reload.subscriptions.iter().any(|(n, _)| n == f))
         {
-            if let Err(e) = self.client.try_unsubscribe(filter) {
-                warn!(filter = %filter, error = %e, "cannot unsubscribe a removed filter");
-            }
+            self.unsent
+                .push_back(MqttRequest::Unsubscribe(filter.clone()));
+            removed += 1;
         }
+        self.flush_requests();
         info!(
             subscribed = added.len(),
-            unsubscribed = old.len() + added.len() - reload.subscriptions.len(),
+            unsubscribed = removed,
             "rules reloaded"
         );
     }
@@ -588,28 +599,37 @@ impl Pipeline {
                 }
             }
             if slot.message.qos > 0 {
-                self.unsent_acks
-                    .push_back((slot.message.qos, slot.message.pkid));
+                self.unsent.push_back(MqttRequest::Ack {
+                    qos: slot.message.qos,
+                    pkid: slot.message.pkid,
+                });
             }
         }
-        self.flush_acks();
+        self.flush_requests();
         self.metrics.inflight.set(self.window.len() as i64);
     }
 
-    fn flush_acks(&mut self) {
-        while let Some(&(qos, pkid)) = self.unsent_acks.front() {
-            match self.client.try_ack(qos, pkid) {
+    fn flush_requests(&mut self) {
+        while let Some(request) = self.unsent.front() {
+            let sent = match request {
+                MqttRequest::Ack { qos, pkid } => self.client.try_ack(*qos, *pkid),
+                MqttRequest::Subscribe(filters) => self.client.try_subscribe(filters),
+                MqttRequest::Unsubscribe(filter) => self.client.try_unsubscribe(filter),
+            };
+            match sent {
                 Ok(()) => {
-                    self.unsent_acks.pop_front();
-                    self.metrics.acked.inc();
+                    if matches!(self.unsent.pop_front(), Some(MqttRequest::Ack { .. })) {
+                        self.metrics.acked.inc();
+                    }
                 }
                 Err(_) if !self.reader_gone.load(Ordering::Relaxed) => {
                     break; // Full: try again shortly.
                 }
                 Err(e) => {
-                    // The event loop is gone (shutting down): the broker redelivers these.
-                    debug!(error = %e, unsent = self.unsent_acks.len(), "mqtt acks not sent");
-                    self.unsent_acks.clear();
+                    // The event loop is gone (shutting down): the broker redelivers what was
+                    // not acked, and a new connection subscribes afresh.
+                    debug!(error = %e, unsent = self.unsent.len(), "mqtt requests not sent");
+                    self.unsent.clear();
                 }
             }
         }
