@@ -6,17 +6,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::{Brokers, Forwarder, judge, numbered_messages};
+use common::{Brokers, Forwarder, judge, numbered_messages, read_judged, runtime};
 use ferry_e2e::rumqttc::QoS;
 
 const TELEMETRY_RULE: &str = "  - name: sensors\n    mqtt:\n      topics: [\"sensors/+/data\"]\n    kafka:\n      topic: telemetry\n";
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 #[test]
 fn forwards_100k_qos1_messages_over_50_topics_in_order() {
@@ -122,16 +115,7 @@ fn kafka_down_for_20s_mid_stream_loses_nothing_and_forwarder_stays_up() {
     ))
     .expect("publish");
 
-    let records = brokers
-        .kafka
-        .read_all(
-            "telemetry",
-            total,
-            Duration::from_secs(3),
-            Duration::from_secs(240),
-        )
-        .expect("read");
-    let d = judge(&records, total);
+    let d = read_judged(&brokers.kafka, "telemetry", total, Duration::from_secs(240));
     eprintln!("Kafka outage of 20 s: {d:?}; acked before Kafka came back: {acked_during}");
     assert_eq!(d.missing, 0, "lost messages");
     assert_eq!(d.out_of_order, 0, "per-topic order");
@@ -187,16 +171,7 @@ fn forwarder_sigkilled_mid_stream_and_restarted_loses_nothing() {
     fwd.restart();
     rt.block_on(publisher).expect("join").expect("publish");
 
-    let records = brokers
-        .kafka
-        .read_all(
-            "telemetry",
-            total,
-            Duration::from_secs(3),
-            Duration::from_secs(240),
-        )
-        .expect("read");
-    let d = judge(&records, total);
+    let d = read_judged(&brokers.kafka, "telemetry", total, Duration::from_secs(240));
     eprintln!(
         "SIGKILL and restart: {d:?} (duplicates are the at-least-once replay of unacked messages)"
     );
@@ -236,16 +211,7 @@ fn sigterm_drains_and_exits_0_within_its_bound_losing_nothing() {
     fwd.restart();
     rt.block_on(publisher).expect("join").expect("publish");
 
-    let records = brokers
-        .kafka
-        .read_all(
-            "telemetry",
-            total,
-            Duration::from_secs(3),
-            Duration::from_secs(240),
-        )
-        .expect("read");
-    let d = judge(&records, total);
+    let d = read_judged(&brokers.kafka, "telemetry", total, Duration::from_secs(240));
     eprintln!("SIGTERM and restart: {d:?}");
     assert_eq!(d.missing, 0, "lost messages");
     // Everything produced was acked before DISCONNECT, and the acks reached the broker: what

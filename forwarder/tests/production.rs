@@ -6,19 +6,12 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{
-    Brokers, Forwarder, V5Message, judge, numbered_messages, publish_v5, read_with_headers,
-    wait_until,
+    Brokers, Forwarder, V5Message, judge, numbered_messages, publish_v5, read_judged,
+    read_with_headers, runtime, wait_until,
 };
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rumqttc::QoS;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 const SENSORS_TO: &str =
     "  - name: sensors\n    mqtt: { topics: [\"sensors/+/data\"] }\n    kafka: { topic: ";
@@ -366,16 +359,7 @@ fn two_replicas_share_a_subscription_and_lose_nothing_when_one_is_killed() {
     std::thread::sleep(Duration::from_secs(1));
     b.restart();
     rt.block_on(publisher).expect("join").expect("publish");
-    let records = brokers
-        .kafka
-        .read_all(
-            "telemetry",
-            total,
-            Duration::from_secs(3),
-            Duration::from_secs(240),
-        )
-        .expect("read");
-    let d = judge(&records, total);
+    let d = read_judged(&brokers.kafka, "telemetry", total, Duration::from_secs(240));
     eprintln!(
         "2 replicas sharing $share/ferry (split before the kill: {fa} / {fb}); one SIGKILLed and restarted: {d:?}"
     );
@@ -435,16 +419,7 @@ fn sigterm_with_kafka_away_and_thousands_in_flight_acks_everything_once_kafka_re
     assert!(!fwd.log().contains("drain bound passed"));
     fwd.restart();
     rt.block_on(publisher).expect("join").expect("publish");
-    let records = brokers
-        .kafka
-        .read_all(
-            "telemetry",
-            total,
-            Duration::from_secs(3),
-            Duration::from_secs(240),
-        )
-        .expect("read");
-    let d = judge(&records, total);
+    let d = read_judged(&brokers.kafka, "telemetry", total, Duration::from_secs(240));
     eprintln!("drained with Kafka away, then restarted: {d:?}");
     assert_eq!(d.missing, 0);
     assert_eq!(
@@ -488,16 +463,7 @@ fn drain_bound_passing_leaves_unconfirmed_messages_for_redelivery() {
     assert!(fwd.log().contains("drain bound passed"), "{}", fwd.log());
     brokers.kafka.resume().expect("kafka back");
     fwd.restart();
-    let records = brokers
-        .kafka
-        .read_all(
-            "telemetry",
-            total,
-            Duration::from_secs(3),
-            Duration::from_secs(120),
-        )
-        .expect("read");
-    let d = judge(&records, total);
+    let d = read_judged(&brokers.kafka, "telemetry", total, Duration::from_secs(120));
     eprintln!("after the bound passed and a restart: {d:?}");
     assert_eq!(d.missing, 0, "unconfirmed messages were redelivered");
 }
@@ -532,16 +498,7 @@ fn mqtt5_persistent_session_survives_a_kill_and_restart_losing_nothing() {
     fwd.wait_exit(Duration::from_secs(5)).expect("killed");
     fwd.restart();
     rt.block_on(publisher).expect("join").expect("publish");
-    let records = brokers
-        .kafka
-        .read_all(
-            "telemetry",
-            total,
-            Duration::from_secs(3),
-            Duration::from_secs(240),
-        )
-        .expect("read");
-    let d = judge(&records, total);
+    let d = read_judged(&brokers.kafka, "telemetry", total, Duration::from_secs(240));
     eprintln!("MQTT 5 (Receive Maximum {window}), SIGKILL mid-stream and restart: {d:?}");
     // The session (expiry: never) kept what was published while the forwarder was down.
     assert_eq!(d.missing, 0);

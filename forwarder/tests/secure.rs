@@ -8,7 +8,7 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::Forwarder;
+use common::{Forwarder, runtime};
 use ferry_e2e::{
     Kafka, KafkaOptions, KeyType, Mosquitto, MosquittoOptions, Pki, SaslSsl, TlsListener,
 };
@@ -20,13 +20,6 @@ const SCRAM_USER: &str = "ferry-scram";
 const SCRAM_PASSWORD: &str = "scram-Secret-0815";
 const PLAIN_USER: &str = "ferry-plain";
 const PLAIN_PASSWORD: &str = "plain-Secret-1234";
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
-}
 
 struct SecureBrokers {
     mqtt: Mosquitto,

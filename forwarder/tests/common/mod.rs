@@ -298,6 +298,22 @@ pub fn judge(records: &[Record], total: usize) -> Delivery {
     }
 }
 
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Reads the numbered messages back from `topic` (waiting for `total`, then 3 s more for late
+/// duplicates) and judges them.
+pub fn read_judged(kafka: &Kafka, topic: &str, total: usize, timeout: Duration) -> Delivery {
+    let records = kafka
+        .read_all(topic, total, Duration::from_secs(3), timeout)
+        .expect("read");
+    judge(&records, total)
+}
+
 /// Waits until `cond` holds, or panics with `what` and the forwarder's log.
 pub fn wait_until(fwd: &Forwarder, timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
     let start = Instant::now();
