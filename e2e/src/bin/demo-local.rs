@@ -146,6 +146,28 @@ fn main() -> Result<()> {
         }
     }
 
+    say("Per rule, as the operator will read it (GET /status, JSON; summarized)");
+    if let Some((_, body)) = http_get(http_port, "/status")
+        && let Ok(status) = serde_json::from_str::<serde_json::Value>(&body)
+    {
+        println!(
+            "    {:<18} {:>8} {:>9} {:>6} {:>13} {:>6}  last forwarded",
+            "RULE", "RECEIVED", "FORWARDED", "ACKED", "DEAD-LETTERED", "FAILED"
+        );
+        for r in status["rules"].as_array().into_iter().flatten() {
+            println!(
+                "    {:<18} {:>8} {:>9} {:>6} {:>13} {:>6}  {}",
+                r["name"].as_str().unwrap_or_default(),
+                r["received"].as_u64().unwrap_or(0),
+                r["forwarded"].as_u64().unwrap_or(0),
+                r["acked"].as_u64().unwrap_or(0),
+                r["deadLettered"].as_u64().unwrap_or(0),
+                r["failed"].as_u64().unwrap_or(0),
+                r["lastForwardedAt"].as_str().unwrap_or("-")
+            );
+        }
+    }
+
     say("Stopping: SIGTERM to the forwarder (drains in-flight messages, acks, disconnects)");
     // SAFETY: kill(2) on our own child.
     unsafe {
