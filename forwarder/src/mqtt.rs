@@ -498,11 +498,21 @@ impl<S: Session> Reader<S> {
             SessionEvent::SubAck(granted) => {
                 self.metrics.set_mqtt_subscribed();
                 let subs = self.current_subscriptions();
-                for (ok, (filter, _)) in granted.iter().zip(&subs) {
+                // A SUBACK answers the full list sent on connect, or the filters a reload added.
+                let names: Vec<&str> = if granted.len() == subs.len() {
+                    subs.iter().map(|(f, _)| f.as_str()).collect()
+                } else {
+                    Vec::new()
+                };
+                for (i, ok) in granted.iter().enumerate() {
+                    let filter = names.get(i).copied().unwrap_or("(added by a reload)");
                     if *ok {
-                        debug!(filter = %filter, "subscribed");
+                        debug!(filter, "subscribed");
                     } else {
-                        error!(filter = %filter, "mqtt broker refused the subscription (check its ACL)");
+                        error!(
+                            filter,
+                            "mqtt broker refused the subscription (check its ACL)"
+                        );
                         self.metrics
                             .mqtt_error(format!("broker refused the subscription to {filter:?}"));
                     }
