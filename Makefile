@@ -5,7 +5,7 @@ FERRY_CACHE ?= $(HOME)/.cache/ferry
 export FERRY_CACHE
 export CARGO_TARGET_DIR ?= $(FERRY_CACHE)/target
 
-.PHONY: all deps build test lint unit demo clean-cache
+.PHONY: all deps build test lint unit demo crds clean-cache
 
 all: build
 
@@ -28,6 +28,10 @@ test: deps lint
 # Only the tests that need no brokers.
 unit:
 	cargo test --workspace --lib --test cli
+
+# Regenerates crds/ from api/src/crd.rs (a test fails when they differ).
+crds:
+	cargo run -q -p ferry-operator --bin crdgen
 
 demo: deps
 	cargo build -p ferry-forwarder -p ferry-e2e --bin ferry-forwarder --bin demo-local

@@ -3,6 +3,8 @@
 //! rules.
 
 pub mod config;
+#[cfg(feature = "crd")]
+pub mod crd;
 pub mod env;
 mod legacy;
 pub mod status;

@@ -1,0 +1,469 @@
+//! The Kubernetes API: `BrokerConnection` and `ForwardingRule` in `ferry.dev/v1alpha1`.
+//!
+//! The schemas carry their own validation (CEL rules with human messages), so `kubectl apply`
+//! refuses a bad object before the operator ever sees it. The operator re-checks what CEL
+//! cannot (references between objects) and reports it in `status.conditions`.
+
+// `printcolumn(type_ = ...)` repeats keys by design of kube's derive attribute.
+#![allow(clippy::duplicated_attributes)]
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::json_schema;
+use serde::{Deserialize, Serialize};
+
+pub const GROUP: &str = "ferry.dev";
+pub const VERSION: &str = "v1alpha1";
+
+/// Where the MQTT broker and Kafka are, how to authenticate to both, and how the forwarder pods
+/// serving this connection run.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "ferry.dev",
+    version = "v1alpha1",
+    kind = "BrokerConnection",
+    namespaced,
+    shortname = "bc",
+    category = "ferry",
+    status = "BrokerConnectionStatus",
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(name = "MQTT", type_ = "string", json_path = ".spec.mqtt.host"),
+    printcolumn(
+        name = "Kafka",
+        type_ = "string",
+        json_path = ".spec.kafka.bootstrapServers"
+    ),
+    printcolumn(name = "Groups", type_ = "string", json_path = ".status.groups"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct BrokerConnectionSpec {
+    pub mqtt: MqttEndpoint,
+    pub kafka: KafkaEndpoint,
+    /// How the forwarder pods run (one StatefulSet per group of rules).
+    #[serde(default)]
+    pub forwarder: ForwarderPods,
+}
+
+/// The MQTT broker.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.sessionExpirySeconds) || self.protocol == '5'").message("sessionExpirySeconds is an MQTT 5 setting: set protocol: \"5\" or remove it"))]
+pub struct MqttEndpoint {
+    /// Host name or address of the broker (also the name checked against its TLS certificate).
+    #[schemars(length(min = 1, max = 253))]
+    pub host: String,
+    /// TCP port.
+    #[serde(default = "default_mqtt_port")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 65535").message("port must be between 1 and 65535"))]
+    pub port: i32,
+    /// MQTT protocol version: "3.1.1" or "5".
+    #[serde(default)]
+    pub protocol: MqttProtocolVersion,
+    /// TLS to the broker. Its certificate is always verified.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsRefs>,
+    /// Secret with the MQTT username and password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<CredentialsRef>,
+    /// MQTT 5: how long the broker keeps a forwarder's session after it disconnected. Unset:
+    /// never expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0").message("sessionExpirySeconds must not be negative"))]
+    pub session_expiry_seconds: Option<i64>,
+    /// The in-flight window per forwarder: messages received and not yet acknowledged (MQTT 5:
+    /// announced as Receive Maximum).
+    #[serde(default = "default_max_inflight")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 65535").message("maxInflight must be between 1 and 65535"))]
+    pub max_inflight: i32,
+}
+
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum MqttProtocolVersion {
+    #[default]
+    #[serde(rename = "3.1.1")]
+    V311,
+    #[serde(rename = "5")]
+    V5,
+}
+
+/// Kafka.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.sasl) || self.sasl.mechanism != 'PLAIN' || has(self.tls)").message("SASL PLAIN sends the password in clear text: it needs tls"))]
+pub struct KafkaEndpoint {
+    /// `host:port` of one or more brokers.
+    #[schemars(length(min = 1, max = 32))]
+    #[x_kube(validation = Rule::new("self.all(s, s.matches('^[^:/ ]+:[0-9]{1,5}$'))").message("every bootstrap server must be host:port"))]
+    pub bootstrap_servers: Vec<BoundedString>,
+    /// TLS to the brokers; their certificates are always verified.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsRefs>,
+    /// SASL authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sasl: Option<Sasl>,
+    /// librdkafka producer properties, passed through (they override Ferry's defaults).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new("self.all(k, k != 'bootstrap.servers' && k != 'security.protocol' && !k.startsWith('ssl.') && !k.startsWith('sasl.'))").message("bootstrap.servers, security.protocol, ssl.* and sasl.* are set from bootstrapServers, tls and sasl"))]
+    pub config: BTreeMap<String, String>,
+}
+
+/// A string of at most 253 characters (keeps CEL rules over it cheap).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(transparent)]
+pub struct BoundedString(#[schemars(length(min = 1, max = 253))] pub String);
+
+/// Certificates in Secrets, as PEM.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.caSecretRef) || has(self.clientCertSecretRef) || self.useSystemRoots").message("tls needs caSecretRef, clientCertSecretRef or useSystemRoots: true"))]
+pub struct TlsRefs {
+    /// Secret key holding the CA certificate(s) that sign the broker's certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_secret_ref: Option<SecretKeyRef>,
+    /// A `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`) with the client certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_cert_secret_ref: Option<LocalRef>,
+    /// Trust the system's root certificates instead of a CA from a Secret.
+    #[serde(default)]
+    pub use_system_roots: bool,
+}
+
+/// SASL to Kafka.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Sasl {
+    pub mechanism: SaslMechanism,
+    /// Secret with the username and password.
+    pub credentials_secret_ref: CredentialsRef,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum SaslMechanism {
+    #[serde(rename = "SCRAM-SHA-512")]
+    ScramSha512,
+    #[serde(rename = "SCRAM-SHA-256")]
+    ScramSha256,
+    #[serde(rename = "PLAIN")]
+    Plain,
+}
+
+/// A Secret in the same namespace and the keys of a username and a password in it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct CredentialsRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[serde(default = "default_username_key")]
+    pub username_key: String,
+    #[serde(default = "default_password_key")]
+    pub password_key: String,
+}
+
+/// One key of a Secret in the same namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct SecretKeyRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// An object in the same namespace, by name.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct LocalRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// How the forwarder pods of this connection run.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ForwarderPods {
+    /// Forwarder image; default: the one matching the operator's version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Replicas per group. More than one splits the messages through a shared subscription.
+    #[serde(default = "default_replicas")]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 64").message("replicas must be between 0 and 64"))]
+    pub replicas: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Extra annotations on the forwarder pods (e.g. for a service mesh or log shipper).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pod_annotations: BTreeMap<String, String>,
+}
+
+impl Default for ForwarderPods {
+    fn default() -> Self {
+        Self {
+            image: None,
+            replicas: default_replicas(),
+            resources: None,
+            node_selector: BTreeMap::new(),
+            tolerations: Vec::new(),
+            affinity: None,
+            pod_annotations: BTreeMap::new(),
+        }
+    }
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct BrokerConnectionStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `SecretsResolved` and `Ready`.
+    #[serde(default)]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// The groups of rules this connection serves, one forwarder StatefulSet each.
+    #[serde(default)]
+    pub groups: Vec<String>,
+}
+
+/// What to forward from MQTT to Kafka, through which connection.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "ferry.dev",
+    version = "v1alpha1",
+    kind = "ForwardingRule",
+    namespaced,
+    shortname = "fr",
+    category = "ferry",
+    status = "ForwardingRuleStatus",
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "MQTT Topics",
+        type_ = "string",
+        json_path = ".spec.mqtt.topics"
+    ),
+    printcolumn(
+        name = "Kafka Topic",
+        type_ = "string",
+        json_path = ".spec.kafka.topic"
+    ),
+    printcolumn(
+        name = "Rate",
+        type_ = "number",
+        description = "Records forwarded per second over the last minute",
+        json_path = ".status.ratePerSecond"
+    ),
+    printcolumn(
+        name = "Last Forwarded",
+        type_ = "date",
+        json_path = ".status.lastForwardedAt"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ForwardingRuleSpec {
+    /// The BrokerConnection (same namespace) this rule forwards through.
+    pub connection_ref: LocalRef,
+    /// Rules of one connection and group are served by the same forwarder pods.
+    #[serde(default = "default_group")]
+    #[x_kube(validation = Rule::new("size(self) <= 40 && self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("group must be a DNS label of at most 40 characters (lower-case letters, digits, '-')"))]
+    pub group: String,
+    pub mqtt: RuleMqtt,
+    pub kafka: RuleKafka,
+    #[serde(default)]
+    pub payload: Payload,
+    /// Where messages go that Kafka can never take. Unset: they are counted, logged and
+    /// acknowledged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetter>,
+    /// A paused rule is kept but not forwarded (its filters are unsubscribed).
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// What to read from MQTT.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct RuleMqtt {
+    /// MQTT topic filters: `+` matches one level, `#` the rest.
+    #[schemars(length(min = 1, max = 32))]
+    #[x_kube(
+        validation = Rule::new("self.all(t, !t.contains('#') || (t.indexOf('#') == size(t) - 1 && (size(t) == 1 || t.endsWith('/#'))))").message("'#' may only be the last level of a topic filter, standing alone (like a/#)"),
+        validation = Rule::new("self.all(t, t.split('/').all(l, !l.contains('+') || l == '+'))").message("'+' must be a whole level of a topic filter (like a/+/c)")
+    )]
+    pub topics: Vec<BoundedString>,
+    /// Subscription QoS: 0, 1 or 2.
+    #[serde(default = "default_qos")]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 2").message("qos must be 0, 1 or 2"))]
+    pub qos: i32,
+}
+
+/// Where to write in Kafka.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct RuleKafka {
+    /// A topic name, or a template with MQTT topic levels counted from 0 (`telemetry.{1}`).
+    #[x_kube(
+        validation = Rule::new("size(self) >= 1 && size(self) <= 249").message("the Kafka topic must be 1 to 249 characters"),
+        validation = Rule::new("self.matches('^([A-Za-z0-9._-]|\\\\{[0-9]+\\\\})+$')").message("the Kafka topic may contain only letters, digits, '.', '_', '-' and {N} placeholders for MQTT topic levels"),
+        validation = Rule::new("self != '.' && self != '..'").message("the Kafka topic may not be '.' or '..'")
+    )]
+    pub topic: String,
+    #[serde(default)]
+    pub key: Key,
+    #[serde(default)]
+    pub headers: Headers,
+}
+
+/// The record key.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[x_kube(validation = Rule::new("(self.strategy == 'topicLevel') == has(self.level)").message("key.level is set with strategy topicLevel, and only then"))]
+pub struct Key {
+    #[serde(default)]
+    pub strategy: KeyStrategy,
+    /// With `topicLevel`: the MQTT topic level (from 0) that becomes the key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 64").message("key.level must be between 0 and 64"))]
+    pub level: Option<i32>,
+}
+
+impl Default for Key {
+    fn default() -> Self {
+        Self {
+            strategy: KeyStrategy::MqttTopic,
+            level: None,
+        }
+    }
+}
+
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum KeyStrategy {
+    /// The MQTT topic: one MQTT topic stays in one partition, in order.
+    #[default]
+    MqttTopic,
+    /// No key.
+    None,
+    /// One level of the MQTT topic (`level`).
+    TopicLevel,
+}
+
+/// Kafka headers on each record.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct Headers {
+    /// `<prefix>topic`, `<prefix>qos`, `<prefix>retain`, and `<prefix>content_type` from MQTT 5.
+    #[serde(default)]
+    pub metadata: bool,
+    /// MQTT 5 user properties, one header each.
+    #[serde(default)]
+    pub user_properties: bool,
+    /// Prefix of the metadata headers; default `mqtt.`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 64))]
+    pub prefix: Option<String>,
+}
+
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum Payload {
+    /// The MQTT payload bytes unchanged.
+    #[default]
+    Raw,
+    /// `{"topic":"<mqtt topic>","payload":"<base64>"}`.
+    WrappedJson,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+pub struct DeadLetter {
+    #[x_kube(
+        validation = Rule::new("size(self) >= 1 && size(self) <= 249 && self.matches('^[A-Za-z0-9._-]+$') && self != '.' && self != '..'").message("deadLetter.topic must be a Kafka topic name: 1 to 249 letters, digits, '.', '_' or '-'")
+    )]
+    pub topic: String,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ForwardingRuleStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Accepted`, `Ready`, and `Forwarding` (False with a reason when degraded).
+    #[serde(default)]
+    #[schemars(schema_with = "conditions_schema")]
+    pub conditions: Vec<Condition>,
+    /// The forwarder StatefulSet serving this rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<String>,
+    /// Records forwarded, summed over the forwarder pods (since they started).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forwarded: Option<i64>,
+    /// Records per second over the last minute, summed over the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_per_second: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_forwarded_at: Option<Time>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// Forwarder pods ready / wanted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<String>,
+}
+
+/// Conditions as a list-map keyed by `type`, so server-side apply merges them per type.
+fn conditions_schema(generator: &mut schemars::generate::SchemaGenerator) -> schemars::Schema {
+    let item = generator.subschema_for::<Condition>();
+    json_schema!({
+        "type": "array",
+        "items": item,
+        "x-kubernetes-list-type": "map",
+        "x-kubernetes-list-map-keys": ["type"]
+    })
+}
+
+fn default_mqtt_port() -> i32 {
+    1883
+}
+fn default_max_inflight() -> i32 {
+    1000
+}
+fn default_replicas() -> i32 {
+    1
+}
+fn default_qos() -> i32 {
+    1
+}
+fn default_group() -> String {
+    "default".into()
+}
+fn default_username_key() -> String {
+    "username".into()
+}
+fn default_password_key() -> String {
+    "password".into()
+}
