@@ -5,13 +5,18 @@ FERRY_CACHE ?= $(HOME)/.cache/ferry
 export FERRY_CACHE
 export CARGO_TARGET_DIR ?= $(FERRY_CACHE)/target
 
-.PHONY: all deps build test lint unit demo crds clean-cache
+.PHONY: all deps k8s build test lint unit demo crds clean-cache
 
 all: build
 
 # Debian packages (mosquitto, build tools) and Apache Kafka's jars; idempotent.
 deps:
 	@bash e2e/install.sh
+
+# etcd, kube-apiserver and kube-controller-manager built from the Go module proxy (about 5 min
+# once, then cached by version); idempotent.
+k8s:
+	@bash e2e/k8s/build.sh
 
 build: deps
 	cargo build --workspace --all-targets
@@ -22,7 +27,7 @@ lint: deps
 
 # Unit tests plus every integration test against real Mosquitto and Kafka. The broker tests
 # each start their own brokers; they run one at a time so timings stay meaningful on 2 cores.
-test: deps lint
+test: deps k8s lint
 	cargo test --workspace -- --test-threads=1 --nocapture
 
 # Only the tests that need no brokers.

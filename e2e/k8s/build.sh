@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Builds a Kubernetes control plane for Ferry's tests from source through the Go module proxy:
+# etcd, kube-apiserver and kube-controller-manager, at the version pinned in e2e/k8s/VERSION (the
+# only place it is written; e2e/src/kube.rs reads the same file).
+#
+# `k8s.io/kubernetes` cannot be `go install`ed (its go.mod replaces the k8s.io/* staging modules
+# with ./staging paths), so this script generates a wrapper module in the cache dir: a go.mod that
+# requires k8s.io/kubernetes and replaces every staging module (the list is taken from
+# kubernetes' own go.mod in the module cache) with its published v0.Y.Z version, and a tools.go
+# (build tag `tools`) importing the three commands. etcd is the version kubernetes requires.
+#
+# Output: ${FERRY_CACHE:-~/.cache/ferry}/k8s-<version>/bin/{etcd,kube-apiserver,kube-controller-manager}
+# plus a `.complete` marker. GOPATH, GOMODCACHE and GOCACHE live in ${FERRY_CACHE}/go, never in
+# the repo. Idempotent; silent and instant when the marker is present. Cold: ~9 min on 2 cores.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+version=$(tr -d ' \t\r\n' < "$here/VERSION")
+cache=${FERRY_CACHE:-$HOME/.cache/ferry}
+root="$cache/k8s-$version"
+bin="$root/bin"
+binaries=(etcd kube-apiserver kube-controller-manager)
+
+complete() {
+  [ -f "$bin/.complete" ] || return 1
+  local b
+  for b in "${binaries[@]}"; do [ -x "$bin/$b" ] || return 1; done
+}
+complete && exit 0
+
+mkdir -p "$root"
+# One build at a time (e.g. two `make test` started together); the second waits, then finds the marker.
+exec 9>"$root/.lock"
+if ! flock -n 9; then
+  echo "ferry: k8s: another build.sh is building $version, waiting for it"
+  flock 9
+fi
+complete && exit 0
+
+go=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
+if [ ! -x "$go" ]; then
+  # Any Go will do: with GOTOOLCHAIN=auto it fetches the release kubernetes' go.mod asks for
+  # from the Go module proxy (into the cache below).
+  echo "ferry: k8s: installing Debian's golang-go"
+  sudo_cmd=(); [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends golang-go >/dev/null
+  go=$(command -v go)
+fi
+export GOPATH="$cache/go" GOMODCACHE="$cache/go/pkg/mod" GOCACHE="$cache/go/cache"
+export GOFLAGS=-mod=mod GOTOOLCHAIN=auto CGO_ENABLED=0 GO111MODULE=on
+minor=${version#v1.}; minor=${minor%%.*}
+staging_version="v0.${version#v1.}"
+work="$root/wrapper"
+mkdir -p "$work" "$bin"
+step() { printf 'ferry: k8s %s: %s\n' "$version" "$*"; }
+t0=$SECONDS
+
+step "using $("$go" version | cut -d' ' -f3), caches in $cache/go"
+cd "$work"
+cat > go.mod <<GOMOD
+module ferry.local/k8s-control-plane
+
+go 1.24.0
+
+require k8s.io/kubernetes $version
+GOMOD
+step "fetching k8s.io/kubernetes $version go.mod from the module proxy"
+kmod=$("$go" mod download -json "k8s.io/kubernetes@$version" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')
+[ -f "$kmod" ] || { echo "ferry: k8s: cannot find kubernetes' go.mod (got '$kmod')" >&2; exit 1; }
+mapfile -t staging < <(sed -n 's:^[[:space:]]*\(k8s\.io/[^[:space:]]*\) => \./staging/.*:\1:p' "$kmod")
+[ ${#staging[@]} -gt 10 ] || { echo "ferry: k8s: no ./staging replace block in $kmod" >&2; exit 1; }
+{
+  echo
+  echo "// Every ./staging replace of kubernetes' go.mod, pointed at the published $staging_version."
+  echo "replace ("
+  for m in "${staging[@]}"; do echo "	$m => $m $staging_version"; done
+  echo ")"
+} >> go.mod
+cat > tools.go <<'GOTOOLS'
+//go:build tools
+
+// The commands built by e2e/k8s/build.sh; this file only makes `go mod tidy` keep their deps.
+package tools
+
+import (
+	_ "go.etcd.io/etcd/server/v3"
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+)
+GOTOOLS
+step "go mod tidy (${#staging[@]} staging modules replaced by $staging_version; downloads ~all deps once)"
+s=$SECONDS
+"$go" mod tidy >tidy.log 2>&1 || { cat tidy.log >&2; exit 1; }
+step "  tidy took $((SECONDS - s)) s; etcd $("$go" list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
+
+# What kubernetes' hack/lib/version.sh stamps, so `kubectl version` and /version report $version.
+vpkg=k8s.io/component-base/version
+ldflags="-s -w -X $vpkg.gitVersion=$version -X $vpkg.gitMajor=1 -X $vpkg.gitMinor=$minor \
+-X $vpkg.gitTreeState=clean -X $vpkg.buildDate=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+build() {
+  local name=$1 pkg=$2 s=$SECONDS
+  step "building $name ($pkg)"
+  "$go" build -trimpath -ldflags "$ldflags" -o "$bin/$name.tmp" "$pkg"
+  mv -f "$bin/$name.tmp" "$bin/$name"
+  step "  $name built in $((SECONDS - s)) s"
+}
+build etcd go.etcd.io/etcd/server/v3
+build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver
+build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager
+touch "$bin/.complete"
+step "done in $((SECONDS - t0)) s: $bin"

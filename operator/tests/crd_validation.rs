@@ -1,0 +1,216 @@
+//! The CRDs on a real kube-apiserver: they install, valid objects are accepted, and each
+//! invalid object is refused with the human message of its CEL rule.
+
+use std::time::{Duration, Instant};
+
+use ferry_e2e::kube::ControlPlane;
+
+const CONNECTION: &str = r#"
+apiVersion: ferry.dev/v1alpha1
+kind: BrokerConnection
+metadata: { name: plant, namespace: ferry }
+spec:
+  mqtt:
+    host: mqtt.example
+    port: 8883
+    protocol: "5"
+    sessionExpirySeconds: 3600
+    tls: { caSecretRef: { name: mqtt-ca, key: ca.crt } }
+    credentialsSecretRef: { name: mqtt-credentials }
+  kafka:
+    bootstrapServers: ["kafka-0.kafka:9093", "kafka-1.kafka:9093"]
+    tls: { useSystemRoots: true }
+    sasl: { mechanism: PLAIN, credentialsSecretRef: { name: kafka-credentials } }
+    config: { linger.ms: "10" }
+  forwarder: { replicas: 2 }
+"#;
+
+const RULE: &str = r#"
+apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata: { name: telemetry, namespace: ferry }
+spec:
+  connectionRef: { name: plant }
+  mqtt: { topics: ["plant/+/telemetry", "plant/+/alarm/#", "$share/g/x/#"], qos: 1 }
+  kafka:
+    topic: "telemetry.{1}"
+    key: { strategy: topicLevel, level: 1 }
+    headers: { metadata: true, userProperties: true }
+  payload: wrappedJson
+  deadLetter: { topic: telemetry.dlq }
+"#;
+
+/// (what is wrong, the valid object with one edit, the message the apiserver must give).
+fn invalid_objects() -> Vec<(&'static str, String, &'static str)> {
+    let rule = |from: &str, to: &str| {
+        assert!(RULE.contains(from), "{from}");
+        RULE.replacen(from, to, 1)
+    };
+    let conn = |from: &str, to: &str| {
+        assert!(CONNECTION.contains(from), "{from}");
+        CONNECTION.replacen(from, to, 1)
+    };
+    let hash = "'#' may only be the last level of a topic filter";
+    let plus = "'+' must be a whole level of a topic filter";
+    let chars = "may contain only letters, digits";
+    let level = "key.level is set with strategy topicLevel, and only then";
+    let port = "port must be between 1 and 65535";
+    vec![
+        ("# in the middle", rule("plant/+/telemetry", "a/#/b"), hash),
+        ("# inside a level", rule("plant/+/telemetry", "a/b#"), hash),
+        (
+            "+ inside a level",
+            rule("plant/+/telemetry", "a/b+/c"),
+            plus,
+        ),
+        ("qos 3", rule("qos: 1", "qos: 3"), "qos must be 0, 1 or 2"),
+        ("space in topic", rule("telemetry.{1}", "tele metry"), chars),
+        ("bad placeholder", rule("telemetry.{1}", "t.{x}"), chars),
+        (
+            "topic ..",
+            rule("\"telemetry.{1}\"", "\"..\""),
+            "may not be '.' or '..'",
+        ),
+        (
+            "topic too long",
+            rule("telemetry.{1}", &"t".repeat(250)),
+            "the Kafka topic must be 1 to 249 characters",
+        ),
+        (
+            "topicLevel without level",
+            rule("strategy: topicLevel, level: 1", "strategy: topicLevel"),
+            level,
+        ),
+        (
+            "level without topicLevel",
+            rule("strategy: topicLevel", "strategy: none"),
+            level,
+        ),
+        (
+            "bad group",
+            rule(
+                "connectionRef: { name: plant }",
+                "connectionRef: { name: plant }\n  group: Bad_Group",
+            ),
+            "group must be a DNS label",
+        ),
+        (
+            "bad dead-letter topic",
+            rule("telemetry.dlq", "\"bad topic\""),
+            "deadLetter.topic must be a Kafka topic name",
+        ),
+        ("port 0", conn("port: 8883", "port: 0"), port),
+        ("port 70000", conn("port: 8883", "port: 70000"), port),
+        (
+            "session expiry on 3.1.1",
+            conn("protocol: \"5\"", "protocol: \"3.1.1\""),
+            "sessionExpirySeconds is an MQTT 5 setting",
+        ),
+        (
+            "window 0",
+            conn("port: 8883", "port: 8883\n    maxInflight: 0"),
+            "maxInflight must be between 1 and 65535",
+        ),
+        (
+            "PLAIN without TLS",
+            conn("    tls: { useSystemRoots: true }\n", ""),
+            "SASL PLAIN sends the password in clear text",
+        ),
+        (
+            "security.protocol in config",
+            conn("linger.ms: \"10\"", "security.protocol: plaintext"),
+            "are set from bootstrapServers, tls and sasl",
+        ),
+        (
+            "bootstrap without port",
+            conn("\"kafka-0.kafka:9093\"", "\"kafka-0.kafka\""),
+            "every bootstrap server must be host:port",
+        ),
+        (
+            "empty tls",
+            conn("tls: { useSystemRoots: true }", "tls: {}"),
+            "tls needs caSecretRef, clientCertSecretRef or useSystemRoots",
+        ),
+        (
+            "too many replicas",
+            conn("replicas: 2", "replicas: 100"),
+            "replicas must be between 0 and 64",
+        ),
+    ]
+}
+
+#[test]
+fn crds_install_accept_valid_objects_and_refuse_each_invalid_one_with_its_message() {
+    let cp = ControlPlane::start().expect("control plane (run e2e/k8s/build.sh once)");
+    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/");
+    cp.run_kubectl(["apply", "--server-side", "-f", crds])
+        .expect("CRDs install");
+    cp.run_kubectl([
+        "wait",
+        "--for=condition=Established",
+        "--timeout=30s",
+        "crd/forwardingrules.ferry.dev",
+        "crd/brokerconnections.ferry.dev",
+    ])
+    .expect("established");
+    cp.run_kubectl(["create", "namespace", "ferry"])
+        .expect("ns");
+
+    // Discovery can lag the Established condition by a moment.
+    let start = Instant::now();
+    loop {
+        match cp.run_kubectl_with_stdin(["apply", "-f", "-"], CONNECTION) {
+            Ok(_) => break,
+            Err(e)
+                if start.elapsed() < Duration::from_secs(20)
+                    && e.to_string().contains("no matches for kind") =>
+            {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("valid BrokerConnection refused: {e}"),
+        }
+    }
+    cp.run_kubectl_with_stdin(["apply", "-f", "-"], RULE)
+        .expect("valid ForwardingRule accepted");
+    let got = cp
+        .run_kubectl([
+            "get",
+            "fr",
+            "-n",
+            "ferry",
+            "-o",
+            "jsonpath={.items[0].spec.group}",
+        ])
+        .expect("get fr");
+    assert_eq!(got, "default", "group defaults to default");
+    let table = cp
+        .run_kubectl(["get", "ferry", "-n", "ferry"])
+        .expect("get by category");
+    eprintln!("kubectl get ferry -n ferry:\n{table}");
+    assert!(
+        table.contains("telemetry") && table.contains("plant"),
+        "{table}"
+    );
+    let explain = cp
+        .run_kubectl(["explain", "forwardingrule.spec.kafka.topic"])
+        .expect("explain");
+    assert!(explain.contains("template"), "{explain}");
+
+    let cases = invalid_objects();
+    assert!(cases.len() >= 15);
+    for (what, object, message) in &cases {
+        // Dry-run: each case is judged on its own, against the same valid neighbours.
+        let err = cp
+            .run_kubectl_with_stdin(["apply", "--dry-run=server", "-f", "-"], object)
+            .expect_err(what);
+        let err = err.to_string();
+        assert!(
+            err.contains(message),
+            "{what}: expected {message:?} in:\n{err}"
+        );
+    }
+    eprintln!(
+        "{} invalid objects refused, each with its own message",
+        cases.len()
+    );
+}
