@@ -150,7 +150,10 @@ pub struct Sasl {
     pub password: Secret,
 }
 
+// Shared with the CRD (`spec.kafka.sasl.mechanism`).
+/// The SASL mechanism: SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN (PLAIN only over TLS).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "crd", derive(schemars::JsonSchema))]
 pub enum SaslMechanism {
     #[serde(rename = "SCRAM-SHA-512")]
     ScramSha512,

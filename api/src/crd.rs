@@ -15,6 +15,8 @@ use kube::{CustomResource, KubeSchema};
 use schemars::json_schema;
 use serde::{Deserialize, Serialize};
 
+pub use crate::config::SaslMechanism;
+
 pub const GROUP: &str = "ferry.dev";
 pub const VERSION: &str = "v1alpha1";
 
@@ -150,16 +152,6 @@ pub struct Sasl {
     pub mechanism: SaslMechanism,
     /// Secret with the username and password.
     pub credentials_secret_ref: CredentialsRef,
-}
-
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
-pub enum SaslMechanism {
-    #[serde(rename = "SCRAM-SHA-512")]
-    ScramSha512,
-    #[serde(rename = "SCRAM-SHA-256")]
-    ScramSha256,
-    #[serde(rename = "PLAIN")]
-    Plain,
 }
 
 /// A Secret in the same namespace and the keys of a username and a password in it.
