@@ -1,0 +1,445 @@
+//! Build, the pure step of reconciling: a group of rules (one connection, one group name)
+//! becomes the forwarder config its pods run. No I/O; unit-tested from YAML fixtures.
+//!
+//! Secrets never enter the config: credentials reach the pod as environment variables from the
+//! group's Secret, and the config refers to them as `${VAR}`, which the forwarder substitutes.
+//! Certificates are files mounted from that Secret.
+
+use std::collections::BTreeMap;
+
+use ferry_api::config::{
+    DeadLetter, ForwarderConfig, Headers, HttpConfig, KafkaConfig, KeyStrategy, LogConfig,
+    LogFormat, MqttConfig, MqttProtocol, PayloadFormat, Rule, RuleKafka, RuleMqtt, Sasl, Secret,
+    Tls,
+};
+use ferry_api::crd::{
+    self, BrokerConnection, ForwardingRule, MqttProtocolVersion, Payload, TlsRefs,
+};
+use kube::ResourceExt;
+use sha2::{Digest, Sha256};
+
+/// Where the group's Secret is mounted in the forwarder pods.
+pub const MQTT_TLS_DIR: &str = "/etc/ferry/mqtt-tls";
+pub const KAFKA_TLS_DIR: &str = "/etc/ferry/kafka-tls";
+/// Environment variables the pod template sets (from the downward API and the group's Secret).
+pub const ENV_POD_NAME: &str = "POD_NAME";
+pub const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
+pub const ENV_MQTT_USERNAME: &str = "FERRY_MQTT_USERNAME";
+pub const ENV_MQTT_PASSWORD: &str = "FERRY_MQTT_PASSWORD";
+pub const ENV_KAFKA_USERNAME: &str = "FERRY_KAFKA_USERNAME";
+pub const ENV_KAFKA_PASSWORD: &str = "FERRY_KAFKA_PASSWORD";
+/// The forwarder's HTTP port (probes, metrics, `/status`).
+pub const HTTP_PORT: u16 = 8080;
+/// Longest forwarder rule name (it is a metric label).
+const MAX_RULE_NAME: usize = 63;
+
+/// One connection's rules of one group name: served by one forwarder StatefulSet.
+#[derive(Debug)]
+pub struct Group<'a> {
+    pub connection: &'a BrokerConnection,
+    pub name: &'a str,
+    /// The group's rules; paused ones are left out of the config.
+    pub rules: Vec<&'a ForwardingRule>,
+}
+
+/// What the build step produced for a group.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rendered {
+    pub workload: String,
+    pub config: ForwarderConfig,
+    /// The config file the pods mount.
+    pub config_yaml: String,
+    /// Changes only with the settings a forwarder applies at start; goes on the pod template
+    /// so those roll the pods, while rule changes are reloaded live without a restart.
+    pub restart_checksum: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("cannot render the forwarder config of group {group}: {reason}")]
+    Yaml { group: String, reason: String },
+}
+
+/// `<connection>-<group>`, shortened with a hash when longer than a StatefulSet name may be
+/// (its pods' names must still fit in 63 characters).
+pub fn workload_name(connection: &str, group: &str) -> String {
+    bounded(&format!("{connection}-{group}"), 52)
+}
+
+/// A rule's name in the forwarder (a metric label): the ForwardingRule's name, shortened with a
+/// hash when longer than 63 characters.
+pub fn rule_name(rule: &ForwardingRule) -> String {
+    bounded(&rule.name_any(), MAX_RULE_NAME)
+}
+
+fn bounded(name: &str, max: usize) -> String {
+    if name.len() <= max {
+        return name.to_owned();
+    }
+    let hash = hex(&Sha256::digest(name.as_bytes()))[..8].to_owned();
+    let keep = name[..max - 9].trim_end_matches(['-', '.']);
+    format!("{keep}-{hash}")
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
+    let spec = &group.connection.spec;
+    let namespace = group.connection.namespace().unwrap_or_default();
+    let workload = workload_name(&group.connection.name_any(), group.name);
+    let mqtt = MqttConfig {
+        host: spec.mqtt.host.clone(),
+        port: u16::try_from(spec.mqtt.port).unwrap_or(1883),
+        protocol: match spec.mqtt.protocol {
+            MqttProtocolVersion::V311 => MqttProtocol::V311,
+            MqttProtocolVersion::V5 => MqttProtocol::V5,
+        },
+        // Unique per pod and stable across its restarts (a StatefulSet's ordinal names), so
+        // each replica resumes its own persistent session.
+        client_id: format!("ferry.${{{ENV_POD_NAMESPACE}}}.${{{ENV_POD_NAME}}}"),
+        clean_session: false,
+        session_expiry_secs: match spec.mqtt.protocol {
+            MqttProtocolVersion::V5 => spec
+                .mqtt
+                .session_expiry_seconds
+                .map(|s| u32::try_from(s).unwrap_or(u32::MAX)),
+            MqttProtocolVersion::V311 => None,
+        },
+        // Always shared, so scaling the replicas never changes the subscriptions.
+        shared_group: Some(format!("ferry.{namespace}.{workload}")),
+        keep_alive_secs: 30,
+        max_inflight: u16::try_from(spec.mqtt.max_inflight).unwrap_or(1000),
+        username: spec
+            .mqtt
+            .credentials_secret_ref
+            .as_ref()
+            .map(|_| format!("${{{ENV_MQTT_USERNAME}}}")),
+        password: spec
+            .mqtt
+            .credentials_secret_ref
+            .as_ref()
+            .map(|_| Secret(format!("${{{ENV_MQTT_PASSWORD}}}"))),
+        tls: spec.mqtt.tls.as_ref().map(|t| tls_files(t, MQTT_TLS_DIR)),
+        reconnect_min_ms: 100,
+        reconnect_max_ms: 10_000,
+    };
+    let kafka = KafkaConfig {
+        bootstrap_servers: spec
+            .kafka
+            .bootstrap_servers
+            .iter()
+            .map(|s| s.0.as_str())
+            .collect::<Vec<_>>()
+            .join(","),
+        tls: spec.kafka.tls.as_ref().map(|t| tls_files(t, KAFKA_TLS_DIR)),
+        sasl: spec.kafka.sasl.as_ref().map(|s| Sasl {
+            mechanism: s.mechanism,
+            username: format!("${{{ENV_KAFKA_USERNAME}}}"),
+            password: Secret(format!("${{{ENV_KAFKA_PASSWORD}}}")),
+        }),
+        config: spec.kafka.config.clone(),
+    };
+    let mut rules: Vec<&ForwardingRule> = group
+        .rules
+        .iter()
+        .copied()
+        .filter(|r| !r.spec.paused)
+        .collect();
+    rules.sort_by_key(|r| r.name_any());
+    let config = ForwarderConfig {
+        mqtt,
+        kafka,
+        rules: rules.into_iter().map(rule).collect(),
+        http: HttpConfig {
+            listen: std::net::SocketAddr::from(([0, 0, 0, 0], HTTP_PORT)),
+        },
+        shutdown_timeout_secs: 30,
+        dead_letter: None,
+        log: LogConfig {
+            level: "info".into(),
+            format: LogFormat::Json,
+        },
+    };
+    let config_yaml = serde_saphyr::to_string(&config).map_err(|e| RenderError::Yaml {
+        group: workload.clone(),
+        reason: e.to_string(),
+    })?;
+    let restart_checksum = restart_checksum(&config);
+    Ok(Rendered {
+        workload,
+        config,
+        config_yaml,
+        restart_checksum,
+    })
+}
+
+fn rule(fr: &ForwardingRule) -> Rule {
+    let s = &fr.spec;
+    Rule {
+        name: rule_name(fr),
+        mqtt: RuleMqtt {
+            topics: s.mqtt.topics.iter().map(|t| t.0.clone()).collect(),
+            qos: u8::try_from(s.mqtt.qos).unwrap_or(1),
+        },
+        kafka: RuleKafka {
+            topic: s.kafka.topic.clone(),
+            key: match s.kafka.key.strategy {
+                crd::KeyStrategy::MqttTopic => KeyStrategy::MqttTopic,
+                crd::KeyStrategy::None => KeyStrategy::None,
+                crd::KeyStrategy::TopicLevel => KeyStrategy::TopicLevel(
+                    usize::try_from(s.kafka.key.level.unwrap_or(0)).unwrap_or(0),
+                ),
+            },
+            headers: Headers {
+                metadata: s.kafka.headers.metadata,
+                user_properties: s.kafka.headers.user_properties,
+                prefix: s
+                    .kafka
+                    .headers
+                    .prefix
+                    .clone()
+                    .unwrap_or_else(|| Headers::default().prefix),
+            },
+        },
+        payload: match s.payload {
+            Payload::Raw => PayloadFormat::Raw,
+            Payload::WrappedJson => PayloadFormat::WrappedJson,
+        },
+        dead_letter: s.dead_letter.as_ref().map(|d| DeadLetter {
+            topic: d.topic.clone(),
+        }),
+    }
+}
+
+/// The group's Secret holds the certificates under these names.
+fn tls_files(t: &TlsRefs, dir: &str) -> Tls {
+    Tls {
+        ca_file: t.ca_secret_ref.as_ref().map(|_| format!("{dir}/ca.crt")),
+        cert_file: t
+            .client_cert_secret_ref
+            .as_ref()
+            .map(|_| format!("{dir}/tls.crt")),
+        key_file: t
+            .client_cert_secret_ref
+            .as_ref()
+            .map(|_| format!("{dir}/tls.key")),
+    }
+}
+
+/// SHA-256 over the settings a running forwarder does not reload (see the forwarder's
+/// `reload::restart_required`).
+pub fn restart_checksum(config: &ForwarderConfig) -> String {
+    let mut parts: BTreeMap<&str, String> = BTreeMap::new();
+    parts.insert("mqtt", format!("{:?}", StableDebug(&config.mqtt)));
+    parts.insert("kafka", format!("{:?}", config.kafka));
+    parts.insert("http", format!("{:?}", config.http));
+    parts.insert("shutdown", config.shutdown_timeout_secs.to_string());
+    parts.insert("log.format", format!("{:?}", config.log.format));
+    let mut hasher = Sha256::new();
+    for (k, v) in parts {
+        hasher.update(k.as_bytes());
+        hasher.update([0]);
+        hasher.update(v.as_bytes());
+        hasher.update([0]);
+    }
+    hex(&hasher.finalize())
+}
+
+/// `Debug` of the MQTT settings with the password placeholder spelled out: it is the variable
+/// name, not a secret, and a different variable must change the checksum.
+struct StableDebug<'a>(&'a MqttConfig);
+
+impl std::fmt::Debug for StableDebug<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:?} password={:?}",
+            self.0,
+            self.0.password.as_ref().map(Secret::expose)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connection(yaml: &str) -> BrokerConnection {
+        serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+    }
+
+    fn rule_from(yaml: &str) -> ForwardingRule {
+        serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+    }
+
+    const CONNECTION: &str = r#"
+apiVersion: ferry.dev/v1alpha1
+kind: BrokerConnection
+metadata: { name: plant, namespace: factory }
+spec:
+  mqtt:
+    host: mqtt.factory.svc
+    port: 8883
+    protocol: "5"
+    tls: { caSecretRef: { name: mqtt-ca, key: ca.crt }, clientCertSecretRef: { name: mqtt-client } }
+    credentialsSecretRef: { name: mqtt-credentials }
+  kafka:
+    bootstrapServers: ["kafka-0:9093", "kafka-1:9093"]
+    tls: { useSystemRoots: true }
+    sasl: { mechanism: SCRAM-SHA-512, credentialsSecretRef: { name: kafka-credentials } }
+    config: { linger.ms: "10" }
+"#;
+
+    fn rules() -> Vec<ForwardingRule> {
+        vec![
+            rule_from(
+                r#"
+apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata: { name: telemetry, namespace: factory }
+spec:
+  connectionRef: { name: plant }
+  mqtt: { topics: ["plant/+/telemetry"] }
+  kafka: { topic: "telemetry.{1}", key: { strategy: topicLevel, level: 1 }, headers: { metadata: true } }
+  deadLetter: { topic: telemetry.dlq }
+"#,
+            ),
+            rule_from(
+                r#"
+apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata: { name: alarms, namespace: factory }
+spec:
+  connectionRef: { name: plant }
+  mqtt: { topics: ["plant/+/alarm"], qos: 2 }
+  kafka: { topic: alarms }
+  payload: wrappedJson
+"#,
+            ),
+            rule_from(
+                r#"
+apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata: { name: paused-one, namespace: factory }
+spec:
+  connectionRef: { name: plant }
+  paused: true
+  mqtt: { topics: ["x/#"] }
+  kafka: { topic: x }
+"#,
+            ),
+        ]
+    }
+
+    fn render_default(conn: &BrokerConnection, rules: &[ForwardingRule]) -> Rendered {
+        render(&Group {
+            connection: conn,
+            name: "default",
+            rules: rules.iter().collect(),
+        })
+        .expect("render")
+    }
+
+    #[test]
+    fn a_group_renders_a_valid_forwarder_config_without_secrets() {
+        let conn = connection(CONNECTION);
+        let r = render_default(&conn, &rules());
+        assert_eq!(r.workload, "plant-default");
+        let names: Vec<&str> = r.config.rules.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names,
+            vec!["alarms", "telemetry"],
+            "sorted, paused left out"
+        );
+        let c = &r.config;
+        assert_eq!(c.mqtt.client_id, "ferry.${POD_NAMESPACE}.${POD_NAME}");
+        assert_eq!(
+            c.mqtt.shared_group.as_deref(),
+            Some("ferry.factory.plant-default")
+        );
+        assert_eq!(c.mqtt.protocol, MqttProtocol::V5);
+        assert_eq!(
+            c.mqtt.tls.as_ref().and_then(|t| t.key_file.as_deref()),
+            Some("/etc/ferry/mqtt-tls/tls.key")
+        );
+        assert_eq!(c.kafka.bootstrap_servers, "kafka-0:9093,kafka-1:9093");
+        assert_eq!(
+            c.kafka.tls.as_ref().and_then(|t| t.ca_file.as_deref()),
+            None
+        );
+        assert_eq!(c.rules[1].kafka.key, KeyStrategy::TopicLevel(1));
+        assert_eq!(
+            c.rules[1].dead_letter.as_ref().map(|d| d.topic.as_str()),
+            Some("telemetry.dlq")
+        );
+        assert_eq!(c.rules[0].payload, PayloadFormat::WrappedJson);
+        assert!(
+            !r.config_yaml.contains("password: s"),
+            "only ${{VAR}} placeholders"
+        );
+
+        // What the pod will load: the YAML, with the variables its environment provides.
+        let env = |name: &str| match name {
+            "POD_NAME" => Some("plant-default-0".to_string()),
+            "POD_NAMESPACE" => Some("factory".to_string()),
+            _ if name.starts_with("FERRY_") => Some("from-secret".to_string()),
+            _ => None,
+        };
+        let loaded = ferry_api::load_str(&r.config_yaml, env).unwrap_or_else(|e| {
+            panic!(
+                "the forwarder refuses the rendered config: {e}\n{}",
+                r.config_yaml
+            )
+        });
+        assert_eq!(
+            loaded.config.mqtt.client_id,
+            "ferry.factory.plant-default-0"
+        );
+        assert_eq!(loaded.config.rules.len(), 2);
+        assert_eq!(
+            loaded
+                .config
+                .kafka
+                .sasl
+                .as_ref()
+                .map(|s| s.password.expose()),
+            Some("from-secret")
+        );
+    }
+
+    #[test]
+    fn rule_changes_keep_the_restart_checksum_connection_changes_do_not() {
+        let conn = connection(CONNECTION);
+        let mut rs = rules();
+        let before = render_default(&conn, &rs);
+        rs[0].spec.kafka.topic = "telemetry.v2.{1}".into();
+        rs.pop();
+        let after_rules = render_default(&conn, &rs);
+        assert_ne!(before.config_yaml, after_rules.config_yaml);
+        assert_eq!(
+            before.restart_checksum, after_rules.restart_checksum,
+            "reloaded live"
+        );
+        let moved = connection(&CONNECTION.replace("mqtt.factory.svc", "mqtt2.factory.svc"));
+        assert_ne!(
+            before.restart_checksum,
+            render_default(&moved, &rs).restart_checksum,
+            "a new broker address rolls the pods"
+        );
+    }
+
+    #[test]
+    fn long_names_are_shortened_stably() {
+        let long = "a".repeat(80);
+        let w = workload_name(&long, "default");
+        assert_eq!(w.len(), 52);
+        assert_eq!(w, workload_name(&long, "default"), "stable");
+        assert_ne!(w, workload_name(&long, "other"));
+        let mut r = rules().remove(0);
+        r.metadata.name = Some(format!("{}.x", "b".repeat(70)));
+        assert!(rule_name(&r).len() <= 63);
+        assert_eq!(workload_name("plant", "default"), "plant-default");
+    }
+}
