@@ -2,5 +2,6 @@
 //! Rust types in `ferry-api`, feature `crd`, and written to `crds/` by `crdgen`) and the pure
 //! build step that turns a group of rules into its forwarder config (`render`).
 
+pub mod children;
 pub mod crdgen;
 pub mod render;

@@ -1,0 +1,570 @@
+//! Build, continued: the Kubernetes objects a group owns. That is its ConfigMap (the forwarder
+//! config), its Secret (credentials and certificates copied from the Secrets the connection
+//! references), the forwarder StatefulSet, a headless Service and a PodDisruptionBudget. All are
+//! pure functions of the rendered group, so they are unit-tested without a cluster.
+//!
+//! Why a StatefulSet: each forwarder keeps a persistent MQTT session under a stable client id
+//! (`ferry.<namespace>.<pod name>`). A StatefulSet's pods keep their names (`<group>-0`,
+//! `<group>-1`) across restarts, so a replaced pod resumes its session and the messages the
+//! broker held for it. A Deployment's pods get new random names: the old session, and what it
+//! held, would be orphaned until it expires.
+
+use std::collections::BTreeMap;
+
+use ferry_api::crd::{BrokerConnection, ForwarderPods};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
+    HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
+    Probe, SeccompProfile, Secret, SecretKeySelector, SecretVolumeSource, SecurityContext, Service,
+    ServicePort, ServiceSpec, Volume, VolumeMount,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{Resource, ResourceExt};
+use sha2::{Digest, Sha256};
+
+use crate::render::{
+    ENV_KAFKA_PASSWORD, ENV_KAFKA_USERNAME, ENV_MQTT_PASSWORD, ENV_MQTT_USERNAME, ENV_POD_NAME,
+    ENV_POD_NAMESPACE, HTTP_PORT, KAFKA_TLS_DIR, MQTT_TLS_DIR, Rendered,
+};
+
+/// The forwarder image when a connection names none.
+pub const DEFAULT_IMAGE: &str = concat!("ferry-forwarder:", env!("CARGO_PKG_VERSION"));
+pub const CONFIG_DIR: &str = "/etc/ferry/config";
+pub const LABEL_CONNECTION: &str = "ferry.dev/connection";
+pub const LABEL_GROUP: &str = "ferry.dev/group";
+pub const ANNOTATION_RESTART: &str = "ferry.dev/restart-checksum";
+pub const ANNOTATION_SECRETS: &str = "ferry.dev/secret-checksum";
+/// The non-root user the forwarder image runs as.
+const RUN_AS: i64 = 65532;
+
+/// Keys of the group's Secret, filled by the dereference step from the referenced Secrets.
+pub mod keys {
+    pub const MQTT_USERNAME: &str = "mqtt-username";
+    pub const MQTT_PASSWORD: &str = "mqtt-password";
+    pub const KAFKA_USERNAME: &str = "kafka-username";
+    pub const KAFKA_PASSWORD: &str = "kafka-password";
+    pub const MQTT_CA: &str = "mqtt-ca.crt";
+    pub const MQTT_CERT: &str = "mqtt-tls.crt";
+    pub const MQTT_KEY: &str = "mqtt-tls.key";
+    pub const KAFKA_CA: &str = "kafka-ca.crt";
+    pub const KAFKA_CERT: &str = "kafka-tls.crt";
+    pub const KAFKA_KEY: &str = "kafka-tls.key";
+}
+
+/// Everything a group owns, ready for server-side apply.
+#[derive(Debug, Clone)]
+pub struct Children {
+    pub config_map: ConfigMap,
+    pub secret: Secret,
+    pub stateful_set: StatefulSet,
+    pub service: Service,
+    pub pdb: PodDisruptionBudget,
+}
+
+/// Builds a group's children. `secret_data` is what the dereference step copied from the
+/// Secrets the connection references, under the names in [`keys`].
+pub fn build(
+    connection: &BrokerConnection,
+    group: &str,
+    rendered: &Rendered,
+    secret_data: BTreeMap<String, ByteString>,
+) -> Children {
+    let name = rendered.workload.clone();
+    let labels = labels(connection, group, &name);
+    let meta = ObjectMeta {
+        name: Some(name.clone()),
+        namespace: connection.namespace(),
+        labels: Some(labels.clone()),
+        owner_references: owner(connection).map(|o| vec![o]),
+        ..ObjectMeta::default()
+    };
+    let config_map = ConfigMap {
+        metadata: meta.clone(),
+        data: Some(BTreeMap::from([(
+            "config.yaml".to_owned(),
+            rendered.config_yaml.clone(),
+        )])),
+        ..ConfigMap::default()
+    };
+    let secret_checksum = checksum(&secret_data);
+    let secret = Secret {
+        metadata: meta.clone(),
+        data: Some(secret_data.clone()),
+        type_: Some("Opaque".to_owned()),
+        ..Secret::default()
+    };
+    let selector = LabelSelector {
+        match_labels: Some(selector_labels(connection, group)),
+        ..LabelSelector::default()
+    };
+    let pods = &connection.spec.forwarder;
+    let stateful_set = StatefulSet {
+        metadata: meta.clone(),
+        spec: Some(StatefulSetSpec {
+            replicas: Some(pods.replicas),
+            service_name: Some(name.clone()),
+            // Replicas are independent (shared subscription); no need to start them in order.
+            pod_management_policy: Some("Parallel".to_owned()),
+            selector: selector.clone(),
+            template: pod_template(
+                &name,
+                labels.clone(),
+                pods,
+                rendered,
+                &secret_data,
+                secret_checksum,
+            ),
+            ..StatefulSetSpec::default()
+        }),
+        ..StatefulSet::default()
+    };
+    let service = Service {
+        metadata: meta.clone(),
+        spec: Some(ServiceSpec {
+            cluster_ip: Some("None".to_owned()),
+            selector: selector.match_labels.clone(),
+            ports: Some(vec![ServicePort {
+                name: Some("http".to_owned()),
+                port: i32::from(HTTP_PORT),
+                target_port: Some(IntOrString::String("http".to_owned())),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    };
+    let pdb = PodDisruptionBudget {
+        metadata: meta,
+        spec: Some(PodDisruptionBudgetSpec {
+            // One forwarder at a time may be drained; its session waits for it meanwhile.
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(selector),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        ..PodDisruptionBudget::default()
+    };
+    Children {
+        config_map,
+        secret,
+        stateful_set,
+        service,
+        pdb,
+    }
+}
+
+fn pod_template(
+    name: &str,
+    labels: BTreeMap<String, String>,
+    pods: &ForwarderPods,
+    rendered: &Rendered,
+    secret_data: &BTreeMap<String, ByteString>,
+    secret_checksum: String,
+) -> PodTemplateSpec {
+    let mut annotations = pods.pod_annotations.clone();
+    annotations.insert(
+        ANNOTATION_RESTART.to_owned(),
+        rendered.restart_checksum.clone(),
+    );
+    // Credentials reach the forwarder as environment variables, read at start: a rotated
+    // Secret must restart the pods.
+    annotations.insert(ANNOTATION_SECRETS.to_owned(), secret_checksum);
+    let mut env = vec![
+        field_env(ENV_POD_NAME, "metadata.name"),
+        field_env(ENV_POD_NAMESPACE, "metadata.namespace"),
+    ];
+    for (var, key) in [
+        (ENV_MQTT_USERNAME, keys::MQTT_USERNAME),
+        (ENV_MQTT_PASSWORD, keys::MQTT_PASSWORD),
+        (ENV_KAFKA_USERNAME, keys::KAFKA_USERNAME),
+        (ENV_KAFKA_PASSWORD, keys::KAFKA_PASSWORD),
+    ] {
+        if secret_data.contains_key(key) {
+            env.push(EnvVar {
+                name: var.to_owned(),
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: name.to_owned(),
+                        key: key.to_owned(),
+                        optional: Some(false),
+                    }),
+                    ..EnvVarSource::default()
+                }),
+                ..EnvVar::default()
+            });
+        }
+    }
+    let mut volumes = vec![Volume {
+        name: "config".to_owned(),
+        // A directory mount (not subPath), so the kubelet's symlink swap reaches the running
+        // forwarder and rule changes reload live.
+        config_map: Some(ConfigMapVolumeSource {
+            name: name.to_owned(),
+            ..ConfigMapVolumeSource::default()
+        }),
+        ..Volume::default()
+    }];
+    let mut mounts = vec![read_only_mount("config", CONFIG_DIR)];
+    for (volume, dir, files) in [
+        (
+            "mqtt-tls",
+            MQTT_TLS_DIR,
+            [keys::MQTT_CA, keys::MQTT_CERT, keys::MQTT_KEY],
+        ),
+        (
+            "kafka-tls",
+            KAFKA_TLS_DIR,
+            [keys::KAFKA_CA, keys::KAFKA_CERT, keys::KAFKA_KEY],
+        ),
+    ] {
+        let items: Vec<KeyToPath> = files
+            .iter()
+            .filter(|k| secret_data.contains_key(**k))
+            .map(|k| KeyToPath {
+                key: (*k).to_owned(),
+                // `mqtt-ca.crt` → `ca.crt`: the names the rendered config points at.
+                path: k.split_once('-').map_or(*k, |(_, file)| file).to_owned(),
+                mode: None,
+            })
+            .collect();
+        if items.is_empty() {
+            continue;
+        }
+        volumes.push(Volume {
+            name: volume.to_owned(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(name.to_owned()),
+                items: Some(items),
+                default_mode: Some(0o440),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+        mounts.push(read_only_mount(volume, dir));
+    }
+    let probe = |path: &str| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_owned()),
+            port: IntOrString::String("http".to_owned()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(5),
+        failure_threshold: Some(3),
+        ..Probe::default()
+    };
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..ObjectMeta::default()
+        }),
+        spec: Some(PodSpec {
+            // The forwarder never talks to the Kubernetes API.
+            automount_service_account_token: Some(false),
+            // The drain bound plus time to disconnect.
+            termination_grace_period_seconds: Some(
+                i64::try_from(rendered.config.shutdown_timeout_secs).unwrap_or(30) + 10,
+            ),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(RUN_AS),
+                run_as_group: Some(RUN_AS),
+                fs_group: Some(RUN_AS),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".to_owned(),
+                    ..SeccompProfile::default()
+                }),
+                ..PodSecurityContext::default()
+            }),
+            containers: vec![Container {
+                name: "forwarder".to_owned(),
+                image: Some(
+                    pods.image
+                        .clone()
+                        .unwrap_or_else(|| DEFAULT_IMAGE.to_owned()),
+                ),
+                args: Some(vec![
+                    "--config".to_owned(),
+                    format!("{CONFIG_DIR}/config.yaml"),
+                ]),
+                env: Some(env),
+                ports: Some(vec![ContainerPort {
+                    name: Some("http".to_owned()),
+                    container_port: i32::from(HTTP_PORT),
+                    ..ContainerPort::default()
+                }]),
+                readiness_probe: Some(probe("/readyz")),
+                liveness_probe: Some(Probe {
+                    initial_delay_seconds: Some(10),
+                    ..probe("/healthz")
+                }),
+                resources: pods.resources.clone(),
+                security_context: Some(SecurityContext {
+                    allow_privilege_escalation: Some(false),
+                    read_only_root_filesystem: Some(true),
+                    run_as_non_root: Some(true),
+                    capabilities: Some(Capabilities {
+                        drop: Some(vec!["ALL".to_owned()]),
+                        ..Capabilities::default()
+                    }),
+                    ..SecurityContext::default()
+                }),
+                volume_mounts: Some(mounts),
+                ..Container::default()
+            }],
+            volumes: Some(volumes),
+            node_selector: (!pods.node_selector.is_empty()).then(|| pods.node_selector.clone()),
+            tolerations: (!pods.tolerations.is_empty()).then(|| pods.tolerations.clone()),
+            affinity: pods.affinity.clone(),
+            ..PodSpec::default()
+        }),
+    }
+}
+
+fn field_env(name: &str, path: &str) -> EnvVar {
+    EnvVar {
+        name: name.to_owned(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.to_owned(),
+                ..ObjectFieldSelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+fn read_only_mount(name: &str, path: &str) -> VolumeMount {
+    VolumeMount {
+        name: name.to_owned(),
+        mount_path: path.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    }
+}
+
+/// The labels that select a group's pods (stable: never include anything that changes).
+pub fn selector_labels(connection: &BrokerConnection, group: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (
+            "app.kubernetes.io/name".to_owned(),
+            "ferry-forwarder".to_owned(),
+        ),
+        (LABEL_CONNECTION.to_owned(), connection.name_any()),
+        (LABEL_GROUP.to_owned(), group.to_owned()),
+    ])
+}
+
+/// Every child carries these; the operator finds (and prunes) its children by them.
+pub fn labels(connection: &BrokerConnection, group: &str, name: &str) -> BTreeMap<String, String> {
+    let mut l = selector_labels(connection, group);
+    l.insert("app.kubernetes.io/instance".to_owned(), name.to_owned());
+    l.insert(
+        "app.kubernetes.io/managed-by".to_owned(),
+        "ferry-operator".to_owned(),
+    );
+    l
+}
+
+/// Owned by the connection: deleting it deletes every group's children (garbage collector).
+fn owner(connection: &BrokerConnection) -> Option<OwnerReference> {
+    let mut o = connection.controller_owner_ref(&())?;
+    o.block_owner_deletion = Some(true);
+    Some(o)
+}
+
+fn checksum(data: &BTreeMap<String, ByteString>) -> String {
+    let mut h = Sha256::new();
+    for (k, v) in data {
+        h.update(k.as_bytes());
+        h.update([0]);
+        h.update(&v.0);
+        h.update([0]);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::render::{Group, render};
+    use ferry_api::crd::ForwardingRule;
+
+    fn fixture() -> (BrokerConnection, Vec<ForwardingRule>) {
+        let conn: BrokerConnection = serde_saphyr::from_str(
+            r#"
+apiVersion: ferry.dev/v1alpha1
+kind: BrokerConnection
+metadata: { name: plant, namespace: factory, uid: 3f1c2d9e-0000-4000-8000-000000000001 }
+spec:
+  mqtt:
+    host: mqtt.factory.svc
+    tls: { caSecretRef: { name: mqtt-ca, key: ca.crt } }
+    credentialsSecretRef: { name: mqtt-credentials }
+  kafka:
+    bootstrapServers: ["kafka:9092"]
+  forwarder: { replicas: 2, podAnnotations: { team: iot } }
+"#,
+        )
+        .expect("connection");
+        let rule: ForwardingRule = serde_saphyr::from_str(
+            r#"
+apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata: { name: telemetry, namespace: factory }
+spec:
+  connectionRef: { name: plant }
+  mqtt: { topics: ["plant/+/telemetry"] }
+  kafka: { topic: telemetry }
+"#,
+        )
+        .expect("rule");
+        (conn, vec![rule])
+    }
+
+    fn secrets(password: &str) -> BTreeMap<String, ByteString> {
+        BTreeMap::from([
+            (
+                keys::MQTT_USERNAME.to_owned(),
+                ByteString(b"ferry".to_vec()),
+            ),
+            (
+                keys::MQTT_PASSWORD.to_owned(),
+                ByteString(password.as_bytes().to_vec()),
+            ),
+            (keys::MQTT_CA.to_owned(), ByteString(b"-----BEGIN".to_vec())),
+        ])
+    }
+
+    fn build_fixture(password: &str) -> Children {
+        let (conn, rules) = fixture();
+        let rendered = render(&Group {
+            connection: &conn,
+            name: "default",
+            rules: rules.iter().collect(),
+        })
+        .expect("render");
+        build(&conn, "default", &rendered, secrets(password))
+    }
+
+    #[test]
+    fn the_forwarder_pods_are_locked_down_and_probed() {
+        let c = build_fixture("pw1");
+        let sts = c.stateful_set.spec.expect("spec");
+        assert_eq!(sts.replicas, Some(2));
+        assert_eq!(sts.service_name.as_deref(), Some("plant-default"));
+        let pod = sts.template.spec.expect("pod spec");
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        assert_eq!(
+            pod.security_context
+                .as_ref()
+                .and_then(|s| s.run_as_non_root),
+            Some(true)
+        );
+        let container = &pod.containers[0];
+        let sc = container
+            .security_context
+            .as_ref()
+            .expect("container security");
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(
+            sc.capabilities.as_ref().and_then(|c| c.drop.clone()),
+            Some(vec!["ALL".to_string()])
+        );
+        let path = |p: &Option<Probe>| {
+            p.as_ref()
+                .and_then(|p| p.http_get.as_ref())
+                .and_then(|h| h.path.clone())
+        };
+        assert_eq!(path(&container.readiness_probe).as_deref(), Some("/readyz"));
+        assert_eq!(path(&container.liveness_probe).as_deref(), Some("/healthz"));
+        let env: Vec<&str> = container
+            .env
+            .iter()
+            .flatten()
+            .map(|e| e.name.as_str())
+            .collect();
+        assert_eq!(
+            env,
+            vec![
+                "POD_NAME",
+                "POD_NAMESPACE",
+                "FERRY_MQTT_USERNAME",
+                "FERRY_MQTT_PASSWORD"
+            ]
+        );
+        let tls = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == "mqtt-tls")
+            .expect("tls volume");
+        let items = tls
+            .secret
+            .as_ref()
+            .and_then(|s| s.items.clone())
+            .expect("items");
+        assert_eq!(items[0].path, "ca.crt", "where the rendered config looks");
+        assert!(pod.volumes.iter().flatten().all(|v| v.name != "kafka-tls"));
+        let annotations = sts
+            .template
+            .metadata
+            .and_then(|m| m.annotations)
+            .expect("annotations");
+        assert_eq!(annotations.get("team").map(String::as_str), Some("iot"));
+        assert!(annotations.contains_key(ANNOTATION_RESTART));
+    }
+
+    #[test]
+    fn children_are_owned_by_the_connection_and_labelled_for_pruning() {
+        let c = build_fixture("pw1");
+        for meta in [
+            &c.config_map.metadata,
+            &c.secret.metadata,
+            &c.stateful_set.metadata,
+            &c.service.metadata,
+            &c.pdb.metadata,
+        ] {
+            assert_eq!(meta.name.as_deref(), Some("plant-default"));
+            let owner = &meta.owner_references.as_ref().expect("owner")[0];
+            assert_eq!(
+                (owner.kind.as_str(), owner.name.as_str()),
+                ("BrokerConnection", "plant")
+            );
+            assert_eq!(owner.controller, Some(true));
+            let labels = meta.labels.as_ref().expect("labels");
+            assert_eq!(labels.get(LABEL_GROUP).map(String::as_str), Some("default"));
+        }
+        assert_eq!(
+            c.service.spec.and_then(|s| s.cluster_ip).as_deref(),
+            Some("None")
+        );
+        assert!(c.config_map.data.expect("data")["config.yaml"].contains("plant/+/telemetry"));
+    }
+
+    #[test]
+    fn a_rotated_secret_changes_the_pod_template_but_not_the_restart_checksum() {
+        let checksum = |c: &Children| {
+            c.stateful_set
+                .spec
+                .as_ref()
+                .and_then(|s| s.template.metadata.as_ref())
+                .and_then(|m| m.annotations.clone())
+                .expect("annotations")
+        };
+        let a = checksum(&build_fixture("pw1"));
+        let b = checksum(&build_fixture("pw2"));
+        assert_ne!(a[ANNOTATION_SECRETS], b[ANNOTATION_SECRETS]);
+        assert_eq!(a[ANNOTATION_RESTART], b[ANNOTATION_RESTART]);
+        let text = format!("{:?}", build_fixture("hunter2").stateful_set);
+        assert!(
+            !text.contains("hunter2"),
+            "the password lives only in the Secret"
+        );
+    }
+}
