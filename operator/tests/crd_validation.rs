@@ -214,3 +214,121 @@ fn crds_install_accept_valid_objects_and_refuse_each_invalid_one_with_its_messag
         cases.len()
     );
 }
+
+/// What the build step produces is accepted by a real apiserver, and deleting the connection
+/// removes all of it through the garbage collector.
+#[test]
+fn a_groups_children_apply_and_go_away_with_their_connection() {
+    use ferry_api::crd::{BrokerConnection, ForwardingRule};
+    use ferry_operator::children::{self, keys};
+    use ferry_operator::render::{Group, render};
+    use k8s_openapi::ByteString;
+
+    let cp = ControlPlane::start().expect("control plane (run e2e/k8s/build.sh once)");
+    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/");
+    cp.run_kubectl(["apply", "--server-side", "-f", crds])
+        .expect("CRDs install");
+    cp.run_kubectl([
+        "wait",
+        "--for=condition=Established",
+        "--timeout=30s",
+        "crd/brokerconnections.ferry.dev",
+    ])
+    .expect("established");
+    cp.run_kubectl(["create", "namespace", "ferry"])
+        .expect("ns");
+    let start = Instant::now();
+    while let Err(e) = cp.run_kubectl_with_stdin(["apply", "-f", "-"], CONNECTION) {
+        assert!(start.elapsed() < Duration::from_secs(20), "{e}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // The stored object, with its uid, is what children point their owner reference at.
+    let stored = cp
+        .run_kubectl(["get", "bc", "plant", "-n", "ferry", "-o", "json"])
+        .expect("get bc");
+    let connection: BrokerConnection = serde_json::from_str(&stored).expect("parse bc");
+    let rule: ForwardingRule = serde_saphyr::from_str(RULE).expect("parse rule");
+    let rendered = render(&Group {
+        connection: &connection,
+        name: "default",
+        rules: vec![&rule],
+    })
+    .expect("render");
+    let secret = [
+        keys::MQTT_USERNAME,
+        keys::MQTT_PASSWORD,
+        keys::KAFKA_USERNAME,
+        keys::KAFKA_PASSWORD,
+        keys::MQTT_CA,
+    ]
+    .into_iter()
+    .map(|k| (k.to_owned(), ByteString(b"x".to_vec())))
+    .collect();
+    let c = children::build(&connection, "default", &rendered, secret);
+    for json in [
+        serde_json::to_string(&c.config_map),
+        serde_json::to_string(&c.secret),
+        serde_json::to_string(&c.stateful_set),
+        serde_json::to_string(&c.service),
+        serde_json::to_string(&c.pdb),
+    ] {
+        let json = json.expect("serialize");
+        cp.run_kubectl_with_stdin(
+            [
+                "apply",
+                "--server-side",
+                "--field-manager=ferry-operator",
+                "-f",
+                "-",
+            ],
+            &json,
+        )
+        .unwrap_or_else(|e| panic!("apiserver refused a child: {e}\n{json}"));
+    }
+    let kinds = "statefulset,service,configmap,secret,poddisruptionbudget";
+    let listed = cp
+        .run_kubectl([
+            "get",
+            kinds,
+            "-n",
+            "ferry",
+            "-l",
+            "ferry.dev/group=default",
+            "-o",
+            "name",
+        ])
+        .expect("list children");
+    assert_eq!(listed.lines().count(), 5, "{listed}");
+
+    cp.run_kubectl(["delete", "bc", "plant", "-n", "ferry", "--wait=true"])
+        .expect("delete connection");
+    let start = Instant::now();
+    loop {
+        let left = cp
+            .run_kubectl([
+                "get",
+                kinds,
+                "-n",
+                "ferry",
+                "-l",
+                "ferry.dev/group=default",
+                "-o",
+                "name",
+            ])
+            .expect("list children");
+        if left.trim().is_empty() {
+            break;
+        }
+        // The garbage collector learns new resource kinds on its discovery resync (every 30 s
+        // by default); with a CRD installed moments ago it may take that long to act.
+        assert!(
+            start.elapsed() < Duration::from_secs(90),
+            "children outlived their connection:\n{left}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "5 children applied, and collected {:.1?} after their connection was deleted",
+        start.elapsed()
+    );
+}
