@@ -127,6 +127,31 @@ impl TopicFilter {
     }
 }
 
+impl TopicFilter {
+    /// Whether some topic matches both filters. Shared-subscription prefixes are ignored (they
+    /// say who receives, not what).
+    pub fn overlaps(&self, other: &TopicFilter) -> bool {
+        // Topics starting with '$' are not matched by a leading wildcard (§4.7.2).
+        let dollar = |f: &TopicFilter| matches!(f.levels.first(), Some(Level::Exact(e)) if e.starts_with('$'));
+        let wild = |f: &TopicFilter| matches!(f.levels.first(), Some(Level::Single | Level::Multi));
+        if (dollar(self) && wild(other)) || (dollar(other) && wild(self)) {
+            return false;
+        }
+        let (a, b) = (&self.levels, &other.levels);
+        let mut i = 0;
+        loop {
+            match (a.get(i), b.get(i)) {
+                (Some(Level::Multi), _) | (_, Some(Level::Multi)) => return true,
+                (None, None) => return true,
+                // `a/#` also matches `a`, handled above when the other side ends here.
+                (None, Some(_)) | (Some(_), None) => return false,
+                (Some(Level::Exact(x)), Some(Level::Exact(y))) if x != y => return false,
+                _ => i += 1,
+            }
+        }
+    }
+}
+
 impl fmt::Display for TopicFilter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.text)
@@ -373,6 +398,28 @@ mod tests {
         for bad in ["$share/ferry", "$share//a", "$share/a+b/x", "$share/g/"] {
             assert_eq!(TopicFilter::parse(bad), Err(FilterError::BadShare), "{bad}");
         }
+    }
+
+    #[test]
+    fn filter_overlap() {
+        let o = |a: &str, b: &str| {
+            let (fa, fb) = (
+                TopicFilter::parse(a).unwrap(),
+                TopicFilter::parse(b).unwrap(),
+            );
+            assert_eq!(fa.overlaps(&fb), fb.overlaps(&fa), "symmetric: {a} {b}");
+            fa.overlaps(&fb)
+        };
+        assert!(o("a/+/c", "a/b/+"));
+        assert!(o("a/#", "a"));
+        assert!(o("#", "x/y/z"));
+        assert!(o("a/b", "a/b"));
+        assert!(o("$share/g/a/+", "a/b"));
+        assert!(!o("a/b", "a/c"));
+        assert!(!o("a/+", "a/b/c"));
+        assert!(!o("a/+/c", "a/b/d"));
+        assert!(!o("#", "$SYS/x"));
+        assert!(o("$SYS/#", "$SYS/x"));
     }
 
     #[test]

@@ -5,3 +5,4 @@
 pub mod children;
 pub mod crdgen;
 pub mod render;
+pub mod validate;

@@ -1,0 +1,265 @@
+//! Dereference and validate: what CEL cannot check because it spans objects. Are the Secrets a
+//! connection references there, with the keys it names? Do two rules of a group write the
+//! same Kafka topic from overlapping filters? Pure functions over what the reconciler read;
+//! each problem names the object and field a human has to fix.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use ferry_api::TopicFilter;
+use ferry_api::crd::{BrokerConnection, CredentialsRef, ForwardingRule, TlsRefs};
+use k8s_openapi::ByteString;
+use kube::ResourceExt;
+
+use crate::children::keys;
+
+/// A Secret's data, by Secret name (the connection's namespace).
+pub type Secrets = BTreeMap<String, BTreeMap<String, ByteString>>;
+
+/// A reference that does not resolve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingSecret {
+    /// The field holding the reference, e.g. `spec.mqtt.credentialsSecretRef`.
+    pub field: String,
+    pub secret: String,
+    /// `None`: the Secret itself is missing.
+    pub key: Option<String>,
+}
+
+impl fmt::Display for MissingSecret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.key {
+            None => write!(
+                f,
+                "Secret {:?} ({}) does not exist",
+                self.secret, self.field
+            ),
+            Some(key) => write!(
+                f,
+                "Secret {:?} ({}) has no key {key:?}",
+                self.secret, self.field
+            ),
+        }
+    }
+}
+
+/// Copies what the connection references into the group Secret's keys (see
+/// [`crate::children::keys`]), or lists every reference that does not resolve.
+pub fn resolve_secrets(
+    connection: &BrokerConnection,
+    secrets: &Secrets,
+) -> Result<BTreeMap<String, ByteString>, Vec<MissingSecret>> {
+    let spec = &connection.spec;
+    let mut out = BTreeMap::new();
+    let mut missing = Vec::new();
+    let mut take = |field: &str, secret: &str, key: &str, into: &str| match secrets.get(secret) {
+        None => missing.push(MissingSecret {
+            field: field.to_owned(),
+            secret: secret.to_owned(),
+            key: None,
+        }),
+        Some(data) => match data.get(key) {
+            Some(value) => {
+                out.insert(into.to_owned(), value.clone());
+            }
+            None => missing.push(MissingSecret {
+                field: field.to_owned(),
+                secret: secret.to_owned(),
+                key: Some(key.to_owned()),
+            }),
+        },
+    };
+    let mut credentials = |field: &str, c: &CredentialsRef, user: &str, password: &str| {
+        take(field, &c.name, &c.username_key, user);
+        take(field, &c.name, &c.password_key, password);
+    };
+    if let Some(c) = &spec.mqtt.credentials_secret_ref {
+        credentials(
+            "spec.mqtt.credentialsSecretRef",
+            c,
+            keys::MQTT_USERNAME,
+            keys::MQTT_PASSWORD,
+        );
+    }
+    if let Some(s) = &spec.kafka.sasl {
+        credentials(
+            "spec.kafka.sasl.credentialsSecretRef",
+            &s.credentials_secret_ref,
+            keys::KAFKA_USERNAME,
+            keys::KAFKA_PASSWORD,
+        );
+    }
+    let mut tls = |at: &str, t: &TlsRefs, ca: &str, cert: &str, key: &str| {
+        if let Some(r) = &t.ca_secret_ref {
+            take(&format!("{at}.caSecretRef"), &r.name, &r.key, ca);
+        }
+        if let Some(r) = &t.client_cert_secret_ref {
+            let field = format!("{at}.clientCertSecretRef");
+            take(&field, &r.name, "tls.crt", cert);
+            take(&field, &r.name, "tls.key", key);
+        }
+    };
+    if let Some(t) = &spec.mqtt.tls {
+        tls(
+            "spec.mqtt.tls",
+            t,
+            keys::MQTT_CA,
+            keys::MQTT_CERT,
+            keys::MQTT_KEY,
+        );
+    }
+    if let Some(t) = &spec.kafka.tls {
+        tls(
+            "spec.kafka.tls",
+            t,
+            keys::KAFKA_CA,
+            keys::KAFKA_CERT,
+            keys::KAFKA_KEY,
+        );
+    }
+    if missing.is_empty() {
+        Ok(out)
+    } else {
+        missing.dedup_by(|a, b| a.secret == b.secret && a.key.is_none() && b.key.is_none());
+        Err(missing)
+    }
+}
+
+/// Rules of one group that write the same Kafka topic from overlapping filters: the first by
+/// name keeps it, each later one is refused with the reason (rule name → reason).
+pub fn conflicts(rules: &[&ForwardingRule]) -> BTreeMap<String, String> {
+    let mut sorted: Vec<&&ForwardingRule> = rules.iter().filter(|r| !r.spec.paused).collect();
+    sorted.sort_by_key(|r| r.name_any());
+    let filters = |r: &ForwardingRule| -> Vec<TopicFilter> {
+        r.spec
+            .mqtt
+            .topics
+            .iter()
+            .filter_map(|t| TopicFilter::parse(&t.0).ok())
+            .collect()
+    };
+    let mut refused = BTreeMap::new();
+    for (i, later) in sorted.iter().enumerate() {
+        let later_filters = filters(later);
+        let clash = sorted[..i]
+            .iter()
+            .filter(|earlier| !refused.contains_key(&earlier.name_any()))
+            .filter(|earlier| earlier.spec.kafka.topic == later.spec.kafka.topic)
+            .find_map(|earlier| {
+                filters(earlier).into_iter().find_map(|a| {
+                    later_filters
+                        .iter()
+                        .find(|b| a.overlaps(b))
+                        .map(|b| (earlier.name_any(), a, b.clone()))
+                })
+            });
+        if let Some((earlier, a, b)) = clash {
+            refused.insert(
+                later.name_any(),
+                format!(
+                    "writes Kafka topic {:?} like rule {earlier:?}, and its filter {:?} overlaps {earlier:?}'s {:?}: a message would be forwarded twice; change the topic or the filters, or move one rule to another group",
+                    later.spec.kafka.topic,
+                    b.as_str(),
+                    a.as_str()
+                ),
+            );
+        }
+    }
+    refused
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn(yaml_spec: &str) -> BrokerConnection {
+        serde_saphyr::from_str(&format!(
+            "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\nmetadata: {{ name: c, namespace: n }}\nspec:\n{yaml_spec}"
+        ))
+        .expect("connection")
+    }
+
+    fn rule(name: &str, topics: &str, kafka: &str) -> ForwardingRule {
+        serde_saphyr::from_str(&format!(
+            "apiVersion: ferry.dev/v1alpha1\nkind: ForwardingRule\nmetadata: {{ name: {name}, namespace: n }}\n\
+             spec:\n  connectionRef: {{ name: c }}\n  mqtt: {{ topics: {topics} }}\n  kafka: {{ topic: {kafka} }}\n"
+        ))
+        .expect("rule")
+    }
+
+    const SPEC: &str = "  mqtt:\n    host: h\n    credentialsSecretRef: { name: mqtt-credentials }\n    tls: { clientCertSecretRef: { name: mqtt-client } }\n  kafka:\n    bootstrapServers: [\"k:9093\"]\n    sasl: { mechanism: SCRAM-SHA-512, credentialsSecretRef: { name: kafka, usernameKey: user, passwordKey: pass } }\n";
+
+    fn secret(pairs: &[(&str, &str)]) -> BTreeMap<String, ByteString> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
+            .collect()
+    }
+
+    #[test]
+    fn resolved_secrets_land_under_the_group_keys() {
+        let secrets: Secrets = BTreeMap::from([
+            (
+                "mqtt-credentials".to_owned(),
+                secret(&[("username", "u"), ("password", "p")]),
+            ),
+            (
+                "mqtt-client".to_owned(),
+                secret(&[("tls.crt", "CERT"), ("tls.key", "KEY")]),
+            ),
+            (
+                "kafka".to_owned(),
+                secret(&[("user", "ku"), ("pass", "kp")]),
+            ),
+        ]);
+        let got = resolve_secrets(&conn(SPEC), &secrets).expect("resolves");
+        let keys: Vec<&str> = got.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            vec![
+                "kafka-password",
+                "kafka-username",
+                "mqtt-password",
+                "mqtt-tls.crt",
+                "mqtt-tls.key",
+                "mqtt-username"
+            ]
+        );
+        assert_eq!(got["kafka-password"].0, b"kp");
+    }
+
+    #[test]
+    fn every_missing_secret_or_key_is_named_with_its_field() {
+        let secrets: Secrets = BTreeMap::from([("kafka".to_owned(), secret(&[("user", "ku")]))]);
+        let missing = resolve_secrets(&conn(SPEC), &secrets).expect_err("missing");
+        let text: Vec<String> = missing.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            vec![
+                r#"Secret "mqtt-credentials" (spec.mqtt.credentialsSecretRef) does not exist"#,
+                r#"Secret "kafka" (spec.kafka.sasl.credentialsSecretRef) has no key "pass""#,
+                r#"Secret "mqtt-client" (spec.mqtt.tls.clientCertSecretRef) does not exist"#,
+            ]
+        );
+    }
+
+    #[test]
+    fn overlapping_rules_writing_one_topic_conflict_and_the_later_is_refused() {
+        let a = rule("a-temps", "[\"plant/+/temp\"]", "telemetry");
+        let b = rule("b-plant1", "[\"plant/1/#\"]", "telemetry");
+        let c = rule("c-other-topic", "[\"plant/1/#\"]", "other");
+        let d = rule("d-disjoint", "[\"office/#\"]", "telemetry");
+        let refused = conflicts(&[&d, &c, &b, &a]);
+        assert_eq!(refused.keys().collect::<Vec<_>>(), vec!["b-plant1"]);
+        assert!(
+            refused["b-plant1"].contains("overlaps \"a-temps\"'s \"plant/+/temp\""),
+            "{refused:?}"
+        );
+        let mut paused = a.clone();
+        paused.spec.paused = true;
+        assert!(
+            conflicts(&[&paused, &b]).is_empty(),
+            "a paused rule forwards nothing"
+        );
+    }
+}
