@@ -3,6 +3,7 @@
 //! build step that turns a group of rules into its forwarder config (`render`).
 
 pub mod children;
+pub mod controller;
 pub mod crdgen;
 pub mod render;
 pub mod validate;
