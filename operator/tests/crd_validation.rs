@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_e2e::kube::ControlPlane;
+mod common;
 
 const CONNECTION: &str = r#"
 apiVersion: ferry.dev/v1alpha1
@@ -141,35 +141,8 @@ fn invalid_objects() -> Vec<(&'static str, String, &'static str)> {
 
 #[test]
 fn crds_install_accept_valid_objects_and_refuse_each_invalid_one_with_its_message() {
-    let cp = ControlPlane::start().expect("control plane (run e2e/k8s/build.sh once)");
-    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/");
-    cp.run_kubectl(["apply", "--server-side", "-f", crds])
-        .expect("CRDs install");
-    cp.run_kubectl([
-        "wait",
-        "--for=condition=Established",
-        "--timeout=30s",
-        "crd/forwardingrules.ferry.dev",
-        "crd/brokerconnections.ferry.dev",
-    ])
-    .expect("established");
-    cp.run_kubectl(["create", "namespace", "ferry"])
-        .expect("ns");
-
-    // Discovery can lag the Established condition by a moment.
-    let start = Instant::now();
-    loop {
-        match cp.run_kubectl_with_stdin(["apply", "-f", "-"], CONNECTION) {
-            Ok(_) => break,
-            Err(e)
-                if start.elapsed() < Duration::from_secs(20)
-                    && e.to_string().contains("no matches for kind") =>
-            {
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            Err(e) => panic!("valid BrokerConnection refused: {e}"),
-        }
-    }
+    let cp = common::control_plane_with_crds("ferry");
+    common::apply(&cp, CONNECTION);
     cp.run_kubectl_with_stdin(["apply", "-f", "-"], RULE)
         .expect("valid ForwardingRule accepted");
     let got = cp
@@ -224,24 +197,8 @@ fn a_groups_children_apply_and_go_away_with_their_connection() {
     use ferry_operator::render::{Group, render};
     use k8s_openapi::ByteString;
 
-    let cp = ControlPlane::start().expect("control plane (run e2e/k8s/build.sh once)");
-    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/");
-    cp.run_kubectl(["apply", "--server-side", "-f", crds])
-        .expect("CRDs install");
-    cp.run_kubectl([
-        "wait",
-        "--for=condition=Established",
-        "--timeout=30s",
-        "crd/brokerconnections.ferry.dev",
-    ])
-    .expect("established");
-    cp.run_kubectl(["create", "namespace", "ferry"])
-        .expect("ns");
-    let start = Instant::now();
-    while let Err(e) = cp.run_kubectl_with_stdin(["apply", "-f", "-"], CONNECTION) {
-        assert!(start.elapsed() < Duration::from_secs(20), "{e}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let cp = common::control_plane_with_crds("ferry");
+    common::apply(&cp, CONNECTION);
     // The stored object, with its uid, is what children point their owner reference at.
     let stored = cp
         .run_kubectl(["get", "bc", "plant", "-n", "ferry", "-o", "json"])

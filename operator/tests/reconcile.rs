@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use ferry_e2e::kube::ControlPlane;
 
+mod common;
+
 struct Operator(Child, std::path::PathBuf);
 
 impl Operator {
@@ -72,28 +74,9 @@ fn rule(name: &str, group: &str, filter: &str, topic: &str) -> String {
 
 #[test]
 fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets() {
-    let cp = ControlPlane::start().expect("control plane (run e2e/k8s/build.sh once)");
-    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/");
-    cp.run_kubectl(["apply", "--server-side", "-f", crds])
-        .expect("CRDs");
-    cp.run_kubectl([
-        "wait",
-        "--for=condition=Established",
-        "--timeout=30s",
-        "crd/brokerconnections.ferry.dev",
-        "crd/forwardingrules.ferry.dev",
-    ])
-    .expect("established");
-    cp.run_kubectl(["create", "namespace", "ferry"])
-        .expect("ns");
+    let cp = common::control_plane_with_crds("ferry");
     let op = Operator::start(&cp);
-    let apply = |yaml: &str| {
-        let start = Instant::now();
-        while let Err(e) = cp.run_kubectl_with_stdin(["apply", "-f", "-"], yaml) {
-            assert!(start.elapsed() < Duration::from_secs(20), "{e}");
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    };
+    let apply = |yaml: &str| common::apply(&cp, yaml);
     let exists = |kind: &str, name: &str| {
         cp.run_kubectl(["get", kind, name, "-n", "ferry", "-o", "name"])
             .is_ok()
