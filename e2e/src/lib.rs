@@ -756,6 +756,14 @@ impl Record {
     pub fn value_str(&self) -> &str {
         std::str::from_utf8(&self.value).unwrap_or("<binary>")
     }
+
+    /// The first header of that name, as UTF-8.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .and_then(|(_, v)| std::str::from_utf8(v).ok())
+    }
 }
 
 /// Publishes messages over MQTT at `qos` and returns once the broker acknowledged every one

@@ -96,24 +96,12 @@ fn exercise(cp: &ControlPlane, test_start: Instant, start_time: Duration) -> any
 
     // The service-account controller gives every namespace a `default` ServiceAccount.
     wait_until(Duration::from_secs(30), "serviceaccount t/default", || {
-        Ok(!cp
-            .run_kubectl([
-                "get",
-                "serviceaccount",
-                "default",
-                "-n",
-                "t",
-                "--ignore-not-found",
-                "-o",
-                "name",
-            ])?
-            .trim()
-            .is_empty())
+        Ok(!get_name(cp, "serviceaccount", "default")?.is_empty())
     })?;
 
     // While its owner exists, the garbage collector leaves the child alone.
     assert!(
-        !get_child(cp)?.is_empty(),
+        !get_name(cp, "configmap", "child")?.is_empty(),
         "child vanished while its owner exists"
     );
 
@@ -123,7 +111,7 @@ fn exercise(cp: &ControlPlane, test_start: Instant, start_time: Duration) -> any
     wait_until(
         Duration::from_secs(30),
         "the GC to delete configmap t/child",
-        || Ok(get_child(cp)?.is_empty()),
+        || Ok(get_name(cp, "configmap", "child")?.is_empty()),
     )?;
     println!(
         "garbage collector deleted the child {:.1?} after the owner's delete; test took {:.1?} \
@@ -134,12 +122,13 @@ fn exercise(cp: &ControlPlane, test_start: Instant, start_time: Duration) -> any
     Ok(())
 }
 
-fn get_child(cp: &ControlPlane) -> anyhow::Result<String> {
+/// `kind/name` in namespace `t`, or "" when it does not exist.
+fn get_name(cp: &ControlPlane, kind: &str, name: &str) -> anyhow::Result<String> {
     Ok(cp
         .run_kubectl([
             "get",
-            "configmap",
-            "child",
+            kind,
+            name,
             "-n",
             "t",
             "--ignore-not-found",

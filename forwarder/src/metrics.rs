@@ -177,6 +177,12 @@ impl RuleStats {
     }
 }
 
+impl std::fmt::Debug for RuleStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
 /// A poisoned lock only means another thread panicked mid-update of plain counters; the data is
 /// still the best we have.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -242,43 +248,11 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("ferry");
-        let families = RuleFamilies::default();
-        registry.register(
-            "rule_received_messages",
-            "Messages that matched a rule",
-            families.received.clone(),
-        );
-        registry.register(
-            "rule_forwarded_messages",
-            "Records of a rule confirmed by Kafka",
-            families.forwarded.clone(),
-        );
-        registry.register(
-            "rule_acked_messages",
-            "Messages of a rule acknowledged to MQTT",
-            families.acked.clone(),
-        );
-        registry.register(
-            "rule_dead_lettered_messages",
-            "Messages of a rule Kafka could never take, written to the dead-letter topic",
-            families.dead_lettered.clone(),
-        );
-        registry.register(
-            "rule_failed_messages",
-            "Messages of a rule Kafka can never take and no dead-letter topic took; acknowledged after being counted and logged",
-            families.failed.clone(),
-        );
         let received_family = Family::<QosLabel, Counter>::default();
         let received =
             [0u8, 1, 2].map(|qos| received_family.get_or_create(&QosLabel { qos }).clone());
-        registry.register(
-            "mqtt_received_messages",
-            "PUBLISH packets received from MQTT, by QoS",
-            received_family,
-        );
-        let m = Self {
-            families,
+        let mut m = Self {
+            families: RuleFamilies::default(),
             rules: Mutex::new(Vec::new()),
             received,
             unmatched: Counter::default(),
@@ -302,65 +276,90 @@ impl Metrics {
                 reload_error: None,
                 restart_required: Vec::new(),
             }),
-            registry: Registry::default(),
+            registry: Registry::with_prefix("ferry"),
         };
-        m.config_generation.set(1);
-        m.register_rest(registry)
-    }
-
-    fn register_rest(mut self, mut registry: Registry) -> Self {
-        registry.register(
+        m.registry.register(
+            "rule_received_messages",
+            "Messages that matched a rule",
+            m.families.received.clone(),
+        );
+        m.registry.register(
+            "rule_forwarded_messages",
+            "Records of a rule confirmed by Kafka",
+            m.families.forwarded.clone(),
+        );
+        m.registry.register(
+            "rule_acked_messages",
+            "Messages of a rule acknowledged to MQTT",
+            m.families.acked.clone(),
+        );
+        m.registry.register(
+            "rule_dead_lettered_messages",
+            "Messages of a rule Kafka could never take, written to the dead-letter topic",
+            m.families.dead_lettered.clone(),
+        );
+        m.registry.register(
+            "rule_failed_messages",
+            "Messages of a rule Kafka can never take and no dead-letter topic took; acknowledged after being counted and logged",
+            m.families.failed.clone(),
+        );
+        m.registry.register(
+            "mqtt_received_messages",
+            "PUBLISH packets received from MQTT, by QoS",
+            received_family,
+        );
+        m.registry.register(
             "mqtt_unmatched_messages",
             "Messages that matched no rule",
-            self.unmatched.clone(),
+            m.unmatched.clone(),
         );
-        registry.register(
+        m.registry.register(
             "mqtt_acked_messages",
             "Messages acknowledged to MQTT",
-            self.acked.clone(),
+            m.acked.clone(),
         );
-        registry.register(
+        m.registry.register(
             "kafka_produce_retries",
             "Records produced again after a retriable error",
-            self.produce_retries.clone(),
+            m.produce_retries.clone(),
         );
-        registry.register(
+        m.registry.register(
             "inflight_messages",
             "Messages received and not yet acknowledged",
-            self.inflight.clone(),
+            m.inflight.clone(),
         );
-        registry.register(
+        m.registry.register(
             "mqtt_connected",
             "1 while the MQTT connection is up",
-            self.mqtt_connected.clone(),
+            m.mqtt_connected.clone(),
         );
-        registry.register(
+        m.registry.register(
             "kafka_reachable",
             "1 while Kafka answers metadata requests",
-            self.kafka_reachable.clone(),
+            m.kafka_reachable.clone(),
         );
-        registry.register(
+        m.registry.register(
             "kafka_produce_latency_seconds",
             "From handing a record to the Kafka producer to its delivery report",
-            self.produce_latency.clone(),
+            m.produce_latency.clone(),
         );
-        registry.register(
+        m.registry.register(
             "message_ack_latency_seconds",
             "From reading a message off MQTT to queueing its acknowledgement",
-            self.ack_latency.clone(),
+            m.ack_latency.clone(),
         );
-        registry.register(
+        m.registry.register(
             "config_reloads",
             "Config file changes, applied or rejected",
-            self.reloads.clone(),
+            m.reloads.clone(),
         );
-        registry.register(
+        m.registry.register(
             "config_generation",
             "1 for the config the forwarder started with, +1 per applied reload",
-            self.config_generation.clone(),
+            m.config_generation.clone(),
         );
-        self.registry = registry;
-        self
+        m.config_generation.set(1);
+        m
     }
 
     /// The stats of these rules, in this order: existing ones keep their counters, new ones

@@ -6,6 +6,7 @@
 //! One task, no task per message, no unbounded queue: the window holds at most `max_inflight`
 //! messages and the pipeline stops taking PUBLISHes while it is full.
 
+use std::borrow::Cow;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 use std::future::Future;
@@ -25,7 +26,7 @@ use tracing::{debug, error, info, warn};
 use crate::kafka::{self, Failure, KafkaProducer, Report};
 use crate::metrics::{FailureReason, Metrics};
 use crate::mqtt::{Client, Message, Subscriptions, backoff};
-use crate::route::{Router, Target, header, record_headers, record_key, wrap_json};
+use crate::route::{Router, Target, header, record_key, wrap_json};
 
 const RETRY_MIN: Duration = Duration::from_millis(100);
 const RETRY_MAX: Duration = Duration::from_secs(10);
@@ -278,15 +279,10 @@ impl Pipeline {
         let now = Instant::now();
         let mut targets = Vec::with_capacity(self.scratch.len());
         for target in self.scratch.drain(..) {
+            // A static name resolves without allocating; only templates keep their result.
             let (resolved, state) = match target.topic.resolve(&message.topic) {
-                Ok(name) if target.topic.as_static().is_some() => {
-                    drop(name);
-                    (None, TargetState::Pending { attempts: 0 })
-                }
-                Ok(name) => (
-                    Some(name.into_owned()),
-                    TargetState::Pending { attempts: 0 },
-                ),
+                Ok(Cow::Borrowed(_)) => (None, TargetState::Pending { attempts: 0 }),
+                Ok(Cow::Owned(name)) => (Some(name), TargetState::Pending { attempts: 0 }),
                 Err(e) => {
                     let error = format!("kafka topic {}: {e}", target.topic);
                     (None, TargetState::DeadLettering { attempts: 0, error })
@@ -308,22 +304,18 @@ impl Pipeline {
         });
         self.metrics.inflight.set(self.window.len() as i64);
         for pos in 0..remaining {
-            let unresolvable = matches!(
-                &self.window.back().map(|s| &s.targets[pos].state),
-                Some(TargetState::DeadLettering { .. })
-            );
-            if unresolvable && !self.has_dead_letter(seq, pos) {
+            // An unresolvable topic with nowhere to dead-letter it is given up at once.
+            let give_up = self.window.back().is_some_and(|s| {
+                let t = &s.targets[pos];
+                matches!(t.state, TargetState::DeadLettering { .. })
+                    && t.target.dead_letter.is_none()
+            });
+            if give_up {
                 self.fail(seq, pos, FailureReason::InvalidTopic, None);
             } else {
                 self.produce(seq, pos);
             }
         }
-    }
-
-    fn has_dead_letter(&self, seq: u64, pos: usize) -> bool {
-        self.index_of(seq)
-            .and_then(|i| self.window[i].targets.get(pos))
-            .is_some_and(|t| t.target.dead_letter.is_some())
     }
 
     fn index_of(&self, seq: u64) -> Option<usize> {
@@ -362,7 +354,7 @@ impl Pipeline {
                 if let Some(key) = key {
                     record = record.key(key);
                 }
-                if let Some(h) = record_headers(&target.headers, message) {
+                if let Some(h) = target.header_plan.build(message) {
                     record = record.headers(h);
                 }
                 self.producer.send(record).map_err(|(e, _)| e)
@@ -376,7 +368,7 @@ impl Pipeline {
                     None => target.topic.to_string(),
                 };
                 let headers = dead_letter_headers(
-                    record_headers(&target.headers, message),
+                    target.header_plan.build(message),
                     &message.topic,
                     &intended,
                     &target.rule_names(),

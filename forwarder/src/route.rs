@@ -19,7 +19,9 @@ pub struct Target {
     pub topic: TopicTemplate,
     pub key: KeyStrategy,
     pub payload: PayloadFormat,
+    /// As configured: part of what makes two rules' targets the same.
     pub headers: Headers,
+    pub header_plan: HeaderPlan,
     pub dead_letter: Option<String>,
     /// The rules that lead here, for per-rule counters.
     pub rules: Vec<Arc<RuleStats>>,
@@ -30,12 +32,6 @@ impl Target {
     pub fn rule_names(&self) -> String {
         let names: Vec<&str> = self.rules.iter().map(|r| r.name.as_str()).collect();
         names.join(",")
-    }
-}
-
-impl std::fmt::Debug for RuleStats {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.name)
     }
 }
 
@@ -78,6 +74,7 @@ impl Router {
                         key: rule.kafka.key,
                         payload: rule.payload,
                         headers: rule.kafka.headers.clone(),
+                        header_plan: HeaderPlan::new(&rule.kafka.headers),
                         dead_letter,
                         rules: vec![Arc::clone(&rules[i])],
                     });
@@ -121,29 +118,49 @@ impl Router {
     }
 }
 
-/// The headers of a record under a target's header settings; `None` when there are none.
-pub fn record_headers(h: &Headers, m: &Message) -> Option<OwnedHeaders> {
-    if !h.metadata && (!h.user_properties || m.user_properties.is_empty()) {
-        return None;
-    }
-    let mut out = OwnedHeaders::new();
-    if h.metadata {
-        let qos = [b'0' + m.qos.min(2)];
-        let retain: &[u8] = if m.retain { b"true" } else { b"false" };
-        out = out
-            .insert(header(&format!("{}topic", h.prefix), m.topic.as_bytes()))
-            .insert(header(&format!("{}qos", h.prefix), &qos))
-            .insert(header(&format!("{}retain", h.prefix), retain));
-        if let Some(ct) = &m.content_type {
-            out = out.insert(header(&format!("{}content_type", h.prefix), ct.as_bytes()));
+/// A target's header settings, with the metadata header names built once rather than for
+/// every message.
+#[derive(Debug)]
+pub struct HeaderPlan {
+    /// `<prefix>topic`, `<prefix>qos`, `<prefix>retain`, `<prefix>content_type`.
+    metadata: Option<[String; 4]>,
+    user_properties: bool,
+}
+
+impl HeaderPlan {
+    pub fn new(h: &Headers) -> Self {
+        Self {
+            metadata: h.metadata.then(|| {
+                ["topic", "qos", "retain", "content_type"].map(|n| format!("{}{n}", h.prefix))
+            }),
+            user_properties: h.user_properties,
         }
     }
-    if h.user_properties {
-        for (k, v) in &m.user_properties {
-            out = out.insert(header(k, v.as_bytes()));
+
+    /// The headers of a message's record; `None` when there are none.
+    pub fn build(&self, m: &Message) -> Option<OwnedHeaders> {
+        if self.metadata.is_none() && (!self.user_properties || m.user_properties.is_empty()) {
+            return None;
         }
+        let mut out = OwnedHeaders::new();
+        if let Some([topic, qos, retain, content_type]) = &self.metadata {
+            let qos_value = [b'0' + m.qos.min(2)];
+            let retain_value: &[u8] = if m.retain { b"true" } else { b"false" };
+            out = out
+                .insert(header(topic, m.topic.as_bytes()))
+                .insert(header(qos, &qos_value))
+                .insert(header(retain, retain_value));
+            if let Some(ct) = &m.content_type {
+                out = out.insert(header(content_type, ct.as_bytes()));
+            }
+        }
+        if self.user_properties {
+            for (k, v) in &m.user_properties {
+                out = out.insert(header(k, v.as_bytes()));
+            }
+        }
+        Some(out)
     }
-    Some(out)
 }
 
 pub fn header<'a>(key: &'a str, value: &'a [u8]) -> Header<'a, &'a [u8]> {
@@ -247,13 +264,13 @@ rules:
             user_properties: vec![("trace".into(), "abc".into())],
         };
         let off = Headers::default();
-        assert!(record_headers(&off, &m).is_none());
+        assert!(HeaderPlan::new(&off).build(&m).is_none());
         let all = Headers {
             metadata: true,
             user_properties: true,
             prefix: "mqtt.".into(),
         };
-        let h = record_headers(&all, &m).unwrap();
+        let h = HeaderPlan::new(&all).build(&m).unwrap();
         let got: Vec<(String, String)> = h
             .iter()
             .map(|h| {

@@ -28,7 +28,7 @@ use sha2::{Digest, Sha256};
 
 use crate::render::{
     ENV_KAFKA_PASSWORD, ENV_KAFKA_USERNAME, ENV_MQTT_PASSWORD, ENV_MQTT_USERNAME, ENV_POD_NAME,
-    ENV_POD_NAMESPACE, HTTP_PORT, KAFKA_TLS_DIR, MQTT_TLS_DIR, Rendered,
+    ENV_POD_NAMESPACE, HTTP_PORT, KAFKA_TLS_DIR, MQTT_TLS_DIR, Rendered, hex,
 };
 
 /// The forwarder image when a connection names none.
@@ -385,7 +385,7 @@ fn checksum(data: &BTreeMap<String, ByteString>) -> String {
         h.update(&v.0);
         h.update([0]);
     }
-    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    hex(&h.finalize())
 }
 
 #[cfg(test)]

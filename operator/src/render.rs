@@ -81,7 +81,7 @@ fn bounded(name: &str, max: usize) -> String {
     format!("{keep}-{hash}")
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

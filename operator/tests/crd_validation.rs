@@ -243,8 +243,8 @@ fn a_groups_children_apply_and_go_away_with_their_connection() {
         .unwrap_or_else(|e| panic!("apiserver refused a child: {e}\n{json}"));
     }
     let kinds = "statefulset,service,configmap,secret,poddisruptionbudget";
-    let listed = cp
-        .run_kubectl([
+    let children = || {
+        cp.run_kubectl([
             "get",
             kinds,
             "-n",
@@ -254,25 +254,16 @@ fn a_groups_children_apply_and_go_away_with_their_connection() {
             "-o",
             "name",
         ])
-        .expect("list children");
+        .expect("list children")
+    };
+    let listed = children();
     assert_eq!(listed.lines().count(), 5, "{listed}");
 
     cp.run_kubectl(["delete", "bc", "plant", "-n", "ferry", "--wait=true"])
         .expect("delete connection");
     let start = Instant::now();
     loop {
-        let left = cp
-            .run_kubectl([
-                "get",
-                kinds,
-                "-n",
-                "ferry",
-                "-l",
-                "ferry.dev/group=default",
-                "-o",
-                "name",
-            ])
-            .expect("list children");
+        let left = children();
         if left.trim().is_empty() {
             break;
         }
