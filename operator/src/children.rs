@@ -36,6 +36,8 @@ pub const DEFAULT_IMAGE: &str = concat!("ferry-forwarder:", env!("CARGO_PKG_VERS
 pub const CONFIG_DIR: &str = "/etc/ferry/config";
 pub const LABEL_CONNECTION: &str = "ferry.dev/connection";
 pub const LABEL_GROUP: &str = "ferry.dev/group";
+/// Label selector matching every forwarder child and pod.
+pub const SELECTOR: &str = "app.kubernetes.io/name=ferry-forwarder";
 pub const ANNOTATION_RESTART: &str = "ferry.dev/restart-checksum";
 pub const ANNOTATION_SECRETS: &str = "ferry.dev/secret-checksum";
 /// The non-root user the forwarder image runs as.
@@ -105,7 +107,13 @@ pub fn build(
     let stateful_set = StatefulSet {
         metadata: meta.clone(),
         spec: Some(StatefulSetSpec {
-            replicas: Some(pods.replicas),
+            // Every rule paused or refused: no pods (a forwarder refuses a config without
+            // rules), and the persistent sessions keep the messages until a rule is back.
+            replicas: Some(if rendered.config.rules.is_empty() {
+                0
+            } else {
+                pods.replicas
+            }),
             service_name: Some(name.clone()),
             // Replicas are independent (shared subscription); no need to start them in order.
             pod_management_policy: Some("Parallel".to_owned()),

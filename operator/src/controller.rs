@@ -1,33 +1,56 @@
-//! The reconcile loop, one BrokerConnection at a time: dereference (its rules and Secrets) →
-//! validate → build (pure, `render` and `children`) → apply (server-side apply, one field
-//! manager) → prune (the children of groups that no longer have rules).
+//! The reconcile loops.
 //!
-//! Status, Events, metrics and leader election are not written yet.
+//! BrokerConnection, one at a time: dereference (its rules and Secrets) → validate → build
+//! (pure, `render` and `children`) → apply (server-side apply, one field manager) → prune (the
+//! children of groups that no longer have rules) → status (connection and each rule's
+//! `Accepted`/`Ready`, written only when changed) → Events for transitions.
+//!
+//! ForwardingRule: only what the connection loop cannot see, a rule whose connection does
+//! not exist or cannot be read, and a rule this operator cannot read.
+//!
+//! Triggers are spec changes (generation) and deletions, never status writes, so the operator's
+//! own status updates do not wake it: at steady state nothing reconciles.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use ferry_api::crd::{BrokerConnection, ForwardingRule};
-use futures::StreamExt;
+use ferry_api::crd::{
+    BrokerConnection, BrokerConnectionStatus, ForwardingRule, ForwardingRuleStatus,
+};
+use futures::{Stream, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::children::{self, LABEL_CONNECTION, LABEL_GROUP};
+use crate::conditions::{FALSE, Transition};
+use crate::metrics::Metrics;
 use crate::render::{Group, render};
+use crate::status::{self, RuleOutcome, Workload};
 use crate::validate::{self, Secrets};
 
+/// Field manager of children, connection status and the rules' `Accepted`/`Ready`.
 pub const FIELD_MANAGER: &str = "ferry-operator";
+/// Field manager of the rules' data-plane status (see `dataplane`).
+pub const STATUS_FIELD_MANAGER: &str = "ferry-operator-status";
+
+const CONNECTION: &str = "BrokerConnection";
+const RULE: &str = "ForwardingRule";
+/// A safety net against drift nobody told us about; changes arrive by watch.
+const RESYNC: Duration = Duration::from_secs(600);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -35,134 +58,598 @@ pub enum Error {
     Kube(#[from] kube::Error),
     #[error("{0}")]
     Render(#[from] crate::render::RenderError),
-    #[error("BrokerConnection has no namespace")]
-    NoNamespace,
+    #[error("{kind} has no namespace")]
+    NoNamespace { kind: &'static str },
+    #[error("status of {name}: {source}")]
+    Status {
+        name: String,
+        source: serde_json::Error,
+    },
+}
+
+impl Error {
+    fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "api",
+            Error::Render(_) => "render",
+            Error::NoNamespace { .. } => "invalid",
+            Error::Status { .. } => "status",
+        }
+    }
 }
 
 pub struct Context {
     pub client: Client,
+    pub metrics: Arc<Metrics>,
+    recorder: Recorder,
+    connections: Store<DeserializeGuard<BrokerConnection>>,
+    /// Consecutive failures per object, for its backoff.
+    failures: Mutex<HashMap<String, u32>>,
 }
 
-/// Runs until the process is stopped.
-pub async fn run(client: Client) {
-    let connections: Api<BrokerConnection> = Api::all(client.clone());
-    let rules: Api<ForwardingRule> = Api::all(client.clone());
-    let context = Arc::new(Context {
+/// Runs the controllers and the data-plane poller until `shutdown` completes.
+pub async fn run(
+    client: Client,
+    metrics: Arc<Metrics>,
+    status_interval: Duration,
+    identity: String,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
+    let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
+    let (connections, connection_writer) = reflector::store();
+    let connection_events = watcher(
+        Api::<DeserializeGuard<BrokerConnection>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(connection_writer);
+    let (rules, rule_writer) = reflector::store();
+    let rule_events = watcher(
+        Api::<DeserializeGuard<ForwardingRule>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(rule_writer);
+    // The rule loop also follows connections (a deleted connection strands its rules) and the
+    // connection loop follows rules: a second watch of each, for triggers only.
+    let connection_copy = watcher(
+        Api::<DeserializeGuard<BrokerConnection>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff();
+    let rule_copy = watcher(
+        Api::<DeserializeGuard<ForwardingRule>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff();
+
+    let ctx = Arc::new(Context {
         client: client.clone(),
-    });
-    let controller = Controller::new(connections, watcher::Config::default());
-    let store = controller.store();
-    controller
-        .owns(
-            Api::<StatefulSet>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        .owns(
-            Api::<ConfigMap>::all(client.clone()),
-            watcher::Config::default(),
-        )
-        // A rule change reconciles the connection it names.
-        .watches(rules, watcher::Config::default(), |rule: ForwardingRule| {
-            let ns = rule.namespace()?;
-            Some(ObjectRef::new(&rule.spec.connection_ref.name).within(&ns))
-        })
-        // A created or rotated Secret reconciles the connections that reference it.
-        .watches(
-            Api::<Secret>::all(client.clone()),
-            watcher::Config::default(),
-            move |secret: Secret| {
-                let ns = secret.namespace();
-                let name = secret.name_any();
-                store
-                    .state()
-                    .into_iter()
-                    .filter(|c| c.namespace() == ns && referenced_secrets(c).contains(&name))
-                    .map(|c| ObjectRef::from_obj(&*c))
-                    .collect::<Vec<_>>()
+        metrics: metrics.clone(),
+        recorder: Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "ferry-operator".into(),
+                instance: Some(identity),
             },
-        )
-        .run(reconcile, error_policy, context)
-        .for_each(|result| async move {
-            if let Err(e) = result {
-                warn!(error = %e, "reconcile failed");
-            }
+        ),
+        connections: connections.clone(),
+        failures: Mutex::new(HashMap::new()),
+    });
+
+    let forwarders = watcher::Config::default().labels(children::SELECTOR);
+    let secret_index = connections.clone();
+    let connection_loop =
+        Controller::for_stream(spec_changes(connection_events), connections.clone())
+            .owns(Api::<StatefulSet>::all(client.clone()), forwarders.clone())
+            .owns(Api::<ConfigMap>::all(client.clone()), forwarders)
+            .watches_stream(spec_changes(rule_copy), |rule| {
+                let rule = rule.0.ok()?;
+                let ns = rule.namespace()?;
+                Some(ObjectRef::new(&rule.spec.connection_ref.name).within(&ns))
+            })
+            // A created or rotated Secret reconciles the connections that reference it.
+            .watches_stream(
+                watcher(
+                    Api::<PartialObjectMeta<Secret>>::all(client.clone()),
+                    watcher::Config::default(),
+                )
+                .default_backoff()
+                .touched_objects(),
+                move |secret| {
+                    let ns = secret.namespace();
+                    let name = secret.name_any();
+                    secret_index
+                        .state()
+                        .into_iter()
+                        .filter(|c| {
+                            c.namespace() == ns
+                                && c.0
+                                    .as_ref()
+                                    .is_ok_and(|c| referenced_secrets(c).contains(&name))
+                        })
+                        .map(|c| ObjectRef::from_obj(&*c))
+                        .collect::<Vec<_>>()
+                },
+            )
+            .graceful_shutdown_on(shutdown.clone())
+            .run(reconcile_connection, error_policy, ctx.clone())
+            .for_each(|_| async {});
+
+    let rule_index = rules.clone();
+    let rule_loop = Controller::for_stream(spec_changes(rule_events), rules.clone())
+        .watches_stream(spec_changes(connection_copy), move |connection| {
+            let ns = connection.namespace();
+            let name = connection.name_any();
+            rule_index
+                .state()
+                .into_iter()
+                .filter(|r| {
+                    r.namespace() == ns
+                        && r.0
+                            .as_ref()
+                            .is_ok_and(|r| r.spec.connection_ref.name == name)
+                })
+                .map(|r| ObjectRef::from_obj(&*r))
+                .collect::<Vec<_>>()
         })
-        .await;
+        .graceful_shutdown_on(shutdown.clone())
+        .run(reconcile_rule, error_policy, ctx.clone())
+        .for_each(|_| async {});
+
+    let poller = crate::dataplane::run(ctx, rules, status_interval);
+    tokio::select! {
+        _ = futures::future::join(connection_loop, rule_loop) => {}
+        () = poller => {}
+    }
 }
 
-fn error_policy(_: Arc<BrokerConnection>, error: &Error, _: Arc<Context>) -> Action {
-    warn!(error = %error, "will retry");
-    Action::requeue(Duration::from_secs(10))
+/// Objects whose spec changed (generation), or that were deleted; status-only writes, ours
+/// included, are not triggers.
+fn spec_changes<K>(
+    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+) -> impl Stream<Item = Result<K, watcher::Error>> + Send + 'static
+where
+    K: Resource + Clone + Send + 'static,
+{
+    let mut seen: HashMap<(Option<String>, String), Option<i64>> = HashMap::new();
+    events.flat_map(move |event| {
+        let out: Vec<Result<K, watcher::Error>> = match event {
+            Err(e) => vec![Err(e)],
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                let key = (
+                    o.meta().namespace.clone(),
+                    o.meta().name.clone().unwrap_or_default(),
+                );
+                let generation = o.meta().generation;
+                if seen.insert(key, generation) == Some(generation) {
+                    Vec::new()
+                } else {
+                    vec![Ok(o)]
+                }
+            }
+            Ok(watcher::Event::Delete(o)) => {
+                seen.remove(&(
+                    o.meta().namespace.clone(),
+                    o.meta().name.clone().unwrap_or_default(),
+                ));
+                vec![Ok(o)]
+            }
+            Ok(watcher::Event::Init | watcher::Event::InitDone) => Vec::new(),
+        };
+        futures::stream::iter(out)
+    })
 }
 
-async fn reconcile(connection: Arc<BrokerConnection>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let ns = connection.namespace().ok_or(Error::NoNamespace)?;
-    let name = connection.name_any();
+fn error_policy<K>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action
+where
+    K: Resource<DynamicType = ()>,
+{
+    let kind = K::kind(&()).into_owned();
+    let kind: &'static str = if kind == CONNECTION { CONNECTION } else { RULE };
+    ctx.metrics.failed(kind, error.reason());
+    let key = key_of(&*object);
+    let failures = {
+        let mut map = ctx
+            .failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = map.entry(key.clone()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    // 5 s, 10 s, 20 s … at most 5 min, per object.
+    let delay = Duration::from_secs(5u64.saturating_mul(1 << failures.min(6).saturating_sub(1)))
+        .min(Duration::from_secs(300));
+    warn!(object = %key, kind, error = %error, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+fn key_of<K: Resource<DynamicType = ()>>(object: &K) -> String {
+    format!(
+        "{}/{}/{}",
+        K::kind(&()),
+        object.meta().namespace.as_deref().unwrap_or_default(),
+        object.meta().name.as_deref().unwrap_or_default()
+    )
+}
+
+fn succeeded<K: Resource<DynamicType = ()>>(
+    ctx: &Context,
+    object: &K,
+    kind: &'static str,
+    started: Instant,
+) {
+    ctx.failures
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .remove(&key_of(object));
+    ctx.metrics.reconciled(kind, started.elapsed());
+}
+
+async fn reconcile_connection(
+    guarded: Arc<DeserializeGuard<BrokerConnection>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let started = Instant::now();
+    let ns = guarded
+        .namespace()
+        .ok_or(Error::NoNamespace { kind: CONNECTION })?;
+    let name = guarded.name_any();
+    let connection = match &guarded.0 {
+        Ok(c) => c,
+        Err(invalid) => {
+            // Children keep running as they are: nothing is torn down for an unreadable spec.
+            warn!(connection = %name, namespace = %ns, error = %invalid, "cannot read BrokerConnection");
+            let api = Api::<BrokerConnection>::namespaced(ctx.client.clone(), &ns);
+            let current =
+                current_status::<BrokerConnection, BrokerConnectionStatus>(&ctx.client, &ns, &name)
+                    .await?;
+            let (conditions, transitions) = crate::conditions::merge(
+                current
+                    .as_ref()
+                    .map(|s| s.conditions.as_slice())
+                    .unwrap_or_default(),
+                &[crate::conditions::Desired::new(
+                    status::READY,
+                    FALSE,
+                    "InvalidSpec",
+                    invalid.error.clone(),
+                )],
+                guarded.meta().generation,
+                jiff::Timestamp::now(),
+            );
+            let status = BrokerConnectionStatus {
+                conditions,
+                groups: current
+                    .as_ref()
+                    .map(|s| s.groups.clone())
+                    .unwrap_or_default(),
+                observed_generation: guarded.meta().generation,
+            };
+            if current.as_ref() != Some(&status) {
+                write_status(&api, &name, FIELD_MANAGER, &status).await?;
+                ctx.metrics.status_written(CONNECTION);
+            }
+            publish(&ctx, &guarded.object_ref(&()), &transitions).await;
+            succeeded(&ctx, &*guarded, CONNECTION, started);
+            return Ok(Action::requeue(RESYNC));
+        }
+    };
     let client = &ctx.client;
 
     // Dereference.
-    let all_rules = Api::<ForwardingRule>::namespaced(client.clone(), &ns)
+    let all_rules = Api::<DeserializeGuard<ForwardingRule>>::namespaced(client.clone(), &ns)
         .list(&ListParams::default())
         .await?;
+    // Unreadable rules are the rule loop's to report; they are not rendered.
     let rules: Vec<&ForwardingRule> = all_rules
         .items
         .iter()
+        .filter_map(|r| r.0.as_ref().ok())
         .filter(|r| r.spec.connection_ref.name == name)
         .collect();
     let mut secrets: Secrets = BTreeMap::new();
     let secret_api = Api::<Secret>::namespaced(client.clone(), &ns);
-    for s in referenced_secrets(&connection) {
+    for s in referenced_secrets(connection) {
         if let Some(secret) = secret_api.get_opt(&s).await? {
             secrets.insert(s, secret.data.unwrap_or_default());
         }
     }
 
-    // Validate.
-    let secret_data = match validate::resolve_secrets(&connection, &secrets) {
-        Ok(data) => data,
+    // Validate, build, apply.
+    let mut outcomes: Vec<(&ForwardingRule, RuleOutcome)> = Vec::new();
+    let mut workloads: Vec<(String, Workload)> = Vec::new();
+    let missing: Vec<String> = match validate::resolve_secrets(connection, &secrets) {
         Err(missing) => {
-            for m in &missing {
-                warn!(connection = %name, namespace = %ns, problem = %m, "cannot render forwarders");
+            // What runs keeps running (with the credentials it has) until the Secret is back.
+            let missing: Vec<String> = missing.iter().map(ToString::to_string).collect();
+            let message = format!(
+                "BrokerConnection {name:?} cannot be rendered: {}",
+                missing.join("; ")
+            );
+            outcomes.extend(
+                rules
+                    .iter()
+                    .map(|r| (*r, RuleOutcome::SecretMissing(message.clone()))),
+            );
+            missing
+        }
+        Ok(secret_data) => {
+            let mut groups: BTreeMap<&str, Vec<&ForwardingRule>> = BTreeMap::new();
+            for r in &rules {
+                groups.entry(r.spec.group.as_str()).or_default().push(r);
             }
-            // Creating the Secret triggers a reconcile (Secrets are watched).
-            return Ok(Action::requeue(Duration::from_secs(300)));
+            let mut kept = BTreeSet::new();
+            for (group, members) in &groups {
+                let mut refused: BTreeMap<String, RuleOutcome> = validate::conflicts(members)
+                    .into_iter()
+                    .map(|(rule, reason)| (rule, RuleOutcome::Conflict(reason)))
+                    .collect();
+                for r in members {
+                    if refused.contains_key(&r.name_any()) {
+                        continue;
+                    }
+                    if let Some(problem) = forwarder_refuses(connection, group, r)? {
+                        refused.insert(r.name_any(), RuleOutcome::Invalid(problem));
+                    }
+                }
+                let accepted: Vec<&ForwardingRule> = members
+                    .iter()
+                    .copied()
+                    .filter(|r| !refused.contains_key(&r.name_any()))
+                    .collect();
+                let rendered = render(&Group {
+                    connection,
+                    name: group,
+                    rules: accepted.clone(),
+                })?;
+                let c = children::build(connection, group, &rendered, secret_data.clone());
+                apply(client, &ns, &c.config_map).await?;
+                apply(client, &ns, &c.secret).await?;
+                apply(client, &ns, &c.service).await?;
+                apply(client, &ns, &c.pdb).await?;
+                let applied = apply(client, &ns, &c.stateful_set).await?;
+                let workload = Workload {
+                    name: rendered.workload.clone(),
+                    wanted: applied.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+                    ready: applied
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.ready_replicas)
+                        .unwrap_or(0),
+                };
+                for r in members {
+                    let outcome = match refused.get(&r.name_any()) {
+                        Some(outcome) => outcome.clone(),
+                        None => RuleOutcome::Rendered {
+                            workload: workload.clone(),
+                            paused: r.spec.paused,
+                        },
+                    };
+                    outcomes.push((r, outcome));
+                }
+                workloads.push(((*group).to_owned(), workload));
+                kept.insert((*group).to_owned());
+            }
+            let pruned = prune(client, &ns, &name, &kept).await?;
+            debug!(connection = %name, namespace = %ns, groups = kept.len(), pruned, "applied");
+            Vec::new()
         }
     };
-    let mut groups: BTreeMap<&str, Vec<&ForwardingRule>> = BTreeMap::new();
-    for r in &rules {
-        groups.entry(r.spec.group.as_str()).or_default().push(r);
-    }
 
-    // Build and apply.
-    let mut kept = BTreeSet::new();
-    for (group, members) in &groups {
-        let refused = validate::conflicts(members);
-        let accepted: Vec<&ForwardingRule> = members
-            .iter()
-            .copied()
-            .filter(|r| !refused.contains_key(&r.name_any()))
-            .collect();
-        for (rule, reason) in &refused {
-            warn!(rule = %rule, namespace = %ns, reason = %reason, "rule refused");
+    // Status.
+    let now = jiff::Timestamp::now();
+    let (desired, transitions) = status::connection(
+        connection.status.as_ref(),
+        connection.meta().generation,
+        &missing,
+        &workloads,
+        now,
+    );
+    if connection.status.as_ref() != Some(&desired) {
+        let api = Api::<BrokerConnection>::namespaced(client.clone(), &ns);
+        write_status(&api, &name, FIELD_MANAGER, &desired).await?;
+        ctx.metrics.status_written(CONNECTION);
+    }
+    publish(&ctx, &connection.object_ref(&()), &transitions).await;
+    let rule_api = Api::<ForwardingRule>::namespaced(client.clone(), &ns);
+    for (rule, outcome) in &outcomes {
+        write_rule_control(&ctx, &rule_api, rule, outcome, now).await?;
+    }
+    succeeded(&ctx, connection, CONNECTION, started);
+    info!(connection = %name, namespace = %ns, groups = workloads.len(), rules = outcomes.len(), "reconciled");
+    Ok(Action::requeue(RESYNC))
+}
+
+/// What the forwarder would say about this rule alone (a problem CEL cannot see, such as a
+/// template level deeper than the rule's filters), so one bad rule cannot take its group down.
+fn forwarder_refuses(
+    connection: &BrokerConnection,
+    group: &str,
+    rule: &ForwardingRule,
+) -> Result<Option<String>, Error> {
+    if rule.spec.paused {
+        return Ok(None);
+    }
+    let alone = render(&Group {
+        connection,
+        name: group,
+        rules: vec![rule],
+    })?;
+    let problems: Vec<String> = alone
+        .config
+        .validate()
+        .iter()
+        .filter(|p| p.path.starts_with("rules") || p.path.starts_with("dead_letter"))
+        .map(|p| format!("the forwarder refuses it: {p}"))
+        .collect();
+    Ok((!problems.is_empty()).then(|| problems.join("; ")))
+}
+
+async fn write_rule_control(
+    ctx: &Context,
+    api: &Api<ForwardingRule>,
+    rule: &ForwardingRule,
+    outcome: &RuleOutcome,
+    now: jiff::Timestamp,
+) -> Result<(), Error> {
+    if let RuleOutcome::Conflict(reason)
+    | RuleOutcome::SecretMissing(reason)
+    | RuleOutcome::Invalid(reason) = outcome
+    {
+        warn!(rule = %rule.name_any(), namespace = ?rule.namespace(), reason = %reason, "rule not rendered");
+    }
+    let (desired, transitions) =
+        status::rule_control(rule.status.as_ref(), rule.meta().generation, outcome, now);
+    let current = rule.status.as_ref().map(status::rule_control_view);
+    if current.as_ref() != Some(&desired) {
+        write_status(api, &rule.name_any(), FIELD_MANAGER, &desired).await?;
+        ctx.metrics.status_written(RULE);
+    }
+    publish(ctx, &rule.object_ref(&()), &transitions).await;
+    Ok(())
+}
+
+async fn reconcile_rule(
+    guarded: Arc<DeserializeGuard<ForwardingRule>>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
+    let started = Instant::now();
+    let ns = guarded
+        .namespace()
+        .ok_or(Error::NoNamespace { kind: RULE })?;
+    let name = guarded.name_any();
+    let api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
+    // Deciding "connection not found" on a store still filling would flap every rule.
+    if ctx.connections.wait_until_ready().await.is_err() {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
+    let outcome = match &guarded.0 {
+        Err(invalid) => {
+            warn!(rule = %name, namespace = %ns, error = %invalid, "cannot read ForwardingRule");
+            Some(RuleOutcome::InvalidSpec(invalid.error.clone()))
         }
-        let rendered = render(&Group {
-            connection: &connection,
-            name: group,
-            rules: accepted,
-        })?;
-        let c = children::build(&connection, group, &rendered, secret_data.clone());
-        apply(client, &ns, &c.config_map).await?;
-        apply(client, &ns, &c.secret).await?;
-        apply(client, &ns, &c.service).await?;
-        apply(client, &ns, &c.pdb).await?;
-        apply(client, &ns, &c.stateful_set).await?;
-        kept.insert((*group).to_owned());
+        Ok(rule) => {
+            let connection = &rule.spec.connection_ref.name;
+            match ctx
+                .connections
+                .get(&ObjectRef::new(connection).within(&ns))
+                .map(|c| c.0.clone())
+            {
+                None => Some(RuleOutcome::ConnectionNotFound(format!(
+                    "BrokerConnection {connection:?} does not exist in namespace {ns:?}"
+                ))),
+                Some(Err(e)) => Some(RuleOutcome::ConnectionNotFound(format!(
+                    "BrokerConnection {connection:?} cannot be read: {e}"
+                ))),
+                // The connection loop renders it and writes its status.
+                Some(Ok(_)) => None,
+            }
+        }
+    };
+    if let Some(outcome) = outcome {
+        let now = jiff::Timestamp::now();
+        match &guarded.0 {
+            Ok(rule) => write_rule_control(&ctx, &api, rule, &outcome, now).await?,
+            Err(_) => {
+                let current =
+                    current_status::<ForwardingRule, ForwardingRuleStatus>(&ctx.client, &ns, &name)
+                        .await?;
+                let (desired, transitions) = status::rule_control(
+                    current.as_ref(),
+                    guarded.meta().generation,
+                    &outcome,
+                    now,
+                );
+                if current.as_ref().map(status::rule_control_view) != Some(desired.clone()) {
+                    write_status(&api, &name, FIELD_MANAGER, &desired).await?;
+                    ctx.metrics.status_written(RULE);
+                }
+                publish(&ctx, &guarded.object_ref(&()), &transitions).await;
+            }
+        }
     }
+    succeeded(&ctx, &*guarded, RULE, started);
+    Ok(Action::await_change())
+}
 
-    // Prune groups that no longer have rules.
-    let pruned = prune(client, &ns, &name, &kept).await?;
-    info!(connection = %name, namespace = %ns, groups = kept.len(), pruned, "reconciled");
-    Ok(Action::requeue(Duration::from_secs(300)))
+/// The status of an object whose spec this operator cannot read.
+async fn current_status<K, S>(client: &Client, ns: &str, name: &str) -> Result<Option<S>, Error>
+where
+    K: Resource<DynamicType = ()>,
+    S: DeserializeOwned,
+{
+    let api =
+        Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ApiResource::erase::<K>(&()));
+    let Some(object) = api.get_opt(name).await? else {
+        return Ok(None);
+    };
+    match object.data.get("status") {
+        None => Ok(None),
+        Some(s) => serde_json::from_value(s.clone())
+            .map(Some)
+            .map_err(|source| Error::Status {
+                name: name.to_owned(),
+                source,
+            }),
+    }
+}
+
+pub(crate) async fn write_status<K, S>(
+    api: &Api<K>,
+    name: &str,
+    manager: &str,
+    status: &S,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
+    S: Serialize,
+{
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn publish(
+    ctx: &Context,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    transitions: &[Transition],
+) {
+    publish_with(&ctx.recorder, reference, transitions).await;
+}
+
+pub(crate) async fn publish_with(
+    recorder: &Recorder,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    transitions: &[Transition],
+) {
+    for t in transitions.iter().filter(|t| t.noteworthy()) {
+        let event = Event {
+            type_: if t.status == FALSE {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: t.reason.clone(),
+            note: Some(format!("{} is {}: {}", t.type_, t.status, t.message)),
+            action: format!("Set{}", t.type_),
+            secondary: None,
+        };
+        // An Event is a courtesy: failing to record one must not fail the reconcile.
+        if let Err(e) = recorder.publish(&event, reference).await {
+            warn!(error = %e, "cannot record Event");
+        }
+    }
 }
 
 fn referenced_secrets(c: &BrokerConnection) -> BTreeSet<String> {
@@ -187,7 +674,7 @@ fn referenced_secrets(c: &BrokerConnection) -> BTreeSet<String> {
     names
 }
 
-async fn apply<K>(client: &Client, ns: &str, object: &K) -> Result<(), Error>
+async fn apply<K>(client: &Client, ns: &str, object: &K) -> Result<K, Error>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
         + Serialize
@@ -196,13 +683,13 @@ where
         + std::fmt::Debug,
 {
     let api = Api::<K>::namespaced(client.clone(), ns);
-    api.patch(
-        &object.name_any(),
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(object),
-    )
-    .await?;
-    Ok(())
+    Ok(api
+        .patch(
+            &object.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(object),
+        )
+        .await?)
 }
 
 /// Deletes the children of this connection whose group is not in `kept`; returns how many.

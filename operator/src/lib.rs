@@ -1,9 +1,13 @@
-//! Ferry's operator, being built. So far: the CustomResourceDefinitions (generated from the
-//! Rust types in `ferry-api`, feature `crd`, and written to `crds/` by `crdgen`) and the pure
-//! build step that turns a group of rules into its forwarder config (`render`).
+//! Ferry's operator: reconciles BrokerConnections and ForwardingRules (their CRDs generated
+//! from the Rust types in `ferry-api`, feature `crd`) into one forwarder StatefulSet per group,
+//! and reports each rule's state from the forwarder pods' `/status`.
 
 pub mod children;
+pub mod conditions;
 pub mod controller;
 pub mod crdgen;
+pub mod dataplane;
+pub mod metrics;
 pub mod render;
+pub mod status;
 pub mod validate;

@@ -1,30 +1,214 @@
 //! `ferry-operator`: reconciles BrokerConnections and ForwardingRules into forwarder
 //! StatefulSets. Connects with the in-cluster service account, or `KUBECONFIG` outside.
+//!
+//! With leader election (the default) only the replica holding the Lease reconciles; the
+//! others wait. Losing the Lease exits (status 1) so a restart starts clean; SIGTERM releases
+//! it, so a standby takes over without waiting for it to expire.
 
+use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
 
-use tracing::error;
+use clap::Parser;
+use ferry_operator::metrics::Metrics;
+use kube_lease_manager::LeaseManagerBuilder;
+use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
+
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, env = "FERRY_OPERATOR_LISTEN", default_value = "0.0.0.0:8080")]
+    listen: SocketAddr,
+    /// Reconcile only while holding the Lease (for more than one replica).
+    #[arg(long, env = "FERRY_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// Name of the Lease.
+    #[arg(long, env = "FERRY_LEASE_NAME", default_value = "ferry-operator")]
+    lease_name: String,
+    /// Namespace of the Lease; default: the service account's namespace (or the kubeconfig's).
+    #[arg(long, env = "POD_NAMESPACE")]
+    lease_namespace: Option<String>,
+    /// How long a Lease lasts without renewal: the longest a crashed leader blocks a standby.
+    #[arg(long, env = "FERRY_LEASE_DURATION_SECONDS", default_value_t = 15)]
+    lease_duration_seconds: u64,
+    /// This replica's name in the Lease and in Events; default: host name and process id.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// How often each forwarder pod's /status is read into its rules' status.
+    #[arg(long, env = "FERRY_STATUS_INTERVAL_SECONDS", default_value_t = 10)]
+    status_interval_seconds: u64,
+    /// `text` or `json`.
+    #[arg(long, env = "FERRY_LOG_FORMAT", default_value = "text")]
+    log_format: LogFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum LogFormat {
+    Text,
+    Json,
+}
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_env("FERRY_LOG").unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let client = match kube::Client::try_default().await {
-        Ok(c) => c,
+    let args = Args::parse();
+    let filter = EnvFilter::try_from_env("FERRY_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            error!(error = %e, "cannot reach the Kubernetes API");
-            eprintln!("ferry-operator: cannot reach the Kubernetes API: {e}");
-            return ExitCode::FAILURE;
+            error!(error = %e, "stopping");
+            eprintln!("ferry-operator: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum Error {
+    #[error("cannot reach the Kubernetes API: {0}")]
+    Client(#[source] kube::Error),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("leader election on Lease {namespace}/{name}: {source}")]
+    Lease {
+        namespace: String,
+        name: String,
+        source: kube_lease_manager::LeaseManagerError,
+    },
+    #[error("lost the leader Lease; exiting so that a restart starts clean")]
+    LostLease,
+    #[error("--lease-duration-seconds must be at least 3")]
+    LeaseTooShort,
+}
+
+async fn run(args: Args) -> Result<(), Error> {
+    let client = kube::Client::try_default().await.map_err(Error::Client)?;
+    let metrics = Arc::new(Metrics::new());
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|source| Error::Listen {
+            addr: args.listen,
+            source,
+        })?;
+    info!(listen = %args.listen, "serving /metrics, /healthz, /readyz");
+    tokio::spawn(ferry_operator::metrics::serve(listener, metrics.clone()));
+
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        format!("{}-{}", host.trim(), std::process::id())
+    });
+    let status_interval = Duration::from_secs(args.status_interval_seconds.max(1));
+
+    if !args.leader_elect {
+        metrics.set_ready();
+        metrics.set_leader(true);
+        ferry_operator::controller::run(client, metrics, status_interval, identity, terminated())
+            .await;
+        return Ok(());
+    }
+
+    if args.lease_duration_seconds < 3 {
+        return Err(Error::LeaseTooShort);
+    }
+    let namespace = args
+        .lease_namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let lease_error = |source| Error::Lease {
+        namespace: namespace.clone(),
+        name: args.lease_name.clone(),
+        source,
+    };
+    let manager = LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+        .with_namespace(&namespace)
+        .with_identity(&identity)
+        .with_duration(args.lease_duration_seconds)
+        // Renew with a third of the lease left: two chances before it lapses.
+        .with_grace((args.lease_duration_seconds / 3).max(1))
+        .with_field_manager(format!("ferry-operator-lease-{identity}"))
+        .build()
+        .await
+        .map_err(lease_error)?;
+    let (mut leading, lease_task) = manager.watch().await;
+    metrics.set_ready();
+    info!(lease = %args.lease_name, namespace = %namespace, identity = %identity, "waiting for the leader Lease");
+
+    let outcome = tokio::select! {
+        () = terminated() => Ok(()),
+        result = async {
+            while !*leading.borrow_and_update() {
+                if leading.changed().await.is_err() {
+                    return Err(Error::LostLease);
+                }
+            }
+            info!(identity = %identity, "leading: reconciling");
+            metrics.set_leader(true);
+            let mut lost = leading.clone();
+            let lost = async move {
+                while *lost.borrow_and_update() {
+                    if lost.changed().await.is_err() {
+                        break;
+                    }
+                }
+            };
+            let stop = async {
+                tokio::select! {
+                    () = terminated() => false,
+                    () = lost => true,
+                }
+            };
+            let (lost_tx, lost_rx) = tokio::sync::oneshot::channel();
+            let shutdown = async move {
+                let lost = stop.await;
+                let _ = lost_tx.send(lost);
+            };
+            ferry_operator::controller::run(client, metrics.clone(), status_interval, identity.clone(), Box::pin(shutdown)).await;
+            metrics.set_leader(false);
+            match lost_rx.await {
+                Ok(true) => Err(Error::LostLease),
+                _ => Ok(()),
+            }
+        } => result,
+    };
+    // Dropping the receiver makes the lease task release the Lease and end.
+    drop(leading);
+    match tokio::time::timeout(Duration::from_secs(5), lease_task).await {
+        Ok(Ok(Ok(_))) => info!("released the leader Lease"),
+        Ok(Ok(Err(e))) => warn!(error = %e, "could not release the leader Lease"),
+        Ok(Err(e)) => warn!(error = %e, "lease task failed"),
+        Err(_) => warn!("releasing the leader Lease timed out"),
+    }
+    outcome
+}
+
+/// SIGTERM (Kubernetes stopping the pod) or Ctrl-C.
+async fn terminated() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot watch SIGTERM");
+                std::future::pending::<()>().await;
+            }
         }
     };
     tokio::select! {
-        () = ferry_operator::controller::run(client) => {}
+        () = term => {}
         _ = tokio::signal::ctrl_c() => {}
     }
-    ExitCode::SUCCESS
+    info!("stopping");
 }

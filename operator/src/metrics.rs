@@ -1,0 +1,173 @@
+//! The operator's Prometheus metrics and its HTTP endpoints: `/metrics`, `/healthz` (the
+//! process serves), `/readyz` (it reached the API server: leading or standing by).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tracing::error;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabel {
+    pub kind: &'static str,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: &'static str,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    reconciles: Family<KindLabel, Counter>,
+    errors: Family<ErrorLabel, Counter>,
+    durations: Family<KindLabel, Histogram>,
+    status_writes: Family<KindLabel, Counter>,
+    polls: Family<ResultLabel, Counter>,
+    leader: Gauge,
+    ready: AtomicBool,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("ferry_operator");
+        let reconciles = Family::<KindLabel, Counter>::default();
+        let errors = Family::<ErrorLabel, Counter>::default();
+        let durations = Family::<KindLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 14))
+        });
+        let status_writes = Family::<KindLabel, Counter>::default();
+        let polls = Family::<ResultLabel, Counter>::default();
+        let leader = Gauge::default();
+        registry.register("reconciles", "Reconciles run, by kind", reconciles.clone());
+        registry.register(
+            "reconcile_errors",
+            "Reconciles that failed, by kind and reason",
+            errors.clone(),
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time a reconcile took, by kind",
+            durations.clone(),
+        );
+        registry.register(
+            "status_writes",
+            "Status updates written (unchanged statuses are not written), by kind",
+            status_writes.clone(),
+        );
+        registry.register(
+            "forwarder_status_polls",
+            "GET /status requests to forwarder pods, by result",
+            polls.clone(),
+        );
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease",
+            leader.clone(),
+        );
+        Self {
+            registry,
+            reconciles,
+            errors,
+            durations,
+            status_writes,
+            polls,
+            leader,
+            ready: AtomicBool::new(false),
+        }
+    }
+
+    pub fn reconciled(&self, kind: &'static str, took: Duration) {
+        self.reconciles.get_or_create(&KindLabel { kind }).inc();
+        self.durations
+            .get_or_create(&KindLabel { kind })
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn failed(&self, kind: &'static str, reason: &'static str) {
+        self.errors
+            .get_or_create(&ErrorLabel { kind, reason })
+            .inc();
+    }
+
+    pub fn status_written(&self, kind: &'static str) {
+        self.status_writes.get_or_create(&KindLabel { kind }).inc();
+    }
+
+    pub fn polled(&self, result: &'static str) {
+        self.polls.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    pub fn set_leader(&self, leading: bool) {
+        self.leader.set(i64::from(leading));
+    }
+
+    pub fn set_ready(&self) {
+        self.ready.store(true, Ordering::Relaxed);
+    }
+
+    fn encode(&self) -> String {
+        let mut out = String::new();
+        if let Err(e) = encode(&mut out, &self.registry) {
+            error!(error = %e, "cannot encode metrics");
+        }
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    let app = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .with_state(metrics);
+    if let Err(e) = axum::serve(listener, app).await {
+        error!(error = %e, "http server stopped");
+    }
+}
+
+async fn readyz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+    if m.ready.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ok\n")
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not connected to the API server yet\n",
+        )
+    }
+}
+
+async fn metrics_text(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        m.encode(),
+    )
+}

@@ -1,0 +1,537 @@
+//! What the status of each object should say, as pure functions of what reconcile saw.
+//!
+//! Two writers share a ForwardingRule's status, each under its own field manager so
+//! server-side apply never lets one erase the other's fields: the reconciler (`Accepted`,
+//! `Ready`, workload, ready replicas) and the data-plane poller (`Forwarding`, counters from
+//! the forwarder pods' `/status`).
+
+use ferry_api::crd::{BrokerConnectionStatus, ForwardingRuleStatus};
+use ferry_api::status::ForwarderStatus;
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::conditions::{Desired, FALSE, TRUE, Transition, UNKNOWN, merge, owned};
+
+pub const ACCEPTED: &str = "Accepted";
+pub const READY: &str = "Ready";
+pub const FORWARDING: &str = "Forwarding";
+pub const SECRETS_RESOLVED: &str = "SecretsResolved";
+
+/// Condition types the reconciler writes on a rule.
+pub const RULE_CONTROL_TYPES: [&str; 2] = [ACCEPTED, READY];
+/// Condition types the data-plane poller writes on a rule.
+pub const RULE_DATA_TYPES: [&str; 1] = [FORWARDING];
+
+/// A rule's error counts as current this long after the forwarder recorded it.
+pub const RECENT_ERROR: SignedDuration = SignedDuration::from_secs(60);
+
+/// A group's forwarder StatefulSet as last seen.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Workload {
+    pub name: String,
+    pub wanted: i32,
+    pub ready: i32,
+}
+
+impl Workload {
+    fn is_ready(&self) -> bool {
+        self.wanted > 0 && self.ready >= self.wanted
+    }
+
+    fn pods(&self) -> String {
+        format!("{}/{}", self.ready, self.wanted)
+    }
+}
+
+/// Why a rule is, or is not, rendered into its group's forwarder.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RuleOutcome {
+    Rendered {
+        workload: Workload,
+        paused: bool,
+    },
+    SecretMissing(String),
+    Conflict(String),
+    /// The forwarder would refuse it (what CEL cannot check, e.g. a template level deeper
+    /// than the filters).
+    Invalid(String),
+    ConnectionNotFound(String),
+    InvalidSpec(String),
+}
+
+/// The reconciler's part of a rule's status.
+pub fn rule_control(
+    current: Option<&ForwardingRuleStatus>,
+    generation: Option<i64>,
+    outcome: &RuleOutcome,
+    now: Timestamp,
+) -> (ForwardingRuleStatus, Vec<Transition>) {
+    let not_accepted = |reason, message: &str| {
+        vec![
+            Desired::new(ACCEPTED, FALSE, reason, message),
+            Desired::new(
+                READY,
+                FALSE,
+                "NotAccepted",
+                "the rule is not rendered (see Accepted)",
+            ),
+        ]
+    };
+    let (desired, workload) = match outcome {
+        RuleOutcome::Rendered { workload, paused } => {
+            let ready = if *paused {
+                Desired::new(
+                    READY,
+                    FALSE,
+                    "Paused",
+                    "spec.paused is true: not subscribed",
+                )
+            } else if workload.wanted == 0 {
+                Desired::new(
+                    READY,
+                    FALSE,
+                    "ScaledToZero",
+                    "the connection's forwarder.replicas is 0",
+                )
+            } else if workload.is_ready() {
+                Desired::new(
+                    READY,
+                    TRUE,
+                    "ForwarderReady",
+                    format!("{} forwarder pods ready", workload.pods()),
+                )
+            } else {
+                Desired::new(
+                    READY,
+                    FALSE,
+                    "ForwarderNotReady",
+                    format!("{} forwarder pods ready", workload.pods()),
+                )
+            };
+            let accepted = Desired::new(
+                ACCEPTED,
+                TRUE,
+                "Accepted",
+                format!("served by StatefulSet {}", workload.name),
+            );
+            (vec![accepted, ready], Some(workload))
+        }
+        RuleOutcome::SecretMissing(m) => (not_accepted("SecretMissing", m), None),
+        RuleOutcome::Conflict(m) => (not_accepted("Conflict", m), None),
+        RuleOutcome::Invalid(m) => (not_accepted("Invalid", m), None),
+        RuleOutcome::ConnectionNotFound(m) => (not_accepted("ConnectionNotFound", m), None),
+        RuleOutcome::InvalidSpec(m) => (not_accepted("InvalidSpec", m), None),
+    };
+    let previous = current.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let (conditions, transitions) = merge(previous, &desired, generation, now);
+    let status = ForwardingRuleStatus {
+        observed_generation: generation,
+        conditions,
+        workload: workload.map(|w| w.name.clone()),
+        ready_replicas: workload.map(Workload::pods),
+        ..ForwardingRuleStatus::default()
+    };
+    (status, transitions)
+}
+
+/// The reconciler's fields of a rule status as it stands (to compare before writing).
+pub fn rule_control_view(status: &ForwardingRuleStatus) -> ForwardingRuleStatus {
+    ForwardingRuleStatus {
+        observed_generation: status.observed_generation,
+        conditions: owned(&status.conditions, &RULE_CONTROL_TYPES),
+        workload: status.workload.clone(),
+        ready_replicas: status.ready_replicas.clone(),
+        ..ForwardingRuleStatus::default()
+    }
+}
+
+/// The data-plane poller's fields of a rule status as it stands.
+pub fn rule_data_view(status: &ForwardingRuleStatus) -> ForwardingRuleStatus {
+    ForwardingRuleStatus {
+        conditions: owned(&status.conditions, &RULE_DATA_TYPES),
+        forwarded: status.forwarded,
+        rate_per_second: status.rate_per_second,
+        last_forwarded_at: status.last_forwarded_at.clone(),
+        last_error: status.last_error.clone(),
+        ..ForwardingRuleStatus::default()
+    }
+}
+
+/// A connection's status: `SecretsResolved`, `Ready`, its groups.
+pub fn connection(
+    current: Option<&BrokerConnectionStatus>,
+    generation: Option<i64>,
+    missing_secrets: &[String],
+    workloads: &[(String, Workload)],
+    now: Timestamp,
+) -> (BrokerConnectionStatus, Vec<Transition>) {
+    let mut desired = Vec::new();
+    if missing_secrets.is_empty() {
+        desired.push(Desired::new(
+            SECRETS_RESOLVED,
+            TRUE,
+            "Resolved",
+            "every referenced Secret and key exists",
+        ));
+    } else {
+        let message = missing_secrets.join("; ");
+        desired.push(Desired::new(
+            SECRETS_RESOLVED,
+            FALSE,
+            "SecretMissing",
+            message.clone(),
+        ));
+        desired.push(Desired::new(READY, FALSE, "SecretMissing", message));
+    }
+    if missing_secrets.is_empty() {
+        let not_ready: Vec<String> = workloads
+            .iter()
+            .filter(|(_, w)| !w.is_ready())
+            .map(|(_, w)| format!("{} {} pods ready", w.name, w.pods()))
+            .collect();
+        desired.push(if workloads.is_empty() {
+            Desired::new(
+                READY,
+                TRUE,
+                "NoRules",
+                "no ForwardingRule uses this connection",
+            )
+        } else if not_ready.is_empty() {
+            let (ready, wanted) = workloads
+                .iter()
+                .fold((0, 0), |(r, w), (_, x)| (r + x.ready, w + x.wanted));
+            Desired::new(
+                READY,
+                TRUE,
+                "ForwardersReady",
+                format!(
+                    "{} groups, {ready}/{wanted} forwarder pods ready",
+                    workloads.len()
+                ),
+            )
+        } else {
+            Desired::new(READY, FALSE, "ForwardersNotReady", not_ready.join(", "))
+        });
+    }
+    let previous = current.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let (conditions, transitions) = merge(previous, &desired, generation, now);
+    let status = BrokerConnectionStatus {
+        observed_generation: generation,
+        conditions,
+        groups: workloads.iter().map(|(g, _)| g.clone()).collect(),
+    };
+    (status, transitions)
+}
+
+/// The data-plane part of one rule's status from the `/status` reports of its group's ready
+/// pods (`(pod name, report)`). `rule` is the rule's name in the forwarder config.
+pub fn rule_data(
+    current: Option<&ForwardingRuleStatus>,
+    rule: &str,
+    reports: &[(String, ForwarderStatus)],
+    now: Timestamp,
+) -> (ForwardingRuleStatus, Vec<Transition>) {
+    let loaded: Vec<(&str, &ForwarderStatus, &ferry_api::status::RuleStatus)> = reports
+        .iter()
+        .filter_map(|(pod, r)| r.rule(rule).map(|x| (pod.as_str(), r, x)))
+        .collect();
+    let recent_error = loaded
+        .iter()
+        .filter_map(|(_, _, r)| r.last_error.as_ref())
+        .max_by_key(|e| e.at);
+    let condition = if reports.is_empty() {
+        Desired::new(
+            FORWARDING,
+            UNKNOWN,
+            "NoReport",
+            "no ready forwarder pod answered GET /status",
+        )
+    } else if loaded.is_empty() {
+        Desired::new(
+            FORWARDING,
+            UNKNOWN,
+            "NoReport",
+            "the forwarder pods have not loaded this rule yet",
+        )
+    } else if let Some((pod, r, _)) = loaded.iter().find(|(_, r, _)| !r.mqtt.connected) {
+        Desired::new(
+            FORWARDING,
+            FALSE,
+            "MqttDisconnected",
+            with_error(
+                format!("pod {pod}: not connected to MQTT"),
+                &r.mqtt.last_error,
+            ),
+        )
+    } else if let Some((pod, r, _)) = loaded.iter().find(|(_, r, _)| !r.kafka.reachable) {
+        Desired::new(
+            FORWARDING,
+            FALSE,
+            "KafkaUnreachable",
+            with_error(format!("pod {pod}: Kafka unreachable"), &r.kafka.last_error),
+        )
+    } else if let Some(e) = recent_error.filter(|e| now.duration_since(e.at) < RECENT_ERROR) {
+        Desired::new(FORWARDING, FALSE, "RecordsFailing", e.message.clone())
+    } else {
+        Desired::new(
+            FORWARDING,
+            TRUE,
+            "Forwarding",
+            format!("{} pods: MQTT connected, Kafka reachable", loaded.len()),
+        )
+    };
+    let previous = current.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let (conditions, transitions) = merge(previous, &[condition], None, now);
+    let forwarded: u64 = loaded.iter().map(|(_, _, r)| r.forwarded).sum();
+    let rate: f64 = loaded.iter().map(|(_, _, r)| r.rate_per_second).sum();
+    let status = ForwardingRuleStatus {
+        conditions,
+        forwarded: (!loaded.is_empty()).then(|| i64::try_from(forwarded).unwrap_or(i64::MAX)),
+        // Two decimals: a rate that moves in the noise should not rewrite the status.
+        rate_per_second: (!loaded.is_empty()).then(|| (rate * 100.0).round() / 100.0),
+        last_forwarded_at: loaded
+            .iter()
+            .filter_map(|(_, _, r)| r.last_forwarded_at)
+            .max()
+            .map(|t| Time(Timestamp::from_second(t.as_second()).unwrap_or(t))),
+        last_error: recent_error.map(|e| e.message.clone()),
+        ..ForwardingRuleStatus::default()
+    };
+    (status, transitions)
+}
+
+fn with_error(what: String, error: &Option<ferry_api::status::LastError>) -> String {
+    match error {
+        Some(e) => format!("{what}: {}", e.message),
+        None => what,
+    }
+}
+
+/// The `Ready` condition, for printing and tests.
+pub fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferry_api::status::{ConfigStatus, KafkaStatus, LastError, MqttStatus, RuleStatus};
+
+    fn at(s: i64) -> Timestamp {
+        Timestamp::from_second(s).unwrap()
+    }
+
+    fn workload(ready: i32, wanted: i32) -> Workload {
+        Workload {
+            name: "plant-default".into(),
+            wanted,
+            ready,
+        }
+    }
+
+    #[test]
+    fn rendered_rule_is_ready_when_all_wanted_pods_are() {
+        let outcome = RuleOutcome::Rendered {
+            workload: workload(1, 2),
+            paused: false,
+        };
+        let (s, t) = rule_control(None, Some(3), &outcome, at(10));
+        assert_eq!(condition(&s.conditions, ACCEPTED).unwrap().status, TRUE);
+        let ready = condition(&s.conditions, READY).unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            (FALSE, "ForwarderNotReady")
+        );
+        assert_eq!(s.ready_replicas.as_deref(), Some("1/2"));
+        assert_eq!(s.workload.as_deref(), Some("plant-default"));
+        assert_eq!(t.len(), 2);
+
+        let outcome = RuleOutcome::Rendered {
+            workload: workload(2, 2),
+            paused: false,
+        };
+        let (s2, t) = rule_control(Some(&s), Some(3), &outcome, at(20));
+        assert_eq!(condition(&s2.conditions, READY).unwrap().status, TRUE);
+        assert_eq!(t.len(), 1, "only Ready changed");
+        assert_eq!(rule_control_view(&s2), s2);
+    }
+
+    #[test]
+    fn refused_rule_names_its_reason_and_has_no_workload() {
+        let outcome = RuleOutcome::Conflict("writes topic t like rule a".into());
+        let (s, _) = rule_control(None, Some(1), &outcome, at(10));
+        let accepted = condition(&s.conditions, ACCEPTED).unwrap();
+        assert_eq!(accepted.reason, "Conflict");
+        assert_eq!(accepted.message, "writes topic t like rule a");
+        assert_eq!(
+            condition(&s.conditions, READY).unwrap().reason,
+            "NotAccepted"
+        );
+        assert!(s.workload.is_none());
+    }
+
+    #[test]
+    fn paused_and_scaled_to_zero_are_not_ready_with_their_reason() {
+        for (outcome, reason) in [
+            (
+                RuleOutcome::Rendered {
+                    workload: workload(1, 1),
+                    paused: true,
+                },
+                "Paused",
+            ),
+            (
+                RuleOutcome::Rendered {
+                    workload: workload(0, 0),
+                    paused: false,
+                },
+                "ScaledToZero",
+            ),
+        ] {
+            let (s, _) = rule_control(None, None, &outcome, at(1));
+            assert_eq!(condition(&s.conditions, READY).unwrap().reason, reason);
+        }
+    }
+
+    #[test]
+    fn connection_names_missing_secrets_and_heals() {
+        let missing =
+            vec!["Secret \"creds\" (spec.mqtt.credentialsSecretRef) does not exist".to_owned()];
+        let (s, _) = connection(None, Some(1), &missing, &[], at(1));
+        let c = condition(&s.conditions, SECRETS_RESOLVED).unwrap();
+        assert_eq!(c.status, FALSE);
+        assert!(c.message.contains("creds") && c.message.contains("credentialsSecretRef"));
+        assert_eq!(
+            condition(&s.conditions, READY).unwrap().reason,
+            "SecretMissing"
+        );
+
+        let groups = [("default".to_owned(), workload(1, 1))];
+        let (healed, t) = connection(Some(&s), Some(1), &[], &groups, at(2));
+        assert_eq!(
+            condition(&healed.conditions, SECRETS_RESOLVED)
+                .unwrap()
+                .status,
+            TRUE
+        );
+        assert_eq!(condition(&healed.conditions, READY).unwrap().status, TRUE);
+        assert_eq!(t.len(), 2);
+        assert_eq!(healed.groups, vec!["default"]);
+    }
+
+    fn report(connected: bool, reachable: bool, rule: Option<RuleStatus>) -> ForwarderStatus {
+        ForwarderStatus {
+            version: "0".into(),
+            started_at: at(0),
+            config: ConfigStatus {
+                generation: 1,
+                applied_at: at(0),
+                reload_error: None,
+                restart_required: vec![],
+            },
+            mqtt: MqttStatus {
+                connected,
+                subscribed: connected,
+                last_error: None,
+            },
+            kafka: KafkaStatus {
+                reachable,
+                last_error: (!reachable).then(|| LastError {
+                    message: "broker down".into(),
+                    at: at(5),
+                }),
+            },
+            inflight: 0,
+            rules: rule.into_iter().collect(),
+        }
+    }
+
+    fn rule(forwarded: u64, rate: f64, error_at: Option<i64>) -> RuleStatus {
+        RuleStatus {
+            name: "telemetry".into(),
+            received: forwarded,
+            forwarded,
+            acked: forwarded,
+            dead_lettered: 0,
+            failed: 0,
+            rate_per_second: rate,
+            last_forwarded_at: Some(
+                Timestamp::from_millisecond(forwarded as i64 * 1000 + 250).unwrap(),
+            ),
+            last_error: error_at.map(|s| LastError {
+                message: "record too large".into(),
+                at: at(s),
+            }),
+        }
+    }
+
+    #[test]
+    fn data_plane_sums_pods_and_picks_the_worst_condition() {
+        let reports = vec![
+            (
+                "p-0".to_owned(),
+                report(true, true, Some(rule(10, 1.234, None))),
+            ),
+            (
+                "p-1".to_owned(),
+                report(true, true, Some(rule(20, 2.0, None))),
+            ),
+        ];
+        let (s, _) = rule_data(None, "telemetry", &reports, at(100));
+        assert_eq!(s.forwarded, Some(30));
+        assert_eq!(s.rate_per_second, Some(3.23));
+        assert_eq!(s.last_forwarded_at, Some(Time(at(20))));
+        assert_eq!(condition(&s.conditions, FORWARDING).unwrap().status, TRUE);
+        assert_eq!(rule_data_view(&s), s);
+
+        let reports = vec![
+            (
+                "p-0".to_owned(),
+                report(true, true, Some(rule(10, 1.0, None))),
+            ),
+            (
+                "p-1".to_owned(),
+                report(true, false, Some(rule(20, 2.0, None))),
+            ),
+        ];
+        let (s, _) = rule_data(None, "telemetry", &reports, at(100));
+        let c = condition(&s.conditions, FORWARDING).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            (FALSE, "KafkaUnreachable")
+        );
+        assert!(c.message.contains("p-1") && c.message.contains("broker down"));
+    }
+
+    #[test]
+    fn recent_rule_error_degrades_and_an_old_one_does_not() {
+        let reports = vec![(
+            "p-0".to_owned(),
+            report(true, true, Some(rule(10, 1.0, Some(90)))),
+        )];
+        let (s, _) = rule_data(None, "telemetry", &reports, at(100));
+        assert_eq!(
+            condition(&s.conditions, FORWARDING).unwrap().reason,
+            "RecordsFailing"
+        );
+        assert_eq!(s.last_error.as_deref(), Some("record too large"));
+        let (s, _) = rule_data(None, "telemetry", &reports, at(1000));
+        assert_eq!(condition(&s.conditions, FORWARDING).unwrap().status, TRUE);
+    }
+
+    #[test]
+    fn no_reports_is_unknown() {
+        let (s, _) = rule_data(None, "telemetry", &[], at(1));
+        assert_eq!(
+            condition(&s.conditions, FORWARDING).unwrap().status,
+            UNKNOWN
+        );
+        assert!(s.forwarded.is_none() && s.rate_per_second.is_none());
+        let reports = vec![("p-0".to_owned(), report(true, true, None))];
+        let (s, _) = rule_data(None, "telemetry", &reports, at(1));
+        assert_eq!(
+            condition(&s.conditions, FORWARDING).unwrap().reason,
+            "NoReport"
+        );
+    }
+}
