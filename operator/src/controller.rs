@@ -535,7 +535,7 @@ async fn reconcile_rule(
             match ctx
                 .connections
                 .get(&ObjectRef::new(connection).within(&ns))
-                .map(|c| c.0.clone())
+                .map(|c| c.0.as_ref().map(|_| ()).map_err(|e| e.error.clone()))
             {
                 None => Some(RuleOutcome::ConnectionNotFound(format!(
                     "BrokerConnection {connection:?} does not exist in namespace {ns:?}"
