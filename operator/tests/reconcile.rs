@@ -1,57 +1,14 @@
 //! The operator binary against a real kube-apiserver + controller-manager: rules become
-//! forwarder StatefulSets per group, edits change the config, emptied groups are pruned, and a
-//! missing Secret blocks rendering until it exists.
+//! forwarder StatefulSets per group, edits change the config, emptied groups are pruned, a
+//! missing Secret is a condition naming it until it exists, refused rules say why.
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry_e2e::kube::ControlPlane;
+use common::{Operator, condition, jsonpath};
 
 mod common;
 
-struct Operator(Child, std::path::PathBuf);
-
-impl Operator {
-    fn start(cp: &ControlPlane) -> Operator {
-        let log = cp.dir().join("operator.log");
-        let file = std::fs::File::create(&log).expect("log");
-        let child = Command::new(env!("CARGO_BIN_EXE_ferry-operator"))
-            .env("KUBECONFIG", cp.kubeconfig_path())
-            .env("FERRY_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(file.try_clone().expect("log"))
-            .stderr(file)
-            .spawn()
-            .expect("spawn ferry-operator");
-        Operator(child, log)
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.1).unwrap_or_default()
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-        if std::thread::panicking() {
-            eprintln!("operator log:\n{}", self.log());
-        }
-    }
-}
-
-fn wait_for(op: &Operator, what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}\n{}",
-            op.log()
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
+const WAIT: Duration = Duration::from_secs(60);
 
 const CONNECTION: &str = r#"
 apiVersion: ferry.dev/v1alpha1
@@ -68,14 +25,17 @@ spec:
 fn rule(name: &str, group: &str, filter: &str, topic: &str) -> String {
     format!(
         "apiVersion: ferry.dev/v1alpha1\nkind: ForwardingRule\nmetadata: {{ name: {name}, namespace: ferry }}\n\
-         spec:\n  connectionRef: {{ name: plant }}\n  group: {group}\n  mqtt: {{ topics: [\"{filter}\"] }}\n  kafka: {{ topic: {topic} }}\n"
+         spec:\n  connectionRef: {{ name: plant }}\n  group: {group}\n  mqtt: {{ topics: [\"{filter}\"] }}\n  kafka: {{ topic: \"{topic}\" }}\n"
     )
 }
 
 #[test]
 fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets() {
     let cp = common::control_plane_with_crds("ferry");
-    let op = Operator::start(&cp);
+    let op = Operator::start(&cp, "operator", &[]);
+    let cond = |kind: &str, name: &str, type_: &str| {
+        condition(&cp, "ferry", kind, name, type_).unwrap_or_default()
+    };
     let apply = |yaml: &str| common::apply(&cp, yaml);
     let exists = |kind: &str, name: &str| {
         cp.run_kubectl(["get", kind, name, "-n", "ferry", "-o", "name"])
@@ -99,9 +59,37 @@ fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets()
     apply(&rule("temps", "default", "plant/+/temp", "temps"));
     apply(&rule("alarms", "default", "plant/+/alarm", "alarms"));
     apply(&rule("audit", "analytics", "plant/#", "audit"));
-    wait_for(&op, "the missing Secret to be reported", || {
-        op.log().contains("mqtt-credentials")
+    op.wait_for("the missing Secret as a condition", WAIT, || {
+        cond("bc", "plant", "SecretsResolved").0 == "False"
     });
+    let (_, reason, message) = cond("bc", "plant", "SecretsResolved");
+    assert_eq!(reason, "SecretMissing");
+    assert!(
+        message.contains("\"mqtt-credentials\"")
+            && message.contains("spec.mqtt.credentialsSecretRef"),
+        "the condition names the Secret and the field: {message}"
+    );
+    op.wait_for("the rules to say why they are not rendered", WAIT, || {
+        cond("fr", "audit", "Accepted").1 == "SecretMissing"
+    });
+    assert!(
+        cond("fr", "temps", "Accepted")
+            .2
+            .contains("mqtt-credentials")
+    );
+    let events = cp
+        .run_kubectl([
+            "get",
+            "events",
+            "-n",
+            "ferry",
+            "--field-selector",
+            "involvedObject.name=plant",
+            "-o",
+            "jsonpath={range .items[*]}{.type} {.reason};{end}",
+        ])
+        .expect("events");
+    assert!(events.contains("Warning SecretMissing"), "{events}");
     assert!(
         !exists("statefulset", "plant-default"),
         "rendered without its Secret"
@@ -119,7 +107,7 @@ fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets()
         "--from-literal=password=s3cret",
     ])
     .expect("secret");
-    wait_for(&op, "two forwarder StatefulSets", || {
+    op.wait_for("two forwarder StatefulSets", WAIT, || {
         exists("statefulset", "plant-default") && exists("statefulset", "plant-analytics")
     });
     eprintln!(
@@ -143,6 +131,87 @@ fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets()
         "credentials stay in the Secret"
     );
 
+    // Healed: the Secret resolves, every rule is accepted, and (no kubelet runs these pods)
+    // Ready says how many forwarder pods are.
+    op.wait_for("the healed conditions", WAIT, || {
+        cond("bc", "plant", "SecretsResolved").0 == "True"
+            && cond("fr", "temps", "Accepted").0 == "True"
+            && cond("fr", "audit", "Accepted").0 == "True"
+    });
+    let (status, reason, message) = cond("fr", "temps", "Ready");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "ForwarderNotReady")
+    );
+    assert_eq!(message, "0/1 forwarder pods ready");
+    assert_eq!(
+        jsonpath(&cp, "ferry", "fr", "temps", "{.status.workload}"),
+        "plant-default"
+    );
+    assert_eq!(
+        jsonpath(&cp, "ferry", "fr", "audit", "{.status.readyReplicas}"),
+        "0/1"
+    );
+    assert_eq!(cond("bc", "plant", "Ready").1, "ForwardersNotReady");
+    let accepted_at = || {
+        jsonpath(
+            &cp,
+            "ferry",
+            "fr",
+            "temps",
+            "{.status.conditions[?(@.type==\"Accepted\")].lastTransitionTime}",
+        )
+    };
+    let temps_accepted_at = accepted_at();
+
+    // Rules that cannot be served say why; the rest of their group keeps its config.
+    apply(&rule("temps-copy", "default", "plant/+/temp", "temps"));
+    apply(&rule("deep", "default", "plant/x", "t.{5}"));
+    apply(&format!(
+        "{}  paused: true\n",
+        rule("resting", "quiet", "plant/quiet", "quiet")
+    ));
+    apply(&rule("stray", "default", "x/y", "stray").replace("name: plant }", "name: nowhere }"));
+    op.wait_for("the refused rules' conditions", WAIT, || {
+        cond("fr", "temps-copy", "Accepted").1 == "Conflict"
+            && cond("fr", "deep", "Accepted").1 == "Invalid"
+            && cond("fr", "stray", "Accepted").1 == "ConnectionNotFound"
+            && cond("fr", "resting", "Ready").1 == "Paused"
+    });
+    let conflict = cond("fr", "temps-copy", "Accepted").2;
+    assert!(
+        conflict.contains("temps"),
+        "names the rule it conflicts with: {conflict}"
+    );
+    let invalid = cond("fr", "deep", "Accepted").2;
+    assert!(
+        invalid.contains("kafka.topic"),
+        "names the field: {invalid}"
+    );
+    assert!(cond("fr", "stray", "Accepted").2.contains("\"nowhere\""));
+    assert_eq!(cond("fr", "deep", "Ready").1, "NotAccepted");
+    let default = config("plant-default");
+    assert!(
+        !default.contains("t.{5}") && !default.contains("temps-copy"),
+        "{default}"
+    );
+    // A group whose only rule is paused runs no pods (a forwarder needs a rule).
+    assert_eq!(
+        jsonpath(
+            &cp,
+            "ferry",
+            "statefulset",
+            "plant-quiet",
+            "{.spec.replicas}"
+        ),
+        "0"
+    );
+    assert_eq!(
+        accepted_at(),
+        temps_accepted_at,
+        "a condition that did not change keeps its transition time"
+    );
+
     // An edit changes the config but not the pod template's restart checksum.
     let checksum = || {
         cp.run_kubectl([
@@ -158,7 +227,7 @@ fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets()
     };
     let before = checksum();
     apply(&rule("temps", "default", "plant/+/temp", "temperatures"));
-    wait_for(&op, "the edited config", || {
+    op.wait_for("the edited config", WAIT, || {
         config("plant-default").contains("temperatures")
     });
     assert_eq!(
@@ -170,7 +239,7 @@ fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets()
     // Emptying a group removes its forwarder and everything it owned.
     cp.run_kubectl(["delete", "fr", "audit", "-n", "ferry"])
         .expect("delete rule");
-    wait_for(&op, "the emptied group to be pruned", || {
+    op.wait_for("the emptied group to be pruned", WAIT, || {
         !exists("statefulset", "plant-analytics") && !exists("configmap", "plant-analytics")
     });
     assert!(exists("statefulset", "plant-default"));

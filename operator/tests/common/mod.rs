@@ -1,6 +1,8 @@
 //! A real control plane with Ferry's CRDs installed, for the operator's tests.
 #![allow(dead_code)]
 
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ferry_e2e::kube::ControlPlane;
@@ -36,4 +38,134 @@ pub fn apply(cp: &ControlPlane, yaml: &str) {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+}
+
+/// The `ferry-operator` binary, its log in the control plane's directory.
+pub struct Operator {
+    child: Option<Child>,
+    log: PathBuf,
+    pub port: u16,
+}
+
+impl Operator {
+    /// Starts it with `args` added to `--listen 127.0.0.1:<free port>`.
+    pub fn start(cp: &ControlPlane, name: &str, args: &[&str]) -> Operator {
+        let port = ferry_e2e::free_port().expect("port");
+        let log = cp.dir().join(format!("{name}.log"));
+        let file = std::fs::File::create(&log).expect("log");
+        let child = Command::new(env!("CARGO_BIN_EXE_ferry-operator"))
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--identity", name])
+            .args(args)
+            .env("KUBECONFIG", cp.kubeconfig_path())
+            .env("FERRY_LOG", "info,ferry_operator=debug")
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log"))
+            .stderr(file)
+            .spawn()
+            .expect("spawn ferry-operator");
+        Operator {
+            child: Some(child),
+            log,
+            port,
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The sum of a metric's samples whose line contains `filter` (`None`: not served).
+    pub fn metric(&self, name: &str, filter: &str) -> Option<f64> {
+        let (code, body) = ferry_e2e::http_get(self.port, "/metrics")?;
+        if code != 200 {
+            return None;
+        }
+        Some(
+            body.lines()
+                .filter(|l| {
+                    l.starts_with(name)
+                        && l[name.len()..].starts_with(['{', ' '])
+                        && l.contains(filter)
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum(),
+        )
+    }
+
+    /// SIGTERM, then wait; returns the exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        let mut child = self.child.take()?;
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        child.wait().ok()?.code()
+    }
+
+    pub fn wait_for(&self, what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+        let start = Instant::now();
+        while !cond() {
+            assert!(
+                start.elapsed() < timeout,
+                "timed out after {timeout:?} waiting for {what}\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("--- {} ---\n{}", self.log.display(), self.log());
+        }
+    }
+}
+
+/// A condition of an object: (status, reason, message), or `None` while it has none.
+pub fn condition(
+    cp: &ControlPlane,
+    ns: &str,
+    kind: &str,
+    name: &str,
+    type_: &str,
+) -> Option<(String, String, String)> {
+    let out = cp
+        .run_kubectl([
+            "get",
+            kind,
+            name,
+            "-n",
+            ns,
+            "-o",
+            &format!(
+                "jsonpath={{range .status.conditions[?(@.type==\"{type_}\")]}}{{.status}}|{{.reason}}|{{.message}}{{end}}"
+            ),
+        ])
+        .ok()?;
+    let mut parts = out.splitn(3, '|');
+    Some((
+        parts.next()?.to_owned(),
+        parts.next()?.to_owned(),
+        parts.next()?.to_owned(),
+    ))
+}
+
+/// `kubectl get <kind> <name> -o jsonpath=<path>`, empty when absent.
+pub fn jsonpath(cp: &ControlPlane, ns: &str, kind: &str, name: &str, path: &str) -> String {
+    cp.run_kubectl([
+        "get",
+        kind,
+        name,
+        "-n",
+        ns,
+        "-o",
+        &format!("jsonpath={path}"),
+    ])
+    .unwrap_or_default()
 }
