@@ -1,0 +1,257 @@
+//! The data plane through the operator, with real Mosquitto, Kafka and forwarder processes.
+//! No kubelet runs here, so the test does its part for the pods the StatefulSet controller
+//! created: it runs the container's program with the pod's config and environment, on a
+//! loopback address of its own, and reports the pod Ready with that address as its IP. The
+//! operator then reads each pod's `/status` into the rules' status, and at steady state
+//! reconciles nothing.
+
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ferry_e2e::kube::ControlPlane;
+use ferry_e2e::{Kafka, Mosquitto};
+
+use common::{Operator, condition, jsonpath};
+
+mod common;
+
+const NS: &str = "ferry";
+const WAIT: Duration = Duration::from_secs(90);
+
+/// A forwarder process standing in for one pod.
+struct Pod {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "--- {} ---\n{}",
+                self.log.display(),
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+}
+
+/// Runs pod `name` of StatefulSet `workload` as a forwarder on `ip`, and reports it Ready.
+fn run_pod(cp: &ControlPlane, workload: &str, name: &str, ip: Ipv4Addr) -> Pod {
+    let config = jsonpath(cp, NS, "configmap", workload, "{.data.config\\.yaml}");
+    assert!(!config.is_empty(), "ConfigMap {workload} has a config");
+    let dir = cp.dir().join(name);
+    std::fs::create_dir_all(&dir).expect("pod dir");
+    std::fs::write(dir.join("config.yaml"), config).expect("config");
+    let forwarder = std::env::current_exe()
+        .expect("test path")
+        .parent()
+        .and_then(|d| d.parent())
+        .map(|d| d.join("ferry-forwarder"))
+        .filter(|p| p.exists())
+        .expect("ferry-forwarder next to the tests (cargo test --workspace builds it)");
+    let log = dir.join("forwarder.log");
+    let file = std::fs::File::create(&log).expect("log");
+    let child = Command::new(forwarder)
+        .arg("--config")
+        .arg(dir.join("config.yaml"))
+        .args(["--http-listen", &format!("{ip}:8080")])
+        // What the pod template's fieldRefs give the container.
+        .env("POD_NAME", name)
+        .env("POD_NAMESPACE", NS)
+        .stdin(Stdio::null())
+        .stdout(file.try_clone().expect("log"))
+        .stderr(file)
+        .spawn()
+        .expect("spawn forwarder");
+    let start = Instant::now();
+    while TcpStream::connect(SocketAddr::from((ip, 8080))).is_err() {
+        assert!(start.elapsed() < WAIT, "forwarder {name} never listened");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let patch = format!(
+        r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}],"conditions":[{{"type":"Ready","status":"True"}}]}}}}"#
+    );
+    cp.run_kubectl([
+        "patch",
+        "pod",
+        name,
+        "-n",
+        NS,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &patch,
+    ])
+    .expect("report the pod Ready");
+    Pod { child, log }
+}
+
+#[test]
+fn rules_report_what_their_forwarder_pods_forward_and_steady_state_reconciles_nothing() {
+    let cp = common::control_plane_with_crds(NS);
+    let mosquitto = Mosquitto::start().expect("mosquitto");
+    let mut kafka = Kafka::start().expect("kafka");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    for topic in ["temps", "alarms"] {
+        rt.block_on(kafka.create_topic(topic, 1)).expect("topic");
+    }
+    let op = Operator::start(&cp, "operator", &["--status-interval-seconds", "1"]);
+    let cond = |kind: &str, name: &str, type_: &str| {
+        condition(&cp, NS, kind, name, type_).unwrap_or_default()
+    };
+
+    common::apply(
+        &cp,
+        &format!(
+            r#"
+apiVersion: ferry.dev/v1alpha1
+kind: BrokerConnection
+metadata: {{ name: plant, namespace: {NS} }}
+spec:
+  mqtt: {{ host: 127.0.0.1, port: {} }}
+  kafka: {{ bootstrapServers: ["{}"] }}
+  forwarder: {{ replicas: 2 }}
+---
+apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata: {{ name: temps, namespace: {NS} }}
+spec:
+  connectionRef: {{ name: plant }}
+  mqtt: {{ topics: ["plant/+/temp"] }}
+  kafka: {{ topic: temps }}
+---
+apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata: {{ name: alarms, namespace: {NS} }}
+spec:
+  connectionRef: {{ name: plant }}
+  mqtt: {{ topics: ["plant/+/alarm"] }}
+  kafka: {{ topic: alarms }}
+"#,
+            mosquitto.port(),
+            kafka.bootstrap()
+        ),
+    );
+    // The StatefulSet controller creates the pods; the test runs them.
+    let names = ["plant-default-0", "plant-default-1"];
+    op.wait_for("the StatefulSet's pods", WAIT, || {
+        names
+            .iter()
+            .all(|p| cp.run_kubectl(["get", "pod", p, "-n", NS]).is_ok())
+    });
+    let _pods: Vec<Pod> = names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            run_pod(
+                &cp,
+                "plant-default",
+                name,
+                Ipv4Addr::new(127, 77, 0, i as u8 + 1),
+            )
+        })
+        .collect();
+    op.wait_for("Ready and Forwarding", WAIT, || {
+        cond("fr", "temps", "Ready").0 == "True" && cond("fr", "temps", "Forwarding").0 == "True"
+    });
+    assert_eq!(
+        jsonpath(&cp, NS, "fr", "temps", "{.status.readyReplicas}"),
+        "2/2"
+    );
+    assert_eq!(cond("bc", "plant", "Ready").1, "ForwardersReady");
+
+    let (temps, alarms) = (3000, 1000);
+    let messages: Vec<(String, Vec<u8>)> = (0..temps)
+        .map(|i| {
+            (
+                format!("plant/{}/temp", i % 10),
+                format!("t{i}").into_bytes(),
+            )
+        })
+        .chain((0..alarms).map(|i| {
+            (
+                format!("plant/{}/alarm", i % 10),
+                format!("a{i}").into_bytes(),
+            )
+        }))
+        .collect();
+    rt.block_on(ferry_e2e::publish(
+        mosquitto.port(),
+        "publisher",
+        rumqttc::QoS::AtLeastOnce,
+        messages,
+    ))
+    .expect("publish");
+    let records = kafka
+        .read_all("temps", temps, Duration::from_secs(1), WAIT)
+        .expect("read temps");
+    assert_eq!(records.len(), temps);
+
+    // Both pods' counters, summed per rule.
+    let forwarded = |rule: &str| jsonpath(&cp, NS, "fr", rule, "{.status.forwarded}");
+    op.wait_for("the forwarded counts in the rules' status", WAIT, || {
+        forwarded("temps") == temps.to_string() && forwarded("alarms") == alarms.to_string()
+    });
+    let rate: f64 = jsonpath(&cp, NS, "fr", "temps", "{.status.ratePerSecond}")
+        .parse()
+        .expect("ratePerSecond");
+    assert!(rate > 0.0, "a rate over the last minute: {rate}");
+    assert!(!jsonpath(&cp, NS, "fr", "temps", "{.status.lastForwardedAt}").is_empty());
+    let shown = cp
+        .run_kubectl(["get", "bc,fr", "-n", NS])
+        .expect("kubectl get");
+    eprintln!("kubectl get bc,fr -n {NS}\n{shown}");
+    assert!(shown.contains("True"), "{shown}");
+
+    // Steady state: the poller keeps writing rates as they decay, and nothing reconciles.
+    let reconciles = || {
+        op.metric("ferry_operator_reconciles_total", "")
+            .expect("metrics")
+    };
+    let writes = || {
+        op.metric("ferry_operator_status_writes_total", "ForwardingRule")
+            .expect("metrics")
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    let (r0, w0) = (reconciles(), writes());
+    std::thread::sleep(Duration::from_secs(60));
+    let (r1, w1) = (reconciles(), writes());
+    eprintln!(
+        "steady state, 60 s: {} reconciles, {} rule status writes (data plane)",
+        r1 - r0,
+        w1 - w0
+    );
+    assert_eq!(r1, r0, "no reconcile at steady state");
+    assert!(
+        w1 > w0,
+        "the data-plane status kept being written (rates decay)"
+    );
+
+    // Kafka going away is reported on the rule with the pod and the reason.
+    kafka.stop();
+    op.wait_for("Forwarding False while Kafka is down", WAIT, || {
+        cond("fr", "temps", "Forwarding").1 == "KafkaUnreachable"
+    });
+    let (_, _, message) = cond("fr", "temps", "Forwarding");
+    assert!(
+        message.contains("plant-default-"),
+        "names the pod: {message}"
+    );
+    let events = cp
+        .run_kubectl([
+            "get",
+            "events",
+            "-n",
+            NS,
+            "--field-selector",
+            "involvedObject.name=temps",
+            "-o",
+            "jsonpath={range .items[*]}{.type} {.reason};{end}",
+        ])
+        .expect("events");
+    assert!(events.contains("Warning KafkaUnreachable"), "{events}");
+}
