@@ -102,6 +102,13 @@ impl Operator {
         child.wait().ok()?.code()
     }
 
+    /// SIGKILL: no chance to clean up (a crash).
+    pub fn terminate_hard(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        child.kill().ok()?;
+        child.wait().ok()
+    }
+
     pub fn wait_for(&self, what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
         let start = Instant::now();
         while !cond() {
