@@ -27,6 +27,7 @@ pub const VERSION: &str = "v1alpha1";
     group = "ferry.dev",
     version = "v1alpha1",
     kind = "BrokerConnection",
+    doc = "Where the MQTT broker and Kafka are, how to authenticate to both, and how the forwarder pods serving this connection run.",
     namespaced,
     shortname = "bc",
     category = "ferry",
@@ -51,7 +52,9 @@ pub const VERSION: &str = "v1alpha1";
 )]
 #[serde(rename_all = "camelCase")]
 pub struct BrokerConnectionSpec {
+    /// The MQTT broker the forwarders subscribe to.
     pub mqtt: MqttEndpoint,
+    /// The Kafka cluster the forwarders produce to.
     pub kafka: KafkaEndpoint,
     /// How the forwarder pods run (one StatefulSet per group of rules).
     #[serde(default)]
@@ -119,7 +122,7 @@ pub struct KafkaEndpoint {
     pub sasl: Option<Sasl>,
     /// librdkafka producer properties, passed through (they override Ferry's defaults).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(length(max = 64))]
+    #[schemars(extend("maxProperties" = 64))]
     #[x_kube(validation = Rule::new("self.all(k, k != 'bootstrap.servers' && k != 'security.protocol' && !k.startsWith('ssl.') && !k.startsWith('sasl.'))").message("bootstrap.servers, security.protocol, ssl.* and sasl.* are set from bootstrapServers, tls and sasl"))]
     pub config: BTreeMap<String, String>,
 }
@@ -140,7 +143,8 @@ pub struct TlsRefs {
     /// A `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`) with the client certificate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_cert_secret_ref: Option<LocalRef>,
-    /// Trust the system's root certificates instead of a CA from a Secret.
+    /// Trust the system's root certificates (what happens anyway without caSecretRef): set it
+    /// to use TLS with neither a CA nor a client certificate from a Secret.
     #[serde(default)]
     pub use_system_roots: bool,
 }
@@ -149,6 +153,7 @@ pub struct TlsRefs {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct Sasl {
+    /// SCRAM-SHA-512, SCRAM-SHA-256 or PLAIN (PLAIN only with tls).
     pub mechanism: SaslMechanism,
     /// Secret with the username and password.
     pub credentials_secret_ref: CredentialsRef,
@@ -158,10 +163,13 @@ pub struct Sasl {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct CredentialsRef {
+    /// Name of the Secret.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
+    /// Key of the username in the Secret.
     #[serde(default = "default_username_key")]
     pub username_key: String,
+    /// Key of the password in the Secret.
     #[serde(default = "default_password_key")]
     pub password_key: String,
 }
@@ -169,8 +177,10 @@ pub struct CredentialsRef {
 /// One key of a Secret in the same namespace.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct SecretKeyRef {
+    /// Name of the Secret.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
+    /// Key in the Secret.
     #[schemars(length(min = 1, max = 253))]
     pub key: String,
 }
@@ -178,6 +188,7 @@ pub struct SecretKeyRef {
 /// An object in the same namespace, by name.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct LocalRef {
+    /// Name of the object.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
 }
@@ -193,12 +204,16 @@ pub struct ForwarderPods {
     #[serde(default = "default_replicas")]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 64").message("replicas must be between 0 and 64"))]
     pub replicas: i32,
+    /// CPU and memory requests and limits of the forwarder container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// Node labels the forwarder pods must be scheduled on.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// Tolerations of the forwarder pods.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tolerations: Vec<Toleration>,
+    /// Affinity of the forwarder pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub affinity: Option<Affinity>,
     /// Extra annotations on the forwarder pods (e.g. for a service mesh or log shipper).
@@ -220,9 +235,11 @@ impl Default for ForwarderPods {
     }
 }
 
+/// What the operator reports about a connection.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct BrokerConnectionStatus {
+    /// The generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// `SecretsResolved` and `Ready`.
@@ -240,6 +257,7 @@ pub struct BrokerConnectionStatus {
     group = "ferry.dev",
     version = "v1alpha1",
     kind = "ForwardingRule",
+    doc = "What to forward from MQTT to Kafka, through which BrokerConnection.",
     namespaced,
     shortname = "fr",
     category = "ferry",
@@ -284,8 +302,11 @@ pub struct ForwardingRuleSpec {
     #[serde(default = "default_group")]
     #[x_kube(validation = Rule::new("size(self) <= 40 && self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("group must be a DNS label of at most 40 characters (lower-case letters, digits, '-')"))]
     pub group: String,
+    /// What to read from MQTT.
     pub mqtt: RuleMqtt,
+    /// Where and how to write it in Kafka.
     pub kafka: RuleKafka,
+    /// What the record's value is: the MQTT payload (`raw`) or `wrappedJson`.
     #[serde(default)]
     pub payload: Payload,
     /// Where messages go that Kafka can never take. Unset: they are counted, logged and
@@ -323,8 +344,10 @@ pub struct RuleKafka {
         validation = Rule::new("self != '.' && self != '..'").message("the Kafka topic may not be '.' or '..'")
     )]
     pub topic: String,
+    /// The record key; default: the MQTT topic.
     #[serde(default)]
     pub key: Key,
+    /// Kafka headers from MQTT metadata and MQTT 5 user properties; default: none.
     #[serde(default)]
     pub headers: Headers,
 }
@@ -333,6 +356,7 @@ pub struct RuleKafka {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[x_kube(validation = Rule::new("(self.strategy == 'topicLevel') == has(self.level)").message("key.level is set with strategy topicLevel, and only then"))]
 pub struct Key {
+    /// `mqttTopic` (default), `none` or `topicLevel`.
     #[serde(default)]
     pub strategy: KeyStrategy,
     /// With `topicLevel`: the MQTT topic level (from 0) that becomes the key.
@@ -392,17 +416,21 @@ pub enum Payload {
     WrappedJson,
 }
 
+/// A Kafka topic for the messages Kafka can never take.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct DeadLetter {
+    /// The dead-letter Kafka topic; records carry `ferry.*` headers saying why.
     #[x_kube(
         validation = Rule::new("size(self) >= 1 && size(self) <= 249 && self.matches('^[A-Za-z0-9._-]+$') && self != '.' && self != '..'").message("deadLetter.topic must be a Kafka topic name: 1 to 249 letters, digits, '.', '_' or '-'")
     )]
     pub topic: String,
 }
 
+/// What the operator and the forwarder pods report about a rule.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ForwardingRuleStatus {
+    /// The generation of the spec this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// `Accepted`, `Ready`, and `Forwarding` (False with a reason when degraded).
@@ -418,8 +446,12 @@ pub struct ForwardingRuleStatus {
     /// Records per second over the last minute, summed over the pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_per_second: Option<f64>,
+    /// When a forwarder pod last had a record of this rule confirmed by Kafka.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "time_schema")]
     pub last_forwarded_at: Option<Time>,
+    /// The most recent error of this rule on any pod within the last minute (why a record
+    /// failed or was dead-lettered).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     /// Forwarder pods ready / wanted.
@@ -436,6 +468,11 @@ fn conditions_schema(generator: &mut schemars::generate::SchemaGenerator) -> sch
         "x-kubernetes-list-type": "map",
         "x-kubernetes-list-map-keys": ["type"]
     })
+}
+
+/// A timestamp without the generic description of `Time` (the field's own doc applies).
+fn time_schema(_: &mut schemars::generate::SchemaGenerator) -> schemars::Schema {
+    json_schema!({ "type": "string", "format": "date-time" })
 }
 
 fn default_mqtt_port() -> i32 {

@@ -125,11 +125,12 @@ pub fn resolve_secrets(
     }
 }
 
-/// Rules of one group that write the same Kafka topic from overlapping filters: the first by
-/// name keeps it, each later one is refused with the reason (rule name → reason).
+/// Rules of one group that write the same Kafka topic from overlapping filters: the oldest
+/// (then the first by name) keeps it, so a new rule can never take a running one down; each
+/// later one is refused with the reason (rule name → reason).
 pub fn conflicts(rules: &[&ForwardingRule]) -> BTreeMap<String, String> {
     let mut sorted: Vec<&&ForwardingRule> = rules.iter().filter(|r| !r.spec.paused).collect();
-    sorted.sort_by_key(|r| r.name_any());
+    sorted.sort_by_key(|r| (r.creation_timestamp(), r.name_any()));
     let filters = |r: &ForwardingRule| -> Vec<TopicFilter> {
         r.spec
             .mqtt
@@ -178,6 +179,8 @@ mod tests {
         ))
         .expect("connection")
     }
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn rule(name: &str, topics: &str, kafka: &str) -> ForwardingRule {
         serde_saphyr::from_str(&format!(
@@ -261,5 +264,23 @@ mod tests {
             conflicts(&[&paused, &b]).is_empty(),
             "a paused rule forwards nothing"
         );
+    }
+
+    #[test]
+    fn a_new_rule_never_takes_the_topic_from_a_running_one() {
+        let created = |mut r: ForwardingRule, at: &str| {
+            r.metadata.creation_timestamp = Some(Time(at.parse().expect("timestamp")));
+            r
+        };
+        let running = created(
+            rule("zz-running", "[\"plant/#\"]", "telemetry"),
+            "2026-01-01T00:00:00Z",
+        );
+        let newcomer = created(
+            rule("aa-new", "[\"plant/1/#\"]", "telemetry"),
+            "2026-06-01T00:00:00Z",
+        );
+        let refused = conflicts(&[&newcomer, &running]);
+        assert_eq!(refused.keys().collect::<Vec<_>>(), vec!["aa-new"]);
     }
 }

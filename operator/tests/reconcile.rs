@@ -9,6 +9,9 @@ use common::{Operator, condition, jsonpath};
 mod common;
 
 const WAIT: Duration = Duration::from_secs(60);
+/// The garbage collector may wait for its discovery resync (30 s) to learn a CRD that was
+/// installed moments before.
+const GC_WAIT: Duration = Duration::from_secs(120);
 
 const CONNECTION: &str = r#"
 apiVersion: ferry.dev/v1alpha1
@@ -243,4 +246,139 @@ fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets()
         !exists("statefulset", "plant-analytics") && !exists("configmap", "plant-analytics")
     });
     assert!(exists("statefulset", "plant-default"));
+
+    // A rotated Secret rolls the forwarders that use it: its checksum is on the pod template.
+    let secret_checksum = || {
+        jsonpath(
+            &cp,
+            "ferry",
+            "statefulset",
+            "plant-default",
+            "{.spec.template.metadata.annotations.ferry\\.dev/secret-checksum}",
+        )
+    };
+    let secret_before = secret_checksum();
+    assert!(!secret_before.is_empty());
+    cp.run_kubectl([
+        "patch",
+        "secret",
+        "mqtt-credentials",
+        "-n",
+        "ferry",
+        "-p",
+        r#"{"stringData":{"password":"rotated"}}"#,
+    ])
+    .expect("rotate secret");
+    op.wait_for("the rotated Secret to reach the pod template", WAIT, || {
+        secret_checksum() != secret_before
+    });
+    assert_eq!(checksum(), before, "connection settings did not change");
+    assert_eq!(
+        jsonpath(
+            &cp,
+            "ferry",
+            "secret",
+            "plant-default",
+            "{.data.mqtt-password}"
+        ),
+        "cm90YXRlZA==",
+        "the rendered Secret holds the new password (base64 of \"rotated\")"
+    );
+
+    // Deleting the connection: the garbage collector removes everything its groups owned.
+    let started = Instant::now();
+    cp.run_kubectl(["delete", "bc", "plant", "-n", "ferry", "--wait=false"])
+        .expect("delete connection");
+    op.wait_for("the connection's children to be collected", GC_WAIT, || {
+        [
+            "statefulset",
+            "configmap",
+            "secret",
+            "service",
+            "poddisruptionbudget",
+        ]
+        .iter()
+        .all(|kind| {
+            cp.run_kubectl([
+                "get",
+                kind,
+                "-n",
+                "ferry",
+                "-l",
+                "ferry.dev/connection=plant",
+                "-o",
+                "name",
+            ])
+            .is_ok_and(|out| out.trim().is_empty())
+        })
+    });
+    eprintln!(
+        "connection deleted → its children collected in {:.1?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn the_kubernetes_examples_apply_and_render_as_documented() {
+    let cp = common::control_plane_with_crds("ferry");
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/kubernetes/");
+    let start = Instant::now();
+    while let Err(e) = cp.run_kubectl(["apply", "-n", "ferry", "-f", examples]) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20) && e.to_string().contains("no matches"),
+            "the examples apply: {e}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let op = Operator::start(&cp, "operator", &["--leader-elect", "false"]);
+    let cond =
+        |name: &str, type_: &str| condition(&cp, "ferry", "fr", name, type_).unwrap_or_default();
+    op.wait_for("every example rule accepted", WAIT, || {
+        ["telemetry", "alarms", "legacy-json", "audit"]
+            .iter()
+            .all(|r| cond(r, "Accepted").0 == "True")
+    });
+    assert_eq!(cond("audit", "Ready").1, "Paused");
+    let config = jsonpath(
+        &cp,
+        "ferry",
+        "configmap",
+        "plant-default",
+        "{.data.config\\.yaml}",
+    );
+    for expected in [
+        "telemetry.{1}",
+        "plant/+/alarm/#",
+        "wrapped_json",
+        "ferry.dead-letters",
+        "zstd",
+    ] {
+        assert!(config.contains(expected), "{expected} in\n{config}");
+    }
+    assert!(!config.contains("change-me"), "no password in the config");
+    assert_eq!(
+        jsonpath(
+            &cp,
+            "ferry",
+            "statefulset",
+            "plant-default",
+            "{.spec.replicas}"
+        ),
+        "2"
+    );
+    assert_eq!(
+        jsonpath(
+            &cp,
+            "ferry",
+            "statefulset",
+            "plant-audit",
+            "{.spec.replicas}"
+        ),
+        "0",
+        "a group of paused rules runs no pods"
+    );
+    let shown = cp
+        .run_kubectl(["get", "bc,fr", "-n", "ferry"])
+        .expect("kubectl get");
+    eprintln!("kubectl get bc,fr -n ferry\n{shown}");
 }

@@ -103,7 +103,10 @@ fn one_of_two_replicas_leads_and_the_other_takes_over_when_it_stops_or_dies() {
     });
     let mut standby = standby;
     let killed = Instant::now();
-    drop(standby.terminate_hard());
+    let status = standby
+        .terminate_hard()
+        .expect("the standby-turned-leader was running");
+    assert!(!status.success(), "SIGKILL is not a clean exit: {status}");
     restarted.wait_for("the restarted replica to take over", WAIT, || {
         leading(&restarted)
     });
@@ -116,6 +119,12 @@ fn one_of_two_replicas_leads_and_the_other_takes_over_when_it_stops_or_dies() {
         "takeover after SIGTERM: {takeover:.1?}; after SIGKILL (Lease 6 s): {crash_takeover:.1?}"
     );
     assert!(takeover < Duration::from_secs(8), "{takeover:?}");
+    // Nobody released the Lease: it must run out (renewed with 2 s of 6 s left) before the
+    // other replica may lead.
+    assert!(
+        crash_takeover >= Duration::from_secs(1) && crash_takeover < Duration::from_secs(20),
+        "{crash_takeover:?}"
+    );
 }
 
 #[test]

@@ -1,0 +1,979 @@
+//! The Helm chart `charts/ferry`: its CRDs are the generated ones, `helm lint --strict` passes,
+//! what it renders is valid Kubernetes for the version the tests run (kubeconform, strict, with
+//! schemas generated offline by `e2e/tools/build.sh`), its values schema refuses bad values by
+//! name, and, installed into a real API server, its ServiceAccount may do what the operator
+//! needs (the operator runs with exactly those rights) and nothing more.
+//!
+//! helm and kubeconform come from `bash e2e/tools/build.sh` (`$FERRY_CACHE/tools/bin`); without
+//! them these tests fail and say so.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use ferry_e2e::kube::ControlPlane;
+use serde_json::Value;
+
+const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/ferry");
+const RELEASE: &str = "ferry";
+const NAMESPACE: &str = "ferry-system";
+/// The ServiceAccount (and Deployment, ClusterRole) of release `ferry` with default names.
+const OPERATOR: &str = "ferry-operator";
+
+/// Every optional feature on, and every other value away from its default.
+const ALL_OPTIONS: &str = r#"
+replicaCount: 3
+image: { repository: registry.example/ferry/ferry-operator, tag: "0.1.0-rc1", pullPolicy: Always }
+imagePullSecrets: [{ name: regcred }]
+serviceAccount: { annotations: { team: iot } }
+leaderElection: { leaseName: ferry-leader, leaseDurationSeconds: 20 }
+statusIntervalSeconds: 5
+logging: { format: text, level: "info,ferry_operator=debug" }
+extraEnv: [{ name: RUST_BACKTRACE, value: "1" }]
+podAnnotations: { example.com/scrape: "false" }
+podLabels: { team: iot }
+resources: { requests: { cpu: 100m, memory: 128Mi }, limits: { cpu: 1, memory: 512Mi } }
+nodeSelector: { kubernetes.io/os: linux }
+tolerations: [{ key: dedicated, operator: Equal, value: ferry, effect: NoSchedule }]
+affinity:
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector: { matchLabels: { app.kubernetes.io/name: ferry } }
+priorityClassName: system-cluster-critical
+terminationGracePeriodSeconds: 45
+service: { port: 9090, annotations: { example.com/owner: iot } }
+metrics:
+  serviceMonitor: { enabled: true, interval: 15s, scrapeTimeout: 10s, labels: { release: prometheus } }
+  podMonitor: { enabled: true, interval: 15s, scrapeTimeout: 10s, labels: { release: prometheus }, namespaces: [plant, factory] }
+networkPolicy:
+  enabled: true
+  metricsFrom: [{ namespaceSelector: { matchLabels: { kubernetes.io/metadata.name: monitoring } } }]
+  apiServer: { cidrs: [10.0.0.1/32, "fd00::1/128"], ports: [443, 6443] }
+  extraEgress: [{ to: [{ ipBlock: { cidr: 192.0.2.0/24 } }], ports: [{ port: 4318, protocol: TCP }] }]
+dashboard: { namespace: monitoring, labels: { grafana_dashboard: "1", team: iot }, annotations: { grafana_folder: Ferry } }
+"#;
+
+// ---------------------------------------------------------------------------------------------
+// (a) The CRDs
+
+#[test]
+fn chart_crds_are_the_generated_ones() {
+    let dir = Path::new(CHART).join("crds");
+    let mut expected = Vec::new();
+    for (name, yaml) in ferry_operator::crdgen::render().expect("render") {
+        let shipped = std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+        assert!(
+            shipped == yaml,
+            "charts/ferry/crds/{name} differs from what api/src/crd.rs generates: run \
+             `cargo run -p ferry-operator --bin crdgen charts/ferry/crds` (and the same without \
+             the argument for crds/) and commit the result"
+        );
+        expected.push(name.to_owned());
+    }
+    let mut present: Vec<String> = std::fs::read_dir(&dir)
+        .expect("charts/ferry/crds")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    present.sort();
+    expected.sort();
+    assert_eq!(
+        present, expected,
+        "charts/ferry/crds holds exactly the generated CRDs"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// (b) helm lint
+
+#[test]
+fn helm_lint_strict_passes_with_defaults_and_with_every_option() {
+    let values = values_file("all-options", ALL_OPTIONS);
+    for extra in [
+        vec![],
+        vec!["--values".to_owned(), values.display().to_string()],
+    ] {
+        let mut args = vec!["lint".to_owned(), "--strict".to_owned(), CHART.to_owned()];
+        args.extend(extra);
+        let out = helm(&args, None);
+        let text = output_text(&out);
+        eprintln!("{text}");
+        assert!(
+            out.status.success(),
+            "helm {} failed:\n{text}",
+            args.join(" ")
+        );
+        assert!(
+            text.contains("1 chart(s) linted, 0 chart(s) failed"),
+            "helm lint: {text}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// (c) What the chart renders, validated by kubeconform
+
+#[test]
+fn default_render_is_strictly_valid_and_least_privileged() {
+    let rendered = template(&["--include-crds"]);
+    let docs = documents(&rendered);
+    assert_eq!(
+        kinds(&docs),
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "ConfigMap",
+            "CustomResourceDefinition",
+            "CustomResourceDefinition",
+            "Deployment",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount",
+        ],
+        "the default install: no monitors and no NetworkPolicy"
+    );
+    kubeconform(&rendered, docs.len());
+
+    // The operator Deployment: what the brief of the image and the operator's flags ask for.
+    let deployment = find(&docs, "Deployment", OPERATOR);
+    assert_eq!(deployment["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], OPERATOR);
+    let container = &pod["containers"][0];
+    assert_eq!(container["image"], "ferry-operator:0.1.0");
+    let sc = &container["securityContext"];
+    assert_eq!(sc["runAsNonRoot"], true);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"], serde_json::json!(["ALL"]));
+    assert_eq!(sc["seccompProfile"]["type"], "RuntimeDefault");
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(container["ports"][0]["containerPort"], 8080);
+    assert_eq!(container["ports"][0]["name"], "http-metrics");
+    let env: BTreeMap<String, Value> = container["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .map(|e| (e["name"].as_str().expect("name").to_owned(), e.clone()))
+        .collect();
+    for (name, field) in [
+        ("POD_NAME", "metadata.name"),
+        ("POD_NAMESPACE", "metadata.namespace"),
+    ] {
+        assert_eq!(
+            env[name]["valueFrom"]["fieldRef"]["fieldPath"], field,
+            "{name}"
+        );
+    }
+    for (name, value) in [
+        ("FERRY_OPERATOR_LISTEN", "0.0.0.0:8080"),
+        ("FERRY_LEADER_ELECT", "true"),
+        ("FERRY_LEASE_NAME", "ferry-operator"),
+        ("FERRY_LEASE_DURATION_SECONDS", "15"),
+        ("FERRY_STATUS_INTERVAL_SECONDS", "10"),
+        ("FERRY_LOG_FORMAT", "json"),
+        ("FERRY_LOG", "info"),
+    ] {
+        assert_eq!(env[name]["value"], value, "{name}");
+    }
+
+    let service = find(&docs, "Service", "ferry-operator-metrics");
+    assert_eq!(service["spec"]["ports"][0]["name"], "http-metrics");
+    assert_eq!(service["spec"]["ports"][0]["port"], 8080);
+
+    // RBAC: no wildcards, no pod writes, no RBAC or node access; leases only in the Role.
+    let cluster_role = find(&docs, "ClusterRole", OPERATOR);
+    for rule in cluster_role["rules"].as_array().expect("rules") {
+        let list = |key: &str| -> Vec<String> {
+            rule[key]
+                .as_array()
+                .expect(key)
+                .iter()
+                .map(|v| v.as_str().expect("string").to_owned())
+                .collect()
+        };
+        let (groups, resources, verbs) = (list("apiGroups"), list("resources"), list("verbs"));
+        assert!(
+            !groups
+                .iter()
+                .chain(&resources)
+                .chain(&verbs)
+                .any(|s| s.contains('*')),
+            "no wildcards: {rule}"
+        );
+        assert!(
+            !verbs
+                .iter()
+                .any(|v| ["escalate", "bind", "impersonate", "deletecollection"]
+                    .contains(&v.as_str())),
+            "{rule}"
+        );
+        assert!(
+            !groups
+                .iter()
+                .any(|g| g == "rbac.authorization.k8s.io" || g == "coordination.k8s.io"),
+            "{rule}"
+        );
+        if resources.iter().any(|r| r == "pods") {
+            assert_eq!(verbs, ["list", "watch"], "pods are only read: {rule}");
+        }
+    }
+    let role = find(&docs, "Role", "ferry-operator-leader-election");
+    assert_eq!(role["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(role["rules"][0]["resources"], serde_json::json!(["leases"]));
+
+    // Every RBAC rule says why (a comment line right above each `- apiGroups:`).
+    let rbac_source =
+        std::fs::read_to_string(Path::new(CHART).join("templates/rbac.yaml")).expect("rbac.yaml");
+    let lines: Vec<&str> = rbac_source.lines().collect();
+    let mut rules = 0;
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim_start().starts_with("- apiGroups:") {
+            rules += 1;
+            assert!(
+                i > 0 && lines[i - 1].trim_start().starts_with('#'),
+                "templates/rbac.yaml line {}: a rule without a comment saying why",
+                i + 1
+            );
+        }
+    }
+    assert!(rules >= 10, "{rules} rules found in templates/rbac.yaml");
+
+    // The dashboard: labelled for the Grafana sidecar, valid JSON, only metrics that exist.
+    let dashboard = find(&docs, "ConfigMap", "ferry-dashboard");
+    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
+    let json: Value = serde_json::from_str(
+        dashboard["data"]["ferry.json"]
+            .as_str()
+            .expect("data ferry.json"),
+    )
+    .expect("the dashboard is JSON");
+    check_dashboard_metrics(&json);
+}
+
+#[test]
+fn render_with_every_option_is_strictly_valid() {
+    let values = values_file("all-options", ALL_OPTIONS);
+    let rendered = template(&["--values", &values.display().to_string()]);
+    let docs = documents(&rendered);
+    let kinds = kinds(&docs);
+    for kind in [
+        "ServiceMonitor",
+        "PodMonitor",
+        "NetworkPolicy",
+        "Deployment",
+        "ConfigMap",
+    ] {
+        assert!(kinds.contains(&kind.to_owned()), "{kind} in {kinds:?}");
+    }
+    kubeconform(&rendered, docs.len());
+
+    let deployment = find(&docs, "Deployment", OPERATOR);
+    assert_eq!(deployment["spec"]["replicas"], 3);
+    assert_eq!(
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"],
+        "registry.example/ferry/ferry-operator:0.1.0-rc1"
+    );
+    let dashboard = find(&docs, "ConfigMap", "ferry-dashboard");
+    assert_eq!(dashboard["metadata"]["namespace"], "monitoring");
+    let pod_monitor = find(&docs, "PodMonitor", "ferry-forwarders");
+    assert_eq!(
+        pod_monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
+        "ferry-forwarder"
+    );
+    assert_eq!(
+        pod_monitor["spec"]["podMetricsEndpoints"][0]["port"],
+        "http"
+    );
+    let policy = find(&docs, "NetworkPolicy", OPERATOR);
+    assert_eq!(policy["spec"]["ingress"][0]["ports"][0]["port"], 8080);
+    let egress = policy["spec"]["egress"].as_array().expect("egress");
+    assert_eq!(
+        egress.len(),
+        4,
+        "API server, forwarders, DNS, the extra rule: {egress:?}"
+    );
+    assert_eq!(egress[0]["to"][0]["ipBlock"]["cidr"], "10.0.0.1/32");
+}
+
+#[test]
+fn kubeconform_rejects_what_the_api_server_would() {
+    // The schemas are strict: a misspelt field and a wrong type are both found, with their path.
+    let bad = template(&[])
+        .replacen(
+            "readOnlyRootFilesystem: true",
+            "readOnlyRootFilesytem: true",
+            1,
+        )
+        .replacen("containerPort: 8080", "containerPort: \"8080\"", 1);
+    let out = run(kubeconform_command(), Some(&bad));
+    let text = output_text(&out);
+    eprintln!("{text}");
+    assert!(!out.status.success(), "kubeconform accepted:\n{bad}");
+    assert!(
+        text.contains("additional properties 'readOnlyRootFilesytem' not allowed")
+            && text.contains("containerPort': got string, want integer"),
+        "{text}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// (d) values.schema.json
+
+#[test]
+fn values_schema_refuses_bad_values_by_name() {
+    for (set, message) in [
+        (
+            "replicaCount=two",
+            "at '/replicaCount': got string, want integer",
+        ),
+        ("replicas=2", "additional properties 'replicas' not allowed"),
+        (
+            "logging.format=xml",
+            "at '/logging/format': value must be one of 'json', 'text'",
+        ),
+        ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
+        ("service.port=0", "at '/service/port'"),
+        (
+            "metrics.serviceMonitor.interval=soon",
+            "at '/metrics/serviceMonitor/interval'",
+        ),
+        (
+            "networkPolicy.apiServer.cidrs={10.0.0.1}",
+            "at '/networkPolicy/apiServer/cidrs/0'",
+        ),
+        (
+            "dashboard.enable=true",
+            "additional properties 'enable' not allowed",
+        ),
+        (
+            "leaderElection.enabled=false",
+            "replicaCount > 1 needs leaderElection.enabled",
+        ),
+    ] {
+        let out = helm(
+            &[
+                "template",
+                RELEASE,
+                CHART,
+                "--namespace",
+                NAMESPACE,
+                "--set",
+                set,
+            ],
+            None,
+        );
+        let text = output_text(&out);
+        assert!(!out.status.success(), "--set {set} was accepted");
+        assert!(
+            text.contains(message),
+            "--set {set}: expected {message:?} in:\n{text}"
+        );
+    }
+    // One replica without leader election is fine.
+    let out = helm(
+        &[
+            "template",
+            RELEASE,
+            CHART,
+            "--set",
+            "leaderElection.enabled=false,replicaCount=1",
+        ],
+        None,
+    );
+    assert!(out.status.success(), "{}", output_text(&out));
+}
+
+// ---------------------------------------------------------------------------------------------
+// (e) Installed into a real API server
+
+#[test]
+fn installed_chart_gives_the_operator_exactly_the_rights_it_uses() {
+    let cp = ControlPlane::start().expect("control plane (run `bash e2e/k8s/build.sh` once)");
+    // The Prometheus Operator CRDs, so the monitors install too.
+    let monitoring_crds = tools_dir().join("crds");
+    assert!(
+        monitoring_crds
+            .join("monitoring.coreos.com_podmonitors.yaml")
+            .is_file(),
+        "{} is missing: run `bash e2e/tools/build.sh`",
+        monitoring_crds.display()
+    );
+    cp.run_kubectl([
+        "apply",
+        "--server-side",
+        "-f",
+        &monitoring_crds.display().to_string(),
+    ])
+    .expect("monitoring CRDs");
+    cp.run_kubectl([
+        "wait",
+        "--for=condition=Established",
+        "--timeout=30s",
+        "crd/servicemonitors.monitoring.coreos.com",
+        "crd/podmonitors.monitoring.coreos.com",
+    ])
+    .expect("established");
+    // The release namespace enforces the `restricted` Pod Security Standard: the operator pods
+    // are only created if their security context meets it.
+    for ns in [NAMESPACE, "monitoring", "plant"] {
+        cp.run_kubectl(["create", "namespace", ns])
+            .expect("namespace");
+    }
+    cp.run_kubectl([
+        "label",
+        "namespace",
+        NAMESPACE,
+        "pod-security.kubernetes.io/enforce=restricted",
+    ])
+    .expect("label");
+
+    // helm install, every option on (the NetworkPolicy, monitors, dashboard elsewhere).
+    let values = values_file(
+        "installed",
+        "metrics: { serviceMonitor: { enabled: true }, podMonitor: { enabled: true } }\n\
+         networkPolicy: { enabled: true }\n\
+         dashboard: { namespace: monitoring }\n",
+    );
+    let kubeconfig = cp.kubeconfig_path().display().to_string();
+    let out = helm(
+        &[
+            "install",
+            RELEASE,
+            CHART,
+            "--kubeconfig",
+            &kubeconfig,
+            "--namespace",
+            NAMESPACE,
+            "--values",
+            &values.display().to_string(),
+        ],
+        None,
+    );
+    let text = output_text(&out);
+    eprintln!("{text}");
+    assert!(out.status.success(), "helm install failed:\n{text}");
+    assert!(
+        text.contains("kubectl apply -n <ns> -f examples/kubernetes/")
+            && text.contains("kubectl get -n <ns> brokerconnections,fr"),
+        "NOTES say how to apply the examples:\n{text}"
+    );
+    assert!(!text.contains("would violate PodSecurity"), "{text}");
+    for crd in ["forwardingrules.ferry.dev", "brokerconnections.ferry.dev"] {
+        cp.run_kubectl(["get", "crd", crd])
+            .expect("helm installed the CRDs");
+    }
+    for (kind, ns, name) in [
+        ("servicemonitor", NAMESPACE, OPERATOR),
+        ("podmonitor", NAMESPACE, "ferry-forwarders"),
+        ("networkpolicy", NAMESPACE, OPERATOR),
+        ("configmap", "monitoring", "ferry-dashboard"),
+    ] {
+        cp.run_kubectl(["get", kind, name, "-n", ns])
+            .unwrap_or_else(|e| panic!("{kind} {ns}/{name}: {e}"));
+    }
+    // Two operator pods, admitted under `restricted` (no kubelet here: they stay Pending).
+    wait_for("the Deployment's 2 pods", Duration::from_secs(60), || {
+        cp.run_kubectl([
+            "get",
+            "pods",
+            "-n",
+            NAMESPACE,
+            "-l",
+            "app.kubernetes.io/name=ferry",
+            "-o",
+            "name",
+        ])
+        .is_ok_and(|o| o.lines().count() == 2)
+    });
+
+    // What the ServiceAccount may and may not do.
+    let sa = format!("system:serviceaccount:{NAMESPACE}:{OPERATOR}");
+    let can = |args: &[&str]| -> bool {
+        let mut all = vec!["auth", "can-i", "--as", &sa];
+        all.extend_from_slice(args);
+        let out = cp.kubectl(&all).output().expect("kubectl auth can-i");
+        match String::from_utf8_lossy(&out.stdout).trim() {
+            "yes" => true,
+            "no" => false,
+            other => panic!(
+                "kubectl auth can-i {args:?}: {other} {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        }
+    };
+    for args in [
+        &["watch", "forwardingrules.ferry.dev", "--all-namespaces"][..],
+        &["list", "brokerconnections.ferry.dev", "--all-namespaces"],
+        &[
+            "patch",
+            "forwardingrules.ferry.dev",
+            "--subresource=status",
+            "-n",
+            "plant",
+        ],
+        &[
+            "update",
+            "brokerconnections.ferry.dev",
+            "--subresource=status",
+            "-n",
+            "plant",
+        ],
+        &["create", "statefulsets.apps", "-n", "plant"],
+        &["delete", "statefulsets.apps", "-n", "plant"],
+        &["patch", "configmaps", "-n", "plant"],
+        &["create", "services", "-n", "plant"],
+        &["create", "poddisruptionbudgets.policy", "-n", "plant"],
+        &["get", "secrets", "-n", "plant"],
+        &["watch", "secrets", "--all-namespaces"],
+        &["create", "secrets", "-n", "plant"],
+        &["watch", "pods", "--all-namespaces"],
+        &["create", "events.events.k8s.io", "-n", "plant"],
+        &["update", "leases.coordination.k8s.io", "-n", NAMESPACE],
+        &["create", "leases.coordination.k8s.io", "-n", NAMESPACE],
+    ] {
+        assert!(can(args), "the operator needs: {args:?}");
+    }
+    for args in [
+        &["delete", "pods", "-n", "plant"][..],
+        &["create", "pods", "-n", "plant"],
+        &["create", "pods/exec", "-n", "plant"],
+        &["update", "forwardingrules.ferry.dev", "-n", "plant"],
+        &["delete", "brokerconnections.ferry.dev", "-n", "plant"],
+        &["create", "deployments.apps", "-n", "plant"],
+        &["create", "clusterroles.rbac.authorization.k8s.io"],
+        &[
+            "create",
+            "rolebindings.rbac.authorization.k8s.io",
+            "-n",
+            "plant",
+        ],
+        &["get", "nodes"],
+        &["create", "leases.coordination.k8s.io", "-n", "plant"],
+        &["deletecollection", "secrets", "-n", "plant"],
+        &["create", "customresourcedefinitions.apiextensions.k8s.io"],
+    ] {
+        assert!(!can(args), "the operator must not be allowed: {args:?}");
+    }
+
+    // The operator itself, with the ServiceAccount's token and nothing else: it takes the
+    // Lease, renders a connection's forwarders and writes statuses without a single refusal.
+    let token = cp
+        .run_kubectl([
+            "create",
+            "token",
+            OPERATOR,
+            "-n",
+            NAMESPACE,
+            "--duration=1h",
+        ])
+        .expect("token");
+    let sa_kubeconfig = cp.dir().join("operator-kubeconfig");
+    std::fs::write(&sa_kubeconfig, token_kubeconfig(&cp, token.trim())).expect("kubeconfig");
+    let port = ferry_e2e::free_port().expect("port");
+    let log = cp.dir().join("chart-operator.log");
+    let mut operator = ChildGuard(
+        Command::new(env!("CARGO_BIN_EXE_ferry-operator"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("KUBECONFIG", &sa_kubeconfig)
+            .env("POD_NAME", "ferry-operator-test")
+            .env("POD_NAMESPACE", NAMESPACE)
+            .env("FERRY_LEASE_NAME", "ferry-operator")
+            .env("FERRY_STATUS_INTERVAL_SECONDS", "1")
+            .env("FERRY_LOG", "info,ferry_operator=debug")
+            .env("FERRY_LOG_FORMAT", "json")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).expect("log"))
+            .stderr(std::fs::File::create(log.with_extension("stderr")).expect("log"))
+            .spawn()
+            .expect("spawn ferry-operator"),
+    );
+    let operator_log = || {
+        format!(
+            "{}{}",
+            std::fs::read_to_string(&log).unwrap_or_default(),
+            std::fs::read_to_string(log.with_extension("stderr")).unwrap_or_default()
+        )
+    };
+    cp.run_kubectl_with_stdin(
+        ["apply", "-n", "plant", "-f", "-"],
+        r#"
+apiVersion: v1
+kind: Secret
+metadata: { name: mqtt-credentials }
+stringData: { username: ferry, password: secret }
+---
+apiVersion: ferry.dev/v1alpha1
+kind: BrokerConnection
+metadata: { name: plant }
+spec:
+  mqtt: { host: mqtt.plant.svc, credentialsSecretRef: { name: mqtt-credentials } }
+  kafka: { bootstrapServers: ["kafka.plant.svc:9092"] }
+---
+apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata: { name: telemetry }
+spec:
+  connectionRef: { name: plant }
+  mqtt: { topics: ["plant/+/telemetry"] }
+  kafka: { topic: telemetry }
+"#,
+    )
+    .expect("apply a connection and a rule");
+    let get = |args: &[&str]| cp.run_kubectl(args).unwrap_or_default();
+    let deadline = Duration::from_secs(90);
+    let started = Instant::now();
+    while !(get(&["get", "statefulsets", "-n", "plant", "-o", "name"]).contains("statefulset")
+        && get(&[
+            "get",
+            "fr",
+            "telemetry",
+            "-n",
+            "plant",
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Accepted\")].status}",
+        ]) == "True")
+    {
+        if let Ok(Some(status)) = operator.0.try_wait() {
+            panic!("ferry-operator exited ({status}):\n{}", operator_log());
+        }
+        let so_far = operator_log();
+        assert!(
+            !so_far.contains("forbidden"),
+            "the operator was refused something with the chart's rights:\n{so_far}"
+        );
+        assert!(
+            started.elapsed() < deadline,
+            "the operator, with the chart's rights, did not render the rule within \
+             {deadline:?}:\n{}",
+            operator_log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // A few status rounds, so pod polls and Events happen too.
+    std::thread::sleep(Duration::from_secs(3));
+    let metrics = ferry_e2e::http_get(port, "/metrics")
+        .map(|(_, body)| body)
+        .unwrap_or_default();
+    assert!(
+        metrics.lines().any(|l| l == "ferry_operator_leader 1"),
+        "the operator holds the Lease in {NAMESPACE}:\n{metrics}"
+    );
+    let kinds = get(&[
+        "get",
+        "statefulsets,configmaps,services,secrets,poddisruptionbudgets",
+        "-n",
+        "plant",
+        "-l",
+        "app.kubernetes.io/name=ferry-forwarder",
+        "-o",
+        "jsonpath={range .items[*]}{.kind}{\"\\n\"}{end}",
+    ]);
+    eprintln!(
+        "ferry-operator with the chart's ServiceAccount rendered: {}",
+        kinds.split_whitespace().collect::<Vec<_>>().join(", ")
+    );
+    assert!(
+        kinds.contains("StatefulSet"),
+        "rendered forwarder objects: {kinds}"
+    );
+    let events = get(&[
+        "get",
+        "events.events.k8s.io",
+        "-n",
+        "plant",
+        "-o",
+        "jsonpath={.items[*].reportingController}",
+    ]);
+    assert!(
+        events.contains("ferry-operator"),
+        "Events recorded: {events:?}"
+    );
+    let log_text = operator_log();
+    for refused in ["forbidden", "Forbidden"] {
+        assert!(
+            !log_text.contains(refused),
+            "the operator was refused something ({refused}):\n{log_text}"
+        );
+    }
+    drop(operator);
+
+    let out = helm(
+        &[
+            "uninstall",
+            RELEASE,
+            "--kubeconfig",
+            &kubeconfig,
+            "--namespace",
+            NAMESPACE,
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "helm uninstall: {}",
+        output_text(&out)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+fn tools_dir() -> PathBuf {
+    ferry_e2e::cache_dir().join("tools")
+}
+
+/// A tool built by `e2e/tools/build.sh`; fails the test, saying how to build it, if missing.
+fn tool(name: &str) -> PathBuf {
+    let path = tools_dir().join("bin").join(name);
+    assert!(
+        path.is_file(),
+        "{} is missing: run `bash e2e/tools/build.sh` (builds helm, kubeconform and the offline \
+         Kubernetes JSON schemas from the Go module proxy into $FERRY_CACHE/tools, a few \
+         minutes once; `make test` runs it)",
+        path.display()
+    );
+    path
+}
+
+fn run(mut cmd: Command, stdin: Option<&str>) -> Output {
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let shown = format!("{cmd:?}");
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {shown}: {e}"));
+    let writer = stdin.map(|input| {
+        let mut pipe = child.stdin.take().expect("piped stdin");
+        let input = input.to_owned();
+        std::thread::spawn(move || pipe.write_all(input.as_bytes()))
+    });
+    let out = child.wait_with_output().expect("wait");
+    if let Some(w) = writer {
+        w.join().expect("stdin writer").expect("write stdin");
+    }
+    out
+}
+
+fn output_text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// helm with its config, cache and data dirs in the test's temp dir (nothing in $HOME).
+fn helm<S: AsRef<str>>(args: &[S], stdin: Option<&str>) -> Output {
+    let home = Path::new(env!("CARGO_TARGET_TMPDIR")).join("helm");
+    let mut cmd = Command::new(tool("helm"));
+    cmd.args(args.iter().map(|a| a.as_ref()))
+        .env("HELM_CONFIG_HOME", home.join("config"))
+        .env("HELM_CACHE_HOME", home.join("cache"))
+        .env("HELM_DATA_HOME", home.join("data"));
+    run(cmd, stdin)
+}
+
+/// `helm template ferry charts/ferry --namespace ferry-system EXTRA...`, which must succeed.
+fn template(extra: &[&str]) -> String {
+    let mut args = vec!["template", RELEASE, CHART, "--namespace", NAMESPACE];
+    args.extend_from_slice(extra);
+    let out = helm(&args, None);
+    assert!(
+        out.status.success(),
+        "helm {} failed:\n{}",
+        args.join(" "),
+        output_text(&out)
+    );
+    String::from_utf8(out.stdout).expect("utf-8")
+}
+
+fn values_file(name: &str, yaml: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("chart-values-{name}-{}.yaml", std::process::id()));
+    std::fs::write(&path, yaml).expect("values file");
+    path
+}
+
+/// kubeconform, strict, against the offline schemas of `e2e/tools/build.sh` for the Kubernetes
+/// version the tests run, reading stdin.
+fn kubeconform_command() -> Command {
+    let schemas = tools_dir().join("schemas");
+    let version = ferry_e2e::kube::k8s_version();
+    assert!(
+        schemas
+            .join(format!(
+                "{version}-standalone-strict/deployment-apps-v1.json"
+            ))
+            .is_file(),
+        "the Kubernetes {version} JSON schemas are missing in {}: run `bash e2e/tools/build.sh`",
+        schemas.display()
+    );
+    let mut cmd = Command::new(tool("kubeconform"));
+    cmd.args(["-strict", "-summary", "-output", "text", "-kubernetes-version"])
+        .arg(version.trim_start_matches('v'))
+        .arg("-schema-location")
+        .arg(format!(
+            "{}/{{{{.NormalizedKubernetesVersion}}}}-standalone{{{{.StrictSuffix}}}}/{{{{.ResourceKind}}}}{{{{.KindSuffix}}}}.json",
+            schemas.display()
+        ))
+        .arg("-schema-location")
+        .arg(format!(
+            "{}/crds/{{{{.Group}}}}/{{{{.ResourceKind}}}}_{{{{.ResourceAPIVersion}}}}.json",
+            schemas.display()
+        ))
+        .arg("-");
+    cmd
+}
+
+/// Validates `rendered`, which must hold `expected` objects, all valid (none skipped).
+fn kubeconform(rendered: &str, expected: usize) {
+    let out = run(kubeconform_command(), Some(rendered));
+    let text = output_text(&out);
+    eprintln!("kubeconform: {}", text.trim());
+    assert!(out.status.success(), "kubeconform failed:\n{text}");
+    let summary = format!(
+        "{expected} resources found parsing stdin - Valid: {expected}, Invalid: 0, Errors: 0, Skipped: 0"
+    );
+    assert!(text.contains(&summary), "expected «{summary}» in:\n{text}");
+}
+
+/// The YAML documents of a rendered chart, as JSON values (empty ones left out).
+fn documents(rendered: &str) -> Vec<Value> {
+    rendered
+        .split("\n---")
+        .filter(|d| {
+            d.lines()
+                .any(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        })
+        .map(|d| {
+            serde_saphyr::from_str::<Value>(d)
+                .unwrap_or_else(|e| panic!("rendered YAML does not parse: {e}\n{d}"))
+        })
+        .collect()
+}
+
+fn kinds(docs: &[Value]) -> Vec<String> {
+    let mut kinds: Vec<String> = docs
+        .iter()
+        .map(|d| d["kind"].as_str().expect("kind").to_owned())
+        .collect();
+    kinds.sort();
+    kinds
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+}
+
+/// Each metric a dashboard query uses is one the forwarder or the operator registers, and the
+/// panels cover what the chart promises.
+fn check_dashboard_metrics(dashboard: &Value) {
+    let forwarder = include_str!("../../forwarder/src/metrics.rs");
+    let operator = include_str!("../src/metrics.rs");
+    let mut exprs = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            exprs.push(target["expr"].as_str().expect("expr").to_owned());
+        }
+    }
+    let mut used = std::collections::BTreeSet::new();
+    for expr in &exprs {
+        let mut rest = expr.as_str();
+        while let Some(i) = rest.find("ferry_") {
+            let name: String = rest[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            rest = &rest[i + name.len()..];
+            used.insert(name);
+        }
+    }
+    for name in &used {
+        let base = ["_total", "_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(name);
+        let registered = match base.strip_prefix("ferry_operator_") {
+            Some(op) => operator.contains(&format!("\"{op}\"")),
+            None => forwarder.contains(&format!("\"{}\"", &base["ferry_".len()..])),
+        };
+        assert!(
+            registered,
+            "the dashboard uses {name}, which nothing registers"
+        );
+    }
+    for promised in [
+        "ferry_rule_forwarded_messages_total",
+        "ferry_rule_dead_lettered_messages_total",
+        "ferry_rule_failed_messages_total",
+        "ferry_inflight_messages",
+        "ferry_kafka_produce_latency_seconds_bucket",
+        "ferry_message_ack_latency_seconds_bucket",
+        "ferry_mqtt_connected",
+        "ferry_kafka_reachable",
+        "ferry_operator_reconciles_total",
+        "ferry_operator_reconcile_errors_total",
+        "ferry_operator_leader",
+    ] {
+        assert!(
+            used.contains(promised),
+            "no dashboard panel shows {promised}"
+        );
+    }
+}
+
+fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// A kubeconfig for the control plane with `token` as the user.
+fn token_kubeconfig(cp: &ControlPlane, token: &str) -> String {
+    // ControlPlane writes its CA to ca.pem in its dir when it has one.
+    let tls = match cp.ca_pem() {
+        Some(_) => format!(
+            "certificate-authority: {}",
+            cp.dir().join("ca.pem").display()
+        ),
+        None => "insecure-skip-tls-verify: true".to_owned(),
+    };
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: ferry\n  cluster:\n    server: {}\n    {tls}\n\
+         users:\n- name: operator\n  user:\n    token: {token}\n\
+         contexts:\n- name: ferry\n  context:\n    cluster: ferry\n    user: operator\n    namespace: {NAMESPACE}\n\
+         current-context: ferry\n",
+        cp.server_url()
+    )
+}
+
+/// Kills the child when dropped (also when the test panics).
+struct ChildGuard(Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
