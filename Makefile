@@ -5,7 +5,7 @@ FERRY_CACHE ?= $(HOME)/.cache/ferry
 export FERRY_CACHE
 export CARGO_TARGET_DIR ?= $(FERRY_CACHE)/target
 
-.PHONY: all deps k8s build test lint unit demo crds clean-cache
+.PHONY: all deps k8s tools build test lint unit demo bench crds clean-cache
 
 all: build
 
@@ -18,6 +18,11 @@ deps:
 k8s:
 	@bash e2e/k8s/build.sh
 
+# helm and kubeconform from the Go module proxy, plus kubeconform's Kubernetes JSON schemas
+# generated offline (about 2.5 min once, then cached); idempotent.
+tools:
+	@bash e2e/tools/build.sh
+
 build: deps
 	cargo build --workspace --all-targets
 
@@ -27,20 +32,29 @@ lint: deps
 
 # Unit tests plus every integration test against real Mosquitto and Kafka. The broker tests
 # each start their own brokers; they run one at a time so timings stay meaningful on 2 cores.
-test: deps k8s lint
+test: deps k8s tools lint
 	cargo test --workspace -- --test-threads=1 --nocapture
 
 # Only the tests that need no brokers.
 unit:
 	cargo test --workspace --lib --test cli
 
-# Regenerates crds/ from api/src/crd.rs (a test fails when they differ).
+# Regenerates crds/ and charts/ferry/crds/ from api/src/crd.rs (tests fail when they differ).
 crds:
 	cargo run -q -p ferry-operator --bin crdgen
+
+# Benchmarks (release build): the forwarder against its brokers' and client libraries' limits,
+# and the operator at 1,000 rules. Writes bench/results/ (markdown, JSON, PNG plots); about
+# 10 minutes. BENCH_ARGS=--quick for a short check of the tool itself.
+bench: deps k8s
+	cargo build --release -p ferry-forwarder -p ferry-operator -p ferry-bench
+	$(CARGO_TARGET_DIR)/release/ferry-bench $(BENCH_ARGS)
 
 demo: deps
 	cargo build -p ferry-forwarder -p ferry-e2e --bin ferry-forwarder --bin demo-local
 	$(CARGO_TARGET_DIR)/debug/demo-local
 
+# Go makes its module cache read-only; make it writable so it can be removed.
 clean-cache:
+	chmod -R u+w "$(FERRY_CACHE)" 2>/dev/null || true
 	rm -rf "$(FERRY_CACHE)"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Ferry's tests and demo run on, caching outside the repo:
 #   - Debian packages: Mosquitto (the real MQTT broker, mosquitto_passwd), the openssl CLI (test
-#     certificates), cmake/openssl headers (librdkafka's build)
+#     certificates), cmake/openssl headers (librdkafka's build), DejaVu fonts (benchmark plots)
 #   - Apache Kafka's jars from Maven Central (version pinned in e2e/kafka/pom.xml)
 # Idempotent and quiet when everything is already there.
 set -euo pipefail
@@ -15,7 +15,7 @@ for bin_pkg in mosquitto:mosquitto mosquitto_pub:mosquitto-clients openssl:opens
                java:openjdk-17-jre-headless mvn:maven g++:g++ make:make; do
   command -v "${bin_pkg%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${bin_pkg%%:*}" ] || need_pkgs+=("${bin_pkg#*:}")
 done
-for dev_pkg in libssl-dev zlib1g-dev; do
+for dev_pkg in libssl-dev zlib1g-dev fonts-dejavu-core; do
   dpkg -s "$dev_pkg" >/dev/null 2>&1 || need_pkgs+=("$dev_pkg")
 done
 if [ ${#need_pkgs[@]} -gt 0 ]; then

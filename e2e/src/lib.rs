@@ -140,6 +140,11 @@ pub struct MosquittoOptions<'a> {
     /// (`allow_anonymous false`) and these users are written to a `password_file` with
     /// `mosquitto_passwd`. Names and passwords: see [`check_credential`].
     pub users: Vec<(String, String)>,
+    /// `max_inflight_messages` instead of [`MOSQUITTO_MAX_INFLIGHT`] (0: unlimited).
+    pub max_inflight_messages: Option<u32>,
+    /// `queue_qos0_messages true`: QoS 0 messages are queued for offline persistent sessions
+    /// too (Mosquitto drops them by default).
+    pub queue_qos0_messages: bool,
 }
 
 /// A TLS listener of [`Mosquitto`].
@@ -177,7 +182,7 @@ impl Mosquitto {
     /// `listener <tls_port> 127.0.0.1` with `cafile`, `certfile`, `keyfile` and
     /// `require_certificate true|false`; with `users`, `allow_anonymous false` and
     /// `password_file`; always `persistence false`, `max_inflight_messages`
-    /// [`MOSQUITTO_MAX_INFLIGHT`], `max_queued_messages` [`MOSQUITTO_MAX_QUEUED`],
+    /// [`MOSQUITTO_MAX_INFLIGHT`] (unless overridden), `max_queued_messages` [`MOSQUITTO_MAX_QUEUED`],
     /// `max_queued_bytes 0`. With `tls` or `users`, when run as root, it stays root (`user root`)
     /// so it can still read its password file in the private temp dir after the start.
     pub fn start_with(options: MosquittoOptions<'_>) -> Result<Self> {
@@ -244,7 +249,16 @@ impl Mosquitto {
             writeln!(f, "password_file {}", passwords.display())?;
         }
         writeln!(f, "persistence false")?;
-        writeln!(f, "max_inflight_messages {MOSQUITTO_MAX_INFLIGHT}")?;
+        writeln!(
+            f,
+            "max_inflight_messages {}",
+            options
+                .max_inflight_messages
+                .unwrap_or(MOSQUITTO_MAX_INFLIGHT)
+        )?;
+        if options.queue_qos0_messages {
+            writeln!(f, "queue_qos0_messages true")?;
+        }
         writeln!(f, "max_queued_messages {MOSQUITTO_MAX_QUEUED}")?;
         writeln!(f, "max_queued_bytes 0")?;
         writeln!(f, "log_type error")?;

@@ -165,6 +165,7 @@ fn mosquitto_tls_with_client_cert_and_password(key_type: KeyType) {
             require_client_cert: true,
         }),
         users: users(&[("ferry", "s3cret-pw"), ("other", "other-pw")]),
+        ..MosquittoOptions::default()
     })
     .expect("mosquitto");
     println!(
@@ -306,6 +307,7 @@ fn mosquitto_tls_server_only_anonymous() {
             require_client_cert: false,
         }),
         users: vec![],
+        ..MosquittoOptions::default()
     })
     .expect("mosquitto");
     let client = MqttClient {
@@ -337,6 +339,7 @@ fn bad_credentials_are_rejected_before_starting() {
     let err = Mosquitto::start_with(MosquittoOptions {
         tls: None,
         users: users(&[("a:b", "pw")]),
+        ..MosquittoOptions::default()
     })
     .err()
     .expect("a ':' in a user name is refused");

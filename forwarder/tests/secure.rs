@@ -33,6 +33,7 @@ fn start(mqtt_pki: &Pki, kafka_pki: &Pki) -> SecureBrokers {
             require_client_cert: true,
         }),
         users: vec![(MQTT_USER.into(), MQTT_PASSWORD.into())],
+        ..MosquittoOptions::default()
     })
     .expect("mosquitto");
     let kafka = Kafka::start_with(KafkaOptions {

@@ -92,12 +92,18 @@ fn chart_crds_are_the_generated_ones() {
 
 #[test]
 fn helm_lint_strict_passes_with_defaults_and_with_every_option() {
-    let values = values_file("all-options", ALL_OPTIONS);
+    let values = values_file("lint-all-options", ALL_OPTIONS);
     for extra in [
         vec![],
         vec!["--values".to_owned(), values.display().to_string()],
     ] {
-        let mut args = vec!["lint".to_owned(), "--strict".to_owned(), CHART.to_owned()];
+        let mut args = vec![
+            "lint".to_owned(),
+            "--strict".to_owned(),
+            "--kube-version".to_owned(),
+            ferry_e2e::kube::k8s_version().to_owned(),
+            CHART.to_owned(),
+        ];
         args.extend(extra);
         let out = helm(&args, None);
         let text = output_text(&out);
@@ -789,7 +795,16 @@ fn helm<S: AsRef<str>>(args: &[S], stdin: Option<&str>) -> Output {
 
 /// `helm template ferry charts/ferry --namespace ferry-system EXTRA...`, which must succeed.
 fn template(extra: &[&str]) -> String {
-    let mut args = vec!["template", RELEASE, CHART, "--namespace", NAMESPACE];
+    let version = ferry_e2e::kube::k8s_version();
+    let mut args = vec![
+        "template",
+        RELEASE,
+        CHART,
+        "--namespace",
+        NAMESPACE,
+        "--kube-version",
+        version,
+    ];
     args.extend_from_slice(extra);
     let out = helm(&args, None);
     assert!(

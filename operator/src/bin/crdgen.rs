@@ -1,13 +1,17 @@
-//! Writes the CRDs to `crds/` (or the directory given as the first argument).
+//! Writes the CRDs to `crds/` and `charts/ferry/crds/` (or to each directory given as an
+//! argument).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let dir = std::env::args_os()
-        .nth(1)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../crds")));
+    let args: Vec<PathBuf> = std::env::args_os().skip(1).map(PathBuf::from).collect();
+    let dirs = if args.is_empty() {
+        let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+        vec![root.join("crds"), root.join("charts/ferry/crds")]
+    } else {
+        args
+    };
     let files = match ferry_operator::crdgen::render() {
         Ok(f) => f,
         Err(e) => {
@@ -15,13 +19,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    for (name, yaml) in files {
-        let path = dir.join(name);
-        if let Err(e) = std::fs::write(&path, yaml) {
-            eprintln!("crdgen: cannot write {}: {e}", path.display());
-            return ExitCode::FAILURE;
+    for dir in &dirs {
+        for (name, yaml) in &files {
+            let path = dir.join(name);
+            if let Err(e) = std::fs::write(&path, yaml) {
+                eprintln!("crdgen: cannot write {}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+            println!("wrote {}", path.display());
         }
-        println!("wrote {}", path.display());
     }
     ExitCode::SUCCESS
 }

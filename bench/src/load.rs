@@ -1,0 +1,358 @@
+//! Load and measurement: MQTT publishers (backlog and fixed rate), a bare MQTT subscriber
+//! and a bare Kafka producer (the limits), and a Kafka reader that checks what arrived.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Result, anyhow, bail};
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext, ThreadedProducer};
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
+
+/// Payload layout: sequence number (8 bytes, big endian), send time in ns since the epoch
+/// (8 bytes), then filler up to the message size.
+pub const HEADER: usize = 16;
+
+pub fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+pub fn payload(seq: u64, size: usize) -> Vec<u8> {
+    let mut p = Vec::with_capacity(size.max(HEADER));
+    p.extend_from_slice(&seq.to_be_bytes());
+    p.extend_from_slice(&now_ns().to_be_bytes());
+    p.resize(size.max(HEADER), b'x');
+    p
+}
+
+fn decode(p: &[u8]) -> Option<(u64, u64)> {
+    let seq = u64::from_be_bytes(p.get(0..8)?.try_into().ok()?);
+    let sent = u64::from_be_bytes(p.get(8..16)?.try_into().ok()?);
+    Some((seq, sent))
+}
+
+/// Message `seq` goes to MQTT topic `<prefix>/t<seq % topics>`.
+pub fn topic_of(prefix: &str, seq: u64, topics: u64) -> String {
+    format!("{prefix}/t{}", seq % topics)
+}
+
+pub fn qos(level: u8) -> QoS {
+    match level {
+        0 => QoS::AtMostOnce,
+        1 => QoS::AtLeastOnce,
+        _ => QoS::ExactlyOnce,
+    }
+}
+
+/// Publishes `n` messages as fast as the broker takes them; returns once it holds them all.
+pub async fn publish_backlog(
+    port: u16,
+    prefix: &str,
+    n: u64,
+    size: usize,
+    topics: u64,
+    level: u8,
+) -> Result<()> {
+    let messages = (0..n)
+        .map(|seq| (topic_of(prefix, seq, topics), payload(seq, size)))
+        .collect();
+    ferry_e2e::publish(port, format!("{prefix}-publisher"), qos(level), messages).await
+}
+
+/// Publishes `rate` messages per second for `duration` at QoS 1, each stamped when handed
+/// to the client; returns how many were sent.
+pub async fn publish_at_rate(
+    port: u16,
+    prefix: &str,
+    rate: u64,
+    duration: Duration,
+    size: usize,
+    topics: u64,
+) -> Result<u64> {
+    let mut opts = MqttOptions::new(format!("{prefix}-rate-publisher"), "127.0.0.1", port);
+    opts.set_keep_alive(Duration::from_secs(30))
+        .set_inflight(u16::MAX)
+        .set_max_packet_size(1 << 24, 1 << 24);
+    let (client, mut eventloop) = AsyncClient::new(opts, 10_000);
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
+    let poller = tokio::spawn(async move {
+        loop {
+            match eventloop.poll().await {
+                Ok(Event::Outgoing(Outgoing::Disconnect)) => return Ok(()),
+                Ok(_) => {}
+                Err(e) if stopped.load(Ordering::Relaxed) => {
+                    let _ = e;
+                    return Ok(());
+                }
+                Err(e) => return Err(anyhow!("rate publisher: {e}")),
+            }
+        }
+    });
+    let prefix = prefix.to_owned();
+    let start = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut seq = 0u64;
+    while start.elapsed() < duration {
+        tick.tick().await;
+        // Catch up to where the schedule says we should be.
+        let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
+        while seq < due {
+            client
+                .publish(
+                    topic_of(&prefix, seq, topics),
+                    QoS::AtLeastOnce,
+                    false,
+                    payload(seq, size),
+                )
+                .await?;
+            seq += 1;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    client.disconnect().await?;
+    let _ = tokio::time::timeout(Duration::from_secs(5), poller).await;
+    Ok(seq)
+}
+
+/// Creates a persistent session subscribed to `filter`, then leaves it for the broker to fill.
+pub async fn create_session(port: u16, client_id: &str, filter: &str, level: u8) -> Result<()> {
+    let mut opts = MqttOptions::new(client_id, "127.0.0.1", port);
+    opts.set_clean_session(false)
+        .set_keep_alive(Duration::from_secs(30));
+    let (client, mut eventloop) = AsyncClient::new(opts, 10);
+    client.subscribe(filter, qos(level)).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if Instant::now() > deadline {
+            bail!("no SUBACK for {client_id}");
+        }
+        if let Event::Incoming(Packet::SubAck(_)) =
+            tokio::time::timeout(Duration::from_secs(10), eventloop.poll()).await??
+        {
+            break;
+        }
+    }
+    client.disconnect().await?;
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Ok(ev) = eventloop.poll().await {
+            if matches!(ev, Event::Outgoing(Outgoing::Disconnect)) {
+                break;
+            }
+        }
+    })
+    .await;
+    Ok(())
+}
+
+/// The MQTT side's limit: a rumqttc subscriber (the forwarder's client library) that does
+/// nothing but acknowledge, draining the backlog of its persistent session. Returns messages
+/// per second from the first message to the last.
+pub async fn bare_subscriber_drain(port: u16, client_id: &str, n: u64) -> Result<f64> {
+    let mut opts = MqttOptions::new(client_id, "127.0.0.1", port);
+    opts.set_clean_session(false)
+        .set_keep_alive(Duration::from_secs(30))
+        .set_max_packet_size(1 << 24, 1 << 24);
+    let (client, mut eventloop) = AsyncClient::new(opts, 10_000);
+    let mut start = Instant::now();
+    let mut got = 0u64;
+    while got < n {
+        match tokio::time::timeout(Duration::from_secs(30), eventloop.poll()).await {
+            Ok(Ok(Event::Incoming(Packet::Publish(_)))) => {
+                if got == 0 {
+                    start = Instant::now();
+                }
+                got += 1;
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => bail!("bare subscriber after {got}/{n}: {e}"),
+            Err(_) => bail!("bare subscriber stalled after {got}/{n}"),
+        }
+    }
+    let took = start.elapsed();
+    // Let the last acks out before leaving.
+    let _ = tokio::time::timeout(Duration::from_millis(500), async {
+        loop {
+            let _ = eventloop.poll().await;
+        }
+    })
+    .await;
+    client.disconnect().await?;
+    let _ = tokio::time::timeout(Duration::from_secs(2), eventloop.poll()).await;
+    Ok(n.saturating_sub(1) as f64 / took.as_secs_f64().max(1e-6))
+}
+
+struct Counting;
+impl ClientContext for Counting {}
+impl ProducerContext for Counting {
+    type DeliveryOpaque = ();
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if result.is_err() {
+            FAILED.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+static FAILED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The Kafka side's limit: librdkafka (the forwarder's client library) with the forwarder's
+/// producer defaults, producing `n` records of `size` bytes over `keys` keys and nothing else.
+/// Returns records per second, from after a warm-up record (connection, metadata, producer
+/// id) until every record was confirmed.
+pub fn bare_producer(bootstrap: &str, topic: &str, n: u64, size: usize, keys: u64) -> Result<f64> {
+    let producer: ThreadedProducer<Counting> = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("acks", "all")
+        .set("enable.idempotence", "true")
+        .set("compression.type", "lz4")
+        .set("linger.ms", "5")
+        .create_with_context(Counting)?;
+    FAILED.store(0, Ordering::Relaxed);
+    let warm_up = payload(u64::MAX, size);
+    producer
+        .send(BaseRecord::to(topic).key("warm-up").payload(&warm_up))
+        .map_err(|(e, _)| anyhow!("produce: {e}"))?;
+    rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30))?;
+    let start = Instant::now();
+    for seq in 0..n {
+        let key = format!("t{}", seq % keys);
+        let value = payload(seq, size);
+        loop {
+            match producer.send(BaseRecord::to(topic).key(&key).payload(&value)) {
+                Ok(()) => break,
+                Err((
+                    rdkafka::error::KafkaError::MessageProduction(
+                        rdkafka::types::RDKafkaErrorCode::QueueFull,
+                    ),
+                    _,
+                )) => std::thread::sleep(Duration::from_micros(200)),
+                Err((e, _)) => bail!("produce: {e}"),
+            }
+        }
+    }
+    rdkafka::producer::Producer::flush(&producer, Duration::from_secs(120))?;
+    let took = start.elapsed();
+    let failed = FAILED.load(Ordering::Relaxed);
+    if failed > 0 {
+        bail!("{failed} records failed");
+    }
+    Ok(n as f64 / took.as_secs_f64().max(1e-6))
+}
+
+/// What arrived in Kafka, judged against what was published.
+#[derive(Debug, Clone, Default)]
+pub struct Arrivals {
+    pub records: u64,
+    pub lost: u64,
+    pub duplicates: u64,
+    pub out_of_order: u64,
+    /// End-to-end latency of each first arrival, in ms (publish call → read from Kafka).
+    pub latencies_ms: Vec<f64>,
+}
+
+/// Reads `topic` from the beginning in a thread until `expect` distinct sequence numbers
+/// arrived and `settle` passed with nothing new, or `timeout` passed. `stop` ends it early
+/// (e.g. when the caller knows how many were sent only later).
+pub fn read_topic(
+    bootstrap: String,
+    topic: String,
+    settle: Duration,
+    timeout: Duration,
+) -> Result<Reader> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", format!("ferry-bench-{}", std::process::id()))
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "50")
+        .create()?;
+    let md = consumer.fetch_metadata(Some(&topic), Duration::from_secs(10))?;
+    let partitions: Vec<i32> = md
+        .topics()
+        .first()
+        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+        .unwrap_or_default();
+    if partitions.is_empty() {
+        bail!("topic {topic} has no partitions");
+    }
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions {
+        tpl.add_partition_offset(&topic, p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let expect = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
+    let want = expect.clone();
+    let handle = std::thread::spawn(move || -> Result<Arrivals> {
+        let mut seen: HashSet<u64> = HashSet::new();
+        let mut last_per_key: HashMap<Vec<u8>, u64> = HashMap::new();
+        let mut a = Arrivals::default();
+        let start = Instant::now();
+        let mut last_new = Instant::now();
+        while start.elapsed() < timeout {
+            let target = want.load(Ordering::Relaxed);
+            if seen.len() as u64 >= target && last_new.elapsed() >= settle {
+                break;
+            }
+            match consumer.poll(Duration::from_millis(50)) {
+                Some(Ok(m)) => {
+                    let received = now_ns();
+                    last_new = Instant::now();
+                    a.records += 1;
+                    let Some((seq, sent)) = m.payload().and_then(decode) else {
+                        bail!("a record without a bench header in {topic}");
+                    };
+                    if !seen.insert(seq) {
+                        a.duplicates += 1;
+                        continue;
+                    }
+                    a.latencies_ms
+                        .push(received.saturating_sub(sent) as f64 / 1_000_000.0);
+                    let key = m.key().map(<[u8]>::to_vec).unwrap_or_default();
+                    let last = last_per_key.entry(key).or_insert(seq);
+                    if seq < *last {
+                        a.out_of_order += 1;
+                    }
+                    *last = (*last).max(seq);
+                }
+                Some(Err(e)) => bail!("consume {topic}: {e}"),
+                None => {}
+            }
+        }
+        let target = want.load(Ordering::Relaxed);
+        a.lost = target.saturating_sub(seen.len() as u64);
+        Ok(a)
+    });
+    Ok(Reader { expect, handle })
+}
+
+pub struct Reader {
+    expect: Arc<std::sync::atomic::AtomicU64>,
+    handle: std::thread::JoinHandle<Result<Arrivals>>,
+}
+
+impl Reader {
+    /// Tells the reader how many distinct messages to wait for, and waits for its verdict.
+    pub fn finish(self, expect: u64) -> Result<Arrivals> {
+        self.expect.store(expect, Ordering::Relaxed);
+        self.handle
+            .join()
+            .map_err(|_| anyhow!("the Kafka reader panicked"))?
+    }
+}
+
+/// The p-th percentile (0–100) of sorted values.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
+    sorted[rank.min(sorted.len() - 1)]
+}

@@ -1,0 +1,413 @@
+//! `ferry-bench` (`make bench`): the forwarder measured against the limits of the brokers and
+//! client libraries it sits between, in the same run, plus the operator at 1,000 rules.
+//!
+//! Every scenario runs on real processes: Mosquitto, Kafka (KRaft), the release
+//! `ferry-forwarder`, and for the operator a real etcd + kube-apiserver + controller-manager
+//! with the release `ferry-operator`. Results go to `bench/results/` as a markdown table,
+//! JSON, and PNG plots.
+
+mod load;
+mod operator;
+mod plot;
+mod procs;
+mod report;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use clap::Parser;
+use ferry_e2e::{Kafka, Mosquitto, MosquittoOptions};
+
+use crate::load::{Arrivals, percentile};
+use crate::procs::{Forwarder, Usage};
+use crate::report::{Drain, Latency, Limit, OperatorFigures, Report};
+
+#[derive(Parser, Debug)]
+#[command(about)]
+struct Args {
+    /// Messages per drain scenario.
+    #[arg(long, default_value_t = 100_000)]
+    messages: u64,
+    /// Seconds per fixed-rate latency run.
+    #[arg(long, default_value_t = 15)]
+    latency_seconds: u64,
+    /// A short run (10k messages, 3 s latency runs, 100 rules) to check the tool itself.
+    #[arg(long)]
+    quick: bool,
+    /// Skip the operator figures (they need the Kubernetes binaries of e2e/k8s/build.sh).
+    #[arg(long)]
+    no_operator: bool,
+    /// Where results go.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
+    out: PathBuf,
+}
+
+/// The MQTT topics a run spreads its messages over (one Kafka key each).
+const TOPICS: u64 = 16;
+const PARTITIONS: i32 = 4;
+
+struct Bench {
+    forwarder_bin: PathBuf,
+    mqtt: Mosquitto,
+    kafka: Kafka,
+    rt: tokio::runtime::Runtime,
+    dir: tempfile::TempDir,
+    runs: u32,
+    messages: u64,
+}
+
+/// One drain: `replicas` forwarders, each with a persistent session that the broker filled
+/// with its share of `messages` while they were away.
+#[derive(Debug, Clone, Copy)]
+struct DrainSpec {
+    qos: u8,
+    size: usize,
+    window: u32,
+    replicas: u32,
+}
+
+impl Bench {
+    fn next_run(&mut self) -> u32 {
+        self.runs += 1;
+        self.runs
+    }
+
+    fn forwarder_config(&self, run: u32, replica: u32, spec: DrainSpec, shared: bool) -> String {
+        let shared_group = if shared {
+            format!("  shared_group: bench{run}\n")
+        } else {
+            String::new()
+        };
+        format!(
+            "mqtt:\n  host: 127.0.0.1\n  port: {port}\n  client_id: bench-{run}-{replica}\n  clean_session: false\n  max_inflight: {window}\n{shared_group}\
+             kafka:\n  bootstrap_servers: \"{bootstrap}\"\n\
+             rules:\n  - name: bench\n    mqtt:\n      topics: [\"b{run}/#\"]\n      qos: {qos}\n    kafka:\n      topic: bench.{run}\n\
+             log:\n  level: warn\n",
+            port = self.mqtt.port(),
+            window = spec.window,
+            bootstrap = self.kafka.bootstrap(),
+            qos = spec.qos,
+        )
+    }
+
+    fn drain(&mut self, spec: DrainSpec) -> Result<Drain> {
+        let run = self.next_run();
+        // A small window is slow by design: 200 windows' worth is plenty to measure it.
+        let n = self.messages.min(u64::from(spec.window) * 200);
+        let topic = format!("bench.{run}");
+        self.rt
+            .block_on(self.kafka.create_topic(&topic, PARTITIONS))?;
+        let shared = spec.replicas > 1;
+        let configs: Vec<String> = (0..spec.replicas)
+            .map(|i| self.forwarder_config(run, i, spec, shared))
+            .collect();
+        // Sessions first (subscribe, leave), so the broker queues the backlog for them.
+        for (i, config) in configs.iter().enumerate() {
+            let mut f = Forwarder::start(
+                &self.forwarder_bin,
+                self.dir.path(),
+                &format!("run{run}-{i}-session"),
+                config,
+            )?;
+            f.wait_ready(Duration::from_secs(30))?;
+            f.stop()?;
+        }
+        self.rt.block_on(load::publish_backlog(
+            self.mqtt.port(),
+            &format!("b{run}"),
+            n,
+            spec.size,
+            TOPICS,
+            spec.qos,
+        ))?;
+        let start = Instant::now();
+        let mut forwarders: Vec<Forwarder> = configs
+            .iter()
+            .enumerate()
+            .map(|(i, config)| {
+                Forwarder::start(
+                    &self.forwarder_bin,
+                    self.dir.path(),
+                    &format!("run{run}-{i}"),
+                    config,
+                )
+            })
+            .collect::<Result<_>>()?;
+        let deadline = Duration::from_secs(60 + n / 1000);
+        // Throughput counts from the first ack seen, so process start, connections and
+        // Kafka metadata (start-up, reported apart) do not dilute it.
+        let mut first: Option<(Instant, u64)> = None;
+        loop {
+            let acked = forwarders
+                .iter()
+                .filter_map(|f| f.metric("ferry_rule_acked_messages_total"))
+                .sum::<f64>() as u64;
+            if acked > 0 && first.is_none() {
+                first = Some((Instant::now(), acked));
+            }
+            if acked >= n {
+                break;
+            }
+            if start.elapsed() > deadline {
+                bail!("drain {spec:?}: {acked} of {n} acked after {deadline:?}");
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let (first_at, first_acked) = first.unwrap_or((start, 0));
+        let startup = first_at.duration_since(start);
+        let steady = first_at.elapsed().max(Duration::from_millis(1));
+        let rate = (n - first_acked.min(n)) as f64 / steady.as_secs_f64();
+        let usage: Vec<Usage> = forwarders
+            .iter()
+            .map(Forwarder::usage)
+            .collect::<Result<_>>()?;
+        for f in &mut forwarders {
+            f.stop()?;
+        }
+        let arrivals = load::read_topic(
+            self.kafka.bootstrap(),
+            topic,
+            Duration::from_secs(1),
+            Duration::from_secs(120),
+        )?
+        .finish(n)?;
+        let cpu: f64 = usage.iter().map(|u| u.cpu_seconds).sum();
+        let peak = usage.iter().map(|u| u.peak_rss_mib).fold(0.0, f64::max);
+        let d = Drain {
+            startup_seconds: startup.as_secs_f64(),
+            qos: spec.qos,
+            size: spec.size,
+            window: spec.window,
+            replicas: spec.replicas,
+            messages: n,
+            msgs_per_sec: rate,
+            mb_per_sec: rate * spec.size as f64 / 1_000_000.0,
+            cpu_seconds: cpu,
+            msgs_per_cpu_second: n as f64 / cpu.max(0.001),
+            peak_rss_mib: peak,
+            lost: arrivals.lost,
+            duplicates: arrivals.duplicates,
+            out_of_order: arrivals.out_of_order,
+        };
+        println!("{}", d.line());
+        Ok(d)
+    }
+
+    /// A bare rumqttc subscriber draining the same backlog, and librdkafka producing the
+    /// same records, each alone.
+    fn limits(&mut self, qos: u8, size: usize) -> Result<Limit> {
+        let run = self.next_run();
+        let n = self.messages;
+        let prefix = format!("b{run}");
+        let client = format!("bench-{run}-bare");
+        let port = self.mqtt.port();
+        self.rt.block_on(load::create_session(
+            port,
+            &client,
+            &format!("{prefix}/#"),
+            qos,
+        ))?;
+        self.rt
+            .block_on(load::publish_backlog(port, &prefix, n, size, TOPICS, qos))?;
+        let mqtt_rate = self
+            .rt
+            .block_on(load::bare_subscriber_drain(port, &client, n))?;
+        let topic = format!("bench.{run}");
+        self.rt
+            .block_on(self.kafka.create_topic(&topic, PARTITIONS))?;
+        let kafka_rate = load::bare_producer(&self.kafka.bootstrap(), &topic, n, size, TOPICS)?;
+        let l = Limit {
+            qos,
+            size,
+            mqtt_subscriber_msgs_per_sec: mqtt_rate,
+            kafka_producer_msgs_per_sec: kafka_rate,
+        };
+        println!("{}", l.line());
+        Ok(l)
+    }
+
+    /// One forwarder, a publisher at `rate` msg/s for `seconds`, and a Kafka reader timing
+    /// every record from the publish call to its arrival.
+    fn latency(&mut self, rate: u64, seconds: u64) -> Result<Latency> {
+        let run = self.next_run();
+        let topic = format!("bench.{run}");
+        self.rt
+            .block_on(self.kafka.create_topic(&topic, PARTITIONS))?;
+        let spec = DrainSpec {
+            qos: 1,
+            size: 300,
+            window: 1000,
+            replicas: 1,
+        };
+        let mut f = Forwarder::start(
+            &self.forwarder_bin,
+            self.dir.path(),
+            &format!("run{run}"),
+            &self.forwarder_config(run, 0, spec, false),
+        )?;
+        f.wait_ready(Duration::from_secs(30))?;
+        let reader = load::read_topic(
+            self.kafka.bootstrap(),
+            topic,
+            Duration::from_secs(1),
+            Duration::from_secs(seconds + 120),
+        )?;
+        let sent = self.rt.block_on(load::publish_at_rate(
+            self.mqtt.port(),
+            &format!("b{run}"),
+            rate,
+            Duration::from_secs(seconds),
+            spec.size,
+            TOPICS,
+        ))?;
+        let arrivals: Arrivals = reader.finish(sent)?;
+        let usage = f.usage()?;
+        f.stop()?;
+        let mut ms = arrivals.latencies_ms.clone();
+        ms.sort_by(f64::total_cmp);
+        let l = Latency {
+            target_rate: rate,
+            achieved_rate: sent as f64 / seconds as f64,
+            messages: sent,
+            p50_ms: percentile(&ms, 50.0),
+            p90_ms: percentile(&ms, 90.0),
+            p99_ms: percentile(&ms, 99.0),
+            max_ms: ms.last().copied().unwrap_or(f64::NAN),
+            lost: arrivals.lost,
+            duplicates: arrivals.duplicates,
+            cpu_seconds: usage.cpu_seconds,
+            peak_rss_mib: usage.peak_rss_mib,
+            sorted_ms: ms,
+        };
+        println!("{}", l.line());
+        Ok(l)
+    }
+}
+
+fn main() -> Result<()> {
+    let mut args = Args::parse();
+    if args.quick {
+        args.messages = args.messages.min(10_000);
+        args.latency_seconds = args.latency_seconds.min(3);
+    }
+    let here = std::env::current_exe()?;
+    let bin_dir = here.parent().context("bench binary has no directory")?;
+    let forwarder_bin = bin_dir.join("ferry-forwarder");
+    let operator_bin = bin_dir.join("ferry-operator");
+    for b in [&forwarder_bin, &operator_bin] {
+        if !b.is_file() {
+            bail!(
+                "{} not found next to ferry-bench: run `make bench` (it builds all three in release)",
+                b.display()
+            );
+        }
+    }
+    let started = Instant::now();
+    let machine = report::machine();
+    println!("ferry-bench on {machine}");
+    // Unlimited in-flight toward a client: the forwarder's window is the only bound, so the
+    // window sweep measures the forwarder and not the broker's setting. QoS 0 queued for
+    // offline sessions, so QoS 0 can be drained like the others.
+    let mqtt = Mosquitto::start_with(MosquittoOptions {
+        max_inflight_messages: Some(0),
+        queue_qos0_messages: true,
+        ..MosquittoOptions::default()
+    })?;
+    let kafka = Kafka::start()?;
+    println!(
+        "mosquitto {} (max_inflight_messages 0 = unlimited, max_queued_messages {}, queue_qos0_messages true); kafka {} (KRaft, 1 node, -Xmx1g); {} partitions, {} MQTT topics = keys",
+        report::mosquitto_version(),
+        ferry_e2e::MOSQUITTO_MAX_QUEUED,
+        ferry_e2e::KAFKA_VERSION,
+        PARTITIONS,
+        TOPICS
+    );
+    let mut bench = Bench {
+        forwarder_bin,
+        mqtt,
+        kafka,
+        rt: tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?,
+        dir: tempfile::Builder::new().prefix("ferry-bench-").tempdir()?,
+        runs: 0,
+        messages: args.messages,
+    };
+    let mut report = Report {
+        machine,
+        messages: args.messages,
+        ..Report::default()
+    };
+
+    println!(
+        "\n== Drains: QoS x size, window 1000, 1 replica; and the limits for the same backlog"
+    );
+    for size in [300, 1024] {
+        for qos in [0u8, 1, 2] {
+            report.limits.push(bench.limits(qos, size)?);
+            report.drains.push(bench.drain(DrainSpec {
+                qos,
+                size,
+                window: 1000,
+                replicas: 1,
+            })?);
+        }
+    }
+    println!("\n== Window sweep: QoS 1, 300 B");
+    for window in [10, 50, 100, 250, 500, 1000, 2000, 5000] {
+        report.windows.push(bench.drain(DrainSpec {
+            qos: 1,
+            size: 300,
+            window,
+            replicas: 1,
+        })?);
+    }
+    println!("\n== Replicas on a shared subscription: QoS 1, 300 B, window 1000");
+    for replicas in [1, 2, 4] {
+        report.replicas.push(bench.drain(DrainSpec {
+            qos: 1,
+            size: 300,
+            window: 1000,
+            replicas,
+        })?);
+    }
+    println!("\n== Latency at a fixed rate: QoS 1, 300 B, 1 replica");
+    for rate in [1_000, 10_000] {
+        report
+            .latencies
+            .push(bench.latency(rate, args.latency_seconds)?);
+    }
+    drop(bench);
+
+    if !args.no_operator {
+        println!("\n== Operator");
+        let rules = if args.quick { 100 } else { 1000 };
+        let steady = if args.quick { 10 } else { 60 };
+        let figures: OperatorFigures = operator::measure(&operator_bin, rules, steady)?;
+        println!("{}", figures.line());
+        report.operator = Some(figures);
+    }
+    report.took_seconds = started.elapsed().as_secs_f64();
+    write_results(&args.out, &report)?;
+    Ok(())
+}
+
+fn write_results(out: &Path, report: &Report) -> Result<()> {
+    std::fs::create_dir_all(out)?;
+    let md = report.markdown();
+    std::fs::write(out.join("results.md"), &md)?;
+    std::fs::write(
+        out.join("results.json"),
+        serde_json::to_string_pretty(report)?,
+    )?;
+    plot::throughput_vs_window(&out.join("throughput-vs-window.png"), &report.windows)?;
+    plot::latency_cdf(&out.join("latency-cdf.png"), &report.latencies)?;
+    println!("\n{md}");
+    println!(
+        "wrote {}/results.md, results.json, throughput-vs-window.png, latency-cdf.png",
+        out.display()
+    );
+    Ok(())
+}

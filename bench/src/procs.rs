@@ -1,0 +1,151 @@
+//! Processes under measurement: the forwarder binary, and what `/proc` says of any process.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use ferry_e2e::{free_port, http_get};
+
+/// CPU seconds (user + system) and peak resident memory of a process, from `/proc`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    pub cpu_seconds: f64,
+    pub peak_rss_mib: f64,
+}
+
+pub fn usage(pid: u32) -> Result<Usage> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name may contain spaces; the fields after it are space-separated.
+    let after = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("/proc/PID/stat without ')'")?;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of stat(5); `after` starts at field 3.
+    let ticks: u64 = fields
+        .get(11..13)
+        .context("short /proc/PID/stat")?
+        .iter()
+        .map(|f| f.parse::<u64>().unwrap_or(0))
+        .sum();
+    // SAFETY: sysconf(3) has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let hwm_kib: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .context("no VmHWM in /proc/PID/status")?;
+    Ok(Usage {
+        cpu_seconds: ticks as f64 / hz,
+        peak_rss_mib: hwm_kib / 1024.0,
+    })
+}
+
+/// One `ferry-forwarder` process on a config written to its own directory.
+pub struct Forwarder {
+    child: Option<Child>,
+    pub http_port: u16,
+    log: PathBuf,
+}
+
+impl Forwarder {
+    /// Starts it; `config` gets `http.listen` on a free port appended.
+    pub fn start(bin: &Path, dir: &Path, name: &str, config: &str) -> Result<Self> {
+        let http_port = free_port()?;
+        let path = dir.join(format!("{name}.yaml"));
+        std::fs::write(
+            &path,
+            format!("{config}http:\n  listen: 127.0.0.1:{http_port}\n"),
+        )?;
+        let log = dir.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log)?;
+        let child = Command::new(bin)
+            .arg("--config")
+            .arg(&path)
+            .arg("--no-reload")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("start {}", bin.display()))?;
+        Ok(Self {
+            child: Some(child),
+            http_port,
+            log,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    /// Waits until `/readyz` answers 200: connected and subscribed, Kafka reachable.
+    pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            if let Some((200, _)) = http_get(self.http_port, "/readyz") {
+                return Ok(());
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                bail!("forwarder exited with {status}: {}", self.log_tail());
+            }
+            if start.elapsed() > timeout {
+                bail!("forwarder not ready after {timeout:?}: {}", self.log_tail());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The sum of a metric's samples (every label set), or `None` when `/metrics` does not answer.
+    pub fn metric(&self, name: &str) -> Option<f64> {
+        let (code, body) = http_get(self.http_port, "/metrics")?;
+        if code != 200 {
+            return None;
+        }
+        Some(
+            body.lines()
+                .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum(),
+        )
+    }
+
+    pub fn usage(&self) -> Result<Usage> {
+        usage(self.pid())
+    }
+
+    /// SIGTERM (drain, ack, disconnect) and wait.
+    pub fn stop(&mut self) -> Result<()> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(child.id() as i32, libc::SIGTERM);
+        }
+        let status = child.wait()?;
+        if !status.success() {
+            bail!("forwarder exited with {status}: {}", self.log_tail());
+        }
+        Ok(())
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

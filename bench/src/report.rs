@@ -1,0 +1,380 @@
+//! The figures, the targets they are held to, and the markdown written to `bench/results/`.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Drain {
+    pub qos: u8,
+    pub size: usize,
+    pub window: u32,
+    pub replicas: u32,
+    pub messages: u64,
+    /// Process start until the first ack: connections, subscriptions, Kafka metadata.
+    pub startup_seconds: f64,
+    /// From the first ack to the last.
+    pub msgs_per_sec: f64,
+    pub mb_per_sec: f64,
+    pub cpu_seconds: f64,
+    pub msgs_per_cpu_second: f64,
+    pub peak_rss_mib: f64,
+    pub lost: u64,
+    pub duplicates: u64,
+    pub out_of_order: u64,
+}
+
+impl Drain {
+    pub fn line(&self) -> String {
+        format!(
+            "drain qos {} {} B window {} x{}: {:.0} msg/s ({:.1} MB/s) after {:.2} s start-up, {:.2} CPU s ({:.0} msg/CPU-s), peak RSS {:.1} MiB, lost {}, dup {}, out of order {}",
+            self.qos,
+            self.size,
+            self.window,
+            self.replicas,
+            self.msgs_per_sec,
+            self.mb_per_sec,
+            self.startup_seconds,
+            self.cpu_seconds,
+            self.msgs_per_cpu_second,
+            self.peak_rss_mib,
+            self.lost,
+            self.duplicates,
+            self.out_of_order
+        )
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Limit {
+    pub qos: u8,
+    pub size: usize,
+    pub mqtt_subscriber_msgs_per_sec: f64,
+    pub kafka_producer_msgs_per_sec: f64,
+}
+
+impl Limit {
+    pub fn lower(&self) -> f64 {
+        self.mqtt_subscriber_msgs_per_sec
+            .min(self.kafka_producer_msgs_per_sec)
+    }
+    pub fn line(&self) -> String {
+        format!(
+            "limit qos {} {} B: bare MQTT subscriber {:.0} msg/s, bare Kafka producer {:.0} msg/s",
+            self.qos,
+            self.size,
+            self.mqtt_subscriber_msgs_per_sec,
+            self.kafka_producer_msgs_per_sec
+        )
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Latency {
+    pub target_rate: u64,
+    pub achieved_rate: f64,
+    pub messages: u64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    pub lost: u64,
+    pub duplicates: u64,
+    pub cpu_seconds: f64,
+    pub peak_rss_mib: f64,
+    #[serde(skip)]
+    pub sorted_ms: Vec<f64>,
+}
+
+impl Latency {
+    pub fn line(&self) -> String {
+        format!(
+            "latency at {} msg/s (sent {:.0}/s, {} msgs): p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms, max {:.1} ms; lost {}, dup {}; forwarder {:.2} CPU s, peak RSS {:.1} MiB",
+            self.target_rate,
+            self.achieved_rate,
+            self.messages,
+            self.p50_ms,
+            self.p90_ms,
+            self.p99_ms,
+            self.max_ms,
+            self.lost,
+            self.duplicates,
+            self.cpu_seconds,
+            self.peak_rss_mib
+        )
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct OperatorFigures {
+    pub rules: usize,
+    pub groups: usize,
+    pub apply_seconds: f64,
+    /// From the first create until every rule is Accepted and rendered.
+    pub all_accepted_seconds: f64,
+    /// From the last create returning until then: the operator's own lag.
+    pub after_last_create_seconds: f64,
+    pub steady_seconds: u64,
+    pub steady_reconciles: f64,
+    pub steady_status_writes: f64,
+    pub peak_rss_mib: f64,
+}
+
+impl OperatorFigures {
+    pub fn reconciles_per_minute(&self) -> f64 {
+        self.steady_reconciles * 60.0 / self.steady_seconds.max(1) as f64
+    }
+    pub fn line(&self) -> String {
+        format!(
+            "operator: {} rules in {} groups created in {:.1} s ({} kubectl processes at once); all Accepted and rendered {:.1} s after the first create, {:.1} s after the last; steady state {} s: {} reconciles, {} status writes; peak RSS {:.1} MiB",
+            self.rules,
+            self.groups,
+            self.apply_seconds,
+            self.groups,
+            self.all_accepted_seconds,
+            self.after_last_create_seconds,
+            self.steady_seconds,
+            self.steady_reconciles,
+            self.steady_status_writes,
+            self.peak_rss_mib
+        )
+    }
+}
+
+#[derive(Debug, Default, Serialize)]
+pub struct Report {
+    pub machine: String,
+    pub messages: u64,
+    pub took_seconds: f64,
+    pub limits: Vec<Limit>,
+    pub drains: Vec<Drain>,
+    pub windows: Vec<Drain>,
+    pub replicas: Vec<Drain>,
+    pub latencies: Vec<Latency>,
+    pub operator: Option<OperatorFigures>,
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met { "met" } else { "**missed**" }
+}
+
+impl Report {
+    fn limit(&self, qos: u8, size: usize) -> Option<&Limit> {
+        self.limits.iter().find(|l| l.qos == qos && l.size == size)
+    }
+
+    pub fn markdown(&self) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "Machine: {}. {} messages per drain; whole run {:.0} s.\n",
+            self.machine, self.messages, self.took_seconds
+        );
+        let _ = writeln!(s, "### Targets\n");
+        let _ = writeln!(s, "| target | measured | |\n|---|---|---|");
+        if let (Some(d), Some(l)) = (
+            self.drains.iter().find(|d| d.qos == 1 && d.size == 300),
+            self.limit(1, 300),
+        ) {
+            let fraction = d.msgs_per_sec / l.lower();
+            let _ = writeln!(
+                s,
+                "| QoS 1, 300 B drain ≥ 80 % of the lower limit | {:.0} msg/s = {:.0} % of {:.0} msg/s | {} |",
+                d.msgs_per_sec,
+                fraction * 100.0,
+                l.lower(),
+                verdict(fraction >= 0.8)
+            );
+            let _ = writeln!(
+                s,
+                "| ≥ 100,000 messages per forwarder CPU-second (QoS 1, 300 B) | {:.0} | {} |",
+                d.msgs_per_cpu_second,
+                verdict(d.msgs_per_cpu_second >= 100_000.0)
+            );
+        }
+        if let Some(l) = self.latencies.iter().find(|l| l.target_rate == 10_000) {
+            let _ = writeln!(
+                s,
+                "| live p99 ≤ 20 ms at 10k msg/s | {:.1} ms | {} |",
+                l.p99_ms,
+                verdict(l.p99_ms <= 20.0)
+            );
+        }
+        let peak = self
+            .drains
+            .iter()
+            .chain(&self.windows)
+            .filter(|d| d.replicas == 1)
+            .map(|d| d.peak_rss_mib)
+            .chain(self.latencies.iter().map(|l| l.peak_rss_mib))
+            .fold(0.0, f64::max);
+        let _ = writeln!(
+            s,
+            "| forwarder peak RSS ≤ 32 MiB under load | {:.1} MiB (largest of every single-replica run) | {} |",
+            peak,
+            verdict(peak <= 32.0)
+        );
+        let one = self.replicas.iter().find(|d| d.replicas == 1);
+        let two = self.replicas.iter().find(|d| d.replicas == 2);
+        if let (Some(one), Some(two)) = (one, two) {
+            let ratio = two.msgs_per_sec / one.msgs_per_sec;
+            let _ = writeln!(
+                s,
+                "| 2 replicas ≥ 1.6× one | {ratio:.2}× | {} |",
+                verdict(ratio >= 1.6)
+            );
+        }
+        if let Some(o) = &self.operator {
+            let _ = writeln!(
+                s,
+                "| operator: {} rules Accepted ≤ 30 s | {:.1} s | {} |",
+                o.rules,
+                o.all_accepted_seconds,
+                verdict(o.all_accepted_seconds <= 30.0)
+            );
+            let _ = writeln!(
+                s,
+                "| operator: ~0 reconciles/min at steady state | {:.1}/min | {} |",
+                o.reconciles_per_minute(),
+                verdict(o.reconciles_per_minute() < 1.0)
+            );
+            let _ = writeln!(
+                s,
+                "| operator RSS ≤ 64 MiB | {:.1} MiB | {} |",
+                o.peak_rss_mib,
+                verdict(o.peak_rss_mib <= 64.0)
+            );
+        }
+
+        let _ = writeln!(
+            s,
+            "\n### Backlog drains (1 forwarder, window 1000) and the limits for the same backlog\n"
+        );
+        let _ = writeln!(
+            s,
+            "| QoS | size | forwarder msg/s | MB/s | bare subscriber msg/s | bare producer msg/s | of lower limit | msg per CPU-s | peak RSS MiB | lost | dup | out of order |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
+        );
+        for d in &self.drains {
+            let (sub, prod, frac) = self
+                .limit(d.qos, d.size)
+                .map(|l| {
+                    (
+                        format!("{:.0}", l.mqtt_subscriber_msgs_per_sec),
+                        format!("{:.0}", l.kafka_producer_msgs_per_sec),
+                        format!("{:.0} %", d.msgs_per_sec / l.lower() * 100.0),
+                    )
+                })
+                .unwrap_or_default();
+            let _ = writeln!(
+                s,
+                "| {} | {} B | {:.0} | {:.1} | {sub} | {prod} | {frac} | {:.0} | {:.1} | {} | {} | {} |",
+                d.qos,
+                d.size,
+                d.msgs_per_sec,
+                d.mb_per_sec,
+                d.msgs_per_cpu_second,
+                d.peak_rss_mib,
+                d.lost,
+                d.duplicates,
+                d.out_of_order
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\n### In-flight window (QoS 1, 300 B drain)\n\n| window | msg/s | msg per CPU-s | peak RSS MiB | lost | dup |\n|---|---|---|---|---|---|"
+        );
+        for d in &self.windows {
+            let _ = writeln!(
+                s,
+                "| {} | {:.0} | {:.0} | {:.1} | {} | {} |",
+                d.window,
+                d.msgs_per_sec,
+                d.msgs_per_cpu_second,
+                d.peak_rss_mib,
+                d.lost,
+                d.duplicates
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\n### Replicas on a shared subscription (QoS 1, 300 B drain, all on the same 2 cores)\n\n| replicas | msg/s | × one | CPU s (all) | lost | dup |\n|---|---|---|---|---|---|"
+        );
+        for d in &self.replicas {
+            let base = one.map(|o| o.msgs_per_sec).unwrap_or(f64::NAN);
+            let _ = writeln!(
+                s,
+                "| {} | {:.0} | {:.2} | {:.2} | {} | {} |",
+                d.replicas,
+                d.msgs_per_sec,
+                d.msgs_per_sec / base,
+                d.cpu_seconds,
+                d.lost,
+                d.duplicates
+            );
+        }
+        let _ = writeln!(
+            s,
+            "\n### End-to-end latency at a fixed rate (QoS 1, 300 B; publish call → read from Kafka)\n\n| rate | messages | p50 ms | p90 ms | p99 ms | max ms | lost | dup | forwarder CPU s | peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|"
+        );
+        for l in &self.latencies {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {:.2} | {:.1} |",
+                l.target_rate,
+                l.messages,
+                l.p50_ms,
+                l.p90_ms,
+                l.p99_ms,
+                l.max_ms,
+                l.lost,
+                l.duplicates,
+                l.cpu_seconds,
+                l.peak_rss_mib
+            );
+        }
+        if let Some(o) = &self.operator {
+            let _ = writeln!(
+                s,
+                "\n### Operator (real etcd + kube-apiserver + controller-manager, release build)\n\n{}.",
+                o.line()
+            );
+        }
+        s
+    }
+}
+
+/// CPU model and count, memory, kernel: enough to say where the figures came from.
+pub fn machine() -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .and_then(|l| l.split_once(':'))
+        .map(|(_, m)| m.trim().to_owned())
+        .unwrap_or_else(|| "unknown CPU".into());
+    // SAFETY: sysconf(3) has no preconditions.
+    let cpus = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+        })
+        .map(|kib| kib / 1024.0 / 1024.0)
+        .unwrap_or(0.0);
+    format!("{cpus} × {model}, {mem_gib:.0} GiB; brokers, load and forwarders all on it")
+}
+
+pub fn mosquitto_version() -> String {
+    std::process::Command::new("mosquitto")
+        .arg("-h")
+        .output()
+        .ok()
+        .and_then(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .find_map(|l| l.strip_prefix("mosquitto version ").map(str::to_owned))
+        })
+        .unwrap_or_else(|| "?".into())
+}
