@@ -15,7 +15,7 @@ use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
 
 /// Payload layout: sequence number (8 bytes, big endian), send time in ns since the epoch
-/// (8 bytes), then filler up to the message size.
+/// (8 bytes), then random filler up to the message size.
 pub const HEADER: usize = 16;
 
 pub fn now_ns() -> u64 {
@@ -26,10 +26,19 @@ pub fn now_ns() -> u64 {
 }
 
 pub fn payload(seq: u64, size: usize) -> Vec<u8> {
-    let mut p = Vec::with_capacity(size.max(HEADER));
+    let mut p = Vec::with_capacity(size.max(HEADER) + 8);
     p.extend_from_slice(&seq.to_be_bytes());
     p.extend_from_slice(&now_ns().to_be_bytes());
-    p.resize(size.max(HEADER), b'x');
+    // Incompressible filler (xorshift64 seeded by the sequence number): a repeated byte would
+    // let lz4 shrink every record a hundredfold and flatter both Kafka and the forwarder.
+    let mut x = seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    while p.len() < size {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        p.extend_from_slice(&x.to_le_bytes());
+    }
+    p.truncate(size.max(HEADER));
     p
 }
 
@@ -143,16 +152,7 @@ pub async fn create_session(port: u16, client_id: &str, filter: &str, level: u8)
             break;
         }
     }
-    client.disconnect().await?;
-    let _ = tokio::time::timeout(Duration::from_secs(2), async {
-        while let Ok(ev) = eventloop.poll().await {
-            if matches!(ev, Event::Outgoing(Outgoing::Disconnect)) {
-                break;
-            }
-        }
-    })
-    .await;
-    Ok(())
+    ferry_e2e::disconnect(&client, &mut eventloop).await
 }
 
 /// The MQTT side's limit: a rumqttc subscriber (the forwarder's client library) that does
@@ -214,7 +214,7 @@ pub fn bare_producer(bootstrap: &str, topic: &str, n: u64, size: usize, keys: u6
         .set("acks", "all")
         .set("enable.idempotence", "true")
         .set("compression.type", "lz4")
-        .set("linger.ms", "5")
+        .set("linger.ms", "2")
         .create_with_context(Counting)?;
     FAILED.store(0, Ordering::Relaxed);
     let warm_up = payload(u64::MAX, size);

@@ -39,15 +39,10 @@ fn metric(port: u16, name: &str) -> Option<f64> {
 
 pub fn measure(bin: &Path, rules: usize, steady_seconds: u64) -> Result<OperatorFigures> {
     let cp = ControlPlane::start().context("control plane (run e2e/k8s/build.sh once)")?;
-    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/");
-    cp.run_kubectl(["apply", "--server-side", "-f", crds])?;
-    cp.run_kubectl([
-        "wait",
-        "--for=condition=Established",
-        "--timeout=30s",
-        "crd/forwardingrules.ferry.dev",
-        "crd/brokerconnections.ferry.dev",
-    ])?;
+    cp.install_crds(
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/")),
+        &["forwardingrules.ferry.dev", "brokerconnections.ferry.dev"],
+    )?;
     cp.run_kubectl(["create", "namespace", NS])?;
     let port = free_port()?;
     let log = std::fs::File::create(cp.dir().join("operator.log"))?;
@@ -146,8 +141,19 @@ pub fn measure(bin: &Path, rules: usize, steady_seconds: u64) -> Result<Operator
         bail!("{rendered} of {rules} rules rendered into forwarder configs");
     }
 
-    // Let the last triggers settle, then count what happens when nothing changes.
-    std::thread::sleep(Duration::from_secs(5));
+    // Let the last triggers settle (the data-plane poller writes each new rule's first
+    // `Forwarding` once, 1,000 writes spread over its next polls), then count what happens
+    // when nothing changes.
+    let settle = Instant::now();
+    let mut last = metric(port, "ferry_operator_status_writes_total");
+    loop {
+        std::thread::sleep(Duration::from_secs(12));
+        let now = metric(port, "ferry_operator_status_writes_total");
+        if now == last || settle.elapsed() > Duration::from_secs(120) {
+            break;
+        }
+        last = now;
+    }
     let r0 = metric(port, "ferry_operator_reconciles_total").unwrap_or(f64::NAN);
     let w0 = metric(port, "ferry_operator_status_writes_total").unwrap_or(f64::NAN);
     std::thread::sleep(Duration::from_secs(steady_seconds));

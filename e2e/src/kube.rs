@@ -362,6 +362,24 @@ impl ControlPlane {
         self.run_kubectl_with_stdin(args, "")
     }
 
+    /// Applies the CRDs in `dir` (server-side) and waits until `names` are established.
+    pub fn install_crds(&self, dir: &Path, names: &[&str]) -> Result<()> {
+        self.run_kubectl([
+            OsStr::new("apply"),
+            OsStr::new("--server-side"),
+            OsStr::new("-f"),
+            dir.as_os_str(),
+        ])?;
+        let mut wait = vec![
+            "wait".to_owned(),
+            "--for=condition=Established".to_owned(),
+            "--timeout=30s".to_owned(),
+        ];
+        wait.extend(names.iter().map(|n| format!("crd/{n}")));
+        self.run_kubectl(wait)?;
+        Ok(())
+    }
+
     /// [`ControlPlane::run_kubectl`] with `stdin` fed to kubectl, e.g. for
     /// `run_kubectl_with_stdin(["apply", "-f", "-"], yaml)`.
     pub fn run_kubectl_with_stdin<I, S>(&self, args: I, stdin: &str) -> Result<String>

@@ -836,8 +836,17 @@ pub async fn publish_as(
         }
     }
     let client = sender.await??;
+    disconnect(&client, &mut eventloop).await
+}
+
+/// Sends DISCONNECT and polls until it went out (at most 2 s), so the broker keeps a
+/// persistent session as it was and discards nothing in flight.
+pub async fn disconnect(
+    client: &rumqttc::AsyncClient,
+    eventloop: &mut rumqttc::EventLoop,
+) -> Result<()> {
+    use rumqttc::{Event, Outgoing};
     client.disconnect().await?;
-    // Let the DISCONNECT go out.
     let _ = tokio::time::timeout(Duration::from_secs(2), async {
         while let Ok(ev) = eventloop.poll().await {
             if matches!(ev, Event::Outgoing(Outgoing::Disconnect)) {

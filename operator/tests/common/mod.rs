@@ -11,17 +11,11 @@ use ferry_e2e::kube::ControlPlane;
 /// are established, and creates `namespace`.
 pub fn control_plane_with_crds(namespace: &str) -> ControlPlane {
     let cp = ControlPlane::start().expect("control plane (run e2e/k8s/build.sh once)");
-    let crds = concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/");
-    cp.run_kubectl(["apply", "--server-side", "-f", crds])
-        .expect("CRDs install");
-    cp.run_kubectl([
-        "wait",
-        "--for=condition=Established",
-        "--timeout=30s",
-        "crd/forwardingrules.ferry.dev",
-        "crd/brokerconnections.ferry.dev",
-    ])
-    .expect("established");
+    cp.install_crds(
+        std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/")),
+        &["forwardingrules.ferry.dev", "brokerconnections.ferry.dev"],
+    )
+    .expect("CRDs install and are established");
     cp.run_kubectl(["create", "namespace", namespace])
         .expect("namespace");
     cp
