@@ -13,8 +13,8 @@ all: build
 deps:
 	@bash e2e/install.sh
 
-# etcd, kube-apiserver and kube-controller-manager built from the Go module proxy (about 5 min
-# once, then cached by version); idempotent.
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubelet built from the Go
+# module proxy (about 7 min once, then cached by version); idempotent.
 k8s:
 	@bash e2e/k8s/build.sh
 
