@@ -5,7 +5,7 @@ FERRY_CACHE ?= $(HOME)/.cache/ferry
 export FERRY_CACHE
 export CARGO_TARGET_DIR ?= $(FERRY_CACHE)/target
 
-.PHONY: all deps k8s tools build test lint unit demo bench crds clean-cache
+.PHONY: all deps k8s tools build release images test lint unit demo bench crds clean-cache
 
 all: build
 
@@ -26,13 +26,22 @@ tools:
 build: deps
 	cargo build --workspace --all-targets
 
+# The release binaries: what the images pack and the benchmarks run. Always this one set of
+# packages, so cargo resolves the same features and never rebuilds what another target built.
+release: deps
+	cargo build --release -p ferry-forwarder -p ferry-operator -p ferry-bench
+
+# OCI image tarballs of ferry-operator and ferry-forwarder, built without Docker.
+images: release
+	@FERRY_IMAGES_SKIP_BUILD=1 bash e2e/images/build.sh
+
 lint: deps
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 
 # Unit tests plus every integration test against real Mosquitto and Kafka. The broker tests
 # each start their own brokers; they run one at a time so timings stay meaningful on 2 cores.
-test: deps k8s tools lint
+test: deps k8s tools lint release
 	cargo test --workspace -- --test-threads=1 --nocapture
 
 # Only the tests that need no brokers.
@@ -46,8 +55,7 @@ crds:
 # Benchmarks (release build): the forwarder against its brokers' and client libraries' limits,
 # and the operator at 1,000 rules. Writes bench/results/ (markdown, JSON, PNG plots); about
 # 10 minutes. BENCH_ARGS=--quick for a short check of the tool itself.
-bench: deps k8s
-	cargo build --release -p ferry-forwarder -p ferry-operator -p ferry-bench
+bench: deps k8s release
 	$(CARGO_TARGET_DIR)/release/ferry-bench $(BENCH_ARGS)
 
 demo: deps
