@@ -376,8 +376,21 @@ impl ControlPlane {
             "--timeout=30s".to_owned(),
         ];
         wait.extend(names.iter().map(|n| format!("crd/{n}")));
-        self.run_kubectl(wait)?;
-        Ok(())
+        // A CRD just created may have no status yet, which `kubectl wait` reports as an error
+        // instead of waiting.
+        let start = Instant::now();
+        loop {
+            match self.run_kubectl(&wait) {
+                Ok(_) => return Ok(()),
+                Err(e)
+                    if e.to_string().contains("accessor error")
+                        && start.elapsed() < Duration::from_secs(30) =>
+                {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// [`ControlPlane::run_kubectl`] with `stdin` fed to kubectl, e.g. for

@@ -34,6 +34,10 @@ set -euo pipefail
 HELM_VERSION=v3.22.0
 KUBECONFORM_VERSION=v0.8.0
 PROMETHEUS_OPERATOR_VERSION=v0.85.0 # the newest version of the root module on the proxy
+# GitOps CRDs for examples/gitops (Argo CD Application, Flux GitRepository and Kustomization).
+ARGOCD_VERSION=v3.5.7
+FLUX_KUSTOMIZE_VERSION=v1.10.1
+FLUX_SOURCE_VERSION=v1.10.1
 
 here=$(cd "$(dirname "$0")" && pwd)
 k8s_version=$(tr -d ' \t\r\n' < "$here/../k8s/VERSION")
@@ -44,7 +48,8 @@ schemas="$root/schemas"
 # The stamp also names this script's checksum: editing the schema generator regenerates them
 # (helm and kubeconform are only rebuilt when their version changes).
 stamp="helm $HELM_VERSION kubeconform $KUBECONFORM_VERSION kubernetes $k8s_version \
-prometheus-operator $PROMETHEUS_OPERATOR_VERSION script $(sha256sum "$here/build.sh" | cut -c1-12)"
+prometheus-operator $PROMETHEUS_OPERATOR_VERSION argo-cd $ARGOCD_VERSION \
+flux $FLUX_KUSTOMIZE_VERSION/$FLUX_SOURCE_VERSION script $(sha256sum "$here/build.sh" | cut -c1-12)"
 
 complete() {
   [ "$(cat "$root/.complete" 2>/dev/null)" = "$stamp" ] || return 1
@@ -52,7 +57,9 @@ complete() {
   for b in helm kubeconform ferry-openapi2jsonschema; do [ -x "$bin/$b" ] || return 1; done
   [ -f "$schemas/$k8s_version-standalone-strict/deployment-apps-v1.json" ] &&
     [ -f "$schemas/crds/monitoring.coreos.com/servicemonitor_v1.json" ] &&
-    [ -f "$root/crds/monitoring.coreos.com_podmonitors.yaml" ]
+    [ -f "$root/crds/monitoring.coreos.com_podmonitors.yaml" ] &&
+    [ -f "$root/crds/argoproj.io_applications.yaml" ] &&
+    [ -f "$root/crds/kustomize.toolkit.fluxcd.io_kustomizations.yaml" ]
 }
 complete && exit 0
 
@@ -453,10 +460,17 @@ promop_dir=$(module_dir "github.com/prometheus-operator/prometheus-operator@$PRO
 shopt -s nullglob
 promop_crds=("$promop_dir"/example/prometheus-operator-crd/monitoring.coreos.com_*.yaml)
 [ ${#promop_crds[@]} -gt 0 ] || { echo "ferry: tools: no CRDs in $promop_dir/example/prometheus-operator-crd" >&2; exit 1; }
+argocd_crd="$(module_dir "github.com/argoproj/argo-cd/v3@$ARGOCD_VERSION")/manifests/crds/application-crd.yaml"
+flux_kustomization_crd="$(module_dir "github.com/fluxcd/kustomize-controller@$FLUX_KUSTOMIZE_VERSION")/config/crd/bases/kustomize.toolkit.fluxcd.io_kustomizations.yaml"
+flux_gitrepository_crd="$(module_dir "github.com/fluxcd/source-controller@$FLUX_SOURCE_VERSION")/config/crd/bases/source.toolkit.fluxcd.io_gitrepositories.yaml"
+gitops_crds=("$argocd_crd" "$flux_kustomization_crd" "$flux_gitrepository_crd")
+for f in "${gitops_crds[@]}"; do
+  [ -f "$f" ] || { echo "ferry: tools: no CRD $f" >&2; exit 1; }
+done
 rm -rf "$schemas.tmp"
 mkdir -p "$schemas.tmp/crds"
 "$bin/ferry-openapi2jsonschema" -swagger "$swagger" -out "$schemas.tmp/$k8s_version" \
-  -crds "$schemas.tmp/crds" "${promop_crds[@]}" | sed "s|$schemas.tmp|$schemas|; s/^/ferry: tools:   /"
+  -crds "$schemas.tmp/crds" "${promop_crds[@]}" "${gitops_crds[@]}" | sed "s|$schemas.tmp|$schemas|; s/^/ferry: tools:   /"
 rm -rf "$schemas"
 mv "$schemas.tmp" "$schemas"
 # The two Prometheus Operator CRDs the chart can use, for tests that install it into a real API
@@ -465,6 +479,9 @@ mkdir -p "$root/crds"
 for kind in servicemonitors podmonitors; do
   cp -f "$promop_dir/example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml" "$root/crds/"
 done
+# And the GitOps ones, for the test that applies examples/gitops.
+cp -f "$argocd_crd" "$root/crds/argoproj.io_applications.yaml"
+cp -f "$flux_kustomization_crd" "$flux_gitrepository_crd" "$root/crds/"
 
 printf '%s\n' "$stamp" > "$root/.complete"
 step "done in $((SECONDS - t0)) s: $bin ($stamp)"

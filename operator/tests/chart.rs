@@ -992,3 +992,73 @@ impl Drop for ChildGuard {
         let _ = self.0.wait();
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The GitOps examples: an Argo CD Application and a Flux GitRepository + Kustomization
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn gitops_examples_are_valid_for_argo_cd_and_flux() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/gitops");
+    let mut all = String::new();
+    for file in ["argocd-application.yaml", "flux.yaml"] {
+        let text = std::fs::read_to_string(dir.join(file)).expect("example");
+        all.push_str("---\n");
+        all.push_str(&text);
+    }
+    // Offline schemas generated from the Argo CD and Flux CRDs (e2e/tools/build.sh).
+    kubeconform(&all, 3);
+
+    // And a real API server with those CRDs, refusing unknown fields.
+    let cp = ControlPlane::start().expect("control plane (run e2e/k8s/build.sh once)");
+    let crds = tools_dir().join("crds");
+    for (file, name) in [
+        ("argoproj.io_applications.yaml", "applications.argoproj.io"),
+        (
+            "source.toolkit.fluxcd.io_gitrepositories.yaml",
+            "gitrepositories.source.toolkit.fluxcd.io",
+        ),
+        (
+            "kustomize.toolkit.fluxcd.io_kustomizations.yaml",
+            "kustomizations.kustomize.toolkit.fluxcd.io",
+        ),
+    ] {
+        cp.install_crds(&crds.join(file), &[name])
+            .unwrap_or_else(|e| panic!("install {file}: {e}"));
+    }
+    for ns in ["argocd", "flux-system"] {
+        cp.run_kubectl(["create", "namespace", ns])
+            .expect("namespace");
+    }
+    let start = Instant::now();
+    loop {
+        match cp.run_kubectl_with_stdin(["apply", "--validate=strict", "-f", "-"], &all) {
+            Ok(out) => {
+                eprintln!("{}", out.trim());
+                assert_eq!(out.lines().count(), 3, "{out}");
+                break;
+            }
+            // Discovery may lag the CRDs by a moment.
+            Err(e) if e.to_string().contains("no matches for kind") => {
+                assert!(start.elapsed() < Duration::from_secs(20), "{e}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(e) => panic!("the GitOps examples are refused: {e}"),
+        }
+    }
+    let path = cp
+        .run_kubectl([
+            "get",
+            "kustomization",
+            "ferry-plant",
+            "-n",
+            "flux-system",
+            "-o",
+            "jsonpath={.spec.path}",
+        ])
+        .expect("kustomization");
+    assert_eq!(
+        path, "./examples/kubernetes",
+        "points at the Ferry examples"
+    );
+}
