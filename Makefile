@@ -41,7 +41,7 @@ lint: deps
 
 # Unit tests plus every integration test against real Mosquitto and Kafka. The broker tests
 # each start their own brokers; they run one at a time so timings stay meaningful on 2 cores.
-test: deps k8s tools lint release
+test: deps k8s tools lint images
 	cargo test --workspace -- --test-threads=1 --nocapture
 
 # Only the tests that need no brokers.

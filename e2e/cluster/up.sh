@@ -237,6 +237,9 @@ failSwapOn: false
 evictionHard: {}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
+# Mounted ConfigMaps refresh with the kubelet's sync (default 1 min): a test cluster should see
+# an edited config within seconds, as a forwarder's live reload would in production after it.
+syncFrequency: 10s
 makeIPTablesUtilChains: false
 address: 0.0.0.0
 port: 10250

@@ -6,7 +6,7 @@
 
 use std::fs;
 use std::io::Write as _;
-use std::net::{TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -54,9 +54,28 @@ fn wait_for_port(
     what: &str,
     log: &Path,
 ) -> Result<()> {
+    wait_for_addr(
+        IpAddr::V4(Ipv4Addr::LOCALHOST),
+        port,
+        timeout,
+        child,
+        what,
+        log,
+    )
+}
+
+/// [`wait_for_port`] on `host` instead of 127.0.0.1.
+fn wait_for_addr(
+    host: IpAddr,
+    port: u16,
+    timeout: Duration,
+    child: &mut Child,
+    what: &str,
+    log: &Path,
+) -> Result<()> {
     let start = Instant::now();
     while start.elapsed() < timeout {
-        if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        if TcpStream::connect((host, port)).is_ok() {
             return Ok(());
         }
         if let Some(status) = child.try_wait()? {
@@ -69,7 +88,7 @@ fn wait_for_port(
         std::thread::sleep(Duration::from_millis(50));
     }
     bail!(
-        "{what} did not listen on {port} within {timeout:?}; log {}:\n{}",
+        "{what} did not listen on {host}:{port} within {timeout:?}; log {}:\n{}",
         log.display(),
         tail(log)
     )
@@ -116,6 +135,44 @@ fn terminate(child: &mut Child, grace: Duration) {
     let _ = child.wait();
 }
 
+/// Where a broker runs and listens. `Placement::default()` is what `start`/`start_with` do:
+/// in this process's network namespace, on 127.0.0.1.
+///
+/// With `netns` and `bind`, a broker can serve the pods of the single-node cluster of
+/// `e2e/cluster/up.sh`: started inside the cluster's namespace and bound to the node address,
+/// pods reach it at that address, and so does this process (through the veth), so the helpers
+/// ([`Kafka::read_all`], [`Kafka::create_topic`], …) keep working.
+///
+/// As with every start here, the broker gets `PR_SET_PDEATHSIG`, which fires when the *thread*
+/// that started it ends: start brokers from the test's own thread, not a short-lived one.
+#[derive(Debug, Default, Clone)]
+pub struct Placement {
+    /// A named network namespace (`/var/run/netns/<name>`): the broker is started with
+    /// `nsenter --net=/var/run/netns/<name> <command>` (needs root).
+    pub netns: Option<String>,
+    /// The address every listener binds to (and Kafka advertises) instead of 127.0.0.1. This
+    /// process must be able to connect to it (the start waits until the broker listens).
+    pub bind: Option<IpAddr>,
+}
+
+impl Placement {
+    fn host(&self) -> IpAddr {
+        self.bind.unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
+    }
+
+    /// `program` as a command, run inside the namespace when there is one.
+    fn command(&self, program: &Path) -> Command {
+        match &self.netns {
+            Some(ns) => {
+                let mut cmd = Command::new("nsenter");
+                cmd.arg(format!("--net=/var/run/netns/{ns}")).arg(program);
+                cmd
+            }
+            None => Command::new(program),
+        }
+    }
+}
+
 /// A Mosquitto broker on a free loopback port, in-memory sessions.
 ///
 /// [`Mosquitto::start`] gives a plaintext listener with anonymous access.
@@ -125,6 +182,7 @@ pub struct Mosquitto {
     port: u16,
     tls_port: Option<u16>,
     dir: tempfile::TempDir,
+    placement: Placement,
 }
 
 /// How to secure a [`Mosquitto`]. `MosquittoOptions::default()` is what [`Mosquitto::start`]
@@ -145,6 +203,10 @@ pub struct MosquittoOptions<'a> {
     /// `queue_qos0_messages true`: QoS 0 messages are queued for offline persistent sessions
     /// too (Mosquitto drops them by default).
     pub queue_qos0_messages: bool,
+    /// `log_type notice` too: `mosquitto.log` then has a line per client connect
+    /// (`New client connected from <ip>:<port> as <client id> (p<protocol>, c<clean>,
+    /// k<keep-alive>).`) and disconnect.
+    pub log_connections: bool,
 }
 
 /// A TLS listener of [`Mosquitto`].
@@ -186,6 +248,13 @@ impl Mosquitto {
     /// `max_queued_bytes 0`. With `tls` or `users`, when run as root, it stays root (`user root`)
     /// so it can still read its password file in the private temp dir after the start.
     pub fn start_with(options: MosquittoOptions<'_>) -> Result<Self> {
+        Self::start_placed(options, Placement::default())
+    }
+
+    /// [`Mosquitto::start_with`], run and listening where `placement` says (the listeners on
+    /// `placement.bind` instead of 127.0.0.1; see [`Mosquitto::host`]).
+    pub fn start_placed(options: MosquittoOptions<'_>, placement: Placement) -> Result<Self> {
+        let host = placement.host();
         let dir = tempfile::Builder::new()
             .prefix("ferry-mosquitto-")
             .tempdir()?;
@@ -200,7 +269,7 @@ impl Mosquitto {
             // reads the password file, and that user cannot enter this (0700) temp dir.
             writeln!(f, "user root")?;
         }
-        writeln!(f, "listener {port} 127.0.0.1")?;
+        writeln!(f, "listener {port} {host}")?;
         if let (Some(tls), Some(tls_port)) = (options.tls, tls_port) {
             let pki = tls.pki;
             let copy = |from: &Path, name: &str| -> Result<PathBuf> {
@@ -208,7 +277,7 @@ impl Mosquitto {
                 fs::copy(from, &to).with_context(|| format!("copy {}", from.display()))?;
                 Ok(to)
             };
-            writeln!(f, "listener {tls_port} 127.0.0.1")?;
+            writeln!(f, "listener {tls_port} {host}")?;
             writeln!(f, "cafile {}", copy(pki.ca_cert(), "ca.pem")?.display())?;
             writeln!(
                 f,
@@ -263,23 +332,34 @@ impl Mosquitto {
         writeln!(f, "max_queued_bytes 0")?;
         writeln!(f, "log_type error")?;
         writeln!(f, "log_type warning")?;
+        if options.log_connections {
+            writeln!(f, "log_type notice")?;
+            writeln!(f, "connection_messages true")?;
+        }
         drop(f);
         let mut m = Self {
             child: None,
             port,
             tls_port,
             dir,
+            placement,
         };
         m.resume()?;
         Ok(m)
     }
 
-    /// The plaintext listener's port (on 127.0.0.1).
+    /// The plaintext listener's port (on [`Mosquitto::host`], by default 127.0.0.1).
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    /// The TLS listener's port (on 127.0.0.1).
+    /// The address the listeners are bound to: 127.0.0.1 unless started with
+    /// [`Mosquitto::start_placed`] and a [`Placement::bind`].
+    pub fn host(&self) -> IpAddr {
+        self.placement.host()
+    }
+
+    /// The TLS listener's port (on [`Mosquitto::host`], by default 127.0.0.1).
     ///
     /// # Panics
     /// If the broker was started without [`MosquittoOptions::tls`].
@@ -306,15 +386,22 @@ impl Mosquitto {
             .ok_or_else(|| anyhow!("mosquitto not installed: run e2e/install.sh"))?;
         let log = self.dir.path().join("mosquitto.log");
         let mut child = spawn_tied(
-            Command::new(bin)
+            self.placement
+                .command(&bin)
                 .arg("-c")
                 .arg(self.dir.path().join("mosquitto.conf")),
             &log,
         )?;
+        let host = self.host();
         for port in std::iter::once(self.port).chain(self.tls_port) {
-            if let Err(e) =
-                wait_for_port(port, Duration::from_secs(10), &mut child, "mosquitto", &log)
-            {
+            if let Err(e) = wait_for_addr(
+                host,
+                port,
+                Duration::from_secs(10),
+                &mut child,
+                "mosquitto",
+                &log,
+            ) {
                 terminate(&mut child, Duration::from_secs(1));
                 return Err(e);
             }
@@ -349,6 +436,7 @@ pub struct Kafka {
     sasl_ssl_port: Option<u16>,
     dir: tempfile::TempDir,
     libs: PathBuf,
+    placement: Placement,
 }
 
 pub const KAFKA_VERSION: &str = "4.1.1";
@@ -413,6 +501,14 @@ impl Kafka {
     /// and formats the storage with `--add-scram 'SCRAM-SHA-512=[name=<name>,password=<pw>]'`
     /// for each SCRAM user.
     pub fn start_with(options: KafkaOptions<'_>) -> Result<Self> {
+        Self::start_placed(options, Placement::default())
+    }
+
+    /// [`Kafka::start_with`], run where `placement` says, every listener (the controller's
+    /// too) bound to and advertised on `placement.bind` instead of 127.0.0.1:
+    /// [`Kafka::bootstrap`] is then `<bind>:<port>`.
+    pub fn start_placed(options: KafkaOptions<'_>, placement: Placement) -> Result<Self> {
+        let host = placement.host();
         let libs = Self::libs_dir();
         if !libs.join(".complete").exists() {
             bail!(
@@ -426,14 +522,14 @@ impl Kafka {
         let sasl_ssl_port = options.sasl_ssl.as_ref().map(|_| free_port()).transpose()?;
         let data = dir.path().join("data");
         let props = dir.path().join("server.properties");
-        let mut listeners = format!("PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{cport}");
-        let mut advertised = format!("PLAINTEXT://127.0.0.1:{port}");
+        let mut listeners = format!("PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}");
+        let mut advertised = format!("PLAINTEXT://{host}:{port}");
         let mut protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT".to_owned();
         let mut extra = String::new();
         let mut format_args: Vec<String> = Vec::new();
         if let (Some(sasl), Some(sport)) = (&options.sasl_ssl, sasl_ssl_port) {
-            listeners.push_str(&format!(",SASL_SSL://127.0.0.1:{sport}"));
-            advertised.push_str(&format!(",SASL_SSL://127.0.0.1:{sport}"));
+            listeners.push_str(&format!(",SASL_SSL://{host}:{sport}"));
+            advertised.push_str(&format!(",SASL_SSL://{host}:{sport}"));
             protocols.push_str(",SASL_SSL:SASL_SSL");
             let keystore = dir.path().join("keystore.pem");
             let mut pem = String::new();
@@ -494,7 +590,7 @@ impl Kafka {
             format!(
                 "process.roles=broker,controller\n\
                  node.id=1\n\
-                 controller.quorum.voters=1@127.0.0.1:{cport}\n\
+                 controller.quorum.voters=1@{host}:{cport}\n\
                  listeners={listeners}\n\
                  advertised.listeners={advertised}\n\
                  controller.listener.names=CONTROLLER\n\
@@ -547,12 +643,13 @@ impl Kafka {
             sasl_ssl_port,
             dir,
             libs,
+            placement,
         };
         k.resume()?;
         Ok(k)
     }
 
-    /// The `SASL_SSL` listener's port (on 127.0.0.1).
+    /// The `SASL_SSL` listener's port (on [`Kafka::host`], by default 127.0.0.1).
     ///
     /// # Panics
     /// If the broker was started without [`KafkaOptions::sasl_ssl`].
@@ -561,12 +658,12 @@ impl Kafka {
             .expect("this Kafka has no SASL_SSL listener: start it with KafkaOptions::sasl_ssl")
     }
 
-    /// `127.0.0.1:<port>` of the `SASL_SSL` listener.
+    /// `<host>:<port>` of the `SASL_SSL` listener (by default `127.0.0.1:<port>`).
     ///
     /// # Panics
     /// If the broker was started without [`KafkaOptions::sasl_ssl`].
     pub fn sasl_ssl_bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.sasl_ssl_port())
+        format!("{}:{}", self.host(), self.sasl_ssl_port())
     }
 
     /// A client configuration for the `SASL_SSL` listener: `bootstrap.servers`,
@@ -605,7 +702,13 @@ impl Kafka {
     }
 
     pub fn bootstrap(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        format!("{}:{}", self.host(), self.port)
+    }
+
+    /// The address the listeners are bound to and advertise: 127.0.0.1 unless started with
+    /// [`Kafka::start_placed`] and a [`Placement::bind`].
+    pub fn host(&self) -> IpAddr {
+        self.placement.host()
     }
 
     /// Stops the broker (SIGTERM, then SIGKILL after 20 s); its data stays for `resume`.
@@ -620,7 +723,8 @@ impl Kafka {
         let log = self.dir.path().join("kafka.log");
         let classpath = format!("{}/*", self.libs.display());
         let mut child = spawn_tied(
-            Command::new("java")
+            self.placement
+                .command(Path::new("java"))
                 .args([
                     "-Xms256m",
                     "-Xmx1g",
@@ -633,9 +737,16 @@ impl Kafka {
                 .arg(self.dir.path().join("server.properties")),
             &log,
         )?;
+        let host = self.host();
         for port in std::iter::once(self.port).chain(self.sasl_ssl_port) {
-            if let Err(e) = wait_for_port(port, Duration::from_secs(60), &mut child, "kafka", &log)
-            {
+            if let Err(e) = wait_for_addr(
+                host,
+                port,
+                Duration::from_secs(60),
+                &mut child,
+                "kafka",
+                &log,
+            ) {
                 terminate(&mut child, Duration::from_secs(5));
                 return Err(e);
             }
