@@ -5,7 +5,7 @@ FERRY_CACHE ?= $(HOME)/.cache/ferry
 export FERRY_CACHE
 export CARGO_TARGET_DIR ?= $(FERRY_CACHE)/target
 
-.PHONY: all deps k8s tools build release images test lint unit demo bench crds clean-cache
+.PHONY: all deps k8s tools build release images test lint unit demo demo-local bench crds clean-cache
 
 all: build
 
@@ -58,7 +58,15 @@ crds:
 bench: deps k8s release
 	$(CARGO_TARGET_DIR)/release/ferry-bench $(BENCH_ARGS)
 
-demo: deps
+# Ferry's whole path on a real single-node Kubernetes cluster, narrated (needs root; about 30 s
+# once the cluster's binaries and images are built). From a terminal it keeps the cluster up
+# until you press Enter; otherwise it tears down at once.
+demo: deps k8s tools images
+	cargo build -p ferry-e2e --bin demo-cluster
+	$(CARGO_TARGET_DIR)/debug/demo-cluster
+
+# The forwarder alone (no Kubernetes): brokers on loopback and examples/forwarder.yaml.
+demo-local: deps
 	cargo build -p ferry-forwarder -p ferry-e2e --bin ferry-forwarder --bin demo-local
 	$(CARGO_TARGET_DIR)/debug/demo-local
 

@@ -22,6 +22,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 pub use rumqttc;
 
+pub mod cluster;
 pub mod kube;
 mod pki;
 pub use pki::{CLIENT_CN, KeyType, Pki};

@@ -30,378 +30,21 @@
 //! of `e2e/images/build.sh`. The cluster is always torn down (`down.sh`, also on failure; the
 //! component logs are then kept and their path printed).
 
-use std::fs::{self, File};
-use std::io::{Read as _, Write as _};
-use std::net::{IpAddr, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::fs;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, Result, anyhow, bail, ensure};
-use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions, Placement, Record};
+use anyhow::{Result, anyhow, ensure};
+use ferry_e2e::cluster::{
+    Cluster, ensure_helm, ensure_root, ferry_images, http_get, publish_paced, repo_dir, wait_until,
+};
+use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions, Record};
 
-const KUBECTL: &str = "/usr/bin/kubectl";
-const VERSION: &str = "0.1.0";
 const NS: &str = "plant";
 const RELEASE_NS: &str = "ferry-system";
 const STS: &str = "plant-default";
-
-fn e2e_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn repo_dir() -> PathBuf {
-    e2e_dir().parent().expect("repo root").to_path_buf()
-}
-
-fn unique() -> String {
-    format!(
-        "{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    )
-}
-
-// ---------------------------------------------------------------------------------------------
-// The cluster (as in cluster.rs): private settings, down.sh on drop.
-
-struct Cluster {
-    tmp: tempfile::TempDir,
-    dir: PathBuf,
-    netns: String,
-    net: String,
-    pod_net: String,
-    down_ran: bool,
-}
-
-impl Cluster {
-    fn new() -> Result<Self> {
-        let tmp = tempfile::Builder::new()
-            .prefix("ferry-full-path-")
-            .tempdir()?;
-        let id = std::process::id();
-        let k = 20 + id % 200;
-        Ok(Self {
-            dir: tmp.path().join("state"),
-            tmp,
-            netns: format!("ferry-fp{}", id % 100_000),
-            net: format!("10.81.{k}"),
-            pod_net: format!("10.82.{k}"),
-            down_ran: false,
-        })
-    }
-
-    fn node_ip(&self) -> IpAddr {
-        format!("{}.2", self.net).parse().expect("node IP")
-    }
-
-    fn kubeconfig(&self) -> PathBuf {
-        self.dir.join("kubeconfig")
-    }
-
-    /// Runs a script with this cluster's settings, output into a file; fails unless it exits 0.
-    fn script(&self, script: &Path, args: &[&str], timeout: Duration) -> Result<String> {
-        let logs = self.tmp.path().join("script-logs");
-        fs::create_dir_all(&logs)?;
-        let name = script.file_name().unwrap_or_default().to_string_lossy();
-        let out_path = logs.join(format!("{name}.{}.out", unique()));
-        let out = File::create(&out_path)?;
-        let mut cmd = Command::new("bash");
-        cmd.arg(script)
-            .args(args)
-            .env("FERRY_CLUSTER_DIR", &self.dir)
-            .env("FERRY_CLUSTER_NETNS", &self.netns)
-            .env("FERRY_CLUSTER_NET", &self.net)
-            .env("FERRY_CLUSTER_POD_NET", &self.pod_net)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out);
-        let mut child = cmd.spawn().with_context(|| format!("cannot run {name}"))?;
-        let start = Instant::now();
-        let status = loop {
-            if let Some(status) = child.try_wait()? {
-                break status;
-            }
-            if start.elapsed() > timeout {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!(
-                    "{name} did not finish within {timeout:?}; output:\n{}",
-                    fs::read_to_string(&out_path).unwrap_or_default()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        };
-        let output = fs::read_to_string(&out_path)?;
-        ensure!(status.success(), "{name} failed ({status}):\n{output}");
-        Ok(output)
-    }
-
-    fn cluster_script(&self, name: &str, args: &[&str], timeout: Duration) -> Result<String> {
-        self.script(&e2e_dir().join("cluster").join(name), args, timeout)
-    }
-
-    fn down(&mut self, keep_logs: Option<&Path>) -> Result<()> {
-        self.down_ran = true;
-        let mut cmd = Command::new("bash");
-        cmd.arg(e2e_dir().join("cluster/down.sh"))
-            .env("FERRY_CLUSTER_DIR", &self.dir)
-            .env("FERRY_CLUSTER_NETNS", &self.netns)
-            .env("FERRY_CLUSTER_NET", &self.net)
-            .env("FERRY_CLUSTER_POD_NET", &self.pod_net)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        if let Some(keep) = keep_logs {
-            cmd.env("FERRY_CLUSTER_KEEP_LOGS", keep);
-        }
-        let out = cmd.output().context("cannot run down.sh")?;
-        ensure!(
-            out.status.success(),
-            "down.sh failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(())
-    }
-
-    fn kubectl(&self, args: &[&str]) -> Result<String> {
-        self.kubectl_in(args, None)
-    }
-
-    fn kubectl_in(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
-        let mut cmd = Command::new(KUBECTL);
-        cmd.arg("--kubeconfig")
-            .arg(self.kubeconfig())
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            });
-        let mut child = cmd.spawn().context("cannot run /usr/bin/kubectl")?;
-        if let Some(input) = stdin {
-            child
-                .stdin
-                .take()
-                .expect("piped stdin")
-                .write_all(input.as_bytes())?;
-        }
-        let out = child.wait_with_output()?;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        ensure!(
-            out.status.success(),
-            "kubectl {} failed ({}): {stdout}{}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(stdout)
-    }
-
-    fn helm(&self, args: &[&str]) -> Result<String> {
-        let home = self.tmp.path().join("helm");
-        let out = Command::new(helm_bin())
-            .args(args)
-            .arg("--kubeconfig")
-            .arg(self.kubeconfig())
-            .env("HELM_CONFIG_HOME", home.join("config"))
-            .env("HELM_CACHE_HOME", home.join("cache"))
-            .env("HELM_DATA_HOME", home.join("data"))
-            .stdin(Stdio::null())
-            .output()
-            .context("cannot run helm")?;
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        ensure!(
-            out.status.success(),
-            "helm {} failed ({}):\n{text}",
-            args.join(" "),
-            out.status
-        );
-        Ok(text)
-    }
-
-    /// Prints what helps to understand a failure: objects, events, the operator's and the
-    /// forwarders' logs.
-    fn diagnose(&self) {
-        let show = |args: &[&str]| match self.kubectl(args) {
-            Ok(out) => eprintln!("$ kubectl {}\n{out}", args.join(" ")),
-            Err(e) => eprintln!("$ kubectl {}: {e:#}", args.join(" ")),
-        };
-        show(&["get", "pods", "-A", "-o", "wide"]);
-        show(&["get", "bc,fr,sts,cm,secret,svc,pdb", "-n", NS, "-o", "wide"]);
-        show(&["get", "fr", "-n", NS, "-o", "yaml"]);
-        show(&["get", "events", "-A", "--sort-by=.lastTimestamp"]);
-        show(&[
-            "logs",
-            "-n",
-            RELEASE_NS,
-            "-l",
-            "app.kubernetes.io/name=ferry",
-            "--tail=60",
-            "--all-containers",
-            "--prefix",
-        ]);
-        show(&[
-            "logs",
-            "-n",
-            NS,
-            "-l",
-            "ferry.dev/connection=plant",
-            "--tail=40",
-            "--prefix",
-        ]);
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        if self.down_ran {
-            return;
-        }
-        let keep = std::env::temp_dir().join(format!("ferry-full-path-logs-{}", unique()));
-        eprintln!(
-            "ferry: tearing the cluster down (component logs kept in {})",
-            keep.display()
-        );
-        if let Err(e) = self.down(Some(&keep)) {
-            eprintln!("ferry: {e:#}");
-        }
-    }
-}
-
-fn helm_bin() -> PathBuf {
-    ferry_e2e::cache_dir().join("tools/bin/helm")
-}
-
-fn images_dir() -> PathBuf {
-    ferry_e2e::cache_dir().join("images")
-}
-
-fn wait_until<T>(
-    timeout: Duration,
-    what: &str,
-    mut check: impl FnMut() -> Result<Option<T>>,
-) -> Result<T> {
-    let start = Instant::now();
-    let mut last_err = None;
-    loop {
-        match check() {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last_err = Some(e),
-        }
-        if start.elapsed() > timeout {
-            bail!("{what}: not within {timeout:?} (last error: {last_err:?})");
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
-
-/// `GET http://ip:port/path` (HTTP/1.0): the body of a 200 answer.
-fn http_get(ip: &str, port: u16, path: &str) -> Result<String> {
-    let addr = format!("{ip}:{port}");
-    let mut s = TcpStream::connect_timeout(&addr.parse()?, Duration::from_secs(3))
-        .with_context(|| format!("connect {addr}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {ip}\r\n\r\n")?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf)?;
-    let (head, body) = buf
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow!("bad answer from {addr}{path}: {buf:?}"))?;
-    ensure!(
-        head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"),
-        "{addr}{path}: {head}"
-    );
-    Ok(body.to_owned())
-}
-
-// ---------------------------------------------------------------------------------------------
-// MQTT: a publisher that paces its messages and can be stopped.
-
-/// Publishes, as client `e2e-pub-{prefix}`, `topic_of(n)` / `"{prefix}-{n}"` for n = 0, 1, …
-/// at `per_second` (0: as fast as the window allows) until `count` messages or until `stop` is
-/// set, and returns the payloads, once the broker acknowledged every one (QoS 1): each of them
-/// must then reach Kafka.
-async fn publish_paced(
-    host: IpAddr,
-    port: u16,
-    prefix: String,
-    topic_of: fn(usize) -> String,
-    count: usize,
-    per_second: u32,
-    stop: Arc<AtomicBool>,
-) -> Result<Vec<String>> {
-    use ferry_e2e::rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
-    let mut opts = MqttOptions::new(format!("e2e-pub-{prefix}"), host.to_string(), port);
-    // A short keep-alive: the loop below sees an event at least every 5 s, so it notices the
-    // sender's end even when every acknowledgement came before it.
-    opts.set_keep_alive(Duration::from_secs(5))
-        .set_inflight(100);
-    let (client, mut eventloop) = AsyncClient::new(opts, 200);
-    let sender = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            let mut sent = Vec::new();
-            let mut tick = (per_second > 0).then(|| {
-                let mut i = tokio::time::interval(Duration::from_secs(1) / per_second);
-                i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                i
-            });
-            for n in 0..count {
-                if stop.load(Ordering::SeqCst) {
-                    break;
-                }
-                if let Some(t) = tick.as_mut() {
-                    t.tick().await;
-                }
-                let payload = format!("{prefix}-{n}");
-                client
-                    .publish(topic_of(n), QoS::AtLeastOnce, false, payload.clone())
-                    .await?;
-                sent.push(payload);
-            }
-            anyhow::Ok(sent)
-        })
-    };
-    let mut acked = 0usize;
-    let mut published = 0usize;
-    let mut sender = Some(sender);
-    let mut sent = None;
-    loop {
-        if let Some(s) = sender.as_ref()
-            && s.is_finished()
-        {
-            sent = Some(sender.take().expect("sender").await??);
-        }
-        if let Some(sent) = &sent
-            && acked >= sent.len()
-        {
-            break;
-        }
-        match tokio::time::timeout(Duration::from_secs(30), eventloop.poll()).await {
-            Ok(Ok(Event::Incoming(Packet::PubAck(_)))) => acked += 1,
-            Ok(Ok(Event::Outgoing(Outgoing::Publish(_)))) => published += 1,
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => bail!("publisher: connection failed after {acked} acks: {e}"),
-            Err(_) => bail!("publisher stalled ({published} sent, {acked} acknowledged)"),
-        }
-    }
-    ferry_e2e::disconnect(&client, &mut eventloop).await?;
-    Ok(sent.unwrap_or_default())
-}
 
 fn temp_topic(n: usize) -> String {
     format!("plant/{}/temp", n % 5 + 1)
@@ -519,25 +162,11 @@ spec:
 
 /// `kubectl get` of one JSON path.
 fn jsonpath(c: &Cluster, kind: &str, name: &str, ns: &str, path: &str) -> Result<String> {
-    c.kubectl(&[
-        "get",
-        kind,
-        name,
-        "-n",
-        ns,
-        "-o",
-        &format!("jsonpath={{{path}}}"),
-    ])
+    c.jsonpath(kind, name, ns, path)
 }
 
 fn rule_ready(c: &Cluster, rule: &str) -> Result<bool> {
-    Ok(jsonpath(
-        c,
-        "fr",
-        rule,
-        NS,
-        ".status.conditions[?(@.type==\"Ready\")].status",
-    )? == "True")
+    c.rule_ready(rule, NS)
 }
 
 /// The forwarder pods: (name, uid, IP, ready).
@@ -707,24 +336,8 @@ fn delete_pod_under_load(
 #[test]
 fn full_user_path_on_a_real_cluster() -> Result<()> {
     let t0 = Instant::now();
-    // SAFETY: geteuid has no preconditions.
-    ensure!(
-        unsafe { libc::geteuid() } == 0,
-        "this test needs root (network namespaces, mounts); run it as root"
-    );
-    let images: Vec<PathBuf> = ["ferry-operator", "ferry-forwarder"]
-        .iter()
-        .map(|n| images_dir().join(format!("{n}-{VERSION}.oci.tar")))
-        .collect();
-    for image in &images {
-        ensure!(
-            image.is_file(),
-            "{} is missing: build the images with `bash e2e/images/build.sh` (release build of \
-             ferry-operator and ferry-forwarder, packed as OCI tarballs into {})",
-            image.display(),
-            images_dir().display()
-        );
-    }
+    ensure_root("this test")?;
+    let images = ferry_images()?;
     for image in &images {
         let age = fs::metadata(image)?
             .modified()?
@@ -736,58 +349,30 @@ fn full_user_path_on_a_real_cluster() -> Result<()> {
             Duration::from_secs(age.as_secs())
         );
     }
-    ensure!(
-        helm_bin().is_file(),
-        "{} is missing: run `bash e2e/tools/build.sh`",
-        helm_bin().display()
-    );
+    ensure_helm()?;
 
-    let mut cluster = Cluster::new()?;
+    let mut cluster = Cluster::private("ferry-full-path", "fp")?;
     println!(
         "cluster: state {}, netns {}, node {}, pods {}.0/24",
-        cluster.dir.display(),
-        cluster.netns,
+        cluster.dir().display(),
+        cluster.netns(),
         cluster.node_ip(),
-        cluster.pod_net
+        cluster.pod_net()
     );
     let t = Instant::now();
-    cluster.cluster_script("up.sh", &[], Duration::from_secs(20 * 60))?;
+    cluster.up()?;
     let up_time = t.elapsed();
     println!("[{:6.1?}] cluster up in {up_time:.1?}", t0.elapsed());
 
     // The brokers, inside the netns on the node address; the images meanwhile.
-    let placement = Placement {
-        netns: Some(cluster.netns.clone()),
-        bind: Some(cluster.node_ip()),
-    };
     let t = Instant::now();
     // (The brokers are started by this thread: they are tied to it by PR_SET_PDEATHSIG.)
-    let (mqtt, kafka) = std::thread::scope(|s| -> Result<(Mosquitto, Kafka)> {
-        let imports = s.spawn(|| -> Result<()> {
-            for image in &images {
-                cluster.cluster_script(
-                    "import-image.sh",
-                    &[&image.display().to_string()],
-                    Duration::from_secs(300),
-                )?;
-            }
-            Ok(())
-        });
-        let mqtt_options = MosquittoOptions {
-            log_connections: true,
-            ..MosquittoOptions::default()
-        };
-        let brokers = Mosquitto::start_placed(mqtt_options, placement.clone()).and_then(|m| {
-            Ok((
-                m,
-                Kafka::start_placed(KafkaOptions::default(), placement.clone())?,
-            ))
-        });
-        imports
-            .join()
-            .map_err(|_| anyhow!("the image import panicked"))??;
-        brokers
-    })?;
+    let mqtt_options = MosquittoOptions {
+        log_connections: true,
+        ..MosquittoOptions::default()
+    };
+    let (mqtt, kafka) =
+        cluster.import_images_and_start_brokers(&images, mqtt_options, KafkaOptions::default())?;
     println!(
         "[{:6.1?}] images imported, brokers up (MQTT {}:{}, Kafka {}) in {:.1?}",
         t0.elapsed(),
@@ -804,7 +389,7 @@ fn full_user_path_on_a_real_cluster() -> Result<()> {
     let result = run(&cluster, &mqtt, &kafka, &rt, t0);
     if let Err(e) = &result {
         eprintln!("ferry: the full-path test failed: {e:#}");
-        cluster.diagnose();
+        cluster.diagnose(RELEASE_NS, NS, "plant");
         for (name, path) in [
             ("mosquitto", mqtt.dir().join("mosquitto.log")),
             ("kafka", kafka.dir().join("kafka.log")),

@@ -1,0 +1,469 @@
+//! `make demo`: Ferry's whole path on a real single-node Kubernetes cluster, narrated for a
+//! newcomer. The cluster of `e2e/cluster/up.sh` with its default settings comes up (netns
+//! `ferry`, node 10.77.0.2, state and kubeconfig in `$FERRY_CLUSTER_DIR`, default
+//! `/tmp/ferry-cluster`), the Ferry images are imported, Mosquitto and Kafka start inside the
+//! cluster's network namespace, `helm install` installs the chart, a BrokerConnection and two
+//! ForwardingRules are applied, sample messages are published and read back from Kafka.
+//!
+//! The brokers are child processes of this demo, so the cluster lives as long as the demo: with
+//! a terminal on stdin it waits for Enter (or Ctrl-C) before tearing down, otherwise it tears
+//! down at once. The cluster is always torn down (`down.sh`), also on error (its component
+//! logs are then kept and their path printed). If a cluster with these settings already exists,
+//! the demo refuses to start and leaves it alone.
+//!
+//! Needs root, `make deps k8s tools images` (the Makefile target `demo` runs them).
+
+use std::io::BufRead as _;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail, ensure};
+use ferry_e2e::cluster::{
+    Cluster, e2e_dir, ensure_helm, ensure_root, ferry_images, publish_to, repo_dir, wait_until,
+};
+use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions};
+
+const RELEASE_NS: &str = "ferry-system";
+const NS: &str = "plant";
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_sigint(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+fn interrupted() -> Result<()> {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        bail!("interrupted (Ctrl-C)");
+    }
+    Ok(())
+}
+
+fn say(text: &str) {
+    println!("\n==> {text}");
+}
+
+fn indent(text: &str) -> String {
+    text.lines()
+        .map(|l| {
+            if l.is_empty() {
+                String::new()
+            } else {
+                format!("    {l}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(_) if INTERRUPTED.load(Ordering::SeqCst) => {
+            eprintln!("\nferry demo: interrupted (Ctrl-C); everything is torn down");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("\nferry demo failed: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<()> {
+    let t0 = Instant::now();
+    // Ctrl-C: this process notes it and tears the cluster down; the commands it runs (and the
+    // brokers) get the terminal's SIGINT and stop, so every step ends quickly.
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(
+            libc::SIGINT,
+            on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        );
+    }
+    ensure_root("the demo")?;
+    let images = ferry_images()?;
+    ensure_helm()?;
+
+    let mut cluster = Cluster::default_settings("ferry-demo")?;
+    if let Some(what) = cluster.existing() {
+        cluster.disarm();
+        bail!(
+            "a cluster with the demo's settings already exists ({what}). The demo brings up and \
+             tears down a cluster of its own, so it leaves that one alone: tear it down with \
+             `sudo {}` and run `make demo` again.",
+            e2e_dir().join("cluster/down.sh").display()
+        );
+    }
+
+    say(&format!(
+        "Bringing up a single-node Kubernetes cluster (e2e/cluster/up.sh): etcd, kube-apiserver, \
+         controller-manager, scheduler, containerd and a kubelet in the network namespace `{}`, \
+         node {}",
+        cluster.netns(),
+        cluster.node_ip()
+    ));
+    let t = Instant::now();
+    cluster.up()?;
+    println!(
+        "    up in {:.0?}; kubeconfig {}",
+        t.elapsed(),
+        cluster.kubeconfig().display()
+    );
+    println!(
+        "    {}",
+        cluster
+            .kubectl(&["get", "nodes", "-o", "wide"])?
+            .lines()
+            .collect::<Vec<_>>()
+            .join("\n    ")
+    );
+    interrupted()?;
+
+    say(&format!(
+        "Importing the ferry-operator and ferry-forwarder images into the cluster's containerd, \
+         and starting a real Mosquitto and a real Apache Kafka inside `{}` on the node address \
+         {} (pods reach them there, and so does this demo)",
+        cluster.netns(),
+        cluster.node_ip()
+    ));
+    let t = Instant::now();
+    let (mqtt, kafka) = cluster.import_images_and_start_brokers(
+        &images,
+        MosquittoOptions::default(),
+        KafkaOptions::default(),
+    )?;
+    for image in &images {
+        println!("    imported {}", image.display());
+    }
+    println!("    mosquitto  {}:{}", mqtt.host(), mqtt.port());
+    println!(
+        "    kafka      {}  (Apache Kafka {})",
+        kafka.bootstrap(),
+        ferry_e2e::KAFKA_VERSION
+    );
+    println!("    ready in {:.0?}", t.elapsed());
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let result = demo(&cluster, &mqtt, &kafka, &rt);
+    match &result {
+        Ok(()) => wait_for_enter(&cluster),
+        Err(e) if !INTERRUPTED.load(Ordering::SeqCst) => {
+            eprintln!("\nferry demo: {e:#}");
+            cluster.diagnose(RELEASE_NS, NS, "plant");
+        }
+        Err(_) => {}
+    }
+    drop(rt);
+    drop(kafka);
+    drop(mqtt);
+    say("Tearing down: brokers stopped, cluster down (e2e/cluster/down.sh)");
+    if result.is_ok() {
+        let t = Instant::now();
+        cluster.down(None)?;
+        println!("    down in {:.0?}", t.elapsed());
+        println!(
+            "\nThe demo took {:.0?}. Next: `make test` runs every test (the full path with a rule \
+             edited live and forwarder pods killed under load: e2e/tests/full_path.rs); \
+             README.md has the configuration reference.",
+            t0.elapsed()
+        );
+    } else {
+        drop(cluster);
+    }
+    result
+}
+
+/// With a terminal on stdin: waits for Enter or Ctrl-C. Otherwise returns at once.
+fn wait_for_enter(cluster: &Cluster) {
+    // SAFETY: isatty(3) has no preconditions.
+    if unsafe { libc::isatty(0) } != 1 {
+        say("stdin is not a terminal: tearing down at once");
+        return;
+    }
+    say(&format!(
+        "The cluster stays up while this demo runs: in another terminal, `export KUBECONFIG={}` \
+         and poke around (commands above); press Enter to tear down",
+        cluster.kubeconfig().display()
+    ));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::stdin().lock().read_line(&mut line);
+        let _ = tx.send(());
+    });
+    while rx.recv_timeout(Duration::from_millis(200)).is_err()
+        && !INTERRUPTED.load(Ordering::SeqCst)
+    {}
+}
+
+fn resources_yaml(cluster: &Cluster, mqtt: &Mosquitto, kafka: &Kafka) -> String {
+    let node = cluster.node_ip();
+    format!(
+        r#"apiVersion: ferry.dev/v1alpha1
+kind: BrokerConnection
+metadata:
+  name: plant
+  namespace: {NS}
+spec:
+  mqtt:
+    host: "{node}"
+    port: {mqtt_port}
+    protocol: "5"
+    sessionExpirySeconds: 3600     # persistent session: the broker keeps messages while a pod restarts
+  kafka:
+    bootstrapServers: ["{node}:{kafka_port}"]
+  forwarder:
+    replicas: 1
+---
+apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata:
+  name: telemetry
+  namespace: {NS}
+spec:
+  connectionRef: {{ name: plant }}
+  mqtt:
+    topics: ["plant/+/telemetry/#"]     # + : one level (the plant), # : every level below
+  kafka:
+    topic: "telemetry.{{1}}"              # plant/2/telemetry/humidity -> telemetry.2
+    key: {{ strategy: topicLevel, level: 3 }}  # -> key "humidity": one sensor stays in order
+---
+apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata:
+  name: alarms
+  namespace: {NS}
+spec:
+  connectionRef: {{ name: plant }}
+  mqtt:
+    topics: ["plant/+/alarm"]
+  kafka:
+    topic: alarms                       # key: the MQTT topic (the default)
+  payload: wrappedJson                  # {{"topic":"plant/2/alarm","payload":"<base64>"}}
+"#,
+        mqtt_port = mqtt.port(),
+        kafka_port = kafka.port()
+    )
+}
+
+fn demo(
+    cluster: &Cluster,
+    mqtt: &Mosquitto,
+    kafka: &Kafka,
+    rt: &tokio::runtime::Runtime,
+) -> Result<()> {
+    let kafka_topics = [
+        ("telemetry.1", 2),
+        ("telemetry.2", 2),
+        ("telemetry.3", 2),
+        ("alarms", 1),
+    ];
+    for (topic, partitions) in kafka_topics {
+        rt.block_on(kafka.create_topic(topic, partitions))?;
+    }
+    println!(
+        "    created Kafka topics: telemetry.1, telemetry.2, telemetry.3 (2 partitions each), \
+         alarms (1)"
+    );
+    interrupted()?;
+
+    say(&format!(
+        "helm install ferry charts/ferry --namespace {RELEASE_NS} --create-namespace --wait \
+         (the CRDs, the operator: 2 replicas with leader election, its RBAC)"
+    ));
+    let t = Instant::now();
+    let chart = repo_dir().join("charts/ferry");
+    cluster.helm(&[
+        "install",
+        "ferry",
+        &chart.display().to_string(),
+        "--namespace",
+        RELEASE_NS,
+        "--create-namespace",
+        "--set",
+        "statusIntervalSeconds=2",
+        "--wait",
+        "--timeout",
+        "3m",
+    ])?;
+    println!("    installed in {:.0?}", t.elapsed());
+    println!(
+        "{}",
+        indent(&cluster.kubectl(&["get", "pods", "-n", RELEASE_NS])?)
+    );
+    interrupted()?;
+
+    let yaml = resources_yaml(cluster, mqtt, kafka);
+    say(&format!(
+        "kubectl apply: a BrokerConnection (the brokers above) and two ForwardingRules, in \
+         namespace {NS}"
+    ));
+    println!("{}", indent(&yaml));
+    cluster.kubectl(&["create", "namespace", NS])?;
+    let t = Instant::now();
+    cluster.kubectl_in(&["apply", "-f", "-"], Some(&yaml))?;
+    wait_until(Duration::from_secs(180), "both rules Ready", || {
+        interrupted()?;
+        Ok(
+            (cluster.rule_ready("telemetry", NS)? && cluster.rule_ready("alarms", NS)?)
+                .then_some(()),
+        )
+    })?;
+    println!(
+        "    both rules Ready {:.0?} after kubectl apply: the operator rendered the forwarder's \
+         config, created a StatefulSet, and its pod subscribed to MQTT and reached Kafka",
+        t.elapsed()
+    );
+    println!(
+        "{}",
+        indent(&cluster.kubectl(&["get", "pods", "-n", NS, "-o", "wide"])?)
+    );
+
+    say(&format!(
+        "Publishing sample MQTT messages (QoS 1) to {}:{}",
+        mqtt.host(),
+        mqtt.port()
+    ));
+    let mut messages = Vec::new();
+    for plant in 1..=3 {
+        for (sensor, value) in [
+            ("temperature", 20.0 + plant as f64),
+            ("humidity", 40.0 + plant as f64),
+        ] {
+            let topic = format!("plant/{plant}/telemetry/{sensor}");
+            let payload = format!(r#"{{"{sensor}":{value:.1}}}"#);
+            println!("    {topic:<34} {payload}");
+            messages.push((topic, payload.into_bytes()));
+        }
+    }
+    let alarm = (
+        "plant/2/alarm".to_string(),
+        br#"{"code":"OVERHEAT"}"#.to_vec(),
+    );
+    println!("    {:<34} {}", alarm.0, String::from_utf8_lossy(&alarm.1));
+    messages.push(alarm);
+    messages.push(("office/coffee".into(), b"no rule subscribes to it".to_vec()));
+    println!(
+        "    {:<34} not forwarded: no rule subscribes to it",
+        "office/coffee"
+    );
+    rt.block_on(publish_to(
+        mqtt.host(),
+        mqtt.port(),
+        "ferry-demo-publisher",
+        messages,
+    ))?;
+    interrupted()?;
+
+    say("Reading the records back from Kafka (topic[partition]@offset, key, value)");
+    let mut records = Vec::new();
+    for (topic, expect) in [
+        ("telemetry.1", 2),
+        ("telemetry.2", 2),
+        ("telemetry.3", 2),
+        ("alarms", 1),
+    ] {
+        records.extend(kafka.read_all(
+            topic,
+            expect,
+            Duration::from_millis(500),
+            Duration::from_secs(60),
+        )?);
+    }
+    for r in &records {
+        println!(
+            "    {:<14} key={:<16} value={}",
+            format!("{}[{}]@{}", r.topic, r.partition, r.offset),
+            r.key_str().unwrap_or("<none>"),
+            r.value_str()
+        );
+    }
+    ensure!(
+        records.len() == 7,
+        "expected 6 telemetry records and 1 alarm record, read {}",
+        records.len()
+    );
+
+    say(&format!(
+        "kubectl get bc,fr -n {NS}: the operator writes each rule's Ready, rate and last \
+         forwarded time from the forwarder pods' /status"
+    ));
+    wait_until(
+        Duration::from_secs(60),
+        "status.forwarded of both rules",
+        || {
+            interrupted()?;
+            let forwarded = |rule| -> Result<u64> {
+                Ok(cluster
+                    .jsonpath("fr", rule, NS, ".status.forwarded")?
+                    .parse()
+                    .unwrap_or(0))
+            };
+            Ok((forwarded("telemetry")? >= 6 && forwarded("alarms")? >= 1).then_some(()))
+        },
+    )?;
+    println!("{}", indent(&cluster.kubectl(&["get", "bc,fr", "-n", NS])?));
+    println!(
+        "{}",
+        indent(&cluster.kubectl(&[
+            "get",
+            "fr",
+            "-n",
+            NS,
+            "-o",
+            "custom-columns=RULE:.metadata.name,READY PODS:.status.readyReplicas,\
+             FORWARDED:.status.forwarded",
+        ])?)
+    );
+
+    say("What happened");
+    println!(
+        "    Each telemetry reading went to the Kafka topic named after its plant (telemetry.{{1}}),\n    \
+         keyed by its sensor (MQTT topic level 3), so one sensor's readings stay in one partition,\n    \
+         in order. The alarm was wrapped as JSON with its MQTT topic. The forwarder acknowledged each\n    \
+         message to MQTT only after Kafka confirmed it (at least once). office/coffee matched no rule."
+    );
+
+    say("Poke around (while the cluster is up)");
+    println!("    export KUBECONFIG={}", cluster.kubeconfig().display());
+    for (command, what) in [
+        (
+            format!("kubectl get pods -n {RELEASE_NS}"),
+            "the operator (2 replicas, one leader)",
+        ),
+        (
+            format!("kubectl get bc,fr,sts,cm,pods -n {NS}"),
+            "the connection, the rules, what they own",
+        ),
+        (
+            format!("kubectl describe fr telemetry -n {NS}"),
+            "conditions, counts, events",
+        ),
+        (
+            format!("kubectl logs -n {NS} plant-default-0"),
+            "the forwarder pod",
+        ),
+        (
+            format!("kubectl logs -n {RELEASE_NS} -l app.kubernetes.io/name=ferry"),
+            "the operators",
+        ),
+        (
+            format!("kubectl edit fr alarms -n {NS}"),
+            "a live edit: the pod reloads it within ~10 s",
+        ),
+    ] {
+        println!("    {command:<62} # {what}");
+    }
+    println!(
+        "    brokers: MQTT {}:{}, Kafka {}",
+        mqtt.host(),
+        mqtt.port(),
+        kafka.bootstrap()
+    );
+    Ok(())
+}

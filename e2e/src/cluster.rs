@@ -1,0 +1,583 @@
+//! Driving the single-node cluster of `e2e/cluster/up.sh` from Rust: the full-path test and
+//! `make demo` (`src/bin/demo-cluster.rs`) share these helpers.
+//!
+//! [`Cluster`] is a guard: `up.sh` brings the cluster up, and the cluster is torn down
+//! (`down.sh`) when the value is dropped unless [`Cluster::down`] already ran — also on error
+//! or panic, then keeping the component logs and printing their path. Brokers are placed in the
+//! cluster's network namespace on the node address ([`Cluster::placement`]), so pods and this
+//! process both reach them.
+
+use std::fs::{self, File};
+use std::io::{Read as _, Write as _};
+use std::net::{IpAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, anyhow, bail, ensure};
+
+use crate::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions, Placement};
+
+pub const KUBECTL: &str = "/usr/bin/kubectl";
+/// The images' tag (`e2e/images/build.sh`): the workspace version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+pub fn e2e_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn repo_dir() -> PathBuf {
+    e2e_dir().parent().expect("repo root").to_path_buf()
+}
+
+pub fn helm_bin() -> PathBuf {
+    crate::cache_dir().join("tools/bin/helm")
+}
+
+pub fn images_dir() -> PathBuf {
+    crate::cache_dir().join("images")
+}
+
+/// `<pid>-<nanoseconds>`: unique file names.
+pub fn unique() -> String {
+    format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0)
+    )
+}
+
+/// Fails unless this process runs as root (network namespaces, mounts, `nsenter`).
+pub fn ensure_root(what: &str) -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    ensure!(
+        unsafe { libc::geteuid() } == 0,
+        "{what} needs root (network namespaces, mounts); run it as root"
+    );
+    Ok(())
+}
+
+/// The `ferry-operator` and `ferry-forwarder` OCI tarballs of `e2e/images/build.sh`; fails with
+/// how to build them when one is missing.
+pub fn ferry_images() -> Result<Vec<PathBuf>> {
+    let images: Vec<PathBuf> = ["ferry-operator", "ferry-forwarder"]
+        .iter()
+        .map(|n| images_dir().join(format!("{n}-{VERSION}.oci.tar")))
+        .collect();
+    for image in &images {
+        ensure!(
+            image.is_file(),
+            "{} is missing: build the images with `bash e2e/images/build.sh` (release build of \
+             ferry-operator and ferry-forwarder, packed as OCI tarballs into {})",
+            image.display(),
+            images_dir().display()
+        );
+    }
+    Ok(images)
+}
+
+/// Fails with how to build helm when it is missing.
+pub fn ensure_helm() -> Result<()> {
+    ensure!(
+        helm_bin().is_file(),
+        "{} is missing: run `bash e2e/tools/build.sh`",
+        helm_bin().display()
+    );
+    Ok(())
+}
+
+/// A cluster of `e2e/cluster/up.sh` with its settings (state dir, netns, subnets); torn down
+/// with `down.sh` on drop unless [`Cluster::down`] ran.
+pub struct Cluster {
+    tmp: tempfile::TempDir,
+    dir: PathBuf,
+    netns: String,
+    net: String,
+    pod_net: String,
+    down_ran: bool,
+    /// Prefix of the dir the component logs are kept in when the drop tears the cluster down.
+    logs_prefix: String,
+}
+
+impl Cluster {
+    /// Private settings (state dir in a temp dir, netns `ferry-<tag><pid>`, subnets derived from
+    /// the pid), so that it runs next to any other cluster. Nothing is started yet.
+    pub fn private(name: &str, tag: &str) -> Result<Self> {
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("{name}-"))
+            .tempdir()?;
+        let id = std::process::id();
+        let k = 20 + id % 200;
+        Ok(Self {
+            dir: tmp.path().join("state"),
+            tmp,
+            netns: format!("ferry-{tag}{}", id % 100_000),
+            net: format!("10.81.{k}"),
+            pod_net: format!("10.82.{k}"),
+            down_ran: false,
+            logs_prefix: format!("{name}-logs"),
+        })
+    }
+
+    /// up.sh's default settings: state dir `$FERRY_CLUSTER_DIR` (default `/tmp/ferry-cluster`),
+    /// netns `ferry`, node 10.77.0.2, pods 10.78.0.0/24 — the cluster `e2e/cluster/README.md`
+    /// describes, with its kubeconfig at a stable path. Nothing is started yet.
+    pub fn default_settings(name: &str) -> Result<Self> {
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!("{name}-"))
+            .tempdir()?;
+        let dir = std::env::var_os("FERRY_CLUSTER_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/tmp/ferry-cluster"));
+        Ok(Self {
+            tmp,
+            dir,
+            netns: "ferry".into(),
+            net: "10.77.0".into(),
+            pod_net: "10.78.0".into(),
+            down_ran: false,
+            logs_prefix: format!("{name}-logs"),
+        })
+    }
+
+    /// What of a cluster with these settings exists already: its state (`cluster.env`) or its
+    /// network namespace. `None` when there is nothing.
+    pub fn existing(&self) -> Option<String> {
+        let env = self.dir.join("cluster.env");
+        let ns = Path::new("/var/run/netns").join(&self.netns);
+        match (env.exists(), ns.exists()) {
+            (false, false) => None,
+            (true, _) => Some(format!("state {}", env.display())),
+            (false, true) => Some(format!("network namespace {}", ns.display())),
+        }
+    }
+
+    /// Marks the cluster as not ours: the drop will not tear it down.
+    pub fn disarm(&mut self) {
+        self.down_ran = true;
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn netns(&self) -> &str {
+        &self.netns
+    }
+
+    pub fn pod_net(&self) -> &str {
+        &self.pod_net
+    }
+
+    pub fn node_ip(&self) -> IpAddr {
+        format!("{}.2", self.net).parse().expect("node IP")
+    }
+
+    pub fn kubeconfig(&self) -> PathBuf {
+        self.dir.join("kubeconfig")
+    }
+
+    /// Brokers started with this placement run inside the cluster's netns on the node address.
+    pub fn placement(&self) -> Placement {
+        Placement {
+            netns: Some(self.netns.clone()),
+            bind: Some(self.node_ip()),
+        }
+    }
+
+    fn settings(&self, cmd: &mut Command) {
+        cmd.env("FERRY_CLUSTER_DIR", &self.dir)
+            .env("FERRY_CLUSTER_NETNS", &self.netns)
+            .env("FERRY_CLUSTER_NET", &self.net)
+            .env("FERRY_CLUSTER_POD_NET", &self.pod_net);
+    }
+
+    /// Runs a script with this cluster's settings, output into a file; fails unless it exits 0.
+    pub fn script(&self, script: &Path, args: &[&str], timeout: Duration) -> Result<String> {
+        let logs = self.tmp.path().join("script-logs");
+        fs::create_dir_all(&logs)?;
+        let name = script.file_name().unwrap_or_default().to_string_lossy();
+        let out_path = logs.join(format!("{name}.{}.out", unique()));
+        let out = File::create(&out_path)?;
+        let mut cmd = Command::new("bash");
+        cmd.arg(script).args(args);
+        self.settings(&mut cmd);
+        cmd.stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out);
+        let mut child = cmd.spawn().with_context(|| format!("cannot run {name}"))?;
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait()? {
+                break status;
+            }
+            if start.elapsed() > timeout {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!(
+                    "{name} did not finish within {timeout:?}; output:\n{}",
+                    fs::read_to_string(&out_path).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        let output = fs::read_to_string(&out_path)?;
+        ensure!(status.success(), "{name} failed ({status}):\n{output}");
+        Ok(output)
+    }
+
+    /// [`Cluster::script`] of `e2e/cluster/<name>`.
+    pub fn cluster_script(&self, name: &str, args: &[&str], timeout: Duration) -> Result<String> {
+        self.script(&e2e_dir().join("cluster").join(name), args, timeout)
+    }
+
+    /// `up.sh` (at most 20 min: the first run builds and caches the cluster's images).
+    pub fn up(&self) -> Result<String> {
+        self.cluster_script("up.sh", &[], Duration::from_secs(20 * 60))
+    }
+
+    /// Imports the images into the cluster's containerd while Mosquitto and Kafka start in the
+    /// cluster's netns on the node address (both at once: it saves half a minute).
+    ///
+    /// The brokers are started by the calling thread, which they are tied to by
+    /// `PR_SET_PDEATHSIG`: call this from the thread that keeps them.
+    pub fn import_images_and_start_brokers(
+        &self,
+        images: &[PathBuf],
+        mqtt_options: MosquittoOptions<'_>,
+        kafka_options: KafkaOptions<'_>,
+    ) -> Result<(Mosquitto, Kafka)> {
+        let placement = self.placement();
+        std::thread::scope(|s| -> Result<(Mosquitto, Kafka)> {
+            let imports = s.spawn(|| -> Result<()> {
+                for image in images {
+                    self.cluster_script(
+                        "import-image.sh",
+                        &[&image.display().to_string()],
+                        Duration::from_secs(300),
+                    )?;
+                }
+                Ok(())
+            });
+            let brokers = Mosquitto::start_placed(mqtt_options, placement.clone())
+                .and_then(|m| Ok((m, Kafka::start_placed(kafka_options, placement.clone())?)));
+            imports
+                .join()
+                .map_err(|_| anyhow!("the image import panicked"))??;
+            brokers
+        })
+    }
+
+    /// `down.sh`; with `keep_logs`, the component logs are moved there first.
+    pub fn down(&mut self, keep_logs: Option<&Path>) -> Result<()> {
+        self.down_ran = true;
+        let mut cmd = Command::new("bash");
+        cmd.arg(e2e_dir().join("cluster/down.sh"));
+        self.settings(&mut cmd);
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        if let Some(keep) = keep_logs {
+            cmd.env("FERRY_CLUSTER_KEEP_LOGS", keep);
+        }
+        let out = cmd.output().context("cannot run down.sh")?;
+        ensure!(
+            out.status.success(),
+            "down.sh failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    }
+
+    /// `kubectl --kubeconfig <this cluster's> ARGS`: its stdout; fails unless it exits 0.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String> {
+        self.kubectl_in(args, None)
+    }
+
+    /// [`Cluster::kubectl`] with `stdin` as its input.
+    pub fn kubectl_in(&self, args: &[&str], stdin: Option<&str>) -> Result<String> {
+        let mut cmd = Command::new(KUBECTL);
+        cmd.arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            });
+        let mut child = cmd.spawn().context("cannot run /usr/bin/kubectl")?;
+        if let Some(input) = stdin {
+            child
+                .stdin
+                .take()
+                .expect("piped stdin")
+                .write_all(input.as_bytes())?;
+        }
+        let out = child.wait_with_output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        ensure!(
+            out.status.success(),
+            "kubectl {} failed ({}): {stdout}{}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(stdout)
+    }
+
+    /// `kubectl get KIND NAME -n NS -o jsonpath={PATH}`.
+    pub fn jsonpath(&self, kind: &str, name: &str, ns: &str, path: &str) -> Result<String> {
+        self.kubectl(&[
+            "get",
+            kind,
+            name,
+            "-n",
+            ns,
+            "-o",
+            &format!("jsonpath={{{path}}}"),
+        ])
+    }
+
+    /// Whether the ForwardingRule's `Ready` condition is `True`.
+    pub fn rule_ready(&self, rule: &str, ns: &str) -> Result<bool> {
+        Ok(self.jsonpath(
+            "fr",
+            rule,
+            ns,
+            ".status.conditions[?(@.type==\"Ready\")].status",
+        )? == "True")
+    }
+
+    /// `helm ARGS --kubeconfig <this cluster's>` with private helm config, cache and data dirs:
+    /// its output; fails unless it exits 0.
+    pub fn helm(&self, args: &[&str]) -> Result<String> {
+        let home = self.tmp.path().join("helm");
+        let out = Command::new(helm_bin())
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .env("HELM_CONFIG_HOME", home.join("config"))
+            .env("HELM_CACHE_HOME", home.join("cache"))
+            .env("HELM_DATA_HOME", home.join("data"))
+            .stdin(Stdio::null())
+            .output()
+            .context("cannot run helm")?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        ensure!(
+            out.status.success(),
+            "helm {} failed ({}):\n{text}",
+            args.join(" "),
+            out.status
+        );
+        Ok(text)
+    }
+
+    /// Prints what helps to understand a failure: objects, events, the operator's logs (in
+    /// `release_ns`) and those of the forwarders of `connection` (in `ns`).
+    pub fn diagnose(&self, release_ns: &str, ns: &str, connection: &str) {
+        let show = |args: &[&str]| match self.kubectl(args) {
+            Ok(out) => eprintln!("$ kubectl {}\n{out}", args.join(" ")),
+            Err(e) => eprintln!("$ kubectl {}: {e:#}", args.join(" ")),
+        };
+        show(&["get", "pods", "-A", "-o", "wide"]);
+        show(&["get", "bc,fr,sts,cm,secret,svc,pdb", "-n", ns, "-o", "wide"]);
+        show(&["get", "fr", "-n", ns, "-o", "yaml"]);
+        show(&["get", "events", "-A", "--sort-by=.lastTimestamp"]);
+        show(&[
+            "logs",
+            "-n",
+            release_ns,
+            "-l",
+            "app.kubernetes.io/name=ferry",
+            "--tail=60",
+            "--all-containers",
+            "--prefix",
+        ]);
+        show(&[
+            "logs",
+            "-n",
+            ns,
+            "-l",
+            &format!("ferry.dev/connection={connection}"),
+            "--tail=40",
+            "--prefix",
+        ]);
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.down_ran {
+            return;
+        }
+        let keep = std::env::temp_dir().join(format!("{}-{}", self.logs_prefix, unique()));
+        eprintln!(
+            "ferry: tearing the cluster down (component logs kept in {})",
+            keep.display()
+        );
+        if let Err(e) = self.down(Some(&keep)) {
+            eprintln!("ferry: {e:#}");
+        }
+    }
+}
+
+/// Calls `check` every 500 ms until it gives `Some`, at most `timeout`.
+pub fn wait_until<T>(
+    timeout: Duration,
+    what: &str,
+    mut check: impl FnMut() -> Result<Option<T>>,
+) -> Result<T> {
+    let start = Instant::now();
+    let mut last_err = None;
+    loop {
+        match check() {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if start.elapsed() > timeout {
+            bail!("{what}: not within {timeout:?} (last error: {last_err:?})");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// `GET http://ip:port/path` (HTTP/1.0): the body of a 200 answer.
+pub fn http_get(ip: &str, port: u16, path: &str) -> Result<String> {
+    let addr = format!("{ip}:{port}");
+    let mut s = TcpStream::connect_timeout(&addr.parse()?, Duration::from_secs(3))
+        .with_context(|| format!("connect {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {ip}\r\n\r\n")?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    let (head, body) = buf
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow!("bad answer from {addr}{path}: {buf:?}"))?;
+    ensure!(
+        head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"),
+        "{addr}{path}: {head}"
+    );
+    Ok(body.to_owned())
+}
+
+/// Publishes, as client `e2e-pub-{prefix}`, `topic_of(n)` / `"{prefix}-{n}"` for n = 0, 1, …
+/// at `per_second` (0: as fast as the window allows) until `count` messages or until `stop` is
+/// set, and returns the payloads, once the broker acknowledged every one (QoS 1): each of them
+/// must then reach Kafka.
+pub async fn publish_paced(
+    host: IpAddr,
+    port: u16,
+    prefix: String,
+    topic_of: fn(usize) -> String,
+    count: usize,
+    per_second: u32,
+    stop: Arc<AtomicBool>,
+) -> Result<Vec<String>> {
+    use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
+    let mut opts = MqttOptions::new(format!("e2e-pub-{prefix}"), host.to_string(), port);
+    // A short keep-alive: the loop below sees an event at least every 5 s, so it notices the
+    // sender's end even when every acknowledgement came before it.
+    opts.set_keep_alive(Duration::from_secs(5))
+        .set_inflight(100);
+    let (client, mut eventloop) = AsyncClient::new(opts, 200);
+    let sender = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let mut sent = Vec::new();
+            let mut tick = (per_second > 0).then(|| {
+                let mut i = tokio::time::interval(Duration::from_secs(1) / per_second);
+                i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                i
+            });
+            for n in 0..count {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                if let Some(t) = tick.as_mut() {
+                    t.tick().await;
+                }
+                let payload = format!("{prefix}-{n}");
+                client
+                    .publish(topic_of(n), QoS::AtLeastOnce, false, payload.clone())
+                    .await?;
+                sent.push(payload);
+            }
+            anyhow::Ok(sent)
+        })
+    };
+    let mut acked = 0usize;
+    let mut published = 0usize;
+    let mut sender = Some(sender);
+    let mut sent = None;
+    loop {
+        if let Some(s) = sender.as_ref()
+            && s.is_finished()
+        {
+            sent = Some(sender.take().expect("sender").await??);
+        }
+        if let Some(sent) = &sent
+            && acked >= sent.len()
+        {
+            break;
+        }
+        match tokio::time::timeout(Duration::from_secs(30), eventloop.poll()).await {
+            Ok(Ok(Event::Incoming(Packet::PubAck(_)))) => acked += 1,
+            Ok(Ok(Event::Outgoing(Outgoing::Publish(_)))) => published += 1,
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => bail!("publisher: connection failed after {acked} acks: {e}"),
+            Err(_) => bail!("publisher stalled ({published} sent, {acked} acknowledged)"),
+        }
+    }
+    crate::disconnect(&client, &mut eventloop).await?;
+    Ok(sent.unwrap_or_default())
+}
+
+/// Publishes `messages` (topic, payload) at QoS 1 to the broker at `host:port` as `client_id`
+/// and returns once the broker acknowledged every one.
+pub async fn publish_to(
+    host: IpAddr,
+    port: u16,
+    client_id: &str,
+    messages: Vec<(String, Vec<u8>)>,
+) -> Result<()> {
+    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+    let mut opts = MqttOptions::new(client_id, host.to_string(), port);
+    opts.set_keep_alive(Duration::from_secs(30));
+    let (client, mut eventloop) = AsyncClient::new(opts, 100);
+    let total = messages.len();
+    let sender = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            for (topic, payload) in messages {
+                client
+                    .publish(topic, QoS::AtLeastOnce, false, payload)
+                    .await?;
+            }
+            anyhow::Ok(())
+        })
+    };
+    let mut acked = 0usize;
+    while acked < total {
+        match tokio::time::timeout(Duration::from_secs(30), eventloop.poll()).await {
+            Ok(Ok(Event::Incoming(Packet::PubAck(_)))) => acked += 1,
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => bail!("publisher: connection failed after {acked}/{total} acks: {e}"),
+            Err(_) => bail!("publisher stalled after {acked}/{total} acks"),
+        }
+    }
+    sender.await??;
+    crate::disconnect(&client, &mut eventloop).await
+}
