@@ -358,6 +358,25 @@ impl Cluster {
 
     /// `helm ARGS --kubeconfig <this cluster's>` with private helm config, cache and data dirs:
     /// its output; fails unless it exits 0.
+    /// `helm install ferry charts/ferry` into `namespace` (created), the operator reading the
+    /// forwarders' `/status` every 2 s, and waits until its pods are ready.
+    pub fn helm_install_ferry(&self, namespace: &str) -> Result<String> {
+        let chart = repo_dir().join("charts/ferry");
+        self.helm(&[
+            "install",
+            "ferry",
+            &chart.display().to_string(),
+            "--namespace",
+            namespace,
+            "--create-namespace",
+            "--set",
+            "statusIntervalSeconds=2",
+            "--wait",
+            "--timeout",
+            "3m",
+        ])
+    }
+
     pub fn helm(&self, args: &[&str]) -> Result<String> {
         let home = self.tmp.path().join("helm");
         let out = Command::new(helm_bin())

@@ -38,7 +38,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, ensure};
 use ferry_e2e::cluster::{
-    Cluster, ensure_helm, ensure_root, ferry_images, http_get, publish_paced, repo_dir, wait_until,
+    Cluster, ensure_helm, ensure_root, ferry_images, http_get, publish_paced, wait_until,
 };
 use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions, Record};
 
@@ -432,20 +432,7 @@ fn run(
 
     // --- helm install ------------------------------------------------------------------------
     let t = Instant::now();
-    let chart = repo_dir().join("charts/ferry");
-    c.helm(&[
-        "install",
-        "ferry",
-        &chart.display().to_string(),
-        "--namespace",
-        RELEASE_NS,
-        "--create-namespace",
-        "--set",
-        "statusIntervalSeconds=2",
-        "--wait",
-        "--timeout",
-        "3m",
-    ])?;
+    c.helm_install_ferry(RELEASE_NS)?;
     let operators = c.kubectl(&[
         "get",
         "pods",

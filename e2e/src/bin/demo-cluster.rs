@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
 use ferry_e2e::cluster::{
-    Cluster, e2e_dir, ensure_helm, ensure_root, ferry_images, publish_to, repo_dir, wait_until,
+    Cluster, e2e_dir, ensure_helm, ensure_root, ferry_images, publish_to, wait_until,
 };
 use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions};
 
@@ -277,20 +277,7 @@ fn demo(
          (the CRDs, the operator: 2 replicas with leader election, its RBAC)"
     ));
     let t = Instant::now();
-    let chart = repo_dir().join("charts/ferry");
-    cluster.helm(&[
-        "install",
-        "ferry",
-        &chart.display().to_string(),
-        "--namespace",
-        RELEASE_NS,
-        "--create-namespace",
-        "--set",
-        "statusIntervalSeconds=2",
-        "--wait",
-        "--timeout",
-        "3m",
-    ])?;
+    cluster.helm_install_ferry(RELEASE_NS)?;
     println!("    installed in {:.0?}", t.elapsed());
     println!(
         "{}",
