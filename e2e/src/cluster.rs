@@ -124,6 +124,15 @@ impl Cluster {
         })
     }
 
+    /// The same cluster on other subnets (`<net>.<k>.0/24` for the node, `<pod>.<k>.0/24` for the
+    /// pods): for a test that may run next to another private cluster.
+    pub fn with_subnets(mut self, net: &str, pod_net: &str) -> Self {
+        let k = 20 + std::process::id() % 200;
+        self.net = format!("{net}.{k}");
+        self.pod_net = format!("{pod_net}.{k}");
+        self
+    }
+
     /// up.sh's default settings: state dir `$FERRY_CLUSTER_DIR` (default `/tmp/ferry-cluster`),
     /// netns `ferry`, node 10.77.0.2, pods 10.78.0.0/24 — the cluster `e2e/cluster/README.md`
     /// describes, with its kubeconfig at a stable path. Nothing is started yet.

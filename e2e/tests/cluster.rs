@@ -13,183 +13,12 @@ use std::fs::{self, File};
 use std::io::{BufRead as _, BufReader, Read as _};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsRawFd as _;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
-
-const KUBECTL: &str = "/usr/bin/kubectl";
-
-fn scripts_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("cluster")
-}
-
-/// One cluster of up.sh with private settings; runs down.sh on drop unless it already ran.
-struct Cluster {
-    _tmp: tempfile::TempDir,
-    dir: PathBuf,
-    netns: String,
-    net: String,
-    pod_net: String,
-    log_dir: PathBuf,
-    down_ran: bool,
-}
-
-impl Cluster {
-    fn new() -> Result<Self> {
-        let tmp = tempfile::Builder::new()
-            .prefix("ferry-cluster-test-")
-            .tempdir()?;
-        let id = std::process::id();
-        let k = 20 + id % 200;
-        Ok(Self {
-            dir: tmp.path().join("state"),
-            log_dir: tmp.path().join("script-logs"),
-            _tmp: tmp,
-            netns: format!("ferry-t{}", id % 100_000),
-            net: format!("10.79.{k}"),
-            pod_net: format!("10.80.{k}"),
-            down_ran: false,
-        })
-    }
-
-    fn node_ip(&self) -> String {
-        format!("{}.2", self.net)
-    }
-
-    fn nspath(&self) -> PathBuf {
-        Path::new("/var/run/netns").join(&self.netns)
-    }
-
-    fn kubeconfig(&self) -> PathBuf {
-        self.dir.join("kubeconfig")
-    }
-
-    /// Runs `e2e/cluster/<script>` with this cluster's settings; output goes to a file (not a
-    /// pipe the cluster's daemons could inherit), returned with the exit status.
-    fn script(
-        &self,
-        script: &str,
-        timeout: Duration,
-        extra_env: &[(&str, &Path)],
-    ) -> Result<(bool, String)> {
-        fs::create_dir_all(&self.log_dir)?;
-        let out_path = self.log_dir.join(format!("{script}.{}.out", unique()));
-        let out = File::create(&out_path)?;
-        let mut cmd = Command::new("bash");
-        cmd.arg(scripts_dir().join(script))
-            .env("FERRY_CLUSTER_DIR", &self.dir)
-            .env("FERRY_CLUSTER_NETNS", &self.netns)
-            .env("FERRY_CLUSTER_NET", &self.net)
-            .env("FERRY_CLUSTER_POD_NET", &self.pod_net)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out);
-        for (k, v) in extra_env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd
-            .spawn()
-            .with_context(|| format!("cannot run {script}"))?;
-        let start = Instant::now();
-        let status = loop {
-            if let Some(status) = child.try_wait()? {
-                break status;
-            }
-            if start.elapsed() > timeout {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!(
-                    "{script} did not finish within {timeout:?}; output so far:\n{}",
-                    fs::read_to_string(&out_path).unwrap_or_default()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        };
-        let output = fs::read_to_string(&out_path)?;
-        println!(
-            "--- {script} ({status}, {:.1?}):\n{output}",
-            start.elapsed()
-        );
-        Ok((status.success(), output))
-    }
-
-    fn down(&mut self, keep_logs: Option<&Path>) -> Result<(bool, String)> {
-        self.down_ran = true;
-        let env: Vec<(&str, &Path)> = keep_logs
-            .map(|p| vec![("FERRY_CLUSTER_KEEP_LOGS", p)])
-            .unwrap_or_default();
-        self.script("down.sh", Duration::from_secs(180), &env)
-    }
-
-    fn kubectl(&self, args: &[&str]) -> Result<String> {
-        kubectl_with(&self.kubeconfig(), args, None)
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        if self.down_ran {
-            return;
-        }
-        let keep = std::env::temp_dir().join(format!("ferry-cluster-test-logs-{}", unique()));
-        eprintln!(
-            "ferry: the cluster test failed; running down.sh (component logs kept in {})",
-            keep.display()
-        );
-        match self.down(Some(&keep)) {
-            Ok((true, _)) => {}
-            Ok((false, out)) => eprintln!("ferry: down.sh failed:\n{out}"),
-            Err(e) => eprintln!("ferry: down.sh failed: {e:#}"),
-        }
-    }
-}
-
-fn unique() -> String {
-    format!(
-        "{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0)
-    )
-}
-
-fn kubectl_with(kubeconfig: &Path, args: &[&str], stdin: Option<&str>) -> Result<String> {
-    let mut cmd = Command::new(KUBECTL);
-    cmd.arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        });
-    let mut child = cmd.spawn().context("cannot run /usr/bin/kubectl")?;
-    if let Some(input) = stdin {
-        use std::io::Write as _;
-        child
-            .stdin
-            .take()
-            .expect("piped stdin")
-            .write_all(input.as_bytes())?;
-    }
-    let out = child.wait_with_output()?;
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    if !out.status.success() {
-        bail!(
-            "kubectl {} failed ({}): {stdout}{}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(stdout)
-}
+use ferry_e2e::cluster::{Cluster, wait_until};
 
 /// A TCP listener bound to `addr` inside the network namespace `nspath` (a thread enters the
 /// namespace to create the socket; the socket stays in it).
@@ -228,24 +57,6 @@ fn accept_line(listener: &TcpListener, timeout: Duration) -> Result<(String, Str
     let mut line = String::new();
     BufReader::new(stream.take(4096)).read_line(&mut line)?;
     Ok((peer.ip().to_string(), line.trim().to_owned()))
-}
-
-fn wait_until(
-    timeout: Duration,
-    what: &str,
-    mut check: impl FnMut() -> Result<bool>,
-) -> Result<()> {
-    let start = Instant::now();
-    let mut last_err = None;
-    while start.elapsed() < timeout {
-        match check() {
-            Ok(true) => return Ok(()),
-            Ok(false) => {}
-            Err(e) => last_err = Some(e),
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    bail!("{what} not within {timeout:?} (last error: {last_err:?})")
 }
 
 /// Mount points at or under `dir` (from /proc/self/mountinfo; escapes left as they are).
@@ -297,31 +108,32 @@ fn cluster_up_runs_a_bridged_pod_and_down_leaves_nothing() -> Result<()> {
         unsafe { libc::geteuid() } == 0,
         "this test needs root (network namespaces, mounts); run it as root"
     );
-    let mut cluster = Cluster::new()?;
+    // Subnets of their own, so that this test can run next to the full-path test.
+    let mut cluster = Cluster::private("ferry-cluster-test", "t")?.with_subnets("10.79", "10.80");
+    let nspath = Path::new("/var/run/netns").join(cluster.netns());
     println!(
         "cluster: state {}, netns {}, node {}, pods {}.0/24",
-        cluster.dir.display(),
-        cluster.netns,
+        cluster.dir().display(),
+        cluster.netns(),
         cluster.node_ip(),
-        cluster.pod_net
+        cluster.pod_net()
     );
 
     // up, then up again (idempotent, fast).
     let t = Instant::now();
-    let (ok, out) = cluster.script("up.sh", Duration::from_secs(30 * 60), &[])?;
+    cluster.up()?;
     let up_time = t.elapsed();
-    ensure!(ok, "up.sh failed:\n{out}");
     let t = Instant::now();
-    let (ok, out) = cluster.script("up.sh", Duration::from_secs(120), &[])?;
+    let out = cluster.cluster_script("up.sh", &[], Duration::from_secs(120))?;
     let second_up = t.elapsed();
-    ensure!(ok && out.contains("already up"), "second up.sh:\n{out}");
+    ensure!(out.contains("already up"), "second up.sh:\n{out}");
     ensure!(
         second_up < Duration::from_secs(20),
         "second up.sh took {second_up:?}"
     );
 
     // The node is Ready.
-    let node = cluster_env(&cluster.dir, "node_name")?;
+    let node = cluster_env(cluster.dir(), "node_name")?;
     let ready = cluster.kubectl(&[
         "get",
         "node",
@@ -332,8 +144,8 @@ fn cluster_up_runs_a_bridged_pod_and_down_leaves_nothing() -> Result<()> {
     assert_eq!(ready, "True", "node {node} Ready condition");
 
     // A pod on the bridge connects to a server listening on the namespace's address.
-    let busybox = cluster_env(&cluster.dir, "busybox_image")?;
-    let listener = listen_in_netns(&cluster.nspath(), format!("{}:0", cluster.node_ip()))?;
+    let busybox = cluster_env(cluster.dir(), "busybox_image")?;
+    let listener = listen_in_netns(&nspath, format!("{}:0", cluster.node_ip()))?;
     let port = listener.local_addr()?.port();
     // A command line no other process has, to check that down.sh stops the container.
     let sleep_marker = format!("sleep {}", 900_000 + std::process::id() % 99_999);
@@ -353,13 +165,14 @@ spec:
 "#,
         ip = cluster.node_ip()
     );
-    kubectl_with(&cluster.kubeconfig(), &["apply", "-f", "-"], Some(&pod))?;
+    cluster.kubectl_in(&["apply", "-f", "-"], Some(&pod))?;
     let (peer, line) = accept_line(&listener, Duration::from_secs(120))?;
     drop(listener);
     wait_until(Duration::from_secs(60), "pod probe Running", || {
         Ok(
-            cluster.kubectl(&["get", "pod", "probe", "-o", "jsonpath={.status.phase}"])?
-                == "Running",
+            (cluster.kubectl(&["get", "pod", "probe", "-o", "jsonpath={.status.phase}"])?
+                == "Running")
+                .then_some(()),
         )
     })?;
     let pod_ip = cluster.kubectl(&["get", "pod", "probe", "-o", "jsonpath={.status.podIP}"])?;
@@ -367,12 +180,12 @@ spec:
     wait_until(
         Duration::from_secs(30),
         "the probe container's process",
-        || Ok(!processes_mentioning(&sleep_marker).is_empty()),
+        || Ok((!processes_mentioning(&sleep_marker).is_empty()).then_some(())),
     )?;
     assert!(
-        pod_ip.starts_with(&format!("{}.", cluster.pod_net)),
+        pod_ip.starts_with(&format!("{}.", cluster.pod_net())),
         "pod IP {pod_ip} is not in {}.0/24",
-        cluster.pod_net
+        cluster.pod_net()
     );
     assert_eq!(line, "hello-from-probe");
     assert_eq!(
@@ -382,31 +195,26 @@ spec:
 
     // down (with the pod still running), then down again.
     let t = Instant::now();
-    let (ok, out) = cluster.down(None)?;
+    cluster.down(None)?;
     let down_time = t.elapsed();
-    ensure!(ok, "down.sh failed:\n{out}");
-    assert!(
-        !cluster.nspath().exists(),
-        "{} still exists",
-        cluster.nspath().display()
-    );
+    assert!(!nspath.exists(), "{} still exists", nspath.display());
     let netns_list = Command::new("ip").args(["netns", "list"]).output()?;
     let netns_list = String::from_utf8_lossy(&netns_list.stdout);
     assert!(
         !netns_list
             .lines()
-            .any(|l| l.split_whitespace().next() == Some(cluster.netns.as_str())),
+            .any(|l| l.split_whitespace().next() == Some(cluster.netns())),
         "ip netns list still shows {}:\n{netns_list}",
-        cluster.netns
+        cluster.netns()
     );
     assert_eq!(
-        mounts_under(&cluster.dir)?,
+        mounts_under(cluster.dir())?,
         Vec::<String>::new(),
         "mounts left under {}",
-        cluster.dir.display()
+        cluster.dir().display()
     );
     assert_eq!(
-        processes_mentioning(&cluster.dir.to_string_lossy()),
+        processes_mentioning(&cluster.dir().to_string_lossy()),
         Vec::<String>::new(),
         "processes mentioning the state dir left"
     );
@@ -416,15 +224,12 @@ spec:
         "the probe container's process is left"
     );
     assert!(
-        !cluster.dir.exists(),
+        !cluster.dir().exists(),
         "{} still exists",
-        cluster.dir.display()
+        cluster.dir().display()
     );
-    let (ok, out) = cluster.script("down.sh", Duration::from_secs(60), &[])?;
-    ensure!(
-        ok && out.contains("nothing to do"),
-        "second down.sh:\n{out}"
-    );
+    let out = cluster.cluster_script("down.sh", &[], Duration::from_secs(60))?;
+    ensure!(out.contains("nothing to do"), "second down.sh:\n{out}");
     println!("cluster test: up {up_time:.1?}, second up {second_up:.1?}, down {down_time:.1?}");
     Ok(())
 }
