@@ -413,21 +413,19 @@ fn installed_chart_gives_the_operator_exactly_the_rights_it_uses() {
         "{} is missing: run `bash e2e/tools/build.sh`",
         monitoring_crds.display()
     );
-    cp.run_kubectl([
-        "apply",
-        "--server-side",
-        "-f",
-        &monitoring_crds.display().to_string(),
-    ])
-    .expect("monitoring CRDs");
-    cp.run_kubectl([
-        "wait",
-        "--for=condition=Established",
-        "--timeout=30s",
-        "crd/servicemonitors.monitoring.coreos.com",
-        "crd/podmonitors.monitoring.coreos.com",
-    ])
-    .expect("established");
+    for (file, name) in [
+        (
+            "monitoring.coreos.com_servicemonitors.yaml",
+            "servicemonitors.monitoring.coreos.com",
+        ),
+        (
+            "monitoring.coreos.com_podmonitors.yaml",
+            "podmonitors.monitoring.coreos.com",
+        ),
+    ] {
+        cp.install_crds(&monitoring_crds.join(file), &[name])
+            .unwrap_or_else(|e| panic!("install {file}: {e}"));
+    }
     // The release namespace enforces the `restricted` Pod Security Standard: the operator pods
     // are only created if their security context meets it.
     for ns in [NAMESPACE, "monitoring", "plant"] {
