@@ -33,7 +33,8 @@ pub struct ForwarderConfig {
     #[serde(default = "default_shutdown_timeout_secs")]
     pub shutdown_timeout_secs: u64,
     /// Where messages go that Kafka can never take, for every rule without its own
-    /// `dead_letter`. Unset: such messages are counted, logged and acknowledged.
+    /// `dead_letter`. Unset: such messages are held (or dropped) as each rule's
+    /// `on_unwritable` says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetter>,
     #[serde(default)]
@@ -217,6 +218,26 @@ pub struct Rule {
     /// Overrides the top-level `dead_letter` for this rule.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetter>,
+    /// What to do with a message Kafka can never take as it is (too large, an illegal resolved
+    /// topic name, rejected as invalid) when no dead-letter topic took it.
+    #[serde(default)]
+    pub on_unwritable: OnUnwritable,
+}
+
+/// What happens to a message Kafka can never take as it is, when no dead-letter topic took it.
+/// Messages that wait on Kafka for any other reason (authorization, unknown topic, outages)
+/// are always retried: those are fixable, and giving up on them would drop the stream.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnUnwritable {
+    /// Keep it unacknowledged and keep retrying (slowly): the rule stalls, reports why, and
+    /// resumes when the cause is fixed (e.g. the topic's size limit is raised), or after a
+    /// restart with a dead-letter topic or `drop` configured.
+    #[default]
+    Hold,
+    /// Acknowledge it without writing it anywhere: counted per rule and logged. Loses the
+    /// message; only by explicit choice.
+    Drop,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -309,10 +309,16 @@ pub struct ForwardingRuleSpec {
     /// What the record's value is: the MQTT payload (`raw`) or `wrappedJson`.
     #[serde(default)]
     pub payload: Payload,
-    /// Where messages go that Kafka can never take. Unset: they are counted, logged and
-    /// acknowledged.
+    /// Where messages go that Kafka can never take as they are (too large, an illegal topic
+    /// name from a template, rejected as invalid). Unset: `onUnwritable` decides.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetter>,
+    /// What happens to a message Kafka can never take when no dead-letter topic took it:
+    /// `Hold` (default) keeps it unacknowledged and retried, stalling the rule until fixed;
+    /// `Drop` acknowledges it unwritten, counted (the message is lost, by choice).
+    /// Authorization errors, unknown topics and outages are always retried, never dropped.
+    #[serde(default)]
+    pub on_unwritable: OnUnwritable,
     /// A paused rule is kept but not forwarded (its filters are unsubscribed).
     #[serde(default)]
     pub paused: bool,
@@ -414,6 +420,16 @@ pub enum Payload {
     Raw,
     /// `{"topic":"<mqtt topic>","payload":"<base64>"}`.
     WrappedJson,
+}
+
+/// See `ForwardingRuleSpec::on_unwritable`.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum OnUnwritable {
+    #[default]
+    Hold,
+    Drop,
 }
 
 /// A Kafka topic for the messages Kafka can never take.

@@ -124,6 +124,9 @@ impl LegacyConfig {
                         PayloadFormat::Raw
                     },
                     dead_letter: None,
+                    // The replaced forwarder crash-looped on such a message: holding it is
+                    // the same guarantee without the crash.
+                    on_unwritable: Default::default(),
                 })
                 .collect(),
             http: HttpConfig::default(),

@@ -69,7 +69,8 @@ pub struct RuleStatus {
     pub acked: u64,
     /// Messages Kafka could never take that went to the dead-letter topic.
     pub dead_lettered: u64,
-    /// Messages Kafka could never take and no dead-letter topic took: counted, logged, acked.
+    /// Messages Kafka could never take and no dead-letter topic took, acknowledged unwritten
+    /// because the rule says `on_unwritable: drop`.
     pub failed: u64,
     /// Records forwarded per second over the last minute.
     pub rate_per_second: f64,
@@ -77,6 +78,22 @@ pub struct RuleStatus {
     pub last_forwarded_at: Option<Timestamp>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<LastError>,
+    /// Set while this rule's records wait on Kafka (retried, holding the window): why, and
+    /// since when. Cleared when one of its records goes through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<Waiting>,
+}
+
+/// Why a rule's records are not getting into Kafka right now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Waiting {
+    /// `unauthorized`, `unknown_topic`, `queue_full`, `unavailable` (retried until Kafka takes
+    /// them), or `too_large`, `invalid_topic`, `invalid_record` (held by `on_unwritable: hold`).
+    pub reason: String,
+    /// The error, with the Kafka topic.
+    pub message: String,
+    pub since: Timestamp,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

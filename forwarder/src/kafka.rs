@@ -14,7 +14,8 @@ use rdkafka::producer::{
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
-use crate::metrics::{FailureReason, Metrics};
+use crate::metrics::Metrics;
+use crate::window::{BlockReason, Outcome, UnwritableReason};
 
 /// Ferry's producer defaults; anything in `kafka.config` overrides them.
 pub const DEFAULTS: &[(&str, &str)] = &[
@@ -69,7 +70,12 @@ pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     for (k, v) in &kafka.config {
         cc.set(k, v);
     }
-    cc.set_log_level(RDKafkaLogLevel::Warning);
+    // librdkafka's `debug` contexts only log at Debug level: honour them when asked for.
+    cc.set_log_level(if kafka.config.contains_key("debug") {
+        RDKafkaLogLevel::Debug
+    } else {
+        RDKafkaLogLevel::Warning
+    });
     cc
 }
 
@@ -128,35 +134,48 @@ pub fn producer(
     client_config(kafka).create_with_context(Context { reports, metrics })
 }
 
-/// What to do about a failed produce.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Failure {
-    /// Kafka may take it later: produce again after a backoff.
-    Retry,
-    /// Kafka will never take it: count, log, acknowledge.
-    Permanent(FailureReason),
+/// What a failed produce means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Classified {
+    /// For the window: retry (blocked) or judge the record (unwritable).
+    Outcome(Outcome),
     /// The producer instance is unusable (librdkafka fatal error): build a new one.
     Fatal,
 }
 
-pub fn classify(error: &KafkaError) -> Failure {
+/// The failure rule, in one place: only errors that can never succeed for *that record* are
+/// unwritable. Authorization, unknown topics and everything not known to be permanent are
+/// retried: an operator can fix them, and giving up would be silent loss.
+pub fn classify(error: &KafkaError) -> Classified {
     use RDKafkaErrorCode as C;
+    let error_text = error.to_string();
+    let unwritable = |reason| {
+        Classified::Outcome(Outcome::Unwritable {
+            reason,
+            error: error_text.clone(),
+        })
+    };
+    let blocked = |reason| {
+        Classified::Outcome(Outcome::Blocked {
+            reason,
+            error: error_text.clone(),
+        })
+    };
     match error.rdkafka_error_code() {
         Some(C::MessageSizeTooLarge | C::InvalidMessageSize | C::MessageBatchTooLarge) => {
-            Failure::Permanent(FailureReason::TooLarge)
+            unwritable(UnwritableReason::TooLarge)
         }
-        Some(C::InvalidTopic) => Failure::Permanent(FailureReason::InvalidTopic),
+        Some(C::InvalidTopic) => unwritable(UnwritableReason::InvalidTopic),
+        Some(C::InvalidRecord) => unwritable(UnwritableReason::InvalidRecord),
         Some(C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed) => {
-            Failure::Permanent(FailureReason::Unauthorized)
+            blocked(BlockReason::Unauthorized)
         }
         Some(C::UnknownTopic | C::UnknownTopicOrPartition | C::UnknownPartition) => {
-            Failure::Permanent(FailureReason::UnknownTopic)
+            blocked(BlockReason::UnknownTopic)
         }
-        Some(C::InvalidRecord | C::PolicyViolation | C::InvalidArgument) => {
-            Failure::Permanent(FailureReason::Rejected)
-        }
-        Some(C::Fatal) => Failure::Fatal,
-        _ => Failure::Retry,
+        Some(C::QueueFull) => blocked(BlockReason::QueueFull),
+        Some(C::Fatal) => Classified::Fatal,
+        _ => blocked(BlockReason::Unavailable),
     }
 }
 
@@ -315,20 +334,65 @@ mod tests {
     }
 
     #[test]
-    fn errors_are_classified() {
+    fn only_record_level_errors_are_unwritable() {
         use RDKafkaErrorCode as C;
-        let e = |c| KafkaError::MessageProduction(c);
+        let reason = |c| match classify(&KafkaError::MessageProduction(c)) {
+            Classified::Outcome(Outcome::Unwritable { reason, .. }) => Some(Ok(reason)),
+            Classified::Outcome(Outcome::Blocked { reason, .. }) => Some(Err(reason)),
+            Classified::Outcome(Outcome::Delivered) | Classified::Fatal => None,
+        };
         assert_eq!(
-            classify(&e(C::MessageSizeTooLarge)),
-            Failure::Permanent(FailureReason::TooLarge)
+            reason(C::MessageSizeTooLarge),
+            Some(Ok(UnwritableReason::TooLarge))
         );
         assert_eq!(
-            classify(&e(C::TopicAuthorizationFailed)),
-            Failure::Permanent(FailureReason::Unauthorized)
+            reason(C::InvalidRecord),
+            Some(Ok(UnwritableReason::InvalidRecord))
         );
-        assert_eq!(classify(&e(C::MessageTimedOut)), Failure::Retry);
-        assert_eq!(classify(&e(C::QueueFull)), Failure::Retry);
-        assert_eq!(classify(&e(C::BrokerTransportFailure)), Failure::Retry);
-        assert_eq!(classify(&e(C::Fatal)), Failure::Fatal);
+        // Fixable by an operator: retried, never given up.
+        assert_eq!(
+            reason(C::TopicAuthorizationFailed),
+            Some(Err(BlockReason::Unauthorized))
+        );
+        assert_eq!(
+            reason(C::UnknownTopicOrPartition),
+            Some(Err(BlockReason::UnknownTopic))
+        );
+        assert_eq!(
+            reason(C::InvalidArgument),
+            Some(Err(BlockReason::Unavailable))
+        );
+        assert_eq!(
+            reason(C::PolicyViolation),
+            Some(Err(BlockReason::Unavailable))
+        );
+        assert_eq!(
+            reason(C::MessageTimedOut),
+            Some(Err(BlockReason::Unavailable))
+        );
+        assert_eq!(reason(C::QueueFull), Some(Err(BlockReason::QueueFull)));
+        assert_eq!(
+            classify(&KafkaError::MessageProduction(C::Fatal)),
+            Classified::Fatal
+        );
+    }
+
+    #[test]
+    fn kafka_config_debug_turns_on_librdkafka_debug_logs() {
+        let mut kafka = KafkaConfig {
+            bootstrap_servers: "k:9092".into(),
+            tls: None,
+            sasl: None,
+            config: Default::default(),
+        };
+        assert!(matches!(
+            client_config(&kafka).log_level,
+            RDKafkaLogLevel::Warning
+        ));
+        kafka.config.insert("debug".into(), "broker,msg".into());
+        assert!(matches!(
+            client_config(&kafka).log_level,
+            RDKafkaLogLevel::Debug
+        ));
     }
 }

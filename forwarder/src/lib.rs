@@ -9,6 +9,7 @@ pub mod pipeline;
 pub mod reload;
 pub mod route;
 pub mod tls;
+pub mod window;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ferry_api::status::{
-    ConfigStatus, ForwarderStatus, KafkaStatus, LastError, MqttStatus, RuleStatus,
+    ConfigStatus, ForwarderStatus, KafkaStatus, LastError, MqttStatus, RuleStatus, Waiting,
 };
 use jiff::Timestamp;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
@@ -17,6 +17,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::window::{BlockReason, UnwritableReason};
 
 /// The window `rate_per_second` is computed over.
 const RATE_WINDOW: Duration = Duration::from_secs(60);
@@ -48,34 +50,43 @@ pub enum ReloadResult {
     Rejected,
 }
 
-/// Why Kafka can never take a record.
+/// Why Kafka can never take a record (the `reason` label of dropped messages).
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
 pub enum FailureReason {
     TooLarge,
     InvalidTopic,
-    Unauthorized,
-    UnknownTopic,
-    Rejected,
+    InvalidRecord,
 }
 
 impl FailureReason {
-    const ALL: [Self; 5] = [
-        Self::TooLarge,
-        Self::InvalidTopic,
-        Self::Unauthorized,
-        Self::UnknownTopic,
-        Self::Rejected,
-    ];
+    const ALL: [Self; 3] = [Self::TooLarge, Self::InvalidTopic, Self::InvalidRecord];
+}
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::TooLarge => "record too large",
-            Self::InvalidTopic => "invalid topic",
-            Self::Unauthorized => "not authorized",
-            Self::UnknownTopic => "unknown topic",
-            Self::Rejected => "rejected by Kafka",
+impl From<UnwritableReason> for FailureReason {
+    fn from(r: UnwritableReason) -> Self {
+        match r {
+            UnwritableReason::TooLarge => Self::TooLarge,
+            UnwritableReason::InvalidTopic => Self::InvalidTopic,
+            UnwritableReason::InvalidRecord => Self::InvalidRecord,
         }
     }
+}
+
+/// Every `reason` a retry is counted under.
+const RETRY_REASONS: [&str; 7] = [
+    BlockReason::Unauthorized.as_str(),
+    BlockReason::UnknownTopic.as_str(),
+    BlockReason::QueueFull.as_str(),
+    BlockReason::Unavailable.as_str(),
+    UnwritableReason::TooLarge.as_str(),
+    UnwritableReason::InvalidTopic.as_str(),
+    UnwritableReason::InvalidRecord.as_str(),
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RetryLabel {
+    rule: String,
+    reason: &'static str,
 }
 
 #[derive(Clone, Default)]
@@ -85,6 +96,7 @@ struct RuleFamilies {
     acked: Family<RuleLabel, Counter>,
     dead_lettered: Family<RuleLabel, Counter>,
     failed: Family<FailureLabel, Counter>,
+    retries: Family<RetryLabel, Counter>,
 }
 
 /// One rule's counters, resolved once so the data path never hashes label sets. Kept across
@@ -96,7 +108,10 @@ pub struct RuleStats {
     acked: Counter,
     dead_lettered: Counter,
     failed_family: Family<FailureLabel, Counter>,
+    retries_family: Family<RetryLabel, Counter>,
     failed: AtomicU64,
+    waiting: Mutex<Option<Waiting>>,
+    waiting_set: AtomicBool,
     /// Unix milliseconds; 0 = never.
     last_forwarded_ms: AtomicI64,
     last_error: Mutex<Option<LastError>>,
@@ -110,6 +125,7 @@ impl RuleStats {
     }
     pub fn on_forwarded(&self) {
         self.forwarded.inc();
+        self.clear_waiting();
         self.last_forwarded_ms
             .store(Timestamp::now().as_millisecond(), Ordering::Relaxed);
     }
@@ -118,7 +134,45 @@ impl RuleStats {
     }
     pub fn on_dead_lettered(&self, error: String) {
         self.dead_lettered.inc();
+        self.clear_waiting();
         self.set_error(error);
+    }
+
+    /// A record of this rule failed and waits for a retry (`reason` from the window).
+    pub fn on_retry(&self, reason: &'static str, message: String) {
+        self.retries_family
+            .get_or_create(&RetryLabel {
+                rule: self.name.clone(),
+                reason,
+            })
+            .inc();
+        self.set_waiting(reason, message);
+    }
+
+    /// Records of this rule wait; keeps the first `since` while the reason stays the same.
+    pub fn set_waiting(&self, reason: &'static str, message: String) {
+        self.waiting_set.store(true, Ordering::Relaxed);
+        let mut w = lock(&self.waiting);
+        match w.as_mut() {
+            Some(w) if w.reason == reason => w.message = message.clone(),
+            _ => {
+                *w = Some(Waiting {
+                    reason: reason.to_owned(),
+                    message: message.clone(),
+                    since: Timestamp::now(),
+                })
+            }
+        }
+        drop(w);
+        self.set_error(message);
+    }
+
+    fn clear_waiting(&self) {
+        // Cheap check first: this runs for every forwarded record.
+        if self.waiting_set.load(Ordering::Relaxed) {
+            *lock(&self.waiting) = None;
+            self.waiting_set.store(false, Ordering::Relaxed);
+        }
     }
     pub fn on_failed(&self, reason: FailureReason, error: String) {
         self.failed_family
@@ -173,6 +227,7 @@ impl RuleStats {
                 .then(|| Timestamp::from_millisecond(ms).ok())
                 .flatten(),
             last_error: lock(&self.last_error).clone(),
+            waiting: lock(&self.waiting).clone(),
         }
     }
 }
@@ -300,8 +355,13 @@ impl Metrics {
         );
         m.registry.register(
             "rule_failed_messages",
-            "Messages of a rule Kafka can never take and no dead-letter topic took; acknowledged after being counted and logged",
+            "Messages of a rule Kafka can never take and no dead-letter topic took, acknowledged unwritten because the rule says on_unwritable: drop",
             m.families.failed.clone(),
+        );
+        m.registry.register(
+            "rule_produce_retries",
+            "Records of a rule that failed and wait to be produced again, by reason (unauthorized, unknown_topic, queue_full, unavailable, or too_large/invalid_topic/invalid_record held by on_unwritable: hold)",
+            m.families.retries.clone(),
         );
         m.registry.register(
             "mqtt_received_messages",
@@ -390,6 +450,12 @@ impl Metrics {
                     reason,
                 });
             }
+            for reason in RETRY_REASONS {
+                self.families.retries.remove(&RetryLabel {
+                    rule: gone.name.clone(),
+                    reason,
+                });
+            }
         }
         current.clone_from(&next);
         next
@@ -406,7 +472,10 @@ impl Metrics {
             acked: self.families.acked.get_or_create(&label).clone(),
             dead_lettered: self.families.dead_lettered.get_or_create(&label).clone(),
             failed_family: self.families.failed.clone(),
+            retries_family: self.families.retries.clone(),
             failed: AtomicU64::new(0),
+            waiting: Mutex::new(None),
+            waiting_set: AtomicBool::new(false),
             last_forwarded_ms: AtomicI64::new(0),
             last_error: Mutex::new(None),
             samples: Mutex::new(VecDeque::new()),

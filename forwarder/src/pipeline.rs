@@ -1,14 +1,12 @@
-//! The forwarding core: a window of in-flight messages in arrival order. Each message is produced
-//! to every target at once; it is acknowledged to MQTT only when all its targets are confirmed
-//! (or can never be), and only after every message that arrived before it — MQTT requires acks
-//! in PUBLISH order (3.1.1 and 5, §4.6).
+//! The forwarding task: routes each MQTT message, hands the ordered window (`window.rs`, which
+//! decides what to produce, retry and acknowledge) its targets, and carries out the window's
+//! actions against librdkafka and the MQTT client.
 //!
 //! One task, no task per message, no unbounded queue: the window holds at most `max_inflight`
 //! messages and the pipeline stops taking PUBLISHes while it is full.
 
 use std::borrow::Cow;
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, VecDeque};
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,20 +14,21 @@ use std::time::Duration;
 
 use ferry_api::PayloadFormat;
 use ferry_api::config::KafkaConfig;
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::BaseRecord;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use crate::kafka::{self, Failure, KafkaProducer, Report};
-use crate::metrics::{FailureReason, Metrics};
-use crate::mqtt::{Client, Message, Subscriptions, backoff};
+use crate::kafka::{self, Classified, KafkaProducer, Report};
+use crate::metrics::Metrics;
+use crate::mqtt::{Client, Message, Subscriptions};
 use crate::route::{Router, Target, header, record_key, wrap_json};
+use crate::window::{
+    Action, Backoff, BlockReason, Dest, Outcome, TargetRef, TargetSpec, UnwritableReason, Window,
+};
 
-const RETRY_MIN: Duration = Duration::from_millis(100);
-const RETRY_MAX: Duration = Duration::from_secs(10);
 const ACK_RETRY: Duration = Duration::from_millis(5);
 
 // A delivery opaque packs (producer generation, message sequence, target position).
@@ -51,41 +50,13 @@ fn unpack(opaque: usize) -> (u8, u64, usize) {
     )
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum TargetState {
-    Pending {
-        attempts: u32,
-    },
-    /// Kafka can never take the record; writing it to the dead-letter topic.
-    DeadLettering {
-        attempts: u32,
-        error: String,
-    },
-    Done,
-}
-
-struct TargetSlot {
-    target: Arc<Target>,
-    /// The resolved name when the topic is a template with placeholders.
-    resolved: Option<String>,
-    state: TargetState,
-    sent_at: Instant,
-}
-
-impl TargetSlot {
-    fn kafka_topic(&self) -> &str {
-        self.resolved
-            .as_deref()
-            .or(self.target.topic.as_static())
-            .unwrap_or_default()
-    }
-}
-
-struct Slot {
+/// A message in the window, with what the pipeline needs to build its records.
+struct Inflight {
     message: Message,
+    targets: Vec<Arc<Target>>,
     received_at: Instant,
-    targets: Vec<TargetSlot>,
-    remaining: usize,
+    /// When each target's current produce was handed to the producer.
+    sent_at: Vec<Instant>,
 }
 
 /// What the pipeline asks of the MQTT client.
@@ -119,11 +90,8 @@ pub struct Pipeline {
     generation: u8,
     reports_tx: mpsc::UnboundedSender<Report>,
     reports: mpsc::UnboundedReceiver<Report>,
-    window: VecDeque<Slot>,
-    /// Sequence number of `window[0]`.
-    head_seq: u64,
+    window: Window<Inflight>,
     max_inflight: usize,
-    retries: BinaryHeap<Reverse<(Instant, u64, usize)>>,
     /// Requests (mostly acks) rumqttc's request channel had no room for, oldest first.
     /// rumqttc takes one request per poll and prefers reading, so a broker that sends without
     /// an in-flight limit can outrun it; the requests wait here, in order, instead of being
@@ -161,10 +129,8 @@ impl Pipeline {
             generation: 0,
             reports_tx,
             reports,
-            window: VecDeque::with_capacity(max_inflight),
-            head_seq: 0,
+            window: Window::new(Backoff::default()),
             max_inflight,
-            retries: BinaryHeap::new(),
             unsent: VecDeque::new(),
             reader_gone: wiring.reader_gone,
             scratch: Vec::new(),
@@ -185,7 +151,7 @@ impl Pipeline {
         let mut drain_deadline: Option<Instant> = None;
         let mut batch = Vec::with_capacity(256);
         loop {
-            let retry_at = self.retries.peek().map(|Reverse((at, _, _))| *at);
+            let retry_at = self.window.next_deadline().map(Instant::from_std);
             let has_room = self.window.len() < self.max_inflight;
             tokio::select! {
                 biased;
@@ -195,7 +161,7 @@ impl Pipeline {
                     }
                 }
                 _ = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)), if retry_at.is_some() => {
-                    self.retry_due();
+                    self.window.tick(std::time::Instant::now());
                 }
                 _ = tokio::time::sleep(ACK_RETRY), if !self.unsent.is_empty() => {}
                 _ = tokio::time::sleep_until(drain_deadline.unwrap_or_else(Instant::now)), if drain_deadline.is_some() => {
@@ -220,7 +186,7 @@ impl Pipeline {
                     }
                 },
             }
-            self.ack_completed();
+            self.run_actions();
             if !accepting && self.window.is_empty() && self.unsent.is_empty() {
                 break;
             }
@@ -271,122 +237,131 @@ impl Pipeline {
     }
 
     fn accept(&mut self, message: Message) {
-        let seq = self.head_seq + self.window.len() as u64;
         self.router.route(&message.topic, &mut self.scratch);
         if self.scratch.is_empty() {
             self.metrics.unmatched.inc();
         }
+        let specs = self
+            .scratch
+            .iter()
+            .map(|target| TargetSpec {
+                topic: match &target.static_topic {
+                    Some(name) => Ok(Arc::clone(name)),
+                    None => target
+                        .topic
+                        .resolve(&message.topic)
+                        .map(|name| Arc::from(name.as_ref()))
+                        .map_err(|e| format!("kafka topic {}: {e}", target.topic)),
+                },
+                dead_letter: target.dead_letter.clone(),
+                on_unwritable: target.on_unwritable,
+            })
+            .collect();
         let now = Instant::now();
-        let mut targets = Vec::with_capacity(self.scratch.len());
-        for target in self.scratch.drain(..) {
-            // A static name resolves without allocating; only templates keep their result.
-            let (resolved, state) = match target.topic.resolve(&message.topic) {
-                Ok(Cow::Borrowed(_)) => (None, TargetState::Pending { attempts: 0 }),
-                Ok(Cow::Owned(name)) => (Some(name), TargetState::Pending { attempts: 0 }),
-                Err(e) => {
-                    let error = format!("kafka topic {}: {e}", target.topic);
-                    (None, TargetState::DeadLettering { attempts: 0, error })
-                }
-            };
-            targets.push(TargetSlot {
-                target,
-                resolved,
-                state,
-                sent_at: now,
-            });
-        }
-        let remaining = targets.len();
-        self.window.push_back(Slot {
+        let inflight = Inflight {
             message,
+            sent_at: vec![now; self.scratch.len()],
+            targets: std::mem::take(&mut self.scratch),
             received_at: now,
-            targets,
-            remaining,
-        });
+        };
+        self.window.accept(inflight, specs, now.into_std());
         self.metrics.inflight.set(self.window.len() as i64);
-        for pos in 0..remaining {
-            // An unresolvable topic with nowhere to dead-letter it is given up at once.
-            let give_up = self.window.back().is_some_and(|s| {
-                let t = &s.targets[pos];
-                matches!(t.state, TargetState::DeadLettering { .. })
-                    && t.target.dead_letter.is_none()
-            });
-            if give_up {
-                self.fail(seq, pos, FailureReason::InvalidTopic, None);
-            } else {
-                self.produce(seq, pos);
+    }
+
+    /// Carries out what the window asks for, until it asks for nothing more.
+    fn run_actions(&mut self) {
+        while let Some(action) = self.window.next_action() {
+            match action {
+                Action::Produce {
+                    target,
+                    topic,
+                    dest,
+                } => self.produce(target, &topic, &dest),
+                Action::Delivered {
+                    target,
+                    dead_letter,
+                } => self.on_delivered(target, dead_letter),
+                Action::Blocked {
+                    target,
+                    topic,
+                    reason,
+                    error,
+                    failures,
+                    news,
+                } => self.on_blocked(target, &topic, reason, &error, (failures, news)),
+                Action::Held {
+                    target,
+                    reason,
+                    error,
+                } => self.on_held(target, reason, &error),
+                Action::Dropped {
+                    target,
+                    reason,
+                    error,
+                } => self.on_dropped(target, reason, &error),
+                Action::Complete { message, .. } => self.on_complete(message),
             }
         }
+        self.flush_requests();
+        self.metrics.inflight.set(self.window.len() as i64);
     }
 
-    fn index_of(&self, seq: u64) -> Option<usize> {
-        let idx = usize::try_from(seq.checked_sub(self.head_seq)?).ok()?;
-        (idx < self.window.len()).then_some(idx)
-    }
-
-    fn produce(&mut self, seq: u64, pos: usize) {
-        let Some(idx) = self.index_of(seq) else {
-            return;
-        };
+    fn produce(&mut self, target: TargetRef, topic: &str, dest: &Dest) {
+        let TargetRef { seq, pos } = target;
         let opaque = opaque(self.generation, seq, pos);
-        let slot = &mut self.window[idx];
-        let Some(ts) = slot.targets.get_mut(pos) else {
+        let Some(inflight) = self.window.message_mut(seq) else {
             return;
         };
-        ts.sent_at = Instant::now();
-        let ts = &slot.targets[pos];
-        let target = &ts.target;
-        let message = &slot.message;
-        let key = record_key(target.key, &message.topic);
-        let result = match &ts.state {
-            TargetState::Done => return,
-            TargetState::Pending { .. } => {
-                let wrapped;
-                let value: &[u8] = match target.payload {
+        if let Some(at) = inflight.sent_at.get_mut(pos) {
+            *at = Instant::now();
+        }
+        let Some(t) = inflight.targets.get(pos) else {
+            return;
+        };
+        let message = &inflight.message;
+        let key = record_key(t.key, &message.topic);
+        let wrapped;
+        let (value, headers): (&[u8], _) = match dest {
+            Dest::Primary => {
+                let value: &[u8] = match t.payload {
                     PayloadFormat::Raw => &message.payload,
                     PayloadFormat::WrappedJson => {
                         wrapped = wrap_json(&message.topic, &message.payload);
                         &wrapped
                     }
                 };
-                let mut record =
-                    BaseRecord::<str, [u8], usize>::with_opaque_to(ts.kafka_topic(), opaque)
-                        .payload(value);
-                if let Some(key) = key {
-                    record = record.key(key);
-                }
-                if let Some(h) = target.header_plan.build(message) {
-                    record = record.headers(h);
-                }
-                self.producer.send(record).map_err(|(e, _)| e)
+                (value, t.header_plan.build(message))
             }
-            TargetState::DeadLettering { error, .. } => {
-                let Some(dlq) = target.dead_letter.as_deref() else {
-                    return;
-                };
-                let intended = match &ts.resolved {
-                    Some(name) => name.clone(),
-                    None => target.topic.to_string(),
+            Dest::DeadLetter { error } => {
+                let intended = match &t.static_topic {
+                    Some(name) => name.to_string(),
+                    None => t
+                        .topic
+                        .resolve(&message.topic)
+                        .map_or_else(|_| t.topic.to_string(), Cow::into_owned),
                 };
                 let headers = dead_letter_headers(
-                    target.header_plan.build(message),
+                    t.header_plan.build(message),
                     &message.topic,
                     &intended,
-                    &target.rule_names(),
+                    &t.rule_names(),
                     error,
                 );
-                let mut record = BaseRecord::<str, [u8], usize>::with_opaque_to(dlq, opaque)
-                    .payload(&message.payload[..])
-                    .headers(headers);
-                if let Some(key) = key {
-                    record = record.key(key);
-                }
-                self.producer.send(record).map_err(|(e, _)| e)
+                (&message.payload[..], Some(headers))
             }
         };
+        let mut record =
+            BaseRecord::<str, [u8], usize>::with_opaque_to(topic, opaque).payload(value);
+        if let Some(key) = key {
+            record = record.key(key);
+        }
+        if let Some(h) = headers {
+            record = record.headers(h);
+        }
         // Refused before reaching librdkafka's queue (queue full, size over message.max.bytes):
         // handled exactly like a failed delivery.
-        if let Err(e) = result {
-            self.on_delivery(seq, pos, Err(e));
+        if let Err((e, _)) = self.producer.send(record) {
+            self.on_result(target, Err(e));
         }
     }
 
@@ -395,151 +370,141 @@ impl Pipeline {
         if generation != self.generation {
             return; // From a producer replaced after a fatal error; its records were re-sent.
         }
-        self.on_delivery(seq, pos, report.result);
+        self.on_result(TargetRef { seq, pos }, report.result);
     }
 
-    fn on_delivery(&mut self, seq: u64, pos: usize, result: Result<(), KafkaError>) {
-        let Some(idx) = self.index_of(seq) else {
+    fn on_result(&mut self, target: TargetRef, result: Result<(), KafkaError>) {
+        let outcome = match &result {
+            Ok(()) => Outcome::Delivered,
+            Err(e) => match kafka::classify(e) {
+                Classified::Outcome(outcome) => outcome,
+                Classified::Fatal => {
+                    error!(error = %e, "kafka producer hit a fatal error; replacing it and re-sending unconfirmed records");
+                    self.metrics.kafka_error(e.to_string());
+                    self.replace_producer();
+                    return;
+                }
+            },
+        };
+        if outcome == Outcome::Delivered
+            && let Some(at) = self
+                .window
+                .message(target.seq)
+                .and_then(|m| m.sent_at.get(target.pos))
+        {
+            self.metrics
+                .produce_latency
+                .observe(at.elapsed().as_secs_f64());
+        }
+        self.window
+            .on_outcome(target, outcome, std::time::Instant::now());
+    }
+
+    /// The rules behind a target, and the message's MQTT topic.
+    fn rules_of(&self, target: TargetRef) -> Option<(Arc<Target>, &str)> {
+        let m = self.window.message(target.seq)?;
+        Some((Arc::clone(m.targets.get(target.pos)?), &m.message.topic))
+    }
+
+    fn on_delivered(&mut self, target: TargetRef, dead_letter: Option<String>) {
+        let Some((t, mqtt_topic)) = self.rules_of(target) else {
             return;
         };
-        let Some(ts) = self.window[idx].targets.get_mut(pos) else {
+        let Some(error) = dead_letter else {
+            for rule in &t.rules {
+                rule.on_forwarded();
+            }
             return;
         };
-        let (attempts, dead_lettering) = match &ts.state {
-            TargetState::Pending { attempts } => (*attempts, false),
-            TargetState::DeadLettering { attempts, .. } => (*attempts, true),
-            TargetState::Done => return,
-        };
-        let failure = match &result {
-            Ok(()) => None,
-            Err(e) => Some(kafka::classify(e)),
-        };
-        match failure {
-            None => {
-                self.metrics
-                    .produce_latency
-                    .observe(ts.sent_at.elapsed().as_secs_f64());
-                let state = std::mem::replace(&mut ts.state, TargetState::Done);
-                self.window[idx].remaining -= 1;
-                let ts = &self.window[idx].targets[pos];
-                if let TargetState::DeadLettering { error, .. } = state {
-                    warn!(
-                        rule = %ts.target.rule_names(),
-                        mqtt_topic = %self.window[idx].message.topic,
-                        dead_letter_topic = ts.target.dead_letter.as_deref().unwrap_or_default(),
-                        error = %error,
-                        "kafka can never take this message; written to the dead-letter topic"
-                    );
-                    for rule in &ts.target.rules {
-                        rule.on_dead_lettered(error.clone());
-                    }
-                } else {
-                    for rule in &ts.target.rules {
-                        rule.on_forwarded();
-                    }
-                }
-            }
-            Some(Failure::Permanent(reason)) => {
-                let has_dlq = ts.target.dead_letter.is_some();
-                if !dead_lettering && has_dlq {
-                    let error = format!(
-                        "kafka topic {}: {} ({})",
-                        ts.kafka_topic(),
-                        reason.as_str(),
-                        error_text(&result)
-                    );
-                    ts.state = TargetState::DeadLettering { attempts: 0, error };
-                    self.produce(seq, pos);
-                } else {
-                    self.fail(seq, pos, reason, Some(&result));
-                }
-            }
-            Some(Failure::Retry) => {
-                let attempts = attempts + 1;
-                match &mut ts.state {
-                    TargetState::Pending { attempts: a }
-                    | TargetState::DeadLettering { attempts: a, .. } => *a = attempts,
-                    TargetState::Done => {}
-                }
-                // QueueFull is librdkafka saying "not now"; retry soon and quietly.
-                let queue_full = matches!(&result, Err(e) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull));
-                let delay = if queue_full {
-                    Duration::from_millis(10)
-                } else {
-                    backoff(RETRY_MIN, RETRY_MAX, attempts)
-                };
-                if !queue_full && (attempts == 1 || attempts % 10 == 0) {
-                    warn!(kafka_topic = %ts.kafka_topic(), attempts, error = %error_text(&result), "kafka produce failed; retrying");
-                    self.metrics.kafka_error(error_text(&result));
-                }
-                self.metrics.produce_retries.inc();
-                self.retries
-                    .push(Reverse((Instant::now() + delay, seq, pos)));
-            }
-            Some(Failure::Fatal) => {
-                error!(error = %error_text(&result), "kafka producer hit a fatal error; replacing it and re-sending unconfirmed records");
-                self.metrics.kafka_error(error_text(&result));
-                self.replace_producer();
-            }
+        warn!(
+            rule = %t.rule_names(),
+            mqtt_topic,
+            dead_letter_topic = t.dead_letter.as_deref().unwrap_or_default(),
+            error = %error,
+            "kafka can never take this message; written to the dead-letter topic"
+        );
+        for rule in &t.rules {
+            rule.on_dead_lettered(error.clone());
         }
     }
 
-    /// Gives up on one target of a message: counted per rule, logged, and the message can be
-    /// acknowledged.
-    fn fail(
+    fn on_blocked(
         &mut self,
-        seq: u64,
-        pos: usize,
-        reason: FailureReason,
-        result: Option<&Result<(), KafkaError>>,
+        target: TargetRef,
+        topic: &str,
+        reason: BlockReason,
+        error: &str,
+        (failures, news): (u32, bool),
     ) {
-        let Some(idx) = self.index_of(seq) else {
+        self.metrics.produce_retries.inc();
+        let Some((t, _)) = self.rules_of(target) else {
             return;
         };
-        let slot = &mut self.window[idx];
-        let Some(ts) = slot.targets.get_mut(pos) else {
-            return;
-        };
-        let previous = std::mem::replace(&mut ts.state, TargetState::Done);
-        if previous == TargetState::Done {
-            return;
+        let message = format!("kafka topic {topic}: {error}");
+        for rule in &t.rules {
+            rule.on_retry(reason.as_str(), message.clone());
         }
-        slot.remaining -= 1;
-        let error = match (&previous, result) {
-            (TargetState::DeadLettering { error, .. }, None) => error.clone(),
-            (TargetState::DeadLettering { error, .. }, Some(r)) => format!(
-                "{error}; dead-letter topic {} refused it too: {}",
-                ts.target.dead_letter.as_deref().unwrap_or_default(),
-                error_text(r)
-            ),
-            (_, Some(r)) => format!(
-                "kafka topic {}: {} ({})",
-                ts.kafka_topic(),
-                reason.as_str(),
-                error_text(r)
-            ),
-            (_, None) => format!("kafka topic {}: {}", ts.kafka_topic(), reason.as_str()),
+        // Once when a topic starts failing, then every 10th failed attempt: a full window
+        // failing at once must not log a thousand lines.
+        if reason != BlockReason::QueueFull && news && failures % 10 == 1 {
+            warn!(
+                rule = %t.rule_names(),
+                kafka_topic = topic,
+                reason = reason.as_str(),
+                failures,
+                error,
+                "kafka produce failed; holding this topic's records and retrying"
+            );
+            self.metrics.kafka_error(message);
+        }
+    }
+
+    fn on_held(&mut self, target: TargetRef, reason: UnwritableReason, error: &str) {
+        let Some((t, mqtt_topic)) = self.rules_of(target) else {
+            return;
         };
         error!(
-            rule = %ts.target.rule_names(),
-            mqtt_topic = %slot.message.topic,
+            rule = %t.rule_names(),
+            mqtt_topic,
             reason = reason.as_str(),
-            error = %error,
-            "kafka can never take this message and no dead-letter topic took it; counted and acknowledged"
+            error,
+            "kafka can never take this message as it is and no dead-letter topic took it; holding it unacknowledged (on_unwritable: hold)"
         );
-        for rule in &ts.target.rules {
-            rule.on_failed(reason, error.clone());
+        for rule in &t.rules {
+            rule.on_retry(reason.as_str(), format!("{}: {error}", reason.as_str()));
         }
     }
 
-    fn retry_due(&mut self) {
-        let now = Instant::now();
-        while let Some(Reverse((at, seq, pos))) = self.retries.peek().copied() {
-            if at > now {
-                break;
+    fn on_dropped(&mut self, target: TargetRef, reason: UnwritableReason, error: &str) {
+        let Some((t, mqtt_topic)) = self.rules_of(target) else {
+            return;
+        };
+        error!(
+            rule = %t.rule_names(),
+            mqtt_topic,
+            reason = reason.as_str(),
+            error,
+            "kafka can never take this message and no dead-letter topic took it; dropped (on_unwritable: drop)"
+        );
+        for rule in &t.rules {
+            rule.on_failed(reason.into(), error.to_owned());
+        }
+    }
+
+    fn on_complete(&mut self, done: Inflight) {
+        self.metrics
+            .ack_latency
+            .observe(done.received_at.elapsed().as_secs_f64());
+        for t in &done.targets {
+            for rule in &t.rules {
+                rule.on_acked();
             }
-            self.retries.pop();
-            self.produce(seq, pos);
+        }
+        if done.message.qos > 0 {
+            self.unsent.push_back(MqttRequest::Ack {
+                qos: done.message.qos,
+                pkid: done.message.pkid,
+            });
         }
     }
 
@@ -554,51 +519,10 @@ impl Pipeline {
                 // Dropping purges and flushes for up to 500 ms: keep it off the runtime.
                 tokio::task::spawn_blocking(move || drop(old));
                 self.generation = self.generation.wrapping_add(1);
-                self.retries.clear();
-                let pending: Vec<(u64, usize)> = self
-                    .window
-                    .iter()
-                    .enumerate()
-                    .flat_map(|(i, slot)| {
-                        let seq = self.head_seq + i as u64;
-                        slot.targets
-                            .iter()
-                            .enumerate()
-                            .filter(|(_, t)| t.state != TargetState::Done)
-                            .map(move |(pos, _)| (seq, pos))
-                    })
-                    .collect();
-                for (seq, pos) in pending {
-                    self.produce(seq, pos);
-                }
+                self.window.reset_producer(std::time::Instant::now());
             }
             Err(e) => error!(error = %e, "cannot create a new kafka producer"),
         }
-    }
-
-    fn ack_completed(&mut self) {
-        while self.window.front().is_some_and(|s| s.remaining == 0) {
-            let Some(slot) = self.window.pop_front() else {
-                break;
-            };
-            self.head_seq += 1;
-            self.metrics
-                .ack_latency
-                .observe(slot.received_at.elapsed().as_secs_f64());
-            for ts in &slot.targets {
-                for rule in &ts.target.rules {
-                    rule.on_acked();
-                }
-            }
-            if slot.message.qos > 0 {
-                self.unsent.push_back(MqttRequest::Ack {
-                    qos: slot.message.qos,
-                    pkid: slot.message.pkid,
-                });
-            }
-        }
-        self.flush_requests();
-        self.metrics.inflight.set(self.window.len() as i64);
     }
 
     fn flush_requests(&mut self) {
@@ -643,13 +567,6 @@ fn dead_letter_headers(
         .insert(header("ferry.kafka.topic", kafka_topic.as_bytes()))
         .insert(header("ferry.rule", rules.as_bytes()))
         .insert(header("ferry.error", error.as_bytes()))
-}
-
-fn error_text(result: &Result<(), KafkaError>) -> String {
-    match result {
-        Ok(()) => String::new(),
-        Err(e) => e.to_string(),
-    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use ferry_api::config::Headers;
+use ferry_api::config::{Headers, OnUnwritable};
 use ferry_api::{ForwarderConfig, KeyStrategy, PayloadFormat, TopicFilter, TopicTemplate};
 use rdkafka::message::{Header, OwnedHeaders};
 
@@ -22,7 +22,10 @@ pub struct Target {
     /// As configured: part of what makes two rules' targets the same.
     pub headers: Headers,
     pub header_plan: HeaderPlan,
-    pub dead_letter: Option<String>,
+    /// The topic's name when it is not a template (shared, so routing never allocates it).
+    pub static_topic: Option<Arc<str>>,
+    pub dead_letter: Option<Arc<str>>,
+    pub on_unwritable: OnUnwritable,
     /// The rules that lead here, for per-rule counters.
     pub rules: Vec<Arc<RuleStats>>,
 }
@@ -55,13 +58,16 @@ impl Router {
             let Ok(topic) = TopicTemplate::parse(&rule.kafka.topic) else {
                 continue;
             };
-            let dead_letter = config.dead_letter_of(rule).map(|d| d.topic.clone());
+            let dead_letter: Option<Arc<str>> = config
+                .dead_letter_of(rule)
+                .map(|d| Arc::from(d.topic.as_str()));
             let existing = targets.iter().position(|t| {
                 t.topic == topic
                     && t.key == rule.kafka.key
                     && t.payload == rule.payload
                     && t.headers == rule.kafka.headers
                     && t.dead_letter == dead_letter
+                    && t.on_unwritable == rule.on_unwritable
             });
             let t = match existing {
                 Some(t) => {
@@ -69,13 +75,16 @@ impl Router {
                     t
                 }
                 None => {
+                    let static_topic = topic.as_static().map(Arc::from);
                     targets.push(Target {
                         topic,
                         key: rule.kafka.key,
                         payload: rule.payload,
                         headers: rule.kafka.headers.clone(),
                         header_plan: HeaderPlan::new(&rule.kafka.headers),
+                        static_topic,
                         dead_letter,
+                        on_unwritable: rule.on_unwritable,
                         rules: vec![Arc::clone(&rules[i])],
                     });
                     targets.len() - 1

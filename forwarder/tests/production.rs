@@ -49,7 +49,7 @@ fn mqtt5_headers_topic_templates_and_dead_letters() {
     ));
     let rules = "  - name: telemetry\n    mqtt: { topics: [\"plant/+/telemetry\"] }\n    kafka:\n      topic: \"telemetry.{1}\"\n      headers: { metadata: true, user_properties: true }\n    dead_letter: { topic: dlq }\n\
                  \x20 - name: small\n    mqtt: { topics: [\"big/#\"] }\n    kafka: { topic: small }\n    dead_letter: { topic: dlq }\n\
-                 \x20 - name: no-dlq\n    mqtt: { topics: [\"nodlq/+\"] }\n    kafka: { topic: \"x.{1}\" }\n";
+                 \x20 - name: no-dlq\n    mqtt: { topics: [\"nodlq/+\"] }\n    kafka: { topic: \"x.{1}\" }\n    on_unwritable: drop\n";
     let config = brokers.config("ferry-v5", rules).replace(
         "  client_id: ferry-v5\n",
         "  client_id: ferry-v5\n  protocol: 5\n",

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use ferry_api::config::{
     DeadLetter, ForwarderConfig, Headers, HttpConfig, KafkaConfig, KeyStrategy, LogConfig,
-    LogFormat, MqttConfig, MqttProtocol, PayloadFormat, Rule, RuleKafka, RuleMqtt, Sasl, Secret,
-    Tls,
+    LogFormat, MqttConfig, MqttProtocol, OnUnwritable, PayloadFormat, Rule, RuleKafka, RuleMqtt,
+    Sasl, Secret, Tls,
 };
 use ferry_api::crd::{
     self, BrokerConnection, ForwardingRule, MqttProtocolVersion, Payload, TlsRefs,
@@ -210,6 +210,10 @@ fn rule(fr: &ForwardingRule) -> Rule {
         dead_letter: s.dead_letter.as_ref().map(|d| DeadLetter {
             topic: d.topic.clone(),
         }),
+        on_unwritable: match s.on_unwritable {
+            crd::OnUnwritable::Hold => OnUnwritable::Hold,
+            crd::OnUnwritable::Drop => OnUnwritable::Drop,
+        },
     }
 }
 

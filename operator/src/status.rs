@@ -462,6 +462,7 @@ mod tests {
                 message: "record too large".into(),
                 at: at(s),
             }),
+            waiting: None,
         }
     }
 

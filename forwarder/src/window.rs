@@ -1,0 +1,1147 @@
+//! The ordered window: the forwarder's core as a pure state machine. Messages go in, and
+//! actions come out (produce this record, this message is complete and may be acked), driven
+//! by produce outcomes and the clock. No I/O, no broker types: unit and property tests drive it.
+//!
+//! The rules it enforces:
+//! - A message completes only when every target is in Kafka (its topic, or its dead-letter
+//!   topic), or was dropped by an explicit `on_unwritable: drop`. Messages complete in arrival
+//!   order, each exactly once (MQTT requires acks in PUBLISH order, §4.6).
+//! - Only a record Kafka can never take *as that record* (too large, an illegal resolved topic
+//!   name, rejected as invalid) leaves the normal path. Everything else (authorization, unknown
+//!   topic, outages, a full queue) is retried with capped backoff and holds the window.
+//! - Per Kafka topic, records are produced in arrival order, retries included: once a record
+//!   of a topic must be produced again, later records of that topic queue behind it in a *lane*.
+//!   The lane re-produces its head alone (the probe) once nothing else of the topic is in
+//!   flight, and opens again when the probe is through. A "too large" error for a record that
+//!   was not alone may be its batch-mate's fault, so it is judged again as a probe.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use ferry_api::config::OnUnwritable;
+
+pub type Seq = u64;
+
+/// One target of one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TargetRef {
+    pub seq: Seq,
+    pub pos: usize,
+}
+
+/// Where one target of a message goes, as routing resolved it.
+#[derive(Debug, Clone)]
+pub struct TargetSpec {
+    /// The Kafka topic, or why the message's topic resolves to no legal topic name.
+    pub topic: Result<Arc<str>, String>,
+    pub dead_letter: Option<Arc<str>>,
+    pub on_unwritable: OnUnwritable,
+}
+
+/// Why a record waits: Kafka may take it later, without anyone changing the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BlockReason {
+    Unauthorized,
+    UnknownTopic,
+    /// The producer's local queue is full: not an error, retried within milliseconds.
+    QueueFull,
+    /// Broker down, timeouts, and any error not known to be permanent.
+    Unavailable,
+}
+
+impl BlockReason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Unauthorized => "unauthorized",
+            Self::UnknownTopic => "unknown_topic",
+            Self::QueueFull => "queue_full",
+            Self::Unavailable => "unavailable",
+        }
+    }
+}
+
+/// Why Kafka can never take a record as it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnwritableReason {
+    TooLarge,
+    InvalidTopic,
+    InvalidRecord,
+}
+
+impl UnwritableReason {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::TooLarge => "too_large",
+            Self::InvalidTopic => "invalid_topic",
+            Self::InvalidRecord => "invalid_record",
+        }
+    }
+}
+
+/// How one produce attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Delivered,
+    Blocked {
+        reason: BlockReason,
+        error: String,
+    },
+    Unwritable {
+        reason: UnwritableReason,
+        error: String,
+    },
+}
+
+/// Where a produce goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Dest {
+    /// The target's own topic.
+    Primary,
+    /// The dead-letter topic, with the error that sent it there.
+    DeadLetter { error: String },
+}
+
+#[derive(Debug)]
+pub enum Action<M> {
+    /// Hand this record to the producer and report its outcome to `on_outcome`.
+    Produce {
+        target: TargetRef,
+        topic: Arc<str>,
+        dest: Dest,
+    },
+    /// In Kafka: in its topic, or in its dead-letter topic (with the error that sent it there).
+    Delivered {
+        target: TargetRef,
+        dead_letter: Option<String>,
+    },
+    /// A produce failed and will be retried; the lane of `topic` holds until it succeeds.
+    /// `failures` counts the lane's consecutive failed probes (1 for the first failure).
+    Blocked {
+        target: TargetRef,
+        topic: Arc<str>,
+        reason: BlockReason,
+        error: String,
+        failures: u32,
+        /// This failure is news for the lane (it just closed, or its probe failed), not one
+        /// of many records in flight failing for the same reason: worth a log line.
+        news: bool,
+    },
+    /// Kafka can never take it, it has no dead-letter topic that took it, and its rule says
+    /// hold: it waits (retried with backoff where a broker-side fix can help) and holds the
+    /// window. Reported once per record.
+    Held {
+        target: TargetRef,
+        reason: UnwritableReason,
+        error: String,
+    },
+    /// Kafka can never take it and its rule says drop: given up, counted.
+    Dropped {
+        target: TargetRef,
+        reason: UnwritableReason,
+        error: String,
+    },
+    /// Every target is done and every earlier message completed: acknowledge it now.
+    Complete { seq: Seq, message: M },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum State {
+    /// To its own topic: queued in its lane or out at the producer.
+    Primary,
+    DeadLettering {
+        error: String,
+    },
+    /// An illegal topic name, nowhere to dead-letter it, and `hold`: nothing can help this
+    /// process; a restart with a fixed config routes the redelivered message anew.
+    Stuck,
+    Done,
+}
+
+#[derive(Debug)]
+struct Target {
+    topic: Option<Arc<str>>,
+    dead_letter: Option<Arc<str>>,
+    on_unwritable: OnUnwritable,
+    state: State,
+    /// Out at the producer (a report is due).
+    in_flight: bool,
+    /// Reported as held already (report once).
+    held: bool,
+}
+
+impl Target {
+    /// The topic its next (or current) produce goes to.
+    fn lane_topic(&self) -> Option<&Arc<str>> {
+        match self.state {
+            State::Primary => self.topic.as_ref(),
+            State::DeadLettering { .. } => self.dead_letter.as_ref(),
+            State::Stuck | State::Done => None,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Slot<M> {
+    message: Option<M>,
+    targets: Vec<Target>,
+    remaining: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Probe {
+    /// Produces go straight to the producer; the queue is empty.
+    Open,
+    /// The queue waits; at `at`, once nothing of the topic is in flight, its head goes alone.
+    Waiting { at: Instant, failures: u32 },
+    /// The queue's head is out alone; nothing else of the topic is in flight.
+    InFlight { target: TargetRef, failures: u32 },
+}
+
+#[derive(Debug)]
+struct Lane {
+    outstanding: usize,
+    queue: BTreeSet<TargetRef>,
+    probe: Probe,
+}
+
+impl Lane {
+    fn new() -> Self {
+        Self {
+            outstanding: 0,
+            queue: BTreeSet::new(),
+            probe: Probe::Open,
+        }
+    }
+}
+
+/// Capped exponential backoff for failed probes.
+#[derive(Debug, Clone, Copy)]
+pub struct Backoff {
+    pub min: Duration,
+    pub max: Duration,
+    /// For `BlockReason::QueueFull`.
+    pub queue_full: Duration,
+}
+
+impl Backoff {
+    fn delay(&self, reason: Option<BlockReason>, failures: u32) -> Duration {
+        if reason == Some(BlockReason::QueueFull) {
+            return self.queue_full;
+        }
+        self.min
+            .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
+            .min(self.max)
+    }
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            min: Duration::from_millis(100),
+            max: Duration::from_secs(10),
+            queue_full: Duration::from_millis(10),
+        }
+    }
+}
+
+/// Lanes are kept while open and idle to avoid churn; past this many they are pruned.
+const IDLE_LANES_KEPT: usize = 256;
+
+pub struct Window<M> {
+    slots: VecDeque<Slot<M>>,
+    /// Sequence number of `slots[0]`.
+    head: Seq,
+    lanes: HashMap<Arc<str>, Lane>,
+    /// Lanes not `Open`; lets `next_deadline` skip the scan in the common case.
+    closed_lanes: usize,
+    actions: VecDeque<Action<M>>,
+    backoff: Backoff,
+}
+
+impl<M> Window<M> {
+    pub fn new(backoff: Backoff) -> Self {
+        Self {
+            slots: VecDeque::new(),
+            head: 0,
+            lanes: HashMap::new(),
+            closed_lanes: 0,
+            actions: VecDeque::new(),
+            backoff,
+        }
+    }
+
+    /// Messages accepted and not yet completed.
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// The next action to carry out, in order.
+    pub fn next_action(&mut self) -> Option<Action<M>> {
+        self.actions.pop_front()
+    }
+
+    pub fn message(&self, seq: Seq) -> Option<&M> {
+        self.slot(seq).and_then(|s| s.message.as_ref())
+    }
+
+    pub fn message_mut(&mut self, seq: Seq) -> Option<&mut M> {
+        let idx = usize::try_from(seq.checked_sub(self.head)?).ok()?;
+        self.slots.get_mut(idx)?.message.as_mut()
+    }
+
+    /// Records whose rule holds them (unwritable, `hold`) or whose lane waits on a failure.
+    pub fn waiting(&self) -> usize {
+        self.lanes.values().map(|l| l.queue.len()).sum()
+    }
+
+    /// Takes a message with where each of its targets goes.
+    pub fn accept(&mut self, message: M, targets: Vec<TargetSpec>, now: Instant) -> Seq {
+        let seq = self.head + self.slots.len() as Seq;
+        let mut errors = Vec::new();
+        let targets: Vec<Target> = targets
+            .into_iter()
+            .map(|spec| {
+                let (topic, error) = match spec.topic {
+                    Ok(t) => (Some(t), None),
+                    Err(e) => (None, Some(e)),
+                };
+                errors.push(error);
+                Target {
+                    topic,
+                    dead_letter: spec.dead_letter,
+                    on_unwritable: spec.on_unwritable,
+                    state: State::Primary,
+                    in_flight: false,
+                    held: false,
+                }
+            })
+            .collect();
+        self.slots.push_back(Slot {
+            message: Some(message),
+            remaining: targets.len(),
+            targets,
+        });
+        for (pos, error) in errors.into_iter().enumerate() {
+            let target = TargetRef { seq, pos };
+            match error {
+                None => self.dispatch(target, now),
+                Some(error) => {
+                    self.unwritable(target, UnwritableReason::InvalidTopic, error, now);
+                }
+            }
+        }
+        self.complete_ready();
+        seq
+    }
+
+    /// The outcome of a `Produce` action. Outcomes for targets not in flight are ignored.
+    pub fn on_outcome(&mut self, target: TargetRef, outcome: Outcome, now: Instant) {
+        let Some(t) = self.target_mut(target) else {
+            return;
+        };
+        if !t.in_flight {
+            return;
+        }
+        t.in_flight = false;
+        let Some(topic) = t.lane_topic().cloned() else {
+            return;
+        };
+        let dead_letter = match &t.state {
+            State::DeadLettering { error } => Some(error.clone()),
+            _ => None,
+        };
+        let Some(lane) = self.lanes.get_mut(&topic) else {
+            return;
+        };
+        lane.outstanding = lane.outstanding.saturating_sub(1);
+        let probe_failures = match lane.probe {
+            Probe::InFlight {
+                target: p,
+                failures,
+            } if p == target => Some(failures),
+            _ => None,
+        };
+        match outcome {
+            Outcome::Delivered => {
+                self.finish(target);
+                self.actions.push_back(Action::Delivered {
+                    target,
+                    dead_letter,
+                });
+                if probe_failures.is_some() {
+                    self.open(&topic);
+                }
+            }
+            Outcome::Blocked { reason, error } => {
+                let failures = probe_failures.map_or(1, |f| f + 1);
+                let closed = self.requeue(&topic, target, Some(reason), failures, now);
+                self.actions.push_back(Action::Blocked {
+                    target,
+                    topic: Arc::clone(&topic),
+                    reason,
+                    error,
+                    failures,
+                    news: closed || probe_failures.is_some(),
+                });
+            }
+            Outcome::Unwritable {
+                reason: UnwritableReason::TooLarge,
+                ..
+            } if probe_failures.is_none() => {
+                // Maybe only its batch's fault: judge it again, alone, at once.
+                self.requeue(&topic, target, None, 0, now);
+            }
+            Outcome::Unwritable { reason, error } => {
+                let error = format!("kafka topic {topic}: {error}");
+                let held = self.unwritable(target, reason, error, now);
+                if probe_failures.is_some() && !held {
+                    self.open(&topic);
+                }
+            }
+        }
+        self.start_probe(&topic, now);
+        self.complete_ready();
+    }
+
+    /// Every record out at the producer was lost with it (a fatal producer error): produce
+    /// everything unfinished again, in order.
+    pub fn reset_producer(&mut self, now: Instant) {
+        for lane in self.lanes.values_mut() {
+            lane.outstanding = 0;
+            if let Probe::InFlight { target, failures } = lane.probe {
+                lane.queue.insert(target);
+                lane.probe = Probe::Waiting { at: now, failures };
+            }
+        }
+        let mut pending = Vec::new();
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            for (pos, t) in slot.targets.iter_mut().enumerate() {
+                if t.in_flight {
+                    t.in_flight = false;
+                    pending.push(TargetRef {
+                        seq: self.head + i as Seq,
+                        pos,
+                    });
+                }
+            }
+        }
+        for target in pending {
+            self.dispatch(target, now);
+        }
+        let topics: Vec<Arc<str>> = self.lanes.keys().cloned().collect();
+        for topic in topics {
+            self.start_probe(&topic, now);
+        }
+    }
+
+    /// When `tick` next has something to do, if ever.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        if self.closed_lanes == 0 {
+            return None;
+        }
+        self.lanes
+            .values()
+            .filter(|l| l.outstanding == 0)
+            .filter_map(|l| match l.probe {
+                Probe::Waiting { at, .. } => Some(at),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Starts the probes that are due.
+    pub fn tick(&mut self, now: Instant) {
+        if self.closed_lanes == 0 {
+            return;
+        }
+        let due: Vec<Arc<str>> = self
+            .lanes
+            .iter()
+            .filter(|(_, l)| {
+                l.outstanding == 0 && matches!(l.probe, Probe::Waiting { at, .. } if at <= now)
+            })
+            .map(|(t, _)| Arc::clone(t))
+            .collect();
+        for topic in due {
+            self.start_probe(&topic, now);
+        }
+    }
+
+    fn slot(&self, seq: Seq) -> Option<&Slot<M>> {
+        let idx = usize::try_from(seq.checked_sub(self.head)?).ok()?;
+        self.slots.get(idx)
+    }
+
+    fn target_mut(&mut self, target: TargetRef) -> Option<&mut Target> {
+        let idx = usize::try_from(target.seq.checked_sub(self.head)?).ok()?;
+        self.slots.get_mut(idx)?.targets.get_mut(target.pos)
+    }
+
+    /// Sends the target to the producer now, or queues it behind its lane's failure.
+    fn dispatch(&mut self, target: TargetRef, now: Instant) {
+        let Some(t) = self.target_mut(target) else {
+            return;
+        };
+        let Some(topic) = t.lane_topic().cloned() else {
+            return;
+        };
+        let dest = match &t.state {
+            State::DeadLettering { error } => Dest::DeadLetter {
+                error: error.clone(),
+            },
+            _ => Dest::Primary,
+        };
+        if self.lanes.len() > IDLE_LANES_KEPT {
+            self.lanes
+                .retain(|_, l| l.outstanding > 0 || l.probe != Probe::Open);
+        }
+        let lane = self
+            .lanes
+            .entry(Arc::clone(&topic))
+            .or_insert_with(Lane::new);
+        if lane.probe == Probe::Open {
+            lane.outstanding += 1;
+            if let Some(t) = self.target_mut(target) {
+                t.in_flight = true;
+            }
+            self.actions.push_back(Action::Produce {
+                target,
+                topic,
+                dest,
+            });
+        } else {
+            lane.queue.insert(target);
+            self.start_probe(&topic, now);
+        }
+    }
+
+    /// Puts a failed target back in its lane; the lane waits `reason`'s backoff (none for a
+    /// record to judge again alone) before probing. Returns true when the lane was open.
+    fn requeue(
+        &mut self,
+        topic: &Arc<str>,
+        target: TargetRef,
+        reason: Option<BlockReason>,
+        failures: u32,
+        now: Instant,
+    ) -> bool {
+        let delay = match reason {
+            None => Duration::ZERO,
+            Some(_) => self.backoff.delay(reason, failures),
+        };
+        let Some(lane) = self.lanes.get_mut(topic) else {
+            return false;
+        };
+        lane.queue.insert(target);
+        let was_open = lane.probe == Probe::Open;
+        let at = now + delay;
+        lane.probe = match lane.probe {
+            Probe::Open => {
+                self.closed_lanes += 1;
+                Probe::Waiting { at, failures }
+            }
+            // Another record of the lane failed first: keep its schedule.
+            Probe::Waiting {
+                at: earlier,
+                failures: f,
+            } => Probe::Waiting {
+                at: earlier.min(at),
+                failures: f.max(failures),
+            },
+            Probe::InFlight { .. } => Probe::Waiting { at, failures },
+        };
+        was_open
+    }
+
+    /// The probe went through: everything queued goes out, in order.
+    fn open(&mut self, topic: &Arc<str>) {
+        let Some(lane) = self.lanes.get_mut(topic) else {
+            return;
+        };
+        if lane.probe != Probe::Open {
+            self.closed_lanes -= 1;
+        }
+        lane.probe = Probe::Open;
+        let queued: Vec<TargetRef> = std::mem::take(&mut lane.queue).into_iter().collect();
+        lane.outstanding += queued.len();
+        for target in queued {
+            let Some(t) = self.target_mut(target) else {
+                continue;
+            };
+            t.in_flight = true;
+            let dest = match &t.state {
+                State::DeadLettering { error } => Dest::DeadLetter {
+                    error: error.clone(),
+                },
+                _ => Dest::Primary,
+            };
+            self.actions.push_back(Action::Produce {
+                target,
+                topic: Arc::clone(topic),
+                dest,
+            });
+        }
+    }
+
+    /// Sends the lane's head alone, if the lane waits, is due, and nothing else of its topic
+    /// is in flight.
+    fn start_probe(&mut self, topic: &Arc<str>, now: Instant) {
+        let Some(lane) = self.lanes.get_mut(topic) else {
+            return;
+        };
+        let Probe::Waiting { at, failures } = lane.probe else {
+            return;
+        };
+        if at > now || lane.outstanding > 0 {
+            return;
+        }
+        let Some(head) = lane.queue.pop_first() else {
+            self.closed_lanes -= 1;
+            lane.probe = Probe::Open;
+            return;
+        };
+        lane.probe = Probe::InFlight {
+            target: head,
+            failures,
+        };
+        lane.outstanding = 1;
+        let Some(t) = self.target_mut(head) else {
+            return;
+        };
+        t.in_flight = true;
+        let dest = match &t.state {
+            State::DeadLettering { error } => Dest::DeadLetter {
+                error: error.clone(),
+            },
+            _ => Dest::Primary,
+        };
+        self.actions.push_back(Action::Produce {
+            target: head,
+            topic: Arc::clone(topic),
+            dest,
+        });
+    }
+
+    /// Kafka can never take this record as it is: to the dead-letter topic if it has one
+    /// (and is not there yet), else as its rule says. Returns true when the record is held.
+    fn unwritable(
+        &mut self,
+        target: TargetRef,
+        reason: UnwritableReason,
+        error: String,
+        now: Instant,
+    ) -> bool {
+        let Some(t) = self.target_mut(target) else {
+            return false;
+        };
+        if t.state == State::Primary && t.dead_letter.is_some() {
+            t.state = State::DeadLettering { error };
+            self.dispatch(target, now);
+            return false;
+        }
+        match t.on_unwritable {
+            OnUnwritable::Drop => {
+                self.finish(target);
+                self.actions.push_back(Action::Dropped {
+                    target,
+                    reason,
+                    error,
+                });
+                false
+            }
+            OnUnwritable::Hold => {
+                let first = !t.held;
+                t.held = true;
+                let topic = t.lane_topic().cloned();
+                match topic {
+                    // A broker-side fix (a larger limit) can help: keep trying, slowly.
+                    Some(topic) => {
+                        let failures = match self.lanes.get(&topic).map(|l| l.probe) {
+                            Some(Probe::InFlight { failures, .. }) => failures + 1,
+                            _ => 1,
+                        };
+                        self.requeue(
+                            &topic,
+                            target,
+                            Some(BlockReason::Unavailable),
+                            failures,
+                            now,
+                        );
+                    }
+                    None => t.state = State::Stuck,
+                }
+                if first {
+                    self.actions.push_back(Action::Held {
+                        target,
+                        reason,
+                        error,
+                    });
+                }
+                true
+            }
+        }
+    }
+
+    fn finish(&mut self, target: TargetRef) {
+        let Some(idx) = target
+            .seq
+            .checked_sub(self.head)
+            .and_then(|i| usize::try_from(i).ok())
+        else {
+            return;
+        };
+        let Some(slot) = self.slots.get_mut(idx) else {
+            return;
+        };
+        let Some(t) = slot.targets.get_mut(target.pos) else {
+            return;
+        };
+        if t.state != State::Done {
+            t.state = State::Done;
+            slot.remaining -= 1;
+        }
+    }
+
+    fn complete_ready(&mut self) {
+        while self.slots.front().is_some_and(|s| s.remaining == 0) {
+            let Some(slot) = self.slots.pop_front() else {
+                break;
+            };
+            let seq = self.head;
+            self.head += 1;
+            if let Some(message) = slot.message {
+                self.actions.push_back(Action::Complete { seq, message });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashSet};
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const LIMIT: usize = 5;
+
+    /// A message of the model: per target (topic index or invalid, has a dead letter, drop?),
+    /// and the record's size (over `LIMIT` is too large for every primary topic).
+    #[derive(Debug, Clone)]
+    struct Msg {
+        targets: Vec<(Option<u8>, bool, bool)>,
+        size: usize,
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Accept(Msg),
+        /// Kafka answers the first `n` outstanding records of a topic as one batch.
+        Batch(u8, usize),
+        /// A topic starts or stops refusing everything (authorization, unknown topic).
+        Toggle(u8),
+        Advance(u64),
+    }
+
+    const TOPICS: [&str; 4] = ["a", "b", "c", "dlq"];
+
+    fn msg() -> impl Strategy<Value = Msg> {
+        let target = (
+            prop_oneof![9 => (0u8..3).prop_map(Some), 1 => Just(None)],
+            any::<bool>(),
+            any::<bool>(),
+        );
+        (
+            proptest::collection::vec(target, 0..3),
+            prop_oneof![8 => Just(1usize), 1 => Just(LIMIT * 2)],
+        )
+            .prop_map(|(targets, size)| Msg { targets, size })
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            4 => msg().prop_map(Op::Accept),
+            4 => (0u8..4, 1usize..4).prop_map(|(t, n)| Op::Batch(t, n)),
+            1 => (0u8..4).prop_map(Op::Toggle),
+            1 => (0u64..300).prop_map(Op::Advance),
+        ]
+    }
+
+    /// A model of Kafka behind librdkafka: per topic, records in flight in produce order,
+    /// answered in batches. A failed batch fails everything behind it in its topic too (the
+    /// idempotent producer's sequence numbers let nothing overtake a failed batch).
+    struct Sim {
+        window: Window<usize>,
+        now: Instant,
+        msgs: Vec<Msg>,
+        outstanding: BTreeMap<usize, VecDeque<(TargetRef, bool)>>,
+        refusing: HashSet<usize>,
+        logs: BTreeMap<usize, Vec<TargetRef>>,
+        completed: Vec<Seq>,
+        dropped: HashSet<TargetRef>,
+        held: HashSet<TargetRef>,
+        produced_while_lane_busy: usize,
+    }
+
+    impl Sim {
+        fn new() -> Self {
+            Self {
+                window: Window::new(Backoff::default()),
+                now: Instant::now(),
+                msgs: Vec::new(),
+                outstanding: BTreeMap::new(),
+                refusing: HashSet::new(),
+                logs: BTreeMap::new(),
+                completed: Vec::new(),
+                dropped: HashSet::new(),
+                held: HashSet::new(),
+                produced_while_lane_busy: 0,
+            }
+        }
+
+        fn topic_index(name: &str) -> usize {
+            TOPICS.iter().position(|t| *t == name).unwrap_or(0)
+        }
+
+        fn apply(&mut self, op: Op) {
+            match op {
+                Op::Accept(m) => {
+                    let specs = m
+                        .targets
+                        .iter()
+                        .map(|(topic, dlq, drop)| TargetSpec {
+                            topic: topic
+                                .map(|t| Arc::from(TOPICS[usize::from(t)]))
+                                .ok_or_else(|| "bad template".to_owned()),
+                            dead_letter: dlq.then(|| Arc::from("dlq")),
+                            on_unwritable: if *drop {
+                                OnUnwritable::Drop
+                            } else {
+                                OnUnwritable::Hold
+                            },
+                        })
+                        .collect();
+                    let id = self.msgs.len();
+                    self.msgs.push(m);
+                    self.window.accept(id, specs, self.now);
+                }
+                Op::Batch(t, n) => self.batch(usize::from(t), n),
+                Op::Toggle(t) => {
+                    let t = usize::from(t);
+                    if !self.refusing.remove(&t) {
+                        self.refusing.insert(t);
+                    }
+                }
+                Op::Advance(ms) => {
+                    self.now += Duration::from_millis(ms);
+                    self.window.tick(self.now);
+                }
+            }
+            self.drain();
+        }
+
+        fn batch(&mut self, topic: usize, n: usize) {
+            let Some(queue) = self.outstanding.get_mut(&topic) else {
+                return;
+            };
+            let batch: Vec<(TargetRef, bool)> = queue.drain(..n.min(queue.len())).collect();
+            if batch.is_empty() {
+                return;
+            }
+            let too_large = topic != 3
+                && batch
+                    .iter()
+                    .any(|(t, dl)| !dl && self.msgs[self.msg_of(*t)].size > LIMIT);
+            let failure = if self.refusing.contains(&topic) {
+                Some(Outcome::Blocked {
+                    reason: BlockReason::Unauthorized,
+                    error: "denied".into(),
+                })
+            } else if too_large {
+                Some(Outcome::Unwritable {
+                    reason: UnwritableReason::TooLarge,
+                    error: "too large".into(),
+                })
+            } else {
+                None
+            };
+            let behind: Vec<(TargetRef, bool)> = match (&failure, self.outstanding.get_mut(&topic))
+            {
+                (Some(_), Some(queue)) => queue.drain(..).collect(),
+                _ => Vec::new(),
+            };
+            for (t, _) in &batch {
+                match &failure {
+                    None => {
+                        self.logs.entry(topic).or_default().push(*t);
+                        self.window.on_outcome(*t, Outcome::Delivered, self.now);
+                    }
+                    Some(f) => self.window.on_outcome(*t, f.clone(), self.now),
+                }
+            }
+            for (t, _) in behind {
+                let gap = Outcome::Blocked {
+                    reason: BlockReason::Unavailable,
+                    error: "out of order sequence".into(),
+                };
+                self.window.on_outcome(t, gap, self.now);
+            }
+        }
+
+        fn msg_of(&self, t: TargetRef) -> usize {
+            *self.window.message(t.seq).unwrap_or(&0)
+        }
+
+        fn drain(&mut self) {
+            while let Some(action) = self.window.next_action() {
+                match action {
+                    Action::Produce {
+                        target,
+                        topic,
+                        dest,
+                    } => {
+                        let t = Self::topic_index(&topic);
+                        let q = self.outstanding.entry(t).or_default();
+                        if !q.is_empty() && dest == Dest::Primary {
+                            self.produced_while_lane_busy += 1;
+                        }
+                        q.push_back((target, matches!(dest, Dest::DeadLetter { .. })));
+                    }
+                    Action::Complete { seq, message } => {
+                        assert_eq!(message as Seq, seq, "message and sequence agree");
+                        self.completed.push(seq);
+                    }
+                    Action::Dropped { target, .. } => {
+                        assert!(self.dropped.insert(target), "dropped twice");
+                    }
+                    Action::Held { target, .. } => {
+                        self.held.insert(target);
+                    }
+                    Action::Delivered { .. } | Action::Blocked { .. } => {}
+                }
+            }
+        }
+
+        /// Heals every fault and lets the model run until nothing moves.
+        fn settle(&mut self) {
+            self.refusing.clear();
+            for _ in 0..10_000 {
+                self.now += Duration::from_secs(11);
+                self.window.tick(self.now);
+                self.drain();
+                let busy: Vec<usize> = self
+                    .outstanding
+                    .iter()
+                    .filter(|(_, q)| !q.is_empty())
+                    .map(|(t, _)| *t)
+                    .collect();
+                if busy.is_empty() && self.window.next_deadline().is_none() {
+                    return;
+                }
+                for t in busy {
+                    self.batch(t, 1);
+                    self.drain();
+                }
+            }
+        }
+    }
+
+    fn check(sim: &Sim) {
+        // Complete in arrival order, each once.
+        let expected: Vec<Seq> = (0..sim.completed.len() as Seq).collect();
+        assert_eq!(sim.completed, expected, "completions in order, each once");
+        let mut in_topic: HashSet<(usize, TargetRef)> = HashSet::new();
+        for (topic, log) in &sim.logs {
+            for t in log {
+                assert!(
+                    in_topic.insert((*topic, *t)),
+                    "{t:?} written twice to {topic}"
+                );
+            }
+            // Per-topic order across every retry: primary records in arrival order.
+            let primary: Vec<Seq> = log.iter().filter(|_| *topic != 3).map(|t| t.seq).collect();
+            assert!(
+                primary.windows(2).all(|w| w[0] <= w[1]),
+                "topic {topic} out of order: {primary:?}"
+            );
+        }
+        let first_stuck = sim.completed.len();
+        for (seq, m) in sim.msgs.iter().enumerate() {
+            let done = seq < first_stuck;
+            let mut held = false;
+            for (pos, (topic, dlq, drop)) in m.targets.iter().enumerate() {
+                let t = TargetRef {
+                    seq: seq as Seq,
+                    pos,
+                };
+                let unwritable = topic.is_none() || m.size > LIMIT;
+                let in_primary = topic.is_some_and(|x| in_topic.contains(&(usize::from(x), t)));
+                let in_dlq = in_topic.contains(&(3, t));
+                match (unwritable, dlq, drop) {
+                    (false, _, _) => {
+                        assert!(in_primary || !done, "{t:?} completed but not in its topic");
+                        assert!(!in_dlq, "{t:?} valid yet dead-lettered");
+                    }
+                    (true, true, _) => {
+                        assert!(in_dlq || !done, "{t:?} completed but not dead-lettered");
+                        assert!(!in_primary);
+                    }
+                    (true, false, true) => assert!(sim.dropped.contains(&t) || !done),
+                    (true, false, false) => {
+                        assert!(!done, "{t:?} unwritable with hold was completed");
+                        held |= sim.held.contains(&t);
+                    }
+                }
+            }
+            // After healing, only a held record keeps a message (and those after it) back.
+            if seq == first_stuck {
+                assert!(
+                    held,
+                    "message {seq} not completed after healing, and none held"
+                );
+            }
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        #[test]
+        fn window_keeps_the_failure_rule_and_order(ops in proptest::collection::vec(op(), 1..120)) {
+            let mut sim = Sim::new();
+            for op in ops {
+                sim.apply(op);
+                let expected: Vec<Seq> = (0..sim.completed.len() as Seq).collect();
+                prop_assert_eq!(&sim.completed, &expected);
+            }
+            sim.settle();
+            check(&sim);
+        }
+    }
+
+    fn spec(topic: &str) -> TargetSpec {
+        TargetSpec {
+            topic: Ok(Arc::from(topic)),
+            dead_letter: None,
+            on_unwritable: OnUnwritable::Hold,
+        }
+    }
+
+    fn produces(w: &mut Window<u32>) -> Vec<(TargetRef, String)> {
+        let mut out = Vec::new();
+        while let Some(a) = w.next_action() {
+            if let Action::Produce { target, topic, .. } = a {
+                out.push((target, topic.to_string()));
+            }
+        }
+        out
+    }
+
+    fn t(seq: Seq) -> TargetRef {
+        TargetRef { seq, pos: 0 }
+    }
+
+    #[test]
+    fn a_queue_full_record_keeps_its_place_ahead_of_later_ones() {
+        let now = Instant::now();
+        let mut w = Window::new(Backoff::default());
+        w.accept(0, vec![spec("a")], now);
+        assert_eq!(produces(&mut w), vec![(t(0), "a".into())]);
+        let full = Outcome::Blocked {
+            reason: BlockReason::QueueFull,
+            error: "queue full".into(),
+        };
+        w.on_outcome(t(0), full, now);
+        // Later records of the topic wait behind it instead of overtaking it.
+        w.accept(1, vec![spec("a")], now);
+        w.accept(2, vec![spec("b")], now);
+        assert_eq!(produces(&mut w), vec![(t(2), "b".into())]);
+        assert_eq!(w.next_deadline(), Some(now + Duration::from_millis(10)));
+        w.tick(now + Duration::from_millis(10));
+        assert_eq!(produces(&mut w), vec![(t(0), "a".into())], "the head alone");
+        w.on_outcome(t(0), Outcome::Delivered, now);
+        assert_eq!(produces(&mut w), vec![(t(1), "a".into())]);
+    }
+
+    #[test]
+    fn unauthorized_is_retried_with_capped_backoff_and_never_completes_until_written() {
+        let start = Instant::now();
+        let mut now = start;
+        let mut w = Window::new(Backoff::default());
+        w.accept(0, vec![spec("a")], now);
+        let mut delays = Vec::new();
+        for _ in 0..12 {
+            let produced = produces(&mut w);
+            assert_eq!(produced, vec![(t(0), "a".into())]);
+            let denied = Outcome::Blocked {
+                reason: BlockReason::Unauthorized,
+                error: "denied".into(),
+            };
+            w.on_outcome(t(0), denied, now);
+            let at = w.next_deadline().unwrap_or(now);
+            delays.push(at - now);
+            now = at;
+            w.tick(now);
+            assert_eq!(w.len(), 1, "not given up");
+        }
+        assert_eq!(delays[0], Duration::from_millis(100));
+        assert_eq!(delays[1], Duration::from_millis(200));
+        assert_eq!(delays[11], Duration::from_secs(10), "capped");
+        assert_eq!(produces(&mut w), vec![(t(0), "a".into())]);
+        w.on_outcome(t(0), Outcome::Delivered, now);
+        let completed: Vec<Seq> = std::iter::from_fn(|| w.next_action())
+            .filter_map(|a| match a {
+                Action::Complete { seq, .. } => Some(seq),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(completed, vec![0]);
+    }
+
+    #[test]
+    fn too_large_in_a_batch_is_judged_again_alone_before_it_is_dead_lettered() {
+        let now = Instant::now();
+        let mut w = Window::new(Backoff::default());
+        let with_dlq = || TargetSpec {
+            dead_letter: Some(Arc::from("dlq")),
+            ..spec("a")
+        };
+        w.accept(0, vec![with_dlq()], now);
+        w.accept(1, vec![with_dlq()], now);
+        assert_eq!(produces(&mut w).len(), 2);
+        let too_large = || Outcome::Unwritable {
+            reason: UnwritableReason::TooLarge,
+            error: "batch too large".into(),
+        };
+        // One batch of both failed: neither is condemned yet.
+        w.on_outcome(t(0), too_large(), now);
+        assert_eq!(produces(&mut w), vec![]);
+        w.on_outcome(t(1), too_large(), now);
+        assert_eq!(produces(&mut w), vec![(t(0), "a".into())], "0 alone");
+        w.on_outcome(t(0), Outcome::Delivered, now);
+        assert_eq!(produces(&mut w), vec![(t(1), "a".into())], "then 1");
+        // Alone and still too large: now it is.
+        // It was sent with nothing else in flight but not as a probe: judged again, alone.
+        w.on_outcome(t(1), too_large(), now);
+        assert_eq!(produces(&mut w), vec![(t(1), "a".into())]);
+        w.on_outcome(t(1), too_large(), now);
+        assert_eq!(produces(&mut w), vec![(t(1), "dlq".into())]);
+    }
+
+    #[test]
+    fn an_outcome_for_a_target_not_in_flight_is_ignored() {
+        let now = Instant::now();
+        let mut w = Window::new(Backoff::default());
+        w.accept(0, vec![spec("a")], now);
+        produces(&mut w);
+        w.on_outcome(t(0), Outcome::Delivered, now);
+        w.on_outcome(t(0), Outcome::Delivered, now);
+        w.on_outcome(t(7), Outcome::Delivered, now);
+        assert!(w.is_empty());
+    }
+}
