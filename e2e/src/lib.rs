@@ -24,7 +24,7 @@ mod kafka_node;
 pub mod kube;
 mod pki;
 pub use fault_proxy::{FaultProxy, ProxyMode};
-pub use kafka_cluster::KafkaCluster;
+pub use kafka_cluster::{ClusterOptions, KafkaCluster};
 use kafka_node::{Listener, NodeProps};
 pub use pki::{CLIENT_CN, KeyType, Pki};
 
@@ -700,7 +700,13 @@ impl Kafka {
     pub fn resume(&mut self) -> Result<()> {
         let log = self.dir.path().join("kafka.log");
         let props = self.dir.path().join("server.properties");
-        let mut child = kafka_node::spawn_kafka(&self.placement, &self.libs, &props, &log, "1g")?;
+        let mut child = kafka_node::spawn_kafka(
+            &self.placement,
+            &self.libs,
+            &props,
+            &log,
+            kafka_node::BROKER_JVM,
+        )?;
         let host = self.host();
         let own_proxied = self.proxied.map(|(own, _)| own);
         for port in [Some(self.port), self.sasl_ssl_port, own_proxied]

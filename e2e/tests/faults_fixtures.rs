@@ -12,7 +12,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use ferry_e2e::{FaultProxy, Kafka, KafkaCluster, KafkaOptions, KeyType, Pki, ProxyMode, SaslSsl};
+use ferry_e2e::{
+    ClusterOptions, FaultProxy, Kafka, KafkaCluster, KafkaOptions, KeyType, Pki, ProxyMode, SaslSsl,
+};
 use rdkafka::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -442,7 +444,7 @@ fn kafka_acls_grant_revoke_grant() -> Result<()> {
 #[test]
 fn cluster_keeps_acknowledged_records_when_the_leader_is_killed() -> Result<()> {
     let start = Instant::now();
-    let mut cluster = KafkaCluster::start(3)?;
+    let mut cluster = KafkaCluster::start_with(3, ClusterOptions { proxies: true })?;
     println!(
         "  3-node cluster {} started in {:?}",
         cluster.bootstrap(),
@@ -454,64 +456,83 @@ fn cluster_keeps_acknowledged_records_when_the_leader_is_killed() -> Result<()> 
     let mut isr = cluster.isr_of("failover", 0)?;
     isr.sort();
     assert_eq!(isr, [1, 2, 3]);
-    let mut cc = cluster.client_config();
+    // Through the proxies: the nodes' proxied listeners and their advertised addresses work.
+    let mut cc = cluster.proxied_client_config()?;
     cc.set("enable.idempotence", "true");
     let p = producer(cc, Duration::from_secs(60));
-    let total = 300;
     let t = Instant::now();
-    rt.block_on(async {
-        for i in 0..100 {
-            produce(&p, "failover", &i.to_string()).await?;
-        }
-        anyhow::Ok(())
-    })?;
+    rt.block_on(produce_numbers(&p, 0..100, Duration::ZERO))?;
     println!(
         "  100 records with acks=all in {:?}; leader {leader}",
         t.elapsed()
     );
 
+    // Cut the client off from the leader only: its record waits, the cluster stays whole.
+    let proxy = cluster.proxy(leader)?;
+    proxy.set_mode(ProxyMode::Blackhole);
+    rt.block_on(async {
+        let held = produce_numbers(&p, 100..101, Duration::ZERO);
+        tokio::pin!(held);
+        if tokio::time::timeout(Duration::from_secs(2), &mut held)
+            .await
+            .is_ok()
+        {
+            bail!("delivered through the leader's blackholed proxy");
+        }
+        assert_eq!(cluster.isr_of("failover", 0)?.len(), 3);
+        proxy.set_mode(ProxyMode::Pass);
+        tokio::time::timeout(Duration::from_secs(20), held).await?
+    })?;
+
     let killed = Instant::now();
     cluster.kill(leader)?;
     // Keep producing while the cluster elects a new leader: every record is delivered.
-    rt.block_on(async {
-        let sends: Vec<_> = (100..total)
-            .map(|i| {
-                let p = p.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(Duration::from_millis(20 * (i - 100))).await;
-                    produce(&p, "failover", &i.to_string()).await
-                })
-            })
-            .collect();
-        for send in sends {
-            send.await??;
-        }
-        anyhow::Ok(())
-    })?;
+    rt.block_on(produce_numbers(&p, 101..300, Duration::from_millis(20)))?;
     println!(
-        "  200 more delivered {:?} after the SIGKILL",
+        "  199 more delivered {:?} after the SIGKILL",
         killed.elapsed()
     );
     let new_leader = cluster.wait_for_new_leader("failover", 0, leader, Duration::from_secs(30))?;
     assert_ne!(new_leader, leader);
 
-    let records = cluster.read_all(
-        "failover",
-        total as usize,
-        Duration::from_secs(1),
-        Duration::from_secs(30),
-    )?;
-    let mut values: Vec<u64> = records
+    let settle = Duration::from_secs(1);
+    let records = cluster.read_all("failover", 300, settle, Duration::from_secs(30))?;
+    let mut values: Vec<u32> = records
         .iter()
         .map(|r| r.value_str().parse().expect("number"))
         .collect();
     values.sort();
-    assert_eq!(values, (0..total).collect::<Vec<_>>(), "every record once");
+    assert_eq!(values, (0..300).collect::<Vec<_>>(), "every record once");
 
     let t = Instant::now();
     cluster.restart(leader)?;
     println!("  node {leader} restarted in {:?}", t.elapsed());
     assert!(cluster.is_running(leader));
+    cluster.wait_for_full_isr("failover", Duration::from_secs(60))?;
+    println!("  and back in sync {:?} after the restart", t.elapsed());
     println!("  done in {:?}", start.elapsed());
+    Ok(())
+}
+
+/// Produces the numbers of `range` to topic `failover`, one every `every` (all at once with
+/// zero), concurrently, and waits for every delivery.
+async fn produce_numbers(
+    p: &FutureProducer,
+    range: std::ops::Range<u32>,
+    every: Duration,
+) -> Result<()> {
+    let first = range.start;
+    let sends: Vec<_> = range
+        .map(|i| {
+            let p = p.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(every * (i - first)).await;
+                produce(&p, "failover", &i.to_string()).await
+            })
+        })
+        .collect();
+    for send in sends {
+        send.await??;
+    }
     Ok(())
 }
