@@ -101,6 +101,11 @@ impl FaultProxy {
             .enable_all()
             .build()
             .context("fault proxy: build its runtime")?;
+        // Registered with the runtime's reactor here, so that a failure fails the start.
+        let listener = {
+            let _entered = runtime.enter();
+            TcpListener::from_std(listener).context("fault proxy: register its listener")?
+        };
         let (state, _) = watch::channel(State {
             mode: ProxyMode::Pass,
             resets: 0,
@@ -112,12 +117,7 @@ impl FaultProxy {
         let thread = std::thread::Builder::new()
             .name(format!("fault-proxy-{port}"))
             .spawn(move || {
-                runtime.block_on(async move {
-                    match TcpListener::from_std(listener) {
-                        Ok(l) => serve(l, st, ct, stopped).await,
-                        Err(e) => eprintln!("fault proxy {port}: cannot use its listener: {e}"),
-                    }
-                });
+                runtime.block_on(serve(listener, st, ct, stopped));
                 // Dropping the runtime here drops every connection task and its sockets.
             })
             .context("fault proxy: spawn its thread")?;

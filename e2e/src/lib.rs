@@ -3,6 +3,10 @@
 //! Each broker runs on a free loopback port with its own data dir and is stopped when its value
 //! is dropped — also when a test panics — and, through `PR_SET_PDEATHSIG`, when the process that
 //! started it dies. `e2e/install.sh` installs Mosquitto and fetches Kafka's jars (cached).
+//!
+//! For fault injection: [`FaultProxy`] breaks and heals the network between a client and a
+//! broker ([`KafkaOptions::proxy`] puts a Kafka behind one), [`KafkaOptions::acls`] lets a test
+//! grant and revoke a user's rights, and [`KafkaCluster`] runs several Kafka nodes to kill.
 
 use std::fs;
 use std::io::Write as _;
