@@ -11,9 +11,12 @@
 //!
 //! What differs from a real partition: TCP keep-alive probes are answered by the proxy's
 //! kernel, so only application-level timeouts (Kafka's request timeout, MQTT's keep-alive)
-//! notice it, and a connection opened during a blackhole completes its handshake (the kernel
-//! accepts it) and is then held: nothing is forwarded, and on `Pass` it is connected upstream
-//! and carries on, as a connect whose SYNs were retransmitted until the partition healed.
+//! notice it; and a connection opened during a blackhole completes its handshake at once (the
+//! kernel accepts it; on a real network the connect would hang), then is held: nothing is
+//! forwarded, and on `Pass` it is connected upstream and carries on with what it sent.
+//!
+//! The upstream is connected when a connection first reaches `Pass`; if it refuses, the
+//! client's connection is reset, as close to a refused connect as a proxy can get.
 
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -40,9 +43,9 @@ pub enum ProxyMode {
     Reset,
 }
 
-/// The state every connection watches. `resets` counts the switches to [`ProxyMode::Reset`], so a
-/// connection opened before one is reset even when the mode went back to `Pass` before it saw
-/// the `Reset`.
+/// The state every connection watches. `resets` counts the switches to [`ProxyMode::Reset`],
+/// so a connection opened before one is reset even when the mode went back to `Pass` before it
+/// saw the `Reset`.
 #[derive(Debug, Clone, Copy)]
 struct State {
     mode: ProxyMode,
