@@ -7,7 +7,7 @@
 //! cluster's network namespace on the node address ([`Cluster::placement`]), so pods and this
 //! process both reach them.
 
-use std::fs::{self, File};
+use std::fs;
 use std::io::{Read as _, Write as _};
 use std::net::{IpAddr, TcpStream};
 use std::path::{Path, PathBuf};
@@ -212,32 +212,10 @@ impl Cluster {
         fs::create_dir_all(&logs)?;
         let name = script.file_name().unwrap_or_default().to_string_lossy();
         let out_path = logs.join(format!("{name}.{}.out", unique()));
-        let out = File::create(&out_path)?;
         let mut cmd = Command::new("bash");
         cmd.arg(script).args(args);
         self.settings(&mut cmd);
-        cmd.stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out);
-        let mut child = cmd.spawn().with_context(|| format!("cannot run {name}"))?;
-        let start = Instant::now();
-        let status = loop {
-            if let Some(status) = child.try_wait()? {
-                break status;
-            }
-            if start.elapsed() > timeout {
-                let _ = child.kill();
-                let _ = child.wait();
-                bail!(
-                    "{name} did not finish within {timeout:?}; output:\n{}",
-                    fs::read_to_string(&out_path).unwrap_or_default()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        };
-        let output = fs::read_to_string(&out_path)?;
-        ensure!(status.success(), "{name} failed ({status}):\n{output}");
-        Ok(output)
+        crate::run_logged(&mut cmd, &name, &out_path, timeout)
     }
 
     /// [`Cluster::script`] of `e2e/cluster/<name>`.

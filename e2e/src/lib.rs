@@ -3,10 +3,14 @@
 //! Each broker runs on a free loopback port with its own data dir and is stopped when its value
 //! is dropped — also when a test panics — and, through `PR_SET_PDEATHSIG`, when the process that
 //! started it dies. `e2e/install.sh` installs Mosquitto and fetches Kafka's jars (cached).
+//!
+//! For fault injection: [`FaultProxy`] breaks and heals the network between a client and a
+//! broker ([`KafkaOptions::proxy`] puts a Kafka behind one), [`KafkaOptions::acls`] lets a test
+//! grant and revoke a user's rights, and [`KafkaCluster`] runs several Kafka nodes to kill.
 
 use std::fs;
 use std::io::Write as _;
-use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,17 +18,18 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use rdkafka::ClientConfig;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Headers as _, Message};
-use rdkafka::{Offset, TopicPartitionList};
 
 pub use rumqttc;
 
 pub mod cluster;
+pub mod fault_proxy;
+mod kafka_cluster;
+mod kafka_node;
 pub mod kube;
 mod pki;
+pub use fault_proxy::{FaultProxy, ProxyMode};
+pub use kafka_cluster::{ClusterOptions, KafkaCluster};
+use kafka_node::{Listener, NodeProps};
 pub use pki::{CLIENT_CN, KeyType, Pki};
 
 /// Mosquitto's flow-control settings used everywhere, printed by the tests and benchmarks:
@@ -115,6 +120,36 @@ fn spawn_tied(cmd: &mut Command, log: &Path) -> Result<Child> {
         });
     }
     cmd.spawn().with_context(|| format!("cannot start {cmd:?}"))
+}
+
+/// Runs `cmd` to its end with its output in `log`, killing it after `timeout`; fails unless it
+/// exits 0, with the output. Returns the output.
+fn run_logged(cmd: &mut Command, what: &str, log: &Path, timeout: Duration) -> Result<String> {
+    let out = fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
+    cmd.stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out);
+    let mut child = cmd.spawn().with_context(|| format!("cannot run {what}"))?;
+    let start = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!(
+                "{what} did not finish within {timeout:?}; output:\n{}",
+                fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let output = fs::read_to_string(log).unwrap_or_default();
+    if !status.success() {
+        bail!("{what} failed ({status}):\n{output}");
+    }
+    Ok(output)
 }
 
 fn terminate(child: &mut Child, grace: Duration) {
@@ -435,6 +470,9 @@ pub struct Kafka {
     child: Option<Child>,
     port: u16,
     sasl_ssl_port: Option<u16>,
+    /// The `PROXIED` listener's own port and the port of the proxy it advertises.
+    proxied: Option<(u16, u16)>,
+    acls: bool,
     dir: tempfile::TempDir,
     libs: PathBuf,
     placement: Placement,
@@ -450,6 +488,18 @@ pub const KAFKA_SASL_MECHANISMS: [&str; 2] = ["SCRAM-SHA-512", "PLAIN"];
 pub struct KafkaOptions<'a> {
     /// Adds a `SASL_SSL` listener ([`Kafka::sasl_ssl_bootstrap`]).
     pub sasl_ssl: Option<SaslSsl<'a>>,
+    /// Puts the broker behind this proxy for clients: adds a plaintext listener `PROXIED` on
+    /// a port of its own that advertises the proxy's address (`127.0.0.1:<proxy port>`), and
+    /// sets the proxy's upstream to that listener. A client bootstrapping on
+    /// [`Kafka::proxied_bootstrap`] then reaches the broker only through the proxy, also when
+    /// it reconnects to the address the metadata gave it; the test helpers keep using the
+    /// direct `PLAINTEXT` listener, so they work whatever the proxy's mode.
+    pub proxy: Option<&'a FaultProxy>,
+    /// Turns authorization on ([`KAFKA_ACL_PROPS`]): only `ANONYMOUS` (the `PLAINTEXT`,
+    /// `PROXIED` and `CONTROLLER` listeners, so the broker itself and the test helpers) is a
+    /// super user; the users of `sasl_ssl` may do only what ACLs allow
+    /// ([`Kafka::grant_produce`]).
+    pub acls: bool,
 }
 
 /// A `SASL_SSL` listener of [`Kafka`] with mechanisms `SCRAM-SHA-512` and `PLAIN`.
@@ -500,7 +550,9 @@ impl Kafka {
     /// ```
     ///
     /// and formats the storage with `--add-scram 'SCRAM-SHA-512=[name=<name>,password=<pw>]'`
-    /// for each SCRAM user.
+    /// for each SCRAM user. With `proxy` it adds `PROXIED://127.0.0.1:<own port>` advertised as
+    /// `PROXIED://127.0.0.1:<proxy port>` (protocol `PLAINTEXT`); with `acls`,
+    /// [`KAFKA_ACL_PROPS`].
     pub fn start_with(options: KafkaOptions<'_>) -> Result<Self> {
         Self::start_placed(options, Placement::default())
     }
@@ -510,138 +562,67 @@ impl Kafka {
     /// [`Kafka::bootstrap`] is then `<bind>:<port>`.
     pub fn start_placed(options: KafkaOptions<'_>, placement: Placement) -> Result<Self> {
         let host = placement.host();
-        let libs = Self::libs_dir();
-        if !libs.join(".complete").exists() {
-            bail!(
-                "Kafka jars not found in {}: run e2e/install.sh",
-                libs.display()
-            );
-        }
+        let libs = kafka_node::libs()?;
         let dir = tempfile::Builder::new().prefix("ferry-kafka-").tempdir()?;
         let port = free_port()?;
         let cport = free_port()?;
         let sasl_ssl_port = options.sasl_ssl.as_ref().map(|_| free_port()).transpose()?;
-        let data = dir.path().join("data");
-        let props = dir.path().join("server.properties");
-        let mut listeners = format!("PLAINTEXT://{host}:{port},CONTROLLER://{host}:{cport}");
-        let mut advertised = format!("PLAINTEXT://{host}:{port}");
-        let mut protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT".to_owned();
+        let proxied_port = options.proxy.map(|_| free_port()).transpose()?;
+        let listener = |name, protocol, port: u16, advertise: Option<String>| Listener {
+            name,
+            protocol,
+            bind: format!("{host}:{port}"),
+            advertise,
+        };
+        let mut listeners = vec![
+            listener(
+                "PLAINTEXT",
+                "PLAINTEXT",
+                port,
+                Some(format!("{host}:{port}")),
+            ),
+            listener("CONTROLLER", "PLAINTEXT", cport, None),
+        ];
         let mut extra = String::new();
         let mut format_args: Vec<String> = Vec::new();
         if let (Some(sasl), Some(sport)) = (&options.sasl_ssl, sasl_ssl_port) {
-            listeners.push_str(&format!(",SASL_SSL://{host}:{sport}"));
-            advertised.push_str(&format!(",SASL_SSL://{host}:{sport}"));
-            protocols.push_str(",SASL_SSL:SASL_SSL");
-            let keystore = dir.path().join("keystore.pem");
-            let mut pem = String::new();
-            for part in [
-                sasl.pki.server_key(),
-                sasl.pki.server_cert(),
-                sasl.pki.ca_cert(),
-            ] {
-                pem.push_str(
-                    &fs::read_to_string(part)
-                        .with_context(|| format!("read {}", part.display()))?,
-                );
-            }
-            fs::write(&keystore, pem)?;
-            let ca = dir.path().join("ca.pem");
-            fs::copy(sasl.pki.ca_cert(), &ca)?;
-            let l = "listener.name.sasl_ssl";
-            extra.push_str(&format!(
-                "{l}.sasl.enabled.mechanisms={mechanisms}\n\
-                 {l}.ssl.keystore.type=PEM\n\
-                 {l}.ssl.keystore.location={keystore}\n",
-                mechanisms = KAFKA_SASL_MECHANISMS.join(","),
-                keystore = keystore.display()
-            ));
-            if sasl.require_client_cert {
-                extra.push_str(&format!(
-                    "{l}.ssl.client.auth=required\n\
-                     {l}.ssl.truststore.type=PEM\n\
-                     {l}.ssl.truststore.location={ca}\n",
-                    ca = ca.display()
-                ));
-            } else {
-                extra.push_str(&format!("{l}.ssl.client.auth=none\n"));
-            }
-            extra.push_str(&format!(
-                "{l}.scram-sha-512.sasl.jaas.config=\
-                 org.apache.kafka.common.security.scram.ScramLoginModule required;\n"
-            ));
-            let mut plain_users = String::new();
-            for (user, password) in &sasl.plain_users {
-                check_credential("kafka PLAIN user name", user)?;
-                check_credential("kafka PLAIN password", password)?;
-                plain_users.push_str(&format!(" user_{user}=\"{password}\""));
-            }
-            extra.push_str(&format!(
-                "{l}.plain.sasl.jaas.config=\
-                 org.apache.kafka.common.security.plain.PlainLoginModule required{plain_users};\n"
-            ));
-            for (user, password) in &sasl.scram_sha512_users {
-                check_credential("kafka SCRAM user name", user)?;
-                check_credential("kafka SCRAM password", password)?;
-                format_args.push("--add-scram".into());
-                format_args.push(format!("SCRAM-SHA-512=[name={user},password={password}]"));
-            }
+            let advertise = Some(format!("{host}:{sport}"));
+            listeners.push(listener("SASL_SSL", "SASL_SSL", sport, advertise));
+            (extra, format_args) = sasl_ssl_props(sasl, dir.path())?;
         }
-        fs::write(
-            &props,
-            format!(
-                "process.roles=broker,controller\n\
-                 node.id=1\n\
-                 controller.quorum.voters=1@{host}:{cport}\n\
-                 listeners={listeners}\n\
-                 advertised.listeners={advertised}\n\
-                 controller.listener.names=CONTROLLER\n\
-                 inter.broker.listener.name=PLAINTEXT\n\
-                 listener.security.protocol.map={protocols}\n\
-                 log.dirs={data}\n\
-                 num.partitions=1\n\
-                 offsets.topic.replication.factor=1\n\
-                 transaction.state.log.replication.factor=1\n\
-                 transaction.state.log.min.isr=1\n\
-                 share.coordinator.state.topic.replication.factor=1\n\
-                 share.coordinator.state.topic.min.isr=1\n\
-                 group.initial.rebalance.delay.ms=0\n\
-                 auto.create.topics.enable=false\n\
-                 {extra}",
-                data = data.display()
-            ),
-        )?;
-        let classpath = format!("{}/*", libs.display());
-        let uuid = Command::new("java")
-            .args(["-cp", &classpath, "kafka.tools.StorageTool", "random-uuid"])
-            .output()?;
-        let uuid = String::from_utf8_lossy(&uuid.stdout).trim().to_owned();
-        if uuid.is_empty() {
-            bail!("kafka StorageTool random-uuid printed nothing");
+        if let (Some(proxy), Some(pport)) = (options.proxy, proxied_port) {
+            // Clients that bootstrap through the proxy learn the proxy's address from the
+            // metadata, so their reconnections go through it too.
+            let advertise = Some(proxy.addr().to_string());
+            listeners.push(listener("PROXIED", "PLAINTEXT", pport, advertise));
         }
-        let format = Command::new("java")
-            .args([
-                "-cp",
-                &classpath,
-                "kafka.tools.StorageTool",
-                "format",
-                "-t",
-                &uuid,
-                "-c",
-            ])
-            .arg(&props)
-            .args(&format_args)
-            .output()?;
-        if !format.status.success() {
-            bail!(
-                "kafka storage format failed: {}{}",
-                String::from_utf8_lossy(&format.stdout),
-                String::from_utf8_lossy(&format.stderr)
-            );
+        if options.acls {
+            extra.push_str(KAFKA_ACL_PROPS);
+        }
+        let props = dir.path().join("server.properties");
+        let node = NodeProps {
+            node_id: 1,
+            voters: &format!("1@{host}:{cport}"),
+            listeners: &listeners,
+            data: &dir.path().join("data"),
+            replication: 1,
+            min_isr: 1,
+            extra: &extra,
+        };
+        fs::write(&props, node.render())?;
+        kafka_node::format_storage(&libs, &props, &kafka_node::new_cluster_id()?, &format_args)?;
+        if let (Some(proxy), Some(pport)) = (options.proxy, proxied_port) {
+            proxy.set_upstream(SocketAddr::new(host, pport));
         }
         let mut k = Self {
             child: None,
             port,
             sasl_ssl_port,
+            proxied: options
+                .proxy
+                .zip(proxied_port)
+                .map(|(p, own)| (own, p.port())),
+            acls: options.acls,
             dir,
             libs,
             placement,
@@ -722,24 +703,20 @@ impl Kafka {
     /// Starts the broker again, same ports and data, and waits until it serves metadata.
     pub fn resume(&mut self) -> Result<()> {
         let log = self.dir.path().join("kafka.log");
-        let classpath = format!("{}/*", self.libs.display());
-        let mut child = spawn_tied(
-            self.placement
-                .command(Path::new("java"))
-                .args([
-                    "-Xms256m",
-                    "-Xmx1g",
-                    "-XX:+UseG1GC",
-                    "-Djava.awt.headless=true",
-                    "-cp",
-                    &classpath,
-                    "kafka.Kafka",
-                ])
-                .arg(self.dir.path().join("server.properties")),
+        let props = self.dir.path().join("server.properties");
+        let mut child = kafka_node::spawn_kafka(
+            &self.placement,
+            &self.libs,
+            &props,
             &log,
+            kafka_node::BROKER_JVM,
         )?;
         let host = self.host();
-        for port in std::iter::once(self.port).chain(self.sasl_ssl_port) {
+        let own_proxied = self.proxied.map(|(own, _)| own);
+        for port in [Some(self.port), self.sasl_ssl_port, own_proxied]
+            .into_iter()
+            .flatten()
+        {
             if let Err(e) = wait_for_addr(
                 host,
                 port,
@@ -753,19 +730,7 @@ impl Kafka {
             }
         }
         self.child = Some(child);
-        self.wait_ready(Duration::from_secs(60))
-    }
-
-    fn wait_ready(&self, timeout: Duration) -> Result<()> {
-        let consumer: BaseConsumer = self.client_config().create()?;
-        let start = Instant::now();
-        loop {
-            match consumer.fetch_metadata(None, Duration::from_secs(2)) {
-                Ok(md) if !md.brokers().is_empty() => return Ok(()),
-                other if start.elapsed() > timeout => bail!("kafka not ready: {:?}", other.err()),
-                _ => std::thread::sleep(Duration::from_millis(200)),
-            }
-        }
+        kafka_node::wait_for_brokers(&self.client_config(), 1, Duration::from_secs(60))
     }
 
     pub fn client_config(&self) -> ClientConfig {
@@ -774,19 +739,25 @@ impl Kafka {
         cc
     }
 
+    /// `127.0.0.1:<proxy port>`: the bootstrap of a broker started with [`KafkaOptions::proxy`],
+    /// through its proxy.
+    pub fn proxied_bootstrap(&self) -> Result<String> {
+        let (_, proxy_port) = self.proxied.ok_or_else(|| {
+            anyhow!("this Kafka has no PROXIED listener: start it with KafkaOptions::proxy")
+        })?;
+        Ok(format!("{}:{proxy_port}", Ipv4Addr::LOCALHOST))
+    }
+
+    /// A client configuration that reaches the broker only through its proxy (plaintext).
+    pub fn proxied_client_config(&self) -> Result<ClientConfig> {
+        let mut cc = ClientConfig::new();
+        cc.set("bootstrap.servers", self.proxied_bootstrap()?);
+        Ok(cc)
+    }
+
+    /// Creates a topic (replication factor 1) through the `PLAINTEXT` listener.
     pub async fn create_topic(&self, name: &str, partitions: i32) -> Result<()> {
-        let admin: AdminClient<DefaultClientContext> = self.client_config().create()?;
-        let topic = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-        let results = admin
-            .create_topics(
-                [&topic],
-                &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
-            )
-            .await?;
-        for r in results {
-            r.map_err(|(t, e)| anyhow!("create topic {t}: {e}"))?;
-        }
-        Ok(())
+        kafka_node::create_topic(&self.client_config(), name, partitions, 1).await
     }
 
     /// Reads a topic from the beginning until `expect` records arrived and then `settle` passed
@@ -798,63 +769,125 @@ impl Kafka {
         settle: Duration,
         timeout: Duration,
     ) -> Result<Vec<Record>> {
-        let consumer: BaseConsumer = self
-            .client_config()
-            .set("group.id", format!("ferry-test-{}", std::process::id()))
-            .set("enable.auto.commit", "false")
-            .create()?;
-        let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-        let partitions = md
-            .topics()
-            .first()
-            .map(|t| t.partitions().iter().map(|p| p.id()).collect::<Vec<_>>())
-            .unwrap_or_default();
-        if partitions.is_empty() {
-            bail!("topic {topic} has no partitions");
-        }
-        let mut tpl = TopicPartitionList::new();
-        for p in partitions {
-            tpl.add_partition_offset(topic, p, Offset::Beginning)?;
-        }
-        consumer.assign(&tpl)?;
-        let mut records = Vec::new();
-        let start = Instant::now();
-        let mut last_new = Instant::now();
-        while start.elapsed() < timeout {
-            if records.len() >= expect && last_new.elapsed() >= settle {
-                break;
-            }
-            match consumer.poll(Duration::from_millis(100)) {
-                Some(Ok(m)) => {
-                    last_new = Instant::now();
-                    let headers = m
-                        .headers()
-                        .map(|h| {
-                            h.iter()
-                                .map(|h| {
-                                    (
-                                        h.key.to_owned(),
-                                        h.value.map(<[u8]>::to_vec).unwrap_or_default(),
-                                    )
-                                })
-                                .collect()
-                        })
-                        .unwrap_or_default();
-                    records.push(Record {
-                        topic: m.topic().to_owned(),
-                        partition: m.partition(),
-                        offset: m.offset(),
-                        key: m.key().map(<[u8]>::to_vec),
-                        value: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
-                        headers,
-                    });
-                }
-                Some(Err(e)) => bail!("consume {topic}: {e}"),
-                None => {}
-            }
-        }
-        Ok(records)
+        kafka_node::read_all(&self.client_config(), topic, expect, settle, timeout)
     }
+
+    /// Allows `user` (a SCRAM or PLAIN user of [`KafkaOptions::sasl_ssl`]) to produce to
+    /// `topic`: ACLs allowing `Write` and `Describe` on the literal topic, added with Kafka's
+    /// `AclCommand` through the `PLAINTEXT` listener (rdkafka has no ACL admin API). Needs
+    /// [`KafkaOptions::acls`]. Takes a JVM start (1-2 s).
+    pub fn grant_produce(&self, user: &str, topic: &str) -> Result<()> {
+        self.produce_acls("--add", user, topic)
+    }
+
+    /// Removes the ACLs [`Kafka::grant_produce`] added: `user`'s next produce request to
+    /// `topic` fails with `TOPIC_AUTHORIZATION_FAILED`.
+    pub fn revoke_produce(&self, user: &str, topic: &str) -> Result<()> {
+        self.produce_acls("--remove", user, topic)
+    }
+
+    fn produce_acls(&self, action: &str, user: &str, topic: &str) -> Result<()> {
+        if !self.acls {
+            bail!("this Kafka has no authorizer: start it with KafkaOptions::acls");
+        }
+        check_credential("kafka ACL user name", user)?;
+        let mut args: Vec<String> = vec!["--bootstrap-server".into(), self.bootstrap()];
+        args.push(action.into());
+        if action == "--remove" {
+            // Otherwise it asks for a confirmation on stdin.
+            args.push("--force".into());
+        }
+        for a in [
+            "--allow-principal",
+            &format!("User:{user}"),
+            "--operation",
+            "Write",
+            "--operation",
+            "Describe",
+            "--topic",
+            topic,
+        ] {
+            args.push(a.into());
+        }
+        kafka_node::run_tool(
+            &self.libs,
+            "org.apache.kafka.tools.AclCommand",
+            &args,
+            &self.dir.path().join("acl.log"),
+            Duration::from_secs(60),
+        )
+        .with_context(|| format!("{action} produce ACLs of {user} on {topic}"))?;
+        Ok(())
+    }
+}
+
+/// What [`KafkaOptions::acls`] adds to `server.properties`. The `PLAINTEXT` and `CONTROLLER`
+/// listeners authenticate nobody, so their principal is `ANONYMOUS`: as a super user it keeps
+/// inter-broker and controller traffic and the tests' admin helpers working.
+pub const KAFKA_ACL_PROPS: &str = "\
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS
+allow.everyone.if.no.acl.found=false
+";
+
+/// The `server.properties` lines of the `SASL_SSL` listener and the `kafka-storage format`
+/// arguments adding its SCRAM users; writes the keystore and the CA into `dir`.
+fn sasl_ssl_props(sasl: &SaslSsl<'_>, dir: &Path) -> Result<(String, Vec<String>)> {
+    let mut extra = String::new();
+    let mut format_args = Vec::new();
+    let keystore = dir.join("keystore.pem");
+    let mut pem = String::new();
+    for part in [
+        sasl.pki.server_key(),
+        sasl.pki.server_cert(),
+        sasl.pki.ca_cert(),
+    ] {
+        pem.push_str(
+            &fs::read_to_string(part).with_context(|| format!("read {}", part.display()))?,
+        );
+    }
+    fs::write(&keystore, pem)?;
+    let ca = dir.join("ca.pem");
+    fs::copy(sasl.pki.ca_cert(), &ca)?;
+    let l = "listener.name.sasl_ssl";
+    extra.push_str(&format!(
+        "{l}.sasl.enabled.mechanisms={mechanisms}\n\
+         {l}.ssl.keystore.type=PEM\n\
+         {l}.ssl.keystore.location={keystore}\n",
+        mechanisms = KAFKA_SASL_MECHANISMS.join(","),
+        keystore = keystore.display()
+    ));
+    if sasl.require_client_cert {
+        extra.push_str(&format!(
+            "{l}.ssl.client.auth=required\n\
+             {l}.ssl.truststore.type=PEM\n\
+             {l}.ssl.truststore.location={ca}\n",
+            ca = ca.display()
+        ));
+    } else {
+        extra.push_str(&format!("{l}.ssl.client.auth=none\n"));
+    }
+    extra.push_str(&format!(
+        "{l}.scram-sha-512.sasl.jaas.config=\
+         org.apache.kafka.common.security.scram.ScramLoginModule required;\n"
+    ));
+    let mut plain_users = String::new();
+    for (user, password) in &sasl.plain_users {
+        check_credential("kafka PLAIN user name", user)?;
+        check_credential("kafka PLAIN password", password)?;
+        plain_users.push_str(&format!(" user_{user}=\"{password}\""));
+    }
+    extra.push_str(&format!(
+        "{l}.plain.sasl.jaas.config=\
+         org.apache.kafka.common.security.plain.PlainLoginModule required{plain_users};\n"
+    ));
+    for (user, password) in &sasl.scram_sha512_users {
+        check_credential("kafka SCRAM user name", user)?;
+        check_credential("kafka SCRAM password", password)?;
+        format_args.push("--add-scram".into());
+        format_args.push(format!("SCRAM-SHA-512=[name={user},password={password}]"));
+    }
+    Ok((extra, format_args))
 }
 
 impl Drop for Kafka {

@@ -470,6 +470,7 @@ fn kafka_sasl_ssl_scram_and_plain_rsa() {
             plain_users: users(&[("plainuser", "plain-pw")]),
             require_client_cert: false,
         }),
+        ..Default::default()
     })
     .expect("kafka");
     println!(
@@ -592,6 +593,7 @@ fn kafka_sasl_ssl_with_client_cert_ecdsa() {
             plain_users: vec![],
             require_client_cert: true,
         }),
+        ..Default::default()
     })
     .expect("kafka");
     println!("  kafka started in {:?}", start.elapsed());

@@ -43,6 +43,7 @@ fn start(mqtt_pki: &Pki, kafka_pki: &Pki) -> SecureBrokers {
             plain_users: vec![(PLAIN_USER.into(), PLAIN_PASSWORD.into())],
             require_client_cert: false,
         }),
+        ..Default::default()
     })
     .expect("kafka");
     SecureBrokers { mqtt, kafka }
