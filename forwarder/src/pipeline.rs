@@ -299,7 +299,11 @@ impl Pipeline {
                     reason,
                     error,
                 } => self.on_dropped(target, reason, &error),
-                Action::Complete { message, .. } => self.on_complete(message),
+                Action::Complete {
+                    message: Some(message),
+                    ..
+                } => self.on_complete(message),
+                Action::Complete { message: None, .. } => {}
             }
         }
         self.flush_requests();

@@ -177,9 +177,14 @@ impl Forwarder {
     }
 
     /// Sum of every sample of a metric family (e.g. `ferry_rule_forwarded_messages_total`).
+    /// Fails the test when the forwarder does not answer: a check must not pass on nothing.
     pub fn metric(&self, name: &str) -> f64 {
         let Some((_, body)) = http_get(self.http_port, "/metrics") else {
-            return 0.0;
+            panic!(
+                "/metrics on port {} did not answer; forwarder log:\n{}",
+                self.http_port,
+                self.log()
+            );
         };
         body.lines()
             .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
