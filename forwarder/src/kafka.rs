@@ -239,8 +239,10 @@ pub async fn probe_reachability(
         let p = Arc::clone(&probe);
         let result = tokio::task::spawn_blocking(move || {
             let r = p.client().fetch_metadata(None, Duration::from_secs(3));
-            // Serves the error callbacks (a BaseProducer only runs them when polled).
-            p.poll(Duration::ZERO);
+            // Serves the error callbacks (a BaseProducer only runs them when polled). A zero
+            // timeout serves one event, and with `debug` on the queue is mostly log lines:
+            // poll for a while so the errors behind them are seen.
+            p.poll(Duration::from_millis(200));
             r
         })
         .await;

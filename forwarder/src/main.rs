@@ -115,11 +115,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(ferry_forwarder::run(
+    let result = runtime.block_on(ferry_forwarder::run(
         loaded.config,
         source,
         shutdown_signal(),
-    )) {
+    ));
+    // The Kafka probe's blocking metadata call may still run; it must not delay the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             error!(error = %e, "forwarder failed");
