@@ -1,0 +1,774 @@
+//! The MQTT driver (`ferry_forwarder::mqtt::start`) against a real Mosquitto, without Kafka: the
+//! test plays the pipeline. Covers the window, prompt acks, keep-alive under backpressure,
+//! connection epochs (stale acks never written) and QoS 2. A recording TCP proxy between the
+//! driver and the broker shows which packets went over which connection.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use ferry_api::config::{MqttConfig, MqttProtocol, Secret, Tls};
+use ferry_e2e::{KeyType, Mosquitto, MosquittoOptions, Pki, TlsListener};
+use ferry_forwarder::metrics::Metrics;
+use ferry_forwarder::mqtt::{self, Link, Message, Outbound, ReaderExit};
+use rumqttc::QoS;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+const PUBACK: u8 = 4;
+const PUBREC: u8 = 5;
+const PUBREL: u8 = 6;
+const PUBCOMP: u8 = 7;
+const SUBSCRIBE: u8 = 8;
+const PINGREQ: u8 = 12;
+
+const BOTH: [MqttProtocol; 2] = [MqttProtocol::V311, MqttProtocol::V5];
+
+fn config(
+    port: u16,
+    client_id: &str,
+    protocol: MqttProtocol,
+    window: u16,
+    keep_alive_secs: u16,
+) -> MqttConfig {
+    MqttConfig {
+        host: "127.0.0.1".into(),
+        port,
+        protocol,
+        client_id: client_id.into(),
+        clean_session: false,
+        session_expiry_secs: None,
+        shared_group: None,
+        keep_alive_secs,
+        max_inflight: window,
+        username: None,
+        password: None,
+        tls: None,
+        reconnect_min_ms: 50,
+        reconnect_max_ms: 500,
+    }
+}
+
+/// The driver with the test as its pipeline.
+struct Driver {
+    link: Link,
+    task: tokio::task::JoinHandle<ReaderExit>,
+    inbound: mpsc::Receiver<Message>,
+    metrics: Arc<Metrics>,
+}
+
+impl Driver {
+    fn start(cfg: &MqttConfig, filter: &str, qos: u8) -> Result<Self> {
+        let metrics = Arc::new(Metrics::new());
+        let subscriptions = Arc::new(Mutex::new(vec![(filter.to_owned(), qos)]));
+        let (to_pipeline, inbound) = mpsc::channel(usize::from(cfg.max_inflight));
+        let (link, task) = mqtt::start(cfg, subscriptions, Arc::clone(&metrics), to_pipeline)?;
+        Ok(Self {
+            link,
+            task,
+            inbound,
+            metrics,
+        })
+    }
+
+    fn complete(&self, m: &Message) {
+        let _ = self.link.outbound.send(Outbound::Complete {
+            epoch: m.epoch,
+            qos: m.qos,
+            pkid: m.pkid,
+        });
+    }
+
+    /// Exactly `n` messages, or an error.
+    async fn recv(&mut self, n: usize, within: Duration) -> Result<Vec<Message>> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut got = Vec::with_capacity(n);
+        while got.len() < n {
+            match tokio::time::timeout_at(deadline, self.inbound.recv()).await {
+                Ok(Some(m)) => got.push(m),
+                Ok(None) => bail!("driver ended after {} of {n} messages", got.len()),
+                Err(_) => bail!("{} of {n} messages within {within:?}", got.len()),
+            }
+        }
+        Ok(got)
+    }
+
+    async fn wait_subscribed(&self, within: Duration) -> Result<()> {
+        wait_until("subscribed", within, || {
+            self.metrics.health.mqtt_subscribed()
+        })
+        .await
+    }
+
+    /// Drops the link (the pipeline's "finish") and returns how the driver ended.
+    async fn finish(self) -> Result<ReaderExit> {
+        drop(self.link);
+        tokio::time::timeout(Duration::from_secs(15), self.task)
+            .await
+            .context("driver did not finish")?
+            .context("driver task")
+    }
+}
+
+async fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) -> Result<()> {
+    let start = Instant::now();
+    while !done() {
+        if start.elapsed() > within {
+            bail!("not {what} within {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+fn numbered(topic: &str, range: std::ops::Range<usize>) -> Vec<(String, Vec<u8>)> {
+    range
+        .map(|i| (topic.to_owned(), i.to_string().into_bytes()))
+        .collect()
+}
+
+fn seq(m: &Message) -> Result<usize> {
+    std::str::from_utf8(&m.payload)?
+        .parse()
+        .with_context(|| format!("payload {:?}", m.payload))
+}
+
+/// Resumes `client_id`'s session with a fresh driver and returns the payloads the broker still
+/// held for it: everything it delivers before a marker published once the driver subscribed.
+async fn held_for(
+    port: u16,
+    client_id: &str,
+    protocol: MqttProtocol,
+    topic: &str,
+) -> Result<Vec<String>> {
+    let filter = format!("{topic}/#");
+    let mut d = Driver::start(&config(port, client_id, protocol, 1000, 30), &filter, 2)?;
+    let (mut held, mut marker_sent) = (Vec::new(), false);
+    let start = Instant::now();
+    loop {
+        if !marker_sent && d.metrics.health.mqtt_subscribed() {
+            let marker = vec![(format!("{topic}/marker"), b"marker".to_vec())];
+            ferry_e2e::publish(
+                port,
+                format!("{client_id}-marker"),
+                QoS::AtLeastOnce,
+                marker,
+            )
+            .await?;
+            marker_sent = true;
+        }
+        ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "marker not seen within 60 s"
+        );
+        let Ok(next) = tokio::time::timeout(Duration::from_millis(50), d.inbound.recv()).await
+        else {
+            continue;
+        };
+        let m = next.context("driver ended")?;
+        d.complete(&m);
+        if m.topic.ends_with("/marker") {
+            break;
+        }
+        held.push(String::from_utf8_lossy(&m.payload).into_owned());
+    }
+    ensure!(d.finish().await? == ReaderExit::Disconnected);
+    Ok(held)
+}
+
+/// One MQTT packet the proxy saw: on which connection (from 1), which way, its type and id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    conn: usize,
+    to_broker: bool,
+    kind: u8,
+    pkid: Option<u16>,
+}
+
+/// A TCP proxy between the driver and Mosquitto: records the packets each way, can cut every
+/// connection, and can swallow what the broker sends (as if lost with the connection).
+struct Proxy {
+    port: u16,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    pumps: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
+    swallow: Arc<AtomicBool>,
+    accepted: Arc<AtomicUsize>,
+    acceptor: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    async fn start(upstream: u16) -> Result<Self> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let port = listener.local_addr()?.port();
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let pumps: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
+        let swallow = Arc::new(AtomicBool::new(false));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (s, p, w, a) = (
+            Arc::clone(&seen),
+            Arc::clone(&pumps),
+            Arc::clone(&swallow),
+            Arc::clone(&accepted),
+        );
+        let acceptor = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream)).await else {
+                    continue;
+                };
+                let _ = (client.set_nodelay(true), server.set_nodelay(true));
+                let conn = a.fetch_add(1, Ordering::SeqCst) + 1;
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                let up = tokio::spawn(pump(cr, sw, conn, true, Arc::clone(&s), Arc::clone(&w)));
+                let down = tokio::spawn(pump(sr, cw, conn, false, Arc::clone(&s), Arc::clone(&w)));
+                let mut handles = p.lock().unwrap_or_else(|e| e.into_inner());
+                handles.extend([up.abort_handle(), down.abort_handle()]);
+            }
+        });
+        Ok(Self {
+            port,
+            seen,
+            pumps,
+            swallow,
+            accepted,
+            acceptor,
+        })
+    }
+
+    /// Closes every connection at once, both ways.
+    fn cut(&self) {
+        self.swallow.store(false, Ordering::SeqCst);
+        for pump in self
+            .pumps
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            pump.abort();
+        }
+    }
+
+    fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn count(&self, conn: usize, to_broker: bool, kind: u8) -> usize {
+        self.seen()
+            .iter()
+            .filter(|s| s.conn == conn && s.to_broker == to_broker && s.kind == kind)
+            .count()
+    }
+
+    async fn wait_count(&self, conn: usize, to_broker: bool, kind: u8, n: usize) -> Result<()> {
+        let what = format!("{n} packets of type {kind} on connection {conn}");
+        wait_until(&what, Duration::from_secs(15), || {
+            self.count(conn, to_broker, kind) >= n
+        })
+        .await
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.acceptor.abort();
+        self.cut();
+    }
+}
+
+async fn pump(
+    mut from: OwnedReadHalf,
+    mut to: OwnedWriteHalf,
+    conn: usize,
+    to_broker: bool,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    swallow: Arc<AtomicBool>,
+) {
+    let mut chunk = vec![0u8; 64 * 1024];
+    let mut pending = Vec::new();
+    loop {
+        let n = match from.read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        pending.extend_from_slice(&chunk[..n]);
+        let mut at = 0;
+        while let Some((kind, pkid, len)) = frame(&pending[at..]) {
+            let s = Seen {
+                conn,
+                to_broker,
+                kind,
+                pkid,
+            };
+            seen.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+            at += len;
+        }
+        pending.drain(..at);
+        if !to_broker && swallow.load(Ordering::SeqCst) {
+            continue;
+        }
+        if to.write_all(&chunk[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The type, packet id and length of the whole packet at the start of `buf`, if there is one.
+fn frame(buf: &[u8]) -> Option<(u8, Option<u16>, usize)> {
+    let first = *buf.first()?;
+    let (mut remaining, mut shift, mut i) = (0usize, 0, 1);
+    loop {
+        let b = *buf.get(i)?;
+        remaining |= usize::from(b & 0x7f) << shift;
+        i += 1;
+        shift += 7;
+        if b & 0x80 == 0 {
+            break;
+        }
+    }
+    let total = i + remaining;
+    let body = buf.get(i..total)?;
+    let id = |at: usize| Some(u16::from_be_bytes([*body.get(at)?, *body.get(at + 1)?]));
+    let kind = first >> 4;
+    let pkid = match kind {
+        3 if (first >> 1) & 3 > 0 => {
+            let topic_len = usize::from(id(0)?);
+            id(2 + topic_len)
+        }
+        4..=11 => id(0),
+        _ => None,
+    };
+    Some((kind, pkid, total))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keeps_the_connection_while_backpressured_for_4x_keep_alive_then_acks_everything()
+-> Result<()> {
+    for protocol in BOTH {
+        let broker = Mosquitto::start_with(MosquittoOptions {
+            log_connections: true,
+            ..MosquittoOptions::default()
+        })?;
+        let proxy = Proxy::start(broker.port()).await?;
+        let (window, keep_alive, total) = (50usize, 5u16, 500);
+        let id = format!("ka-{protocol:?}");
+        let cfg = config(proxy.port, &id, protocol, window as u16, keep_alive);
+        let mut d = Driver::start(&cfg, "ka/#", 1)?;
+        d.wait_subscribed(Duration::from_secs(10)).await?;
+        ferry_e2e::publish(
+            broker.port(),
+            "ka-pub",
+            QoS::AtLeastOnce,
+            numbered("ka/t", 0..total),
+        )
+        .await?;
+
+        // The pipeline takes the window's worth and completes nothing for 20 s: 4 keep-alives,
+        // well past the broker's limit of 1.5 keep-alives without a packet from us.
+        let mut held = d.recv(window, Duration::from_secs(10)).await?;
+        let hold = Instant::now();
+        while hold.elapsed() < Duration::from_secs(20) {
+            ensure!(
+                d.metrics.health.mqtt_connected(),
+                "{protocol:?}: disconnected after {:?}",
+                hold.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        ensure!(
+            d.inbound.try_recv().is_err(),
+            "{protocol:?}: a message beyond the window was handed over"
+        );
+        let pings = proxy.count(1, true, PINGREQ);
+        ensure!(
+            pings >= 3,
+            "{protocol:?}: {pings} PINGREQs in 20 s with keep-alive {keep_alive} s"
+        );
+
+        for m in &held {
+            d.complete(m);
+        }
+        while held.len() < total {
+            let more = d.recv(1, Duration::from_secs(10)).await?;
+            d.complete(&more[0]);
+            held.extend(more);
+        }
+        let got: Vec<usize> = held.iter().map(seq).collect::<Result<_>>()?;
+        ensure!(
+            got == (0..total).collect::<Vec<_>>(),
+            "{protocol:?}: in order, once each"
+        );
+        proxy.wait_count(1, true, PUBACK, total).await?;
+        ensure!(d.finish().await? == ReaderExit::Disconnected);
+
+        let log = std::fs::read_to_string(broker.dir().join("mosquitto.log"))?;
+        let connects = log
+            .lines()
+            .filter(|l| l.contains("New client connected") && l.contains(&format!(" as {id} ")))
+            .count();
+        ensure!(
+            connects == 1 && !log.contains("exceeded timeout"),
+            "{protocol:?}: {connects} connections:\n{log}"
+        );
+        ensure!(proxy.accepted.load(Ordering::SeqCst) == 1);
+        let again = held_for(broker.port(), &id, protocol, "ka").await?;
+        ensure!(
+            again.is_empty(),
+            "{protocol:?}: the broker redelivered {} messages",
+            again.len()
+        );
+        eprintln!(
+            "{protocol:?}: held a full window for 20 s on one connection ({pings} PINGREQs), then acked all {total}"
+        );
+    }
+    Ok(())
+}
+
+/// Publishes `total` messages while a driver completes each as it arrives, aborts the driver
+/// after `kill_at`, and returns (messages the driver had decoded, how many of them the broker
+/// delivered again to the resumed session).
+async fn kill_mid_stream(
+    broker_inflight: u32,
+    protocol: MqttProtocol,
+    window: u16,
+    (total, kill_at): (usize, usize),
+) -> Result<(usize, usize)> {
+    let broker = Mosquitto::start_with(MosquittoOptions {
+        max_inflight_messages: Some(broker_inflight),
+        ..MosquittoOptions::default()
+    })?;
+    let id = format!("kill-{protocol:?}-{broker_inflight}");
+    let d = Driver::start(
+        &config(broker.port(), &id, protocol, window, 30),
+        "kill/#",
+        1,
+    )?;
+    d.wait_subscribed(Duration::from_secs(10)).await?;
+    let publisher = tokio::spawn(ferry_e2e::publish(
+        broker.port(),
+        format!("{id}-pub"),
+        QoS::AtLeastOnce,
+        numbered("kill/t", 0..total),
+    ));
+    let Driver {
+        link,
+        task,
+        mut inbound,
+        ..
+    } = d;
+    let abort = task.abort_handle();
+    // The pipeline: completes every message at once; pulls the plug after `kill_at`.
+    let consumer = tokio::spawn(async move {
+        let mut seen = BTreeSet::new();
+        while let Some(m) = inbound.recv().await {
+            seen.insert(seq(&m)?);
+            let _ = link.outbound.send(Outbound::Complete {
+                epoch: m.epoch,
+                qos: m.qos,
+                pkid: m.pkid,
+            });
+            if seen.len() == kill_at {
+                abort.abort();
+            }
+        }
+        anyhow::Ok(seen)
+    });
+    let _ = task.await;
+    let seen = tokio::time::timeout(Duration::from_secs(60), consumer)
+        .await
+        .context("consumer")???;
+    ensure!(
+        seen.len() >= kill_at,
+        "only {} messages before the kill",
+        seen.len()
+    );
+    tokio::time::timeout(Duration::from_secs(120), publisher)
+        .await
+        .context("publisher")???;
+    let held = held_for(broker.port(), &id, protocol, "kill").await?;
+    let held: BTreeSet<usize> = held.iter().map(|p| p.parse()).collect::<Result<_, _>>()?;
+    let missing = (0..total)
+        .filter(|i| !seen.contains(i) && !held.contains(i))
+        .count();
+    ensure!(missing == 0, "{missing} messages lost");
+    Ok((seen.len(), seen.intersection(&held).count()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_kill_the_broker_replays_at_most_the_window() -> Result<()> {
+    let (window, total, kill_at) = (500u16, 20_000, 10_000);
+    // The broker never has more than its max_inflight_messages unacked: with it at the window,
+    // nothing beyond the window can come again whatever the driver does.
+    let (decoded, replayed) = kill_mid_stream(
+        u32::from(window),
+        MqttProtocol::V311,
+        window,
+        (total, kill_at),
+    )
+    .await?;
+    eprintln!(
+        "3.1.1, broker max_inflight_messages {window}, window {window}: killed after {decoded} decoded; {replayed} replayed"
+    );
+    ensure!(
+        replayed <= usize::from(window),
+        "replayed {replayed} > window {window}"
+    );
+    // Unlimited at the broker: what comes again is what was decoded and not yet acked on the
+    // wire (at most the window), plus acks written but lost with the reset of the kill.
+    for protocol in BOTH {
+        let (decoded, replayed) = kill_mid_stream(0, protocol, window, (total, kill_at)).await?;
+        eprintln!(
+            "{protocol:?}, broker max_inflight_messages unlimited, window {window}: killed after {decoded} decoded; {replayed} replayed"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_from_an_earlier_connection_is_never_written_and_frees_its_slot() -> Result<()>
+{
+    for protocol in BOTH {
+        let broker = Mosquitto::start()?;
+        let proxy = Proxy::start(broker.port()).await?;
+        let window = 10;
+        let id = format!("stale-{protocol:?}");
+        let mut d = Driver::start(
+            &config(proxy.port, &id, protocol, window as u16, 30),
+            "stale/#",
+            1,
+        )?;
+        d.wait_subscribed(Duration::from_secs(10)).await?;
+        ferry_e2e::publish(
+            broker.port(),
+            "stale-pub",
+            QoS::AtLeastOnce,
+            numbered("stale/t", 0..window),
+        )
+        .await?;
+        let first = d.recv(window, Duration::from_secs(10)).await?;
+        ensure!(first.iter().all(|m| m.epoch == 1));
+
+        proxy.cut();
+        proxy.wait_count(2, true, SUBSCRIBE, 1).await?;
+        // The window is full of epoch-1 messages: completing them (stale) frees it, and only
+        // then does the driver read the redeliveries.
+        for m in &first {
+            d.complete(m);
+        }
+        let second = d.recv(window, Duration::from_secs(10)).await?;
+        ensure!(
+            second.iter().all(|m| m.epoch == 2),
+            "{protocol:?}: redeliveries on epoch 2"
+        );
+        let ids = |ms: &[Message]| ms.iter().map(|m| m.pkid).collect::<BTreeSet<_>>();
+        ensure!(
+            ids(&first) == ids(&second),
+            "{protocol:?}: a resumed session redelivers under the same ids"
+        );
+        for m in &second {
+            d.complete(m);
+        }
+        // The stale completions were queued first: had any been written, it would show by now.
+        proxy.wait_count(2, true, PUBACK, window).await?;
+        ensure!(d.finish().await? == ReaderExit::Disconnected);
+        let acks: Vec<Seen> = proxy
+            .seen()
+            .into_iter()
+            .filter(|s| s.to_broker && s.kind == PUBACK)
+            .collect();
+        ensure!(
+            acks.iter().all(|s| s.conn == 2),
+            "{protocol:?}: an ack on the first connection: {acks:?}"
+        );
+        let acked: BTreeSet<u16> = acks.iter().filter_map(|s| s.pkid).collect();
+        ensure!(
+            acks.len() == window && acked == ids(&second),
+            "{protocol:?}: each id acked once: {acks:?}"
+        );
+        ensure!(
+            held_for(broker.port(), &id, protocol, "stale")
+                .await?
+                .is_empty()
+        );
+        eprintln!(
+            "{protocol:?}: {window} stale completions dropped, {window} acks on the new connection"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos2_is_answered_pubrec_then_pubcomp_even_for_a_pubrel_after_a_reconnect() -> Result<()> {
+    for protocol in BOTH {
+        let broker = Mosquitto::start()?;
+        let proxy = Proxy::start(broker.port()).await?;
+        let id = format!("qos2-{protocol:?}");
+        let mut d = Driver::start(&config(proxy.port, &id, protocol, 100, 30), "q2/#", 2)?;
+        d.wait_subscribed(Duration::from_secs(10)).await?;
+        let n = 5;
+        ferry_e2e::publish(
+            broker.port(),
+            "q2-pub",
+            QoS::ExactlyOnce,
+            numbered("q2/t", 0..n),
+        )
+        .await?;
+        let first = d.recv(n, Duration::from_secs(10)).await?;
+        ensure!(first.iter().all(|m| m.qos == 2));
+        ensure!(
+            proxy.count(1, true, PUBREC) == 0,
+            "no PUBREC before the pipeline completes"
+        );
+        for m in &first {
+            d.complete(m);
+        }
+        proxy.wait_count(1, true, PUBCOMP, n).await?;
+
+        // The broker's PUBRELs for the next ones are lost with the connection: it sends them
+        // again on the next one, where the driver has no memory of them.
+        ferry_e2e::publish(
+            broker.port(),
+            "q2-pub",
+            QoS::ExactlyOnce,
+            numbered("q2/t", n..2 * n),
+        )
+        .await?;
+        let second = d.recv(n, Duration::from_secs(10)).await?;
+        proxy.swallow.store(true, Ordering::SeqCst);
+        for m in &second {
+            d.complete(m);
+        }
+        proxy.wait_count(1, false, PUBREL, 2 * n).await?;
+        proxy.cut();
+        proxy.wait_count(2, true, PUBCOMP, n).await?;
+        let answered: BTreeSet<u16> = proxy
+            .seen()
+            .iter()
+            .filter(|s| s.conn == 2 && s.to_broker && s.kind == PUBCOMP)
+            .filter_map(|s| s.pkid)
+            .collect();
+        ensure!(
+            answered == second.iter().map(|m| m.pkid).collect(),
+            "{protocol:?}: PUBCOMP for each re-sent PUBREL"
+        );
+
+        // Still the same, healthy connection: one more message goes the whole way.
+        ferry_e2e::publish(
+            broker.port(),
+            "q2-pub",
+            QoS::ExactlyOnce,
+            numbered("q2/t", 2 * n..2 * n + 1),
+        )
+        .await?;
+        let last = d.recv(1, Duration::from_secs(10)).await?;
+        ensure!(last[0].epoch == 2);
+        d.complete(&last[0]);
+        proxy.wait_count(2, true, PUBCOMP, n + 1).await?;
+        ensure!(
+            proxy.accepted.load(Ordering::SeqCst) == 2,
+            "{protocol:?}: reconnected again"
+        );
+        ensure!(d.finish().await? == ReaderExit::Disconnected);
+        ensure!(
+            held_for(broker.port(), &id, protocol, "q2")
+                .await?
+                .is_empty()
+        );
+    }
+    Ok(())
+}
+
+/// Time to take `total` queued QoS 1 messages through the driver, completing each at once.
+async fn drain_rate(broker_inflight: u32, window: u16, total: usize) -> Result<f64> {
+    let broker = Mosquitto::start_with(MosquittoOptions {
+        max_inflight_messages: Some(broker_inflight),
+        ..MosquittoOptions::default()
+    })?;
+    let cfg = config(broker.port(), "drain", MqttProtocol::V311, window, 30);
+    let d = Driver::start(&cfg, "drain/#", 1)?;
+    d.wait_subscribed(Duration::from_secs(10)).await?;
+    ensure!(d.finish().await? == ReaderExit::Disconnected);
+    ferry_e2e::publish(
+        broker.port(),
+        "drain-pub",
+        QoS::AtLeastOnce,
+        numbered("drain/t", 0..total),
+    )
+    .await?;
+    let mut d = Driver::start(&cfg, "drain/#", 1)?;
+    let start = Instant::now();
+    for expected in 0..total {
+        let Some(m) = tokio::time::timeout(Duration::from_secs(30), d.inbound.recv()).await? else {
+            bail!("driver ended after {expected}");
+        };
+        ensure!(seq(&m)? == expected, "in order, once each");
+        d.complete(&m);
+    }
+    let rate = total as f64 / start.elapsed().as_secs_f64();
+    ensure!(d.finish().await? == ReaderExit::Disconnected);
+    Ok(rate)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drains_100k_queued_qos1_messages() -> Result<()> {
+    let window = 1000;
+    for broker_inflight in [u32::from(window), 0] {
+        let rate = drain_rate(broker_inflight, window, 100_000).await?;
+        eprintln!(
+            "100k QoS 1 through the driver, window {window}, broker max_inflight_messages {broker_inflight}: {rate:.0} msg/s"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unverifiable_certificate_or_refused_password_is_fatal_naming_the_broker() -> Result<()>
+{
+    let pki = Pki::generate(KeyType::Ecdsa)?;
+    let stranger = Pki::generate(KeyType::Ecdsa)?;
+    let broker = Mosquitto::start_with(MosquittoOptions {
+        tls: Some(TlsListener {
+            pki: &pki,
+            require_client_cert: false,
+        }),
+        users: vec![("ferry".into(), "right-password".into())],
+        ..MosquittoOptions::default()
+    })?;
+    let tls = |ca: &Pki| Tls {
+        ca_file: Some(ca.ca_cert().display().to_string()),
+        ..Tls::default()
+    };
+    let with = |ca: &Pki, password: &str| MqttConfig {
+        username: Some("ferry".into()),
+        password: Some(Secret(password.into())),
+        tls: Some(tls(ca)),
+        ..config(broker.tls_port(), "tls", MqttProtocol::V311, 10, 30)
+    };
+    let addr = format!("127.0.0.1:{}", broker.tls_port());
+    for (cfg, expected) in [
+        (with(&stranger, "right-password"), "certificate"),
+        (with(&pki, "wrong-password"), "refused"),
+    ] {
+        let d = Driver::start(&cfg, "t/#", 1)?;
+        let exit = tokio::time::timeout(Duration::from_secs(15), d.task).await??;
+        let ReaderExit::Fatal(reason) = exit else {
+            bail!("{expected}: not fatal: {exit:?}");
+        };
+        ensure!(
+            reason.contains(&addr) && reason.contains(expected),
+            "{reason}"
+        );
+        ensure!(
+            !reason.contains("right-password") && !reason.contains("wrong-password"),
+            "a secret in {reason}"
+        );
+        eprintln!("{reason}");
+    }
+    let d = Driver::start(&with(&pki, "right-password"), "t/#", 1)?;
+    d.wait_subscribed(Duration::from_secs(10)).await?;
+    ensure!(d.finish().await? == ReaderExit::Disconnected);
+    Ok(())
+}
