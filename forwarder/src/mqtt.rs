@@ -6,7 +6,8 @@
 //! The window: at most `max_inflight` messages are read and not yet acknowledged on the wire.
 //! The driver takes a slot before it decodes a PUBLISH (QoS 0 too) and frees it when the
 //! message's `Complete` has been written and flushed (or dropped as stale). While the window is
-//! full it stops reading the socket and the broker holds the messages; it still writes acks and
+//! full it decodes no PUBLISH and reads at most `READ_AHEAD` bytes ahead (enough to notice the
+//! broker closing the connection), so the broker holds the messages; it still writes acks and
 //! PINGREQs, and does not judge the connection by its silence. MQTT 5 also announces the window
 //! as Receive Maximum.
 //!
@@ -40,6 +41,8 @@ use crate::tls::{self, TlsSetupError};
 const LINGER_BOUND: Duration = Duration::from_secs(2);
 /// From opening the socket to the CONNACK.
 const CONNECT_BOUND: Duration = Duration::from_secs(10);
+/// How much the driver reads ahead of what it decodes while the window is full.
+const READ_AHEAD: usize = 256 * 1024;
 /// Most `Outbound` items taken off the channel for one write.
 const BATCH: usize = 4096;
 
@@ -323,6 +326,9 @@ impl Driver {
             }
             let reading = self.has_room();
             s.note_reading(reading);
+            // Without room, bytes are still read ahead (never decoded into messages) so that the
+            // broker closing the connection is noticed while the window is full.
+            let read_ahead = reading || s.conn.read_buf.len() < READ_AHEAD;
             let silence_limit = s.silence_limit();
             let ping_at = s.next_ping;
             tokio::select! {
@@ -348,8 +354,8 @@ impl Driver {
                         return End::Lost(e);
                     }
                 }
-                read = s.conn.read(), if reading => match read {
-                    Ok(()) => s.silent_since = Some(Instant::now()),
+                read = s.conn.read(), if read_ahead => match read {
+                    Ok(()) => s.silent_since = s.silent_since.map(|_| Instant::now()),
                     Err(e) => return End::Lost(e),
                 },
                 () = tokio::time::sleep_until(silence_limit.unwrap_or_else(Instant::now)), if silence_limit.is_some() => {
