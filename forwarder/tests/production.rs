@@ -505,7 +505,8 @@ fn mqtt5_persistent_session_survives_a_kill_and_restart_losing_nothing() {
     // The session (expiry: never) kept what was published while the forwarder was down.
     assert_eq!(d.missing, 0);
     assert_eq!(d.out_of_order, 0);
-    // Mosquitto 2.0.11 was measured not to hold to Receive Maximum (9,396 sent, 1,673 acked at
-    // the kill), so replays are not bounded by the window here; see README.
+    // Mosquitto 2.0.11 does not always hold to Receive Maximum and reads acks late while it
+    // floods a subscriber, so replays are not bounded by the window here (measured: 270 of
+    // 40k); see README.
     assert!(d.duplicates <= total / 2, "replayed {}", d.duplicates);
 }
