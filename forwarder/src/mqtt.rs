@@ -226,7 +226,7 @@ impl Driver {
             };
             match connected {
                 Ok((conn, session_present, server_keep_alive)) => {
-                    failures = 0;
+                    let up_since = Instant::now();
                     let end = match self.on_connected(conn, session_present, server_keep_alive) {
                         Ok(session) => self.session(session).await,
                         Err(e) => End::Lost(e),
@@ -234,6 +234,11 @@ impl Driver {
                     match end {
                         End::Finished(exit) => return exit,
                         End::Lost(e) => self.on_lost(&e),
+                    }
+                    // Only a connection that outlived the longest pause resets the backoff: one
+                    // the broker drops at once (another client with our id, say) is a failure.
+                    if up_since.elapsed() >= self.settings.reconnect_max {
+                        failures = 0;
                     }
                 }
                 Err(e) => {

@@ -4,7 +4,7 @@
 //! driver and the broker shows which packets went over which connection.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,7 @@ const PUBREL: u8 = 6;
 const PUBCOMP: u8 = 7;
 const SUBSCRIBE: u8 = 8;
 const PINGREQ: u8 = 12;
+const DISCONNECT: u8 = 14;
 
 const BOTH: [MqttProtocol; 2] = [MqttProtocol::V311, MqttProtocol::V5];
 
@@ -187,16 +188,23 @@ struct Seen {
     to_broker: bool,
     kind: u8,
     pkid: Option<u16>,
+    at: Instant,
+    /// Swallowed rather than passed on to the driver.
+    swallowed: bool,
 }
 
 /// A TCP proxy between the driver and Mosquitto: records the packets each way, can cut every
-/// connection, and can swallow what the broker sends (as if lost with the connection).
+/// connection, can swallow what the broker sends (as if lost with the connection), and can
+/// send the driver packets of its own as if from the broker.
 struct Proxy {
     port: u16,
     seen: Arc<Mutex<Vec<Seen>>>,
     pumps: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
-    swallow: Arc<AtomicBool>,
+    /// The connection (counted from 1) whose broker-to-driver bytes are swallowed; 0: none.
+    swallow: Arc<AtomicUsize>,
     accepted: Arc<AtomicUsize>,
+    /// Per connection (index 0 = connection 1): bytes to send the driver.
+    injectors: Arc<Mutex<Vec<mpsc::UnboundedSender<Vec<u8>>>>>,
     acceptor: tokio::task::JoinHandle<()>,
 }
 
@@ -206,13 +214,15 @@ impl Proxy {
         let port = listener.local_addr()?.port();
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let pumps: Arc<Mutex<Vec<tokio::task::AbortHandle>>> = Arc::default();
-        let swallow = Arc::new(AtomicBool::new(false));
+        let swallow = Arc::new(AtomicUsize::new(0));
         let accepted = Arc::new(AtomicUsize::new(0));
-        let (s, p, w, a) = (
+        let injectors: Arc<Mutex<Vec<mpsc::UnboundedSender<Vec<u8>>>>> = Arc::default();
+        let (s, p, w, a, i) = (
             Arc::clone(&seen),
             Arc::clone(&pumps),
             Arc::clone(&swallow),
             Arc::clone(&accepted),
+            Arc::clone(&injectors),
         );
         let acceptor = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
@@ -223,8 +233,13 @@ impl Proxy {
                 let conn = a.fetch_add(1, Ordering::SeqCst) + 1;
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
-                let up = tokio::spawn(pump(cr, sw, conn, true, Arc::clone(&s), Arc::clone(&w)));
-                let down = tokio::spawn(pump(sr, cw, conn, false, Arc::clone(&s), Arc::clone(&w)));
+                let (inject, injected) = mpsc::unbounded_channel();
+                i.lock().unwrap_or_else(|e| e.into_inner()).push(inject);
+                let (_, nothing) = mpsc::unbounded_channel();
+                let (up_log, down_log) =
+                    ((conn, true, Arc::clone(&s)), (conn, false, Arc::clone(&s)));
+                let up = tokio::spawn(pump(cr, sw, up_log, Arc::clone(&w), nothing));
+                let down = tokio::spawn(pump(sr, cw, down_log, Arc::clone(&w), injected));
                 let mut handles = p.lock().unwrap_or_else(|e| e.into_inner());
                 handles.extend([up.abort_handle(), down.abort_handle()]);
             }
@@ -235,13 +250,24 @@ impl Proxy {
             pumps,
             swallow,
             accepted,
+            injectors,
             acceptor,
         })
     }
 
+    /// Sends `bytes` to the driver on connection `conn`, as if from the broker.
+    fn inject(&self, conn: usize, bytes: &[u8]) -> Result<()> {
+        let injectors = self.injectors.lock().unwrap_or_else(|e| e.into_inner());
+        let inject = injectors.get(conn - 1).context("no such connection")?;
+        inject
+            .send(bytes.to_vec())
+            .ok()
+            .context("connection closed")
+    }
+
     /// Closes every connection at once, both ways.
     fn cut(&self) {
-        self.swallow.store(false, Ordering::SeqCst);
+        self.swallow.store(0, Ordering::SeqCst);
         for pump in self
             .pumps
             .lock()
@@ -279,22 +305,32 @@ impl Drop for Proxy {
     }
 }
 
+/// Copies `from` to `to`, logging each packet as (connection, direction) in `log`; writes
+/// what comes over `inject` too.
 async fn pump(
     mut from: OwnedReadHalf,
     mut to: OwnedWriteHalf,
-    conn: usize,
-    to_broker: bool,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    swallow: Arc<AtomicBool>,
+    (conn, to_broker, seen): (usize, bool, Arc<Mutex<Vec<Seen>>>),
+    swallow: Arc<AtomicUsize>,
+    mut inject: mpsc::UnboundedReceiver<Vec<u8>>,
 ) {
     let mut chunk = vec![0u8; 64 * 1024];
     let mut pending = Vec::new();
     loop {
-        let n = match from.read(&mut chunk).await {
-            Ok(0) | Err(_) => return,
-            Ok(n) => n,
+        let n = tokio::select! {
+            read = from.read(&mut chunk) => match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            },
+            Some(bytes) = inject.recv() => {
+                if to.write_all(&bytes).await.is_err() {
+                    return;
+                }
+                continue;
+            }
         };
         pending.extend_from_slice(&chunk[..n]);
+        let swallowed = !to_broker && swallow.load(Ordering::SeqCst) == conn;
         let mut at = 0;
         while let Some((kind, pkid, len)) = frame(&pending[at..]) {
             let s = Seen {
@@ -302,12 +338,14 @@ async fn pump(
                 to_broker,
                 kind,
                 pkid,
+                at: Instant::now(),
+                swallowed,
             };
             seen.lock().unwrap_or_else(|e| e.into_inner()).push(s);
             at += len;
         }
         pending.drain(..at);
-        if !to_broker && swallow.load(Ordering::SeqCst) {
+        if swallowed {
             continue;
         }
         if to.write_all(&chunk[..n]).await.is_err() {
@@ -691,7 +729,7 @@ async fn qos2_is_answered_pubrec_then_pubcomp_even_for_a_pubrel_after_a_reconnec
         )
         .await?;
         let second = d.recv(n, Duration::from_secs(10)).await?;
-        proxy.swallow.store(true, Ordering::SeqCst);
+        proxy.swallow.store(1, Ordering::SeqCst);
         for m in &second {
             d.complete(m);
         }
@@ -730,6 +768,142 @@ async fn qos2_is_answered_pubrec_then_pubcomp_even_for_a_pubrel_after_a_reconnec
             held_for(broker.port(), &id, protocol, "q2")
                 .await?
                 .is_empty()
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_broker_is_judged_dead_after_one_and_a_half_keep_alives_while_reading()
+-> Result<()> {
+    let broker = Mosquitto::start()?;
+    let proxy = Proxy::start(broker.port()).await?;
+    let keep_alive = Duration::from_secs(5);
+    let cfg = config(proxy.port, "silent", MqttProtocol::V311, 10, 5);
+    let d = Driver::start(&cfg, "silent/#", 1)?;
+    d.wait_subscribed(Duration::from_secs(10)).await?;
+    // The broker still hears our PINGREQs and keeps the connection; we hear nothing back.
+    proxy.swallow.store(1, Ordering::SeqCst);
+    proxy.wait_count(2, true, SUBSCRIBE, 1).await?;
+    let seen = proxy.seen();
+    let last_heard = seen
+        .iter()
+        .filter(|s| s.conn == 1 && !s.to_broker && !s.swallowed)
+        .map(|s| s.at)
+        .max()
+        .context("nothing heard")?;
+    let reconnected = seen
+        .iter()
+        .find(|s| s.conn == 2)
+        .map(|s| s.at)
+        .context("no second connection")?;
+    let silence = reconnected - last_heard;
+    let limit = keep_alive * 3 / 2;
+    // Up to the backoff (reconnect_max_ms) and a second of scheduling on a busy machine late.
+    let latest = limit + Duration::from_millis(cfg.reconnect_max_ms) + Duration::from_secs(1);
+    ensure!(
+        silence >= limit && silence <= latest,
+        "reconnected after {silence:?} of silence (keep-alive {keep_alive:?})"
+    );
+    ensure!(
+        proxy.count(1, true, PINGREQ) >= 1,
+        "a PINGREQ went out in the silence"
+    );
+    d.wait_subscribed(Duration::from_secs(10)).await?;
+    ensure!(d.finish().await? == ReaderExit::Disconnected);
+    eprintln!("silent broker: reconnected after {silence:?} (keep-alive {keep_alive:?})");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disconnect_from_the_broker_means_reconnect_and_a_new_epoch() -> Result<()> {
+    let broker = Mosquitto::start()?;
+    let proxy = Proxy::start(broker.port()).await?;
+    let cfg = config(proxy.port, "told", MqttProtocol::V5, 10, 30);
+    let mut d = Driver::start(&cfg, "told/#", 1)?;
+    d.wait_subscribed(Duration::from_secs(10)).await?;
+    ferry_e2e::publish(
+        broker.port(),
+        "told-pub",
+        QoS::AtLeastOnce,
+        numbered("told/t", 0..1),
+    )
+    .await?;
+    let first = d.recv(1, Duration::from_secs(10)).await?;
+    // Mosquitto 2.0.11 closes without a DISCONNECT (on shutdown or a session take-over), so the
+    // proxy sends one: reason Server shutting down, no properties.
+    proxy.inject(1, &[0xE0, 0x01, 0x8B])?;
+    proxy.wait_count(2, true, SUBSCRIBE, 1).await?;
+    d.complete(&first[0]);
+    let again = d.recv(1, Duration::from_secs(10)).await?;
+    ensure!(
+        again[0].epoch == 2 && again[0].pkid == first[0].pkid,
+        "redelivered on epoch 2"
+    );
+    d.complete(&again[0]);
+    proxy.wait_count(2, true, PUBACK, 1).await?;
+    ensure!(d.finish().await? == ReaderExit::Disconnected);
+    ensure!(proxy.count(1, true, PUBACK) == 0 && proxy.count(2, true, PUBACK) == 1);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_drivers_with_one_client_id_back_off_instead_of_hammering_the_broker() -> Result<()> {
+    let broker = Mosquitto::start()?;
+    let proxy = Proxy::start(broker.port()).await?;
+    // Each connection takes the session from the other, which the broker then drops.
+    let cfg = config(proxy.port, "twin", MqttProtocol::V311, 10, 30);
+    let (a, b) = (
+        Driver::start(&cfg, "twin/#", 1)?,
+        Driver::start(&cfg, "twin/#", 1)?,
+    );
+    let fight = Duration::from_secs(5);
+    tokio::time::sleep(fight).await;
+    let connects = proxy.accepted.load(Ordering::SeqCst);
+    let _ = (a.finish().await?, b.finish().await?);
+    // A connection that does not outlive reconnect_max counts as a failure, so each driver's
+    // pause doubles from reconnect_min/2 and, after 5 failures, is never under reconnect_max/2.
+    let max = Duration::from_millis(cfg.reconnect_max_ms);
+    let per_driver = 5 + (fight.as_millis() / (max / 2).as_millis()) as usize;
+    ensure!(
+        connects <= 2 * per_driver,
+        "{connects} connections in {fight:?}"
+    );
+    eprintln!("two drivers with one client id: {connects} connections in {fight:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnects_and_resubscribes_after_the_broker_restarts() -> Result<()> {
+    for protocol in BOTH {
+        let mut broker = Mosquitto::start()?;
+        let proxy = Proxy::start(broker.port()).await?;
+        let cfg = config(proxy.port, "restart", protocol, 10, 30);
+        let mut d = Driver::start(&cfg, "restart/#", 1)?;
+        d.wait_subscribed(Duration::from_secs(10)).await?;
+        broker.stop();
+        // Told at once (the broker closed the connection), not at the next keep-alive.
+        wait_until("disconnected", Duration::from_secs(5), || {
+            !d.metrics.health.mqtt_connected()
+        })
+        .await?;
+        broker.resume()?;
+        // Sessions are in memory: the new one has no subscription until the driver makes it.
+        d.wait_subscribed(Duration::from_secs(15)).await?;
+        let one = numbered("restart/t", 0..1);
+        ferry_e2e::publish(broker.port(), "restart-pub", QoS::AtLeastOnce, one).await?;
+        let m = d.recv(1, Duration::from_secs(10)).await?;
+        ensure!(
+            m[0].epoch == 2,
+            "{protocol:?}: arrived on the second connection"
+        );
+        d.complete(&m[0]);
+        let conns = proxy.accepted.load(Ordering::SeqCst);
+        proxy.wait_count(conns, true, PUBACK, 1).await?;
+        ensure!(d.finish().await? == ReaderExit::Disconnected);
+        let told = proxy.count(1, false, DISCONNECT) > 0;
+        eprintln!(
+            "{protocol:?}: reconnected after a broker restart (broker sent DISCONNECT: {told})"
         );
     }
     Ok(())

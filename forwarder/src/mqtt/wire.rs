@@ -95,10 +95,8 @@ impl Codec {
             return Ok(None);
         }
         if self.v5 {
-            // rumqttc refuses a DISCONNECT without a reason code, which MQTT 5 allows (§3.14.2.1).
-            if buf.len() >= 2 && buf[0] == 0xE0 && buf[1] == 0 {
-                let _ = buf.split_to(2);
-                return Ok(Some(Incoming::Disconnect("normal disconnection".into())));
+            if let Some(reason) = short_v5_disconnect(buf) {
+                return Ok(Some(Incoming::Disconnect(reason)));
             }
             let packet = v5::Packet::read(buf, Some(MAX_PACKET_SIZE as u32))
                 .map_err(|e| WireError(e.to_string()))?;
@@ -230,6 +228,24 @@ impl Codec {
             .map(drop)
             .map_err(|e| WireError(format!("cannot encode: {e}")))
     }
+}
+
+/// A whole MQTT 5 DISCONNECT without properties, taken off `buf`: rumqttc refuses one without
+/// a reason code or without a property length, which MQTT 5 allows (§3.14.2.1, §3.14.2.2).
+fn short_v5_disconnect(buf: &mut BytesMut) -> Option<String> {
+    let remaining = match buf[..] {
+        [0xE0, 0, ..] => 0,
+        [0xE0, 1, _, ..] => 1,
+        _ => return None,
+    };
+    let frame = buf.split_to(2 + remaining);
+    Some(match frame.get(2) {
+        None => "NormalDisconnection".into(),
+        Some(&code) => match v5::DisconnectReasonCode::try_from(code) {
+            Ok(reason) => format!("{reason:?}"),
+            Err(_) => format!("reason code {code:#04x}"),
+        },
+    })
 }
 
 fn from_v4(packet: v4::Packet) -> Incoming {
@@ -375,15 +391,21 @@ mod tests {
     }
 
     #[test]
-    fn a_v5_disconnect_without_reason_code_is_a_disconnect() {
+    fn a_v5_disconnect_without_properties_is_a_disconnect_with_its_reason() {
         let codec = Codec::new(MqttProtocol::V5);
-        let mut buf = BytesMut::from(&[0xE0u8, 0x00, 0xD0][..]);
-        assert!(matches!(codec.next_is_publish(&buf), Ok(Some(false))));
-        assert!(matches!(
-            codec.decode(&mut buf),
-            Ok(Some(Incoming::Disconnect(_)))
-        ));
-        assert_eq!(&buf[..], &[0xD0]);
+        for (bytes, reason) in [
+            (&[0xE0u8, 0x00, 0xD0][..], "NormalDisconnection"),
+            (&[0xE0u8, 0x01, 0x8B, 0xD0][..], "ServerShuttingDown"),
+            (&[0xE0u8, 0x02, 0x8E, 0x00, 0xD0][..], "SessionTakenOver"),
+        ] {
+            let mut buf = BytesMut::from(bytes);
+            assert!(matches!(codec.next_is_publish(&buf), Ok(Some(false))));
+            match codec.decode(&mut buf) {
+                Ok(Some(Incoming::Disconnect(r))) => assert_eq!(r, reason),
+                _ => panic!("{bytes:?}: not a disconnect"),
+            }
+            assert_eq!(&buf[..], &[0xD0], "exactly the packet taken");
+        }
     }
 
     #[test]
