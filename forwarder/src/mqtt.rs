@@ -97,8 +97,9 @@ pub enum ReaderExit {
 /// The filters to (re)subscribe on every connect; the pipeline updates them on reload.
 pub type Subscriptions = Arc<Mutex<Vec<(String, u8)>>>;
 
-/// Starts the driver task. `to_pipeline` should have room for `cfg.max_inflight` messages (the
-/// window bounds what is in it); with less, the driver waits for room without reading.
+/// Spawns the driver on the current Tokio runtime. `to_pipeline` should have room for
+/// `cfg.max_inflight` messages (the window bounds what is in it); with less, the driver waits
+/// for room without decoding more.
 pub fn start(
     cfg: &MqttConfig,
     subscriptions: Subscriptions,
