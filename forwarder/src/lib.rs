@@ -13,7 +13,6 @@ pub mod window;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,13 +22,11 @@ use tokio::sync::mpsc;
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;
-use crate::mqtt::{Connection, Reader, ReaderExit, Session};
+use crate::mqtt::ReaderExit;
 use crate::pipeline::{Pipeline, Wiring};
 use crate::reload::ConfigSource;
 use crate::route::Router;
 
-/// Capacity of the hand-over from the MQTT reader to the pipeline; the window is the real buffer.
-const HANDOVER_CAPACITY: usize = 128;
 /// How long the reader gets, after the pipeline finished, to write the last acks and DISCONNECT.
 const DISCONNECT_BOUND: Duration = Duration::from_secs(5);
 const KAFKA_PROBE_INTERVAL: Duration = Duration::from_secs(5);
@@ -74,8 +71,15 @@ pub async fn run(
         .await
         .map_err(|source| RunError::Http { addr, source })?;
     let max_inflight = usize::from(config.mqtt.max_inflight);
-    // +1: the message the reader holds a hand-over permit for.
-    let connection = mqtt::connect(&config.mqtt, max_inflight + HANDOVER_CAPACITY + 1)?;
+    let subscriptions = Arc::new(Mutex::new(config.subscriptions()));
+    // The driver's window bounds what is in this channel, so it never fills.
+    let (to_pipeline, inbound) = mpsc::channel(max_inflight.max(1));
+    let (link, reader) = mqtt::start(
+        &config.mqtt,
+        Arc::clone(&subscriptions),
+        Arc::clone(&metrics),
+        to_pipeline,
+    )?;
 
     let mut background = tokio::task::JoinSet::new();
     background.spawn(http::serve(listener, Arc::clone(&metrics)));
@@ -101,43 +105,13 @@ pub async fn run(
         ));
     }
 
-    let subscriptions = Arc::new(Mutex::new(config.subscriptions()));
-    let reader_gone = Arc::new(AtomicBool::new(false));
-    let (to_pipeline, inbound) = mpsc::channel(HANDOVER_CAPACITY);
-    let (client, reader) = match connection {
-        Connection::V4(client, session) => (
-            client.clone(),
-            spawn_reader(
-                *session,
-                client,
-                &config,
-                &subscriptions,
-                &metrics,
-                &reader_gone,
-                to_pipeline,
-            ),
-        ),
-        Connection::V5(client, session) => (
-            client.clone(),
-            spawn_reader(
-                *session,
-                client,
-                &config,
-                &subscriptions,
-                &metrics,
-                &reader_gone,
-                to_pipeline,
-            ),
-        ),
-    };
     let pipeline = Pipeline::new(
         router,
         config.kafka.clone(),
         Wiring {
             metrics: Arc::clone(&metrics),
-            client,
+            link,
             subscriptions,
-            reader_gone,
         },
         max_inflight,
     )?;
@@ -204,30 +178,5 @@ pub async fn run(
     Ok(RunSummary {
         abandoned: exit.abandoned,
         disconnected_cleanly,
-    })
-}
-
-fn spawn_reader<S: Session>(
-    session: S,
-    client: mqtt::Client,
-    config: &ForwarderConfig,
-    subscriptions: &mqtt::Subscriptions,
-    metrics: &Arc<Metrics>,
-    gone: &Arc<AtomicBool>,
-    to_pipeline: mpsc::Sender<mqtt::Message>,
-) -> tokio::task::JoinHandle<ReaderExit> {
-    let reader = Reader::new(
-        session,
-        client,
-        &config.mqtt,
-        Arc::clone(subscriptions),
-        Arc::clone(metrics),
-    );
-    let gone = Arc::clone(gone);
-    tokio::spawn(async move {
-        let exit = reader.run(to_pipeline).await;
-        // Tells the pipeline to stop waiting on the request channel.
-        gone.store(true, Ordering::Relaxed);
-        exit
     })
 }

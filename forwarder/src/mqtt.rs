@@ -1,33 +1,50 @@
-//! The MQTT side: one task owns rumqttc's event loop (MQTT 3.1.1 or 5) and hands PUBLISHes to
-//! the pipeline through a bounded channel. Acks travel back through rumqttc's request channel
-//! (`try_ack` from the pipeline task), never from this task, so neither side can wait on the
-//! other in a cycle.
+//! The MQTT side: our own connection driver over rumqttc's packet codec (MQTT 3.1.1 or 5). One
+//! task owns the connection: it hands PUBLISHes to the pipeline and writes what the pipeline
+//! sends back (`Outbound`). Acks are written as soon as they arrive, every queued one in one
+//! write and flush.
 //!
-//! Backpressure: this task takes a channel permit *before* it polls for the next packet. While
-//! the pipeline is full it stops reading the socket, and the broker holds the messages. With
-//! MQTT 5 the window is also announced as Receive Maximum, so the broker itself stops sending.
+//! The window: at most `max_inflight` messages are read and not yet acknowledged on the wire.
+//! The driver takes a slot before it decodes a PUBLISH (QoS 0 too) and frees it when the
+//! message's `Complete` has been written and flushed (or dropped as stale). While the window is
+//! full it decodes no PUBLISH and reads at most `READ_AHEAD` bytes ahead (enough to notice the
+//! broker closing the connection), so the broker holds the messages; it still writes acks and
+//! PINGREQs, and does not judge the connection by its silence. MQTT 5 also announces the window
+//! as Receive Maximum.
+//!
+//! Connection epochs: every CONNACK starts a new epoch, and each message carries the epoch it
+//! arrived on. A completion from an earlier epoch is never written: its packet id belonged to a
+//! connection that is gone (a resumed session redelivers the message under the same id; a new
+//! session may give the id to another message).
 
-use std::collections::BTreeSet;
+mod conn;
+mod wire;
+
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferry_api::config::{MqttConfig, MqttProtocol};
+use ferry_api::config::MqttConfig;
 use rand::Rng as _;
-use rumqttc::v5::mqttbytes::v5 as m5;
 use tokio::sync::mpsc;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
+use self::conn::{Conn, ConnError};
+use self::wire::{Codec, ConnectFields, Incoming};
 use crate::metrics::Metrics;
 use crate::tls::{self, TlsSetupError};
 
-/// MQTT's own maximum packet size: never refuse to read a message (an oversize message would
-/// otherwise drop the connection, be redelivered, and wedge the session); Kafka's size limit is
-/// handled as a permanent produce failure instead.
-const MAX_PACKET_SIZE: usize = 268_435_455;
 /// How long to wait, after DISCONNECT, for the broker to close the connection.
 const LINGER_BOUND: Duration = Duration::from_secs(2);
+/// From opening the socket to the CONNACK.
+const CONNECT_BOUND: Duration = Duration::from_secs(10);
+/// How much the driver reads ahead of what it decodes while the window is full.
+const READ_AHEAD: usize = 256 * 1024;
+/// Most `Outbound` items taken off the channel for one write.
+const BATCH: usize = 4096;
 
 /// One PUBLISH as the pipeline sees it, whatever the protocol version.
 #[derive(Debug, Clone)]
@@ -41,324 +58,37 @@ pub struct Message {
     pub content_type: Option<String>,
     /// MQTT 5 only.
     pub user_properties: Vec<(String, String)>,
+    /// The connection (counted from 1) it arrived on; its ack is only written on that one.
+    pub epoch: u64,
 }
 
-/// The handle the pipeline acks and (re)subscribes through.
-#[derive(Clone)]
-pub enum Client {
-    V4(rumqttc::AsyncClient),
-    V5(rumqttc::v5::AsyncClient),
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("mqtt request not queued: {0}")]
-pub struct RequestError(String);
-
-impl Client {
-    /// PUBACK (QoS 1) or PUBREC (QoS 2); QoS 0 needs none.
-    pub fn try_ack(&self, qos: u8, pkid: u16) -> Result<(), RequestError> {
-        match self {
-            Self::V4(c) => {
-                let mut p = rumqttc::Publish::new("", v4_qos(qos), Vec::new());
-                p.pkid = pkid;
-                c.try_ack(&p).map_err(|e| RequestError(e.to_string()))
-            }
-            Self::V5(c) => {
-                let mut p = m5::Publish::new("", v5_qos(qos), Vec::new(), None);
-                p.pkid = pkid;
-                c.try_ack(&p).map_err(|e| RequestError(e.to_string()))
-            }
-        }
-    }
-
-    pub fn try_subscribe(&self, filters: &[(String, u8)]) -> Result<(), RequestError> {
-        if filters.is_empty() {
-            return Ok(());
-        }
-        match self {
-            Self::V4(c) => c
-                .try_subscribe_many(
-                    filters
-                        .iter()
-                        .map(|(f, q)| rumqttc::SubscribeFilter::new(f.clone(), v4_qos(*q))),
-                )
-                .map_err(|e| RequestError(e.to_string())),
-            Self::V5(c) => c
-                .try_subscribe_many(filters.iter().map(|(f, q)| m5::Filter::new(f, v5_qos(*q))))
-                .map_err(|e| RequestError(e.to_string())),
-        }
-    }
-
-    pub fn try_unsubscribe(&self, filter: &str) -> Result<(), RequestError> {
-        match self {
-            Self::V4(c) => c
-                .try_unsubscribe(filter)
-                .map_err(|e| RequestError(e.to_string())),
-            Self::V5(c) => c
-                .try_unsubscribe(filter)
-                .map_err(|e| RequestError(e.to_string())),
-        }
-    }
-
-    pub fn try_disconnect(&self) -> Result<(), RequestError> {
-        match self {
-            Self::V4(c) => c.try_disconnect().map_err(|e| RequestError(e.to_string())),
-            Self::V5(c) => c.try_disconnect().map_err(|e| RequestError(e.to_string())),
-        }
-    }
-}
-
-fn v4_qos(level: u8) -> rumqttc::QoS {
-    match level {
-        0 => rumqttc::QoS::AtMostOnce,
-        1 => rumqttc::QoS::AtLeastOnce,
-        _ => rumqttc::QoS::ExactlyOnce,
-    }
-}
-
-fn v5_qos(level: u8) -> rumqttc::v5::mqttbytes::QoS {
-    match level {
-        0 => rumqttc::v5::mqttbytes::QoS::AtMostOnce,
-        1 => rumqttc::v5::mqttbytes::QoS::AtLeastOnce,
-        _ => rumqttc::v5::mqttbytes::QoS::ExactlyOnce,
-    }
-}
-
-/// What the reader needs from an event, whatever the protocol version.
-#[derive(Debug)]
-pub enum SessionEvent {
-    Publish(Message),
-    ConnAck {
-        session_present: bool,
+/// What the pipeline sends back, in the order messages arrived.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outbound {
+    /// The message is done (in Kafka, or given up): ack it if qos > 0 and `epoch` is current;
+    /// always frees its window slot.
+    Complete {
+        epoch: u64,
+        qos: u8,
+        pkid: u16,
     },
-    /// Per filter, in subscribe order: whether the broker granted it.
-    SubAck(Vec<bool>),
-    PubRecSent(u16),
-    PubCompSent(u16),
-    DisconnectSent,
-    Other,
+    Subscribe(Vec<(String, u8)>),
+    Unsubscribe(Vec<String>),
 }
 
-/// Why a connection attempt or connection failed.
+/// The pipeline's end of the driver. Closing or dropping it means "finish": write what is
+/// queued, DISCONNECT, linger until the broker closes, return.
 #[derive(Debug)]
-pub enum SessionError {
-    /// A PUBREL for a QoS 2 id rumqttc forgot (see `Reader::owed_pubcomp`).
-    UnsolicitedPubRel(u16),
-    /// The broker's certificate did not verify: retrying cannot fix it.
-    Certificate(String),
-    /// The broker refused the CONNECT (credentials, client id, authorization).
-    Refused(String),
-    Other(String),
+pub struct Link {
+    pub outbound: mpsc::UnboundedSender<Outbound>,
 }
 
-impl std::fmt::Display for SessionError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::UnsolicitedPubRel(pkid) => write!(f, "pubrel for unknown packet id {pkid}"),
-            Self::Certificate(e) => write!(f, "TLS certificate verification failed: {e}"),
-            Self::Refused(code) => write!(f, "connection refused: {code}"),
-            Self::Other(e) => f.write_str(e),
-        }
-    }
-}
-
-/// One of rumqttc's two event loops.
-pub trait Session: Send + 'static {
-    fn poll(&mut self) -> impl Future<Output = Result<SessionEvent, SessionError>> + Send;
-    /// Makes rumqttc expect the PUBREL of an incoming QoS 2 message it has forgotten.
-    fn expect_pubrel(&mut self, pkid: u16);
-}
-
-pub struct V4Session(rumqttc::EventLoop);
-pub struct V5Session(rumqttc::v5::EventLoop);
-
-impl Session for V4Session {
-    async fn poll(&mut self) -> Result<SessionEvent, SessionError> {
-        use rumqttc::{ConnectionError, Event, Outgoing, Packet, StateError, SubscribeReasonCode};
-        match self.0.poll().await {
-            Ok(Event::Incoming(Packet::Publish(p))) => Ok(SessionEvent::Publish(Message {
-                topic: p.topic,
-                payload: p.payload,
-                qos: p.qos as u8,
-                pkid: p.pkid,
-                retain: p.retain,
-                content_type: None,
-                user_properties: Vec::new(),
-            })),
-            Ok(Event::Incoming(Packet::ConnAck(a))) => Ok(SessionEvent::ConnAck {
-                session_present: a.session_present,
-            }),
-            Ok(Event::Incoming(Packet::SubAck(a))) => Ok(SessionEvent::SubAck(
-                a.return_codes
-                    .iter()
-                    .map(|c| matches!(c, SubscribeReasonCode::Success(_)))
-                    .collect(),
-            )),
-            Ok(Event::Outgoing(Outgoing::PubRec(pkid))) => Ok(SessionEvent::PubRecSent(pkid)),
-            Ok(Event::Outgoing(Outgoing::PubComp(pkid))) => Ok(SessionEvent::PubCompSent(pkid)),
-            Ok(Event::Outgoing(Outgoing::Disconnect)) => Ok(SessionEvent::DisconnectSent),
-            Ok(_) => Ok(SessionEvent::Other),
-            Err(ConnectionError::MqttState(StateError::Unsolicited(pkid))) => {
-                Err(SessionError::UnsolicitedPubRel(pkid))
-            }
-            Err(ConnectionError::ConnectionRefused(code)) => {
-                Err(SessionError::Refused(format!("{code:?}")))
-            }
-            Err(ConnectionError::Tls(e)) => Err(tls_error(&e)),
-            Err(e) => Err(SessionError::Other(e.to_string())),
-        }
-    }
-
-    fn expect_pubrel(&mut self, pkid: u16) {
-        let mut marker = rumqttc::Publish::new("", rumqttc::QoS::ExactlyOnce, Vec::new());
-        marker.pkid = pkid;
-        if self
-            .0
-            .state
-            .handle_incoming_packet(rumqttc::Incoming::Publish(marker))
-            .is_ok()
-        {
-            self.0.state.events.pop_back();
-        }
-    }
-}
-
-impl Session for V5Session {
-    async fn poll(&mut self) -> Result<SessionEvent, SessionError> {
-        use rumqttc::Outgoing;
-        use rumqttc::v5::mqttbytes::v5::Packet;
-        use rumqttc::v5::{ConnectionError, Event, StateError};
-        match self.0.poll().await {
-            Ok(Event::Incoming(Packet::Publish(p))) => {
-                let props = p.properties.unwrap_or_default();
-                Ok(SessionEvent::Publish(Message {
-                    // MQTT requires UTF-8 topics; rumqttc hands them over as bytes.
-                    topic: String::from_utf8_lossy(&p.topic).into_owned(),
-                    payload: p.payload,
-                    qos: p.qos as u8,
-                    pkid: p.pkid,
-                    retain: p.retain,
-                    content_type: props.content_type,
-                    user_properties: props.user_properties,
-                }))
-            }
-            Ok(Event::Incoming(Packet::ConnAck(a))) => Ok(SessionEvent::ConnAck {
-                session_present: a.session_present,
-            }),
-            Ok(Event::Incoming(Packet::SubAck(a))) => Ok(SessionEvent::SubAck(
-                a.return_codes
-                    .iter()
-                    .map(|c| matches!(c, m5::SubscribeReasonCode::Success(_)))
-                    .collect(),
-            )),
-            Ok(Event::Outgoing(Outgoing::PubRec(pkid))) => Ok(SessionEvent::PubRecSent(pkid)),
-            Ok(Event::Outgoing(Outgoing::PubComp(pkid))) => Ok(SessionEvent::PubCompSent(pkid)),
-            Ok(Event::Outgoing(Outgoing::Disconnect)) => Ok(SessionEvent::DisconnectSent),
-            Ok(_) => Ok(SessionEvent::Other),
-            Err(ConnectionError::MqttState(StateError::Unsolicited(pkid))) => {
-                Err(SessionError::UnsolicitedPubRel(pkid))
-            }
-            Err(ConnectionError::ConnectionRefused(code)) => {
-                Err(SessionError::Refused(format!("{code:?}")))
-            }
-            Err(ConnectionError::Tls(e)) => Err(tls_error(&e)),
-            Err(e) => Err(SessionError::Other(e.to_string())),
-        }
-    }
-
-    fn expect_pubrel(&mut self, pkid: u16) {
-        let mut marker = m5::Publish::new("", v5_qos(2), Vec::new(), None);
-        marker.pkid = pkid;
-        if self
-            .0
-            .state
-            .handle_incoming_packet(m5::Packet::Publish(marker))
-            .is_ok()
-        {
-            self.0.state.events.pop_back();
-        }
-    }
-}
-
-fn tls_error(e: &rumqttc::TlsError) -> SessionError {
-    match tls::certificate_error(e) {
-        Some(reason) => SessionError::Certificate(reason),
-        None => SessionError::Other(format!("TLS: {e}")),
-    }
-}
-
-/// A connected client handle and the session to drive, for the configured protocol.
-pub enum Connection {
-    V4(Client, Box<V4Session>),
-    V5(Client, Box<V5Session>),
-}
-
-/// `unacked_bound` is the most messages that can be read and not yet acknowledged (window plus
-/// hand-over); the request channel gets room for all their acks plus control requests, so the
-/// pipeline's `try_ack` never finds it full.
-pub fn connect(cfg: &MqttConfig, unacked_bound: usize) -> Result<Connection, TlsSetupError> {
-    let cap = unacked_bound + 64;
-    let keep_alive = Duration::from_secs(u64::from(cfg.keep_alive_secs));
-    let password = || {
-        cfg.password
-            .as_ref()
-            .map(|p| p.expose().to_owned())
-            .unwrap_or_default()
-    };
-    let transport = match &cfg.tls {
-        Some(t) => Some(rumqttc::Transport::tls_with_config(
-            rumqttc::TlsConfiguration::Rustls(Arc::new(tls::client_config(t)?)),
-        )),
-        None => None,
-    };
-    Ok(match cfg.protocol {
-        MqttProtocol::V311 => {
-            let mut o =
-                rumqttc::MqttOptions::new(cfg.client_id.clone(), cfg.host.clone(), cfg.port);
-            o.set_keep_alive(keep_alive)
-                .set_clean_session(cfg.clean_session)
-                .set_manual_acks(true)
-                .set_max_packet_size(MAX_PACKET_SIZE, MAX_PACKET_SIZE);
-            if let Some(user) = &cfg.username {
-                o.set_credentials(user.clone(), password());
-            }
-            if let Some(t) = transport {
-                o.set_transport(t);
-            }
-            let (client, eventloop) = rumqttc::AsyncClient::new(o, cap);
-            Connection::V4(Client::V4(client), Box::new(V4Session(eventloop)))
-        }
-        MqttProtocol::V5 => {
-            let mut o =
-                rumqttc::v5::MqttOptions::new(cfg.client_id.clone(), cfg.host.clone(), cfg.port);
-            let expiry =
-                cfg.session_expiry_secs
-                    .unwrap_or(if cfg.clean_session { 0 } else { u32::MAX });
-            o.set_keep_alive(keep_alive)
-                .set_clean_start(cfg.clean_session)
-                .set_manual_acks(true)
-                .set_session_expiry_interval(Some(expiry))
-                .set_receive_maximum(Some(cfg.max_inflight))
-                .set_max_packet_size(Some(MAX_PACKET_SIZE as u32))
-                .set_request_channel_capacity(cap);
-            if let Some(user) = &cfg.username {
-                o.set_credentials(user.clone(), password());
-            }
-            if let Some(t) = transport {
-                o.set_transport(t);
-            }
-            let (client, eventloop) = rumqttc::v5::AsyncClient::new(o, cap);
-            Connection::V5(Client::V5(client), Box::new(V5Session(eventloop)))
-        }
-    })
-}
-
-/// How the reader ended.
+/// How the driver ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum ReaderExit {
     /// The DISCONNECT was written after the pipeline's last acks.
     Disconnected,
-    /// The connection failed while draining; unacked messages will be redelivered.
+    /// The connection failed (or was not up) at the end; unacked messages will be redelivered.
     ConnectionLost,
     /// Before the first successful connection, an error retrying cannot fix.
     Fatal(String),
@@ -367,168 +97,449 @@ pub enum ReaderExit {
 /// The filters to (re)subscribe on every connect; the pipeline updates them on reload.
 pub type Subscriptions = Arc<Mutex<Vec<(String, u8)>>>;
 
-pub struct Reader<S> {
-    session: S,
-    client: Client,
-    host: String,
+/// Spawns the driver on the current Tokio runtime. `to_pipeline` should have room for
+/// `cfg.max_inflight` messages (the window bounds what is in it); with less, the driver waits
+/// for room without decoding more.
+pub fn start(
+    cfg: &MqttConfig,
     subscriptions: Subscriptions,
-    reconnect_min: Duration,
-    reconnect_max: Duration,
     metrics: Arc<Metrics>,
-    /// QoS 2 packet ids we sent PUBREC for and the broker has not yet released. rumqttc forgets
-    /// them on reconnect and then treats the broker's re-sent PUBREL as a protocol error, which
-    /// would reconnect forever; see `remember_owed_pubrels`.
-    owed_pubcomp: BTreeSet<u16>,
-    ever_connected: bool,
+    to_pipeline: mpsc::Sender<Message>,
+) -> Result<(Link, tokio::task::JoinHandle<ReaderExit>), TlsSetupError> {
+    let tls = match &cfg.tls {
+        Some(t) => Some(Arc::new(tls::client_config(t)?)),
+        None => None,
+    };
+    let (outbound, from_pipeline) = mpsc::unbounded_channel();
+    let driver = Driver {
+        settings: Arc::new(Settings::new(cfg, tls)),
+        subscriptions,
+        metrics,
+        to_pipeline,
+        outbound: from_pipeline,
+        taken: 0,
+        stalled: None,
+        epoch: 0,
+        ever_connected: false,
+        unsubscribe_later: Vec::new(),
+        batch: Vec::new(),
+    };
+    Ok((Link { outbound }, tokio::spawn(driver.run())))
 }
 
-impl<S: Session> Reader<S> {
-    pub fn new(
-        session: S,
-        client: Client,
-        cfg: &MqttConfig,
-        subscriptions: Subscriptions,
-        metrics: Arc<Metrics>,
-    ) -> Self {
+/// What every connection attempt needs.
+struct Settings {
+    host: String,
+    port: u16,
+    /// `host:port`, for logs and errors.
+    addr: String,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    codec: Codec,
+    /// Holds the password: never logged (no Debug).
+    connect: ConnectFields,
+    keep_alive: Option<Duration>,
+    window: usize,
+    reconnect_min: Duration,
+    reconnect_max: Duration,
+}
+
+impl Settings {
+    fn new(cfg: &MqttConfig, tls: Option<Arc<rustls::ClientConfig>>) -> Self {
+        let login = cfg.username.as_ref().map(|user| {
+            let password = cfg.password.as_ref().map(|p| p.expose().to_owned());
+            (user.clone(), password.unwrap_or_default())
+        });
         Self {
-            session,
-            client,
-            host: format!("{}:{}", cfg.host, cfg.port),
-            subscriptions,
+            host: cfg.host.clone(),
+            port: cfg.port,
+            addr: format!("{}:{}", cfg.host, cfg.port),
+            tls,
+            codec: Codec::new(cfg.protocol),
+            connect: ConnectFields {
+                client_id: cfg.client_id.clone(),
+                keep_alive_secs: cfg.keep_alive_secs,
+                clean_session: cfg.clean_session,
+                login,
+                session_expiry_secs: cfg.session_expiry_secs.unwrap_or(if cfg.clean_session {
+                    0
+                } else {
+                    u32::MAX
+                }),
+                receive_maximum: cfg.max_inflight,
+            },
+            keep_alive: seconds(cfg.keep_alive_secs),
+            window: usize::from(cfg.max_inflight.max(1)),
             reconnect_min: Duration::from_millis(cfg.reconnect_min_ms),
             reconnect_max: Duration::from_millis(cfg.reconnect_max_ms),
-            metrics,
-            owed_pubcomp: BTreeSet::new(),
-            ever_connected: false,
         }
     }
+}
 
-    /// Reads until the pipeline closes its end of `to_pipeline`, then keeps the connection
-    /// going only to flush the last acks and the DISCONNECT the pipeline queued.
-    pub async fn run(mut self, to_pipeline: mpsc::Sender<Message>) -> ReaderExit {
+fn seconds(secs: u16) -> Option<Duration> {
+    (secs > 0).then(|| Duration::from_secs(u64::from(secs)))
+}
+
+struct Driver {
+    settings: Arc<Settings>,
+    subscriptions: Subscriptions,
+    metrics: Arc<Metrics>,
+    to_pipeline: mpsc::Sender<Message>,
+    outbound: mpsc::UnboundedReceiver<Outbound>,
+    /// Messages decoded whose `Complete` has not been processed yet: the used window.
+    taken: usize,
+    /// A decoded message the pipeline channel had no room for yet.
+    stalled: Option<Message>,
+    /// Counts CONNACKs; 0 before the first.
+    epoch: u64,
+    ever_connected: bool,
+    /// Filters the pipeline dropped while no connection was up; unsubscribed on the next one
+    /// (a resumed session still has them).
+    unsubscribe_later: Vec<String>,
+    batch: Vec<Outbound>,
+}
+
+/// How a connection ended.
+enum End {
+    Finished(ReaderExit),
+    Lost(ConnError),
+}
+
+/// The state of the connection that is up.
+struct Session {
+    conn: Conn,
+    keep_alive: Option<Duration>,
+    next_ping: Option<Instant>,
+    /// Since when the driver has been reading without receiving anything; None while it does
+    /// not read (window full): a silent broker then proves nothing.
+    silent_since: Option<Instant>,
+    last_pkid: u16,
+    /// SUBSCRIBE packet ids awaiting their SUBACK, with the filters they asked for.
+    pending_subs: HashMap<u16, Vec<String>>,
+}
+
+impl Driver {
+    async fn run(mut self) -> ReaderExit {
         let mut failures: u32 = 0;
         loop {
-            let Ok(permit) = to_pipeline.reserve().await else {
-                return self.drain().await;
+            let attempt = connect(Arc::clone(&self.settings));
+            let Some(connected) = self.offline(attempt).await else {
+                return ReaderExit::ConnectionLost;
             };
-            match self.session.poll().await {
-                Ok(SessionEvent::Publish(message)) => {
-                    self.metrics.received[usize::from(message.qos.min(2))].inc();
-                    permit.send(message);
-                }
-                Ok(event) => {
-                    drop(permit);
-                    if self.on_event(event) {
+            match connected {
+                Ok((conn, session_present, server_keep_alive)) => {
+                    let up_since = Instant::now();
+                    let end = match self.on_connected(conn, session_present, server_keep_alive) {
+                        Ok(session) => self.session(session).await,
+                        Err(e) => End::Lost(e),
+                    };
+                    match end {
+                        End::Finished(exit) => return exit,
+                        End::Lost(e) => self.on_lost(&e),
+                    }
+                    // Only a connection that outlived the longest pause resets the backoff: one
+                    // the broker drops at once (another client with our id, say) is a failure.
+                    if up_since.elapsed() >= self.settings.reconnect_max {
                         failures = 0;
                     }
                 }
                 Err(e) => {
-                    drop(permit);
-                    if let Some(fatal) = self.on_connection_error(&e) {
-                        return ReaderExit::Fatal(fatal);
-                    }
-                    failures = failures.saturating_add(1);
-                    // A PUBREL we could not answer: reconnect at once, now that we know its id.
-                    if !matches!(e, SessionError::UnsolicitedPubRel(_)) {
-                        tokio::time::sleep(backoff(
-                            self.reconnect_min,
-                            self.reconnect_max,
-                            failures,
-                        ))
-                        .await;
+                    if let Some(reason) = self.on_connect_error(&e) {
+                        return ReaderExit::Fatal(reason);
                     }
                 }
+            }
+            failures = failures.saturating_add(1);
+            let s = &self.settings;
+            let pause = backoff(s.reconnect_min, s.reconnect_max, failures);
+            if self.offline(tokio::time::sleep(pause)).await.is_none() {
+                return ReaderExit::ConnectionLost;
             }
         }
     }
 
-    async fn drain(mut self) -> ReaderExit {
+    /// Waits for `work` (a connect attempt, a pause) while no connection is up. Completions
+    /// cannot be written then, and are stale by the next CONNACK: they are dropped, freeing
+    /// their window slots. None: the pipeline closed the link.
+    async fn offline<T>(&mut self, work: impl Future<Output = T>) -> Option<T> {
+        tokio::pin!(work);
         loop {
-            match self.session.poll().await {
-                Ok(SessionEvent::DisconnectSent) => {
-                    self.metrics.set_mqtt_connected(false);
-                    self.linger().await;
-                    info!("mqtt disconnected cleanly");
-                    return ReaderExit::Disconnected;
-                }
-                // Not handed to the pipeline and never acked: the broker redelivers it.
-                Ok(SessionEvent::Publish(_)) => {}
-                Ok(event) => {
-                    self.on_event(event);
-                }
-                Err(e) => {
-                    self.metrics.set_mqtt_connected(false);
-                    warn!(error = %e, "mqtt connection lost while draining; unacknowledged messages will be redelivered");
-                    return ReaderExit::ConnectionLost;
+            tokio::select! {
+                out = &mut work => return Some(out),
+                n = self.outbound.recv_many(&mut self.batch, BATCH) => {
+                    if n == 0 {
+                        return None;
+                    }
+                    let mut dropped = 0;
+                    for item in self.batch.drain(..) {
+                        match item {
+                            Outbound::Complete { .. } => dropped += 1,
+                            // The next connection subscribes to the current list anyway.
+                            Outbound::Subscribe(_) => {}
+                            Outbound::Unsubscribe(f) => self.unsubscribe_later.extend(f),
+                        }
+                    }
+                    self.release(dropped);
                 }
             }
         }
     }
 
-    /// Keeps reading (and discarding) after the DISCONNECT was written, until the broker closes
-    /// the connection. Closing a socket with unread PUBLISHes in its receive buffer makes the
-    /// kernel send a reset, and a reset makes the broker's kernel discard what it had not read
-    /// yet: our last acks and the DISCONNECT itself. Measured before this: ~1.5k–2.5k of 20k
-    /// messages replayed after a clean SIGTERM.
-    async fn linger(&mut self) {
-        let closed = tokio::time::timeout(LINGER_BOUND, async {
-            while self.session.poll().await.is_ok() {}
-        })
-        .await;
-        if closed.is_err() {
-            debug!("mqtt broker did not close the connection after DISCONNECT");
-        }
+    /// Starts a new epoch and (re)subscribes.
+    fn on_connected(
+        &mut self,
+        conn: Conn,
+        session_present: bool,
+        server_keep_alive: Option<u16>,
+    ) -> Result<Session, ConnError> {
+        self.epoch += 1;
+        self.ever_connected = true;
+        self.metrics.set_mqtt_connected(true);
+        info!(session_present, epoch = self.epoch, broker = %self.settings.addr, "mqtt connected");
+        let keep_alive = match server_keep_alive {
+            Some(secs) => seconds(secs),
+            None => self.settings.keep_alive,
+        };
+        let mut session = Session {
+            conn,
+            keep_alive,
+            next_ping: keep_alive.map(|k| Instant::now() + k),
+            silent_since: None,
+            last_pkid: 0,
+            pending_subs: HashMap::new(),
+        };
+        let codec = self.settings.codec;
+        // Subscribing again on every connect is harmless with a resumed session and required
+        // without one.
+        let subs = self.current_subscriptions();
+        session.subscribe(codec, &subs)?;
+        let gone: Vec<String> = std::mem::take(&mut self.unsubscribe_later)
+            .into_iter()
+            .filter(|f| !subs.iter().any(|(s, _)| s == f))
+            .collect();
+        session.unsubscribe(codec, &gone)?;
+        Ok(session)
     }
 
-    /// Returns true when the event shows a working connection (resets the backoff).
-    fn on_event(&mut self, event: SessionEvent) -> bool {
-        match event {
-            SessionEvent::ConnAck { session_present } => {
-                self.ever_connected = true;
-                self.metrics.set_mqtt_connected(true);
-                info!(session_present, broker = %self.host, "mqtt connected");
-                // Subscribing again on every connect is harmless with a resumed session and
-                // required without one.
-                let subs = self.current_subscriptions();
-                if let Err(e) = self.client.try_subscribe(&subs) {
-                    error!(error = %e, "cannot queue mqtt subscribe");
-                }
-                true
+    /// Runs one connection until it is lost or the pipeline closes the link.
+    async fn session(&mut self, mut s: Session) -> End {
+        loop {
+            if let Err(e) = self.take_buffered(&mut s) {
+                return End::Lost(e);
             }
-            SessionEvent::SubAck(granted) => {
-                self.metrics.set_mqtt_subscribed();
-                let subs = self.current_subscriptions();
-                // A SUBACK answers the full list sent on connect, or the filters a reload added.
-                let names: Vec<&str> = if granted.len() == subs.len() {
-                    subs.iter().map(|(f, _)| f.as_str()).collect()
-                } else {
-                    Vec::new()
-                };
-                for (i, ok) in granted.iter().enumerate() {
-                    let filter = names.get(i).copied().unwrap_or("(added by a reload)");
-                    if *ok {
-                        debug!(filter, "subscribed");
-                    } else {
-                        error!(
-                            filter,
-                            "mqtt broker refused the subscription (check its ACL)"
-                        );
-                        self.metrics
-                            .mqtt_error(format!("broker refused the subscription to {filter:?}"));
+            // PUBCOMPs (and the SUBSCRIBE after a connect) queued by the packets just handled.
+            if let Err(e) = s.conn.flush().await {
+                return End::Lost(e);
+            }
+            let reading = self.has_room();
+            s.note_reading(reading);
+            // Without room, bytes are still read ahead (never decoded into messages) so that the
+            // broker closing the connection is noticed while the window is full.
+            let read_ahead = reading || s.conn.read_buf.len() < READ_AHEAD;
+            let silence_limit = s.silence_limit();
+            let ping_at = s.next_ping;
+            tokio::select! {
+                biased;
+                n = self.outbound.recv_many(&mut self.batch, BATCH) => {
+                    if n == 0 {
+                        return End::Finished(self.finish(s).await);
+                    }
+                    if let Err(e) = self.write_outbound(&mut s).await {
+                        return End::Lost(e);
                     }
                 }
-                true
+                // Owned: a borrowed permit would keep `self` borrowed in every branch.
+                permit = self.to_pipeline.clone().reserve_owned(), if self.stalled.is_some() => {
+                    match (permit, self.stalled.take()) {
+                        (Ok(permit), Some(message)) => drop(permit.send(message)),
+                        // The pipeline is shutting down: never acked, so it is redelivered.
+                        _ => self.release(1),
+                    }
+                }
+                () = tokio::time::sleep_until(ping_at.unwrap_or_else(Instant::now)), if ping_at.is_some() => {
+                    if let Err(e) = self.ping(&mut s).await {
+                        return End::Lost(e);
+                    }
+                }
+                read = s.conn.read(), if read_ahead => match read {
+                    Ok(()) => s.silent_since = s.silent_since.map(|_| Instant::now()),
+                    Err(e) => return End::Lost(e),
+                },
+                () = tokio::time::sleep_until(silence_limit.unwrap_or_else(Instant::now)), if silence_limit.is_some() => {
+                    return End::Lost(ConnError::Io(format!(
+                        "nothing from the broker for 1.5 × keep-alive ({:?}) while reading",
+                        s.keep_alive.unwrap_or_default()
+                    )));
+                }
             }
-            SessionEvent::PubRecSent(pkid) => {
-                self.owed_pubcomp.insert(pkid);
-                false
-            }
-            SessionEvent::PubCompSent(pkid) => {
-                self.owed_pubcomp.remove(&pkid);
-                false
-            }
-            SessionEvent::Publish(_) | SessionEvent::DisconnectSent | SessionEvent::Other => false,
         }
+    }
+
+    /// Whether the driver may take another message: a free window slot, and a pipeline that
+    /// takes messages.
+    fn has_room(&self) -> bool {
+        self.taken < self.settings.window && self.stalled.is_none() && !self.to_pipeline.is_closed()
+    }
+
+    fn release(&mut self, slots: usize) {
+        self.taken = self.taken.saturating_sub(slots);
+    }
+
+    /// Handles the whole packets in the read buffer, up to the first PUBLISH there is no room
+    /// for.
+    fn take_buffered(&mut self, s: &mut Session) -> Result<(), ConnError> {
+        let codec = self.settings.codec;
+        loop {
+            match codec.next_is_publish(&s.conn.read_buf)? {
+                None => return Ok(()),
+                Some(true) if !self.has_room() => return Ok(()),
+                Some(_) => {}
+            }
+            let Some(packet) = codec.decode(&mut s.conn.read_buf)? else {
+                return Ok(());
+            };
+            self.on_packet(packet, s)?;
+        }
+    }
+
+    fn on_packet(&mut self, packet: Incoming, s: &mut Session) -> Result<(), ConnError> {
+        match packet {
+            Incoming::Publish(p) => self.hand_over(p),
+            // MQTT allows a PUBCOMP for any PUBREL (3.1.1 §4.3.3, 5 §4.3.3): the message went
+            // to the pipeline before its PUBREC, so there is nothing left to release. This also
+            // answers a PUBREL the broker re-sends after a reconnect.
+            Incoming::PubRel(pkid) => self.settings.codec.pubcomp(pkid, &mut s.conn.write_buf)?,
+            Incoming::SubAck { pkid, granted } => {
+                self.on_suback(s.pending_subs.remove(&pkid), &granted);
+            }
+            Incoming::UnsubAck(pkid) => debug!(pkid, "unsubscribed"),
+            Incoming::PingResp => {}
+            Incoming::Ignored(what) => debug!(packet = what, "ignored a packet from the broker"),
+            Incoming::ConnAck { .. } => {
+                return Err(ConnError::Protocol(
+                    "a second CONNACK from the broker".into(),
+                ));
+            }
+            Incoming::Disconnect(reason) => {
+                return Err(ConnError::Protocol(format!(
+                    "the broker sent DISCONNECT ({reason})"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn hand_over(&mut self, p: wire::Publish) {
+        self.taken += 1;
+        self.metrics.received[usize::from(p.qos.min(2))].inc();
+        let message = Message {
+            topic: p.topic,
+            payload: p.payload,
+            qos: p.qos,
+            pkid: p.pkid,
+            retain: p.retain,
+            content_type: p.content_type,
+            user_properties: p.user_properties,
+            epoch: self.epoch,
+        };
+        match self.to_pipeline.try_send(message) {
+            Ok(()) => {}
+            Err(TrySendError::Full(message)) => self.stalled = Some(message),
+            // The pipeline is shutting down: never acked, so the broker redelivers it.
+            Err(TrySendError::Closed(_)) => self.release(1),
+        }
+    }
+
+    fn on_suback(&self, filters: Option<Vec<String>>, granted: &[bool]) {
+        self.metrics.set_mqtt_subscribed();
+        let filters = filters.unwrap_or_default();
+        for (i, ok) in granted.iter().enumerate() {
+            let filter = filters.get(i).map_or("(unknown)", String::as_str);
+            if *ok {
+                debug!(filter, "subscribed");
+            } else {
+                error!(
+                    filter,
+                    "mqtt broker refused the subscription (check its ACL)"
+                );
+                self.metrics
+                    .mqtt_error(format!("broker refused the subscription to {filter:?}"));
+            }
+        }
+    }
+
+    /// Encodes everything the pipeline queued and writes it with one write and flush; only then
+    /// frees the completed messages' window slots.
+    async fn write_outbound(&mut self, s: &mut Session) -> Result<(), ConnError> {
+        let codec = self.settings.codec;
+        let mut batch = std::mem::take(&mut self.batch);
+        let (mut completed, mut acks, mut stale) = (0usize, 0u64, 0usize);
+        let mut encoded = Ok(());
+        for item in batch.drain(..) {
+            let step = match item {
+                Outbound::Complete { epoch, qos, pkid } => {
+                    completed += 1;
+                    if epoch != self.epoch {
+                        stale += 1;
+                        Ok(())
+                    } else if qos > 0 {
+                        acks += 1;
+                        codec
+                            .ack(qos, pkid, &mut s.conn.write_buf)
+                            .map_err(ConnError::from)
+                    } else {
+                        Ok(())
+                    }
+                }
+                Outbound::Subscribe(filters) => s.subscribe(codec, &filters),
+                Outbound::Unsubscribe(filters) => s.unsubscribe(codec, &filters),
+            };
+            if encoded.is_ok() {
+                encoded = step;
+            }
+        }
+        self.batch = batch;
+        if stale > 0 {
+            debug!(
+                stale,
+                epoch = self.epoch,
+                "dropped acks for messages from an earlier connection"
+            );
+        }
+        let written = match encoded {
+            Ok(()) => s.conn.flush().await,
+            Err(e) => Err(e),
+        };
+        // Written, or the connection is gone and these ids with it: either way the slots are free.
+        self.release(completed);
+        if written.is_ok() {
+            self.metrics.acked.inc_by(acks);
+        }
+        written
+    }
+
+    async fn ping(&mut self, s: &mut Session) -> Result<(), ConnError> {
+        self.settings.codec.pingreq(&mut s.conn.write_buf)?;
+        s.next_ping = s.keep_alive.map(|k| Instant::now() + k);
+        s.conn.flush().await
+    }
+
+    /// Everything the pipeline queued has been written: DISCONNECT, then wait for the broker to
+    /// close the connection.
+    async fn finish(&mut self, mut s: Session) -> ReaderExit {
+        // Never handed over, so never acked: the broker redelivers it.
+        self.stalled = None;
+        let sent = match self.settings.codec.disconnect(&mut s.conn.write_buf) {
+            Ok(()) => s.conn.flush().await,
+            Err(e) => Err(e.into()),
+        };
+        self.metrics.set_mqtt_connected(false);
+        if let Err(e) = sent {
+            warn!(error = %e, broker = %self.settings.addr, "mqtt connection lost while disconnecting; unacknowledged messages will be redelivered");
+            return ReaderExit::ConnectionLost;
+        }
+        linger(&mut s.conn).await;
+        info!("mqtt disconnected cleanly");
+        ReaderExit::Disconnected
     }
 
     fn current_subscriptions(&self) -> Vec<(String, u8)> {
@@ -538,47 +549,129 @@ impl<S: Session> Reader<S> {
             .unwrap_or_else(|poisoned| poisoned.into_inner().clone())
     }
 
-    /// Logs and records the error; returns the reason when the forwarder should stop.
-    fn on_connection_error(&mut self, e: &SessionError) -> Option<String> {
-        let was_connected = self.metrics.health.mqtt_connected();
+    fn on_lost(&mut self, e: &ConnError) {
+        // At once, so /status and /readyz tell the truth during the backoff.
         self.metrics.set_mqtt_connected(false);
-        match e {
-            SessionError::UnsolicitedPubRel(pkid) => {
-                self.owed_pubcomp.insert(*pkid);
-                debug!(
-                    pkid,
-                    "pubrel for a qos 2 message received before a restart; answering it after reconnect"
-                );
-            }
-            SessionError::Certificate(_) | SessionError::Refused(_) if !self.ever_connected => {
-                let reason = format!("mqtt broker {}: {e}", self.host);
-                error!(error = %e, broker = %self.host, "cannot connect to the mqtt broker, and retrying will not help");
-                self.metrics.mqtt_error(reason.clone());
-                return Some(reason);
-            }
-            SessionError::Refused(_) | SessionError::Certificate(_) => {
-                error!(error = %e, broker = %self.host, "mqtt broker refused the connection");
-                self.metrics.mqtt_error(e.to_string());
-            }
-            _ if was_connected => {
-                warn!(error = %e, broker = %self.host, "mqtt connection lost; reconnecting");
-                self.metrics.mqtt_error(e.to_string());
-            }
-            _ => {
-                debug!(error = %e, broker = %self.host, "mqtt connect failed; retrying");
-                self.metrics.mqtt_error(e.to_string());
-            }
-        }
-        self.remember_owed_pubrels();
-        None
+        warn!(error = %e, broker = %self.settings.addr, "mqtt connection lost; reconnecting");
+        self.metrics.mqtt_error(e.to_string());
     }
 
-    /// Re-teaches rumqttc (after it cleared its state on the error) the QoS 2 ids whose PUBREL
-    /// the broker will send again, so it answers with PUBCOMP as MQTT §4.3.3 requires.
-    fn remember_owed_pubrels(&mut self) {
-        for &pkid in &self.owed_pubcomp {
-            self.session.expect_pubrel(pkid);
+    /// Logs and records a failed connect; returns the reason when the forwarder should stop.
+    fn on_connect_error(&self, e: &ConnError) -> Option<String> {
+        let broker = &self.settings.addr;
+        self.metrics.mqtt_error(e.to_string());
+        match e {
+            ConnError::Certificate(_) | ConnError::Refused(_) if !self.ever_connected => {
+                error!(error = %e, broker = %broker, "cannot connect to the mqtt broker, and retrying will not help");
+                let reason = format!("mqtt broker {broker}: {e}");
+                self.metrics.mqtt_error(reason.clone());
+                Some(reason)
+            }
+            ConnError::Certificate(_) | ConnError::Refused(_) => {
+                error!(error = %e, broker = %broker, "mqtt broker refused the connection");
+                None
+            }
+            _ => {
+                debug!(error = %e, broker = %broker, "mqtt connect failed; retrying");
+                None
+            }
         }
+    }
+}
+
+/// Opens the connection and sends CONNECT; returns it with the CONNACK's session present flag
+/// and Server Keep Alive. Owns what it needs, so it can run while the driver drops completions.
+async fn connect(s: Arc<Settings>) -> Result<(Conn, bool, Option<u16>), ConnError> {
+    let attempt = async {
+        let mut conn = Conn::open(&s.host, s.port, s.tls.as_ref()).await?;
+        s.codec.connect(&s.connect, &mut conn.write_buf)?;
+        conn.flush().await?;
+        // PUBLISHes right behind the CONNACK stay in the read buffer for the session.
+        match conn.read_packet(s.codec).await? {
+            Incoming::ConnAck {
+                refused: Some(code),
+                ..
+            } => Err(ConnError::Refused(code)),
+            Incoming::ConnAck {
+                session_present,
+                server_keep_alive,
+                ..
+            } => Ok((conn, session_present, server_keep_alive)),
+            _ => Err(ConnError::Protocol(
+                "the broker's first packet was not a CONNACK".into(),
+            )),
+        }
+    };
+    tokio::time::timeout(CONNECT_BOUND, attempt)
+        .await
+        .unwrap_or_else(|_| {
+            Err(ConnError::Io(format!(
+                "no CONNACK within {CONNECT_BOUND:?}"
+            )))
+        })
+}
+
+/// Keeps reading (and discarding) after the DISCONNECT was written, until the broker closes the
+/// connection. Closing a socket with unread PUBLISHes in its receive buffer makes the kernel send
+/// a reset, and a reset makes the broker's kernel discard what it had not read yet: our last
+/// acks and the DISCONNECT itself. The broker closing it is the expected end, not a loss.
+async fn linger(conn: &mut Conn) {
+    let closed = tokio::time::timeout(LINGER_BOUND, async {
+        loop {
+            conn.read_buf.clear();
+            if let Err(e) = conn.read().await {
+                return e;
+            }
+        }
+    })
+    .await;
+    match closed {
+        Ok(how) => debug!(%how, "mqtt connection closed after DISCONNECT"),
+        Err(_) => debug!("mqtt broker did not close the connection after DISCONNECT"),
+    }
+}
+
+impl Session {
+    fn next_pkid(&mut self) -> u16 {
+        self.last_pkid = self.last_pkid.checked_add(1).unwrap_or(1);
+        self.last_pkid
+    }
+
+    fn subscribe(&mut self, codec: Codec, filters: &[(String, u8)]) -> Result<(), ConnError> {
+        if filters.is_empty() {
+            return Ok(());
+        }
+        let pkid = self.next_pkid();
+        codec.subscribe(pkid, filters, &mut self.conn.write_buf)?;
+        self.pending_subs
+            .insert(pkid, filters.iter().map(|(f, _)| f.clone()).collect());
+        Ok(())
+    }
+
+    fn unsubscribe(&mut self, codec: Codec, filters: &[String]) -> Result<(), ConnError> {
+        if filters.is_empty() {
+            return Ok(());
+        }
+        let pkid = self.next_pkid();
+        codec.unsubscribe(pkid, filters, &mut self.conn.write_buf)?;
+        Ok(())
+    }
+
+    /// Starts the silence clock when the driver starts reading, stops it when it stops.
+    fn note_reading(&mut self, reading: bool) {
+        match (reading, self.silent_since) {
+            (true, None) => self.silent_since = Some(Instant::now()),
+            (false, Some(_)) => self.silent_since = None,
+            _ => {}
+        }
+    }
+
+    /// When the connection counts as dead if nothing arrives: 1.5 × keep-alive of reading in
+    /// silence. A PINGREQ goes out every keep-alive, so its PINGRESP is at least half a
+    /// keep-alive overdue by then.
+    fn silence_limit(&self) -> Option<Instant> {
+        let k = self.keep_alive?;
+        Some(self.silent_since? + k + k / 2)
     }
 }
 
@@ -592,6 +685,8 @@ pub fn backoff(min: Duration, max: Duration, failures: u32) -> Duration {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     #[test]

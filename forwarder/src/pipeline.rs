@@ -6,10 +6,8 @@
 //! messages and the pipeline stops taking PUBLISHes while it is full.
 
 use std::borrow::Cow;
-use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use ferry_api::PayloadFormat;
@@ -23,13 +21,11 @@ use tracing::{debug, error, info, warn};
 
 use crate::kafka::{self, Classified, KafkaProducer, Report};
 use crate::metrics::Metrics;
-use crate::mqtt::{Client, Message, Subscriptions};
+use crate::mqtt::{Link, Message, Outbound, Subscriptions};
 use crate::route::{Router, Target, header, record_key, wrap_json};
 use crate::window::{
     Action, Backoff, BlockReason, Dest, Outcome, TargetRef, TargetSpec, UnwritableReason, Window,
 };
-
-const ACK_RETRY: Duration = Duration::from_millis(5);
 
 // A delivery opaque packs (producer generation, message sequence, target position).
 const POS_BITS: u32 = 12;
@@ -59,13 +55,6 @@ struct Inflight {
     sent_at: Vec<Instant>,
 }
 
-/// What the pipeline asks of the MQTT client.
-enum MqttRequest {
-    Ack { qos: u8, pkid: u16 },
-    Subscribe(Vec<(String, u8)>),
-    Unsubscribe(String),
-}
-
 /// A new set of rules for the running pipeline (config reload).
 pub struct Reload {
     pub router: Router,
@@ -83,7 +72,8 @@ pub struct PipelineExit {
 pub struct Pipeline {
     router: Arc<Router>,
     metrics: Arc<Metrics>,
-    client: Client,
+    /// Dropped when the pipeline ends: the MQTT driver then disconnects.
+    link: Link,
     subscriptions: Subscriptions,
     kafka: KafkaConfig,
     producer: KafkaProducer,
@@ -92,22 +82,14 @@ pub struct Pipeline {
     reports: mpsc::UnboundedReceiver<Report>,
     window: Window<Inflight>,
     max_inflight: usize,
-    /// Requests (mostly acks) rumqttc's request channel had no room for, oldest first.
-    /// rumqttc takes one request per poll and prefers reading, so a broker that sends without
-    /// an in-flight limit can outrun it; the requests wait here, in order, instead of being
-    /// lost.
-    unsent: VecDeque<MqttRequest>,
-    /// Set when the MQTT reader (and with it rumqttc's event loop) has ended.
-    reader_gone: Arc<AtomicBool>,
     scratch: Vec<Arc<Target>>,
 }
 
 /// What the pipeline is connected to.
 pub struct Wiring {
     pub metrics: Arc<Metrics>,
-    pub client: Client,
+    pub link: Link,
     pub subscriptions: Subscriptions,
-    pub reader_gone: Arc<AtomicBool>,
 }
 
 impl Pipeline {
@@ -122,7 +104,7 @@ impl Pipeline {
         Ok(Self {
             router: Arc::new(router),
             metrics: wiring.metrics,
-            client: wiring.client,
+            link: wiring.link,
             subscriptions: wiring.subscriptions,
             kafka,
             producer,
@@ -131,14 +113,13 @@ impl Pipeline {
             reports,
             window: Window::new(Backoff::default()),
             max_inflight,
-            unsent: VecDeque::new(),
-            reader_gone: wiring.reader_gone,
             scratch: Vec::new(),
         })
     }
 
     /// Runs until `shutdown` resolves and the window is drained (or `drain_bound` passes), or
-    /// until the reader stops. Then queues the MQTT DISCONNECT behind the last acks.
+    /// until the reader stops. Then drops the MQTT link: the driver writes the last acks and
+    /// disconnects.
     pub async fn run(
         mut self,
         mut inbound: mpsc::Receiver<Message>,
@@ -163,7 +144,6 @@ impl Pipeline {
                 _ = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)), if retry_at.is_some() => {
                     self.window.tick(std::time::Instant::now());
                 }
-                _ = tokio::time::sleep(ACK_RETRY), if !self.unsent.is_empty() => {}
                 _ = tokio::time::sleep_until(drain_deadline.unwrap_or_else(Instant::now)), if drain_deadline.is_some() => {
                     warn!(abandoned = self.window.len(), "drain bound passed; leaving unconfirmed messages unacknowledged for redelivery");
                     break;
@@ -187,15 +167,15 @@ impl Pipeline {
                 },
             }
             self.run_actions();
-            if !accepting && self.window.is_empty() && self.unsent.is_empty() {
+            if !accepting && self.window.is_empty() {
                 break;
             }
         }
-        let abandoned = self.window.len();
-        if let Err(e) = self.client.try_disconnect() {
-            debug!(error = %e, "mqtt disconnect not queued (connection already gone)");
+        // Returning drops `self.link`, which tells the MQTT driver to write the last acks and
+        // disconnect.
+        PipelineExit {
+            abandoned: self.window.len(),
         }
-        PipelineExit { abandoned }
     }
 
     /// Swaps in new rules. In-flight messages keep the targets they were routed to. The new
@@ -215,25 +195,20 @@ impl Pipeline {
             .filter(|s| !old.contains(s))
             .cloned()
             .collect();
-        // Queued behind the acks already requested, so they keep their order.
-        if !added.is_empty() {
-            self.unsent.push_back(MqttRequest::Subscribe(added.clone()));
-        }
-        let mut removed = 0;
-        for (filter, _) in old
+        let removed: Vec<String> = old
             .iter()
             .filter(|(f, _)| !reload.subscriptions.iter().any(|(n, _)| n == f))
-        {
-            self.unsent
-                .push_back(MqttRequest::Unsubscribe(filter.clone()));
-            removed += 1;
+            .map(|(f, _)| f.clone())
+            .collect();
+        let (subscribed, unsubscribed) = (added.len(), removed.len());
+        // Queued behind the acks already sent, so they keep their order.
+        if !added.is_empty() {
+            self.send_mqtt(Outbound::Subscribe(added));
         }
-        self.flush_requests();
-        info!(
-            subscribed = added.len(),
-            unsubscribed = removed,
-            "rules reloaded"
-        );
+        if !removed.is_empty() {
+            self.send_mqtt(Outbound::Unsubscribe(removed));
+        }
+        info!(subscribed, unsubscribed, "rules reloaded");
     }
 
     fn accept(&mut self, message: Message) {
@@ -306,7 +281,6 @@ impl Pipeline {
                 Action::Complete { message: None, .. } => {}
             }
         }
-        self.flush_requests();
         self.metrics.inflight.set(self.window.len() as i64);
     }
 
@@ -504,12 +478,12 @@ impl Pipeline {
                 rule.on_acked();
             }
         }
-        if done.message.qos > 0 {
-            self.unsent.push_back(MqttRequest::Ack {
-                qos: done.message.qos,
-                pkid: done.message.pkid,
-            });
-        }
+        // QoS 0 too: the driver frees the message's window slot.
+        self.send_mqtt(Outbound::Complete {
+            epoch: done.message.epoch,
+            qos: done.message.qos,
+            pkid: done.message.pkid,
+        });
     }
 
     fn replace_producer(&mut self) {
@@ -529,29 +503,11 @@ impl Pipeline {
         }
     }
 
-    fn flush_requests(&mut self) {
-        while let Some(request) = self.unsent.front() {
-            let sent = match request {
-                MqttRequest::Ack { qos, pkid } => self.client.try_ack(*qos, *pkid),
-                MqttRequest::Subscribe(filters) => self.client.try_subscribe(filters),
-                MqttRequest::Unsubscribe(filter) => self.client.try_unsubscribe(filter),
-            };
-            match sent {
-                Ok(()) => {
-                    if matches!(self.unsent.pop_front(), Some(MqttRequest::Ack { .. })) {
-                        self.metrics.acked.inc();
-                    }
-                }
-                Err(_) if !self.reader_gone.load(Ordering::Relaxed) => {
-                    break; // Full: try again shortly.
-                }
-                Err(e) => {
-                    // The event loop is gone (shutting down): the broker redelivers what was
-                    // not acked, and a new connection subscribes afresh.
-                    debug!(error = %e, unsent = self.unsent.len(), "mqtt requests not sent");
-                    self.unsent.clear();
-                }
-            }
+    fn send_mqtt(&self, item: Outbound) {
+        // Fails only once the driver has ended: the broker redelivers what was not acked, and a
+        // new connection subscribes afresh.
+        if self.link.outbound.send(item).is_err() {
+            debug!("mqtt driver gone; request dropped");
         }
     }
 }

@@ -264,6 +264,7 @@ rules:
     fn headers_carry_metadata_and_user_properties() {
         use rdkafka::message::Headers as _;
         let m = Message {
+            epoch: 1,
             topic: "plant/1/temp".into(),
             payload: bytes::Bytes::from_static(b"x"),
             qos: 1,

@@ -104,16 +104,10 @@ fn read_certs(
     Ok(certs)
 }
 
-/// The certificate problem inside a TLS connect error, if that is what it was.
-pub fn certificate_error(e: &rumqttc::TlsError) -> Option<String> {
-    let io = match e {
-        rumqttc::TlsError::Io(io) => io,
-        rumqttc::TlsError::TLS(rustls::Error::InvalidCertificate(c)) => {
-            return Some(format!("invalid peer certificate: {c:?}"));
-        }
-        _ => return None,
-    };
-    let inner = io.get_ref()?.downcast_ref::<rustls::Error>()?;
+/// The certificate problem inside a TLS handshake error, if that is what it was (tokio-rustls
+/// hands rustls' error over inside the `io::Error`).
+pub fn certificate_error(e: &std::io::Error) -> Option<String> {
+    let inner = e.get_ref()?.downcast_ref::<rustls::Error>()?;
     match inner {
         rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented => {
             Some(inner.to_string())

@@ -376,6 +376,13 @@ fn two_replicas_share_a_subscription_and_lose_nothing_when_one_is_killed() {
 #[test]
 fn sigterm_with_kafka_away_and_thousands_in_flight_acks_everything_once_kafka_returns() {
     let mut brokers = Brokers::start();
+    // The broker's own in-flight limit at the window, so thousands can be in flight by design
+    // rather than only when Mosquitto 2.0.11 overshoots its default limit of 1000.
+    brokers.mqtt = ferry_e2e::Mosquitto::start_with(ferry_e2e::MosquittoOptions {
+        max_inflight_messages: Some(5000),
+        ..ferry_e2e::MosquittoOptions::default()
+    })
+    .expect("mosquitto");
     let rt = runtime();
     rt.block_on(brokers.kafka.create_topic("telemetry", 1))
         .expect("topic");
@@ -505,7 +512,8 @@ fn mqtt5_persistent_session_survives_a_kill_and_restart_losing_nothing() {
     // The session (expiry: never) kept what was published while the forwarder was down.
     assert_eq!(d.missing, 0);
     assert_eq!(d.out_of_order, 0);
-    // Mosquitto 2.0.11 was measured not to hold to Receive Maximum (9,396 sent, 1,673 acked at
-    // the kill), so replays are not bounded by the window here; see README.
+    // Mosquitto 2.0.11 does not always hold to Receive Maximum and reads acks late while it
+    // floods a subscriber, so replays are not bounded by the window here (measured: 270-1,517
+    // of 40k); see README.
     assert!(d.duplicates <= total / 2, "replayed {}", d.duplicates);
 }

@@ -1,0 +1,427 @@
+//! MQTT 3.1.1 and 5 on the wire, through rumqttc's packet codec: what the driver sends and the
+//! few shapes of what it receives, whatever the protocol version.
+
+use bytes::{Bytes, BytesMut};
+use ferry_api::config::MqttProtocol;
+use rumqttc::mqttbytes::{self as mb, v4};
+use rumqttc::v5::mqttbytes::{self as mb5, v5};
+
+/// MQTT's own maximum packet size: never refuse to read a message (an oversize message would
+/// otherwise drop the connection, be redelivered, and wedge the session); Kafka's size limit is
+/// handled as a permanent produce failure instead.
+pub const MAX_PACKET_SIZE: usize = 268_435_455;
+
+/// A packet the broker sent that could not be framed or decoded.
+#[derive(Debug, thiserror::Error)]
+#[error("malformed packet from the broker: {0}")]
+pub struct WireError(String);
+
+/// The CONNECT the driver sends on every connection.
+pub struct ConnectFields {
+    pub client_id: String,
+    pub keep_alive_secs: u16,
+    pub clean_session: bool,
+    pub login: Option<(String, String)>,
+    /// MQTT 5 only.
+    pub session_expiry_secs: u32,
+    /// MQTT 5 only: announced as Receive Maximum.
+    pub receive_maximum: u16,
+}
+
+/// One PUBLISH, decoded.
+pub struct Publish {
+    pub topic: String,
+    pub payload: Bytes,
+    pub qos: u8,
+    pub pkid: u16,
+    pub retain: bool,
+    pub content_type: Option<String>,
+    pub user_properties: Vec<(String, String)>,
+}
+
+/// What the driver handles of the packets a broker sends a subscriber.
+pub enum Incoming {
+    ConnAck {
+        session_present: bool,
+        /// The return code when the broker refused the connection.
+        refused: Option<String>,
+        /// MQTT 5: the broker's Server Keep Alive, which replaces ours.
+        server_keep_alive: Option<u16>,
+    },
+    Publish(Publish),
+    PubRel(u16),
+    /// Per filter, in subscribe order: whether the broker granted it.
+    SubAck {
+        pkid: u16,
+        granted: Vec<bool>,
+    },
+    UnsubAck(u16),
+    PingResp,
+    /// MQTT 5: the broker ends the connection, with its reason.
+    Disconnect(String),
+    /// Packets a subscriber that never publishes has no use for (PUBACK, AUTH, ...).
+    Ignored(&'static str),
+}
+
+#[derive(Clone, Copy)]
+pub struct Codec {
+    v5: bool,
+}
+
+impl Codec {
+    pub fn new(protocol: MqttProtocol) -> Self {
+        Self {
+            v5: matches!(protocol, MqttProtocol::V5),
+        }
+    }
+
+    /// Whether the next whole packet in `buf` is a PUBLISH (None: no whole packet yet). Lets the
+    /// driver take a window slot before it decodes a PUBLISH, and read past control packets.
+    pub fn next_is_publish(&self, buf: &BytesMut) -> Result<Option<bool>, WireError> {
+        // The fixed header is the same in 3.1.1 and 5.
+        match mb::check(buf.iter(), MAX_PACKET_SIZE) {
+            Ok(header) => Ok(Some(matches!(
+                header.packet_type(),
+                Ok(mb::PacketType::Publish)
+            ))),
+            Err(mb::Error::InsufficientBytes(_)) => Ok(None),
+            Err(e) => Err(WireError(e.to_string())),
+        }
+    }
+
+    /// Decodes the next whole packet off the front of `buf` (None: not whole yet).
+    pub fn decode(&self, buf: &mut BytesMut) -> Result<Option<Incoming>, WireError> {
+        if self.next_is_publish(buf)?.is_none() {
+            return Ok(None);
+        }
+        if self.v5 {
+            if let Some(reason) = short_v5_disconnect(buf) {
+                return Ok(Some(Incoming::Disconnect(reason)));
+            }
+            let packet = v5::Packet::read(buf, Some(MAX_PACKET_SIZE as u32))
+                .map_err(|e| WireError(e.to_string()))?;
+            Ok(Some(from_v5(packet)))
+        } else {
+            let packet =
+                v4::Packet::read(buf, MAX_PACKET_SIZE).map_err(|e| WireError(e.to_string()))?;
+            Ok(Some(from_v4(packet)))
+        }
+    }
+
+    pub fn connect(&self, c: &ConnectFields, out: &mut BytesMut) -> Result<(), WireError> {
+        if self.v5 {
+            let mut props = v5::ConnectProperties::new();
+            props.session_expiry_interval = Some(c.session_expiry_secs);
+            props.receive_maximum = Some(c.receive_maximum);
+            props.max_packet_size = Some(MAX_PACKET_SIZE as u32);
+            let connect = v5::Connect {
+                keep_alive: c.keep_alive_secs,
+                client_id: c.client_id.clone(),
+                clean_start: c.clean_session,
+                properties: Some(props),
+            };
+            let login = c.login.as_ref().map(|(u, p)| v5::Login::new(u, p));
+            self.write5(v5::Packet::Connect(connect, None, login), out)
+        } else {
+            let mut connect = v4::Connect::new(c.client_id.clone());
+            connect.keep_alive = c.keep_alive_secs;
+            connect.clean_session = c.clean_session;
+            if let Some((user, password)) = &c.login {
+                connect.set_login(user, password);
+            }
+            self.write4(v4::Packet::Connect(connect), out)
+        }
+    }
+
+    /// PUBACK (QoS 1) or PUBREC (QoS 2).
+    pub fn ack(&self, qos: u8, pkid: u16, out: &mut BytesMut) -> Result<(), WireError> {
+        match (self.v5, qos) {
+            (_, 0) => Ok(()),
+            (false, 1) => self.write4(v4::Packet::PubAck(v4::PubAck::new(pkid)), out),
+            (false, _) => self.write4(v4::Packet::PubRec(v4::PubRec::new(pkid)), out),
+            (true, 1) => self.write5(v5::Packet::PubAck(v5::PubAck::new(pkid, None)), out),
+            (true, _) => self.write5(v5::Packet::PubRec(v5::PubRec::new(pkid, None)), out),
+        }
+    }
+
+    pub fn pubcomp(&self, pkid: u16, out: &mut BytesMut) -> Result<(), WireError> {
+        if self.v5 {
+            self.write5(v5::Packet::PubComp(v5::PubComp::new(pkid, None)), out)
+        } else {
+            self.write4(v4::Packet::PubComp(v4::PubComp::new(pkid)), out)
+        }
+    }
+
+    pub fn subscribe(
+        &self,
+        pkid: u16,
+        filters: &[(String, u8)],
+        out: &mut BytesMut,
+    ) -> Result<(), WireError> {
+        if self.v5 {
+            let mut s = v5::Subscribe::new_many(
+                filters.iter().map(|(f, q)| v5::Filter::new(f, qos5(*q))),
+                None,
+            );
+            s.pkid = pkid;
+            self.write5(v5::Packet::Subscribe(s), out)
+        } else {
+            let mut s = v4::Subscribe::new_many(
+                filters
+                    .iter()
+                    .map(|(f, q)| v4::SubscribeFilter::new(f.clone(), qos4(*q))),
+            );
+            s.pkid = pkid;
+            self.write4(v4::Packet::Subscribe(s), out)
+        }
+    }
+
+    pub fn unsubscribe(
+        &self,
+        pkid: u16,
+        filters: &[String],
+        out: &mut BytesMut,
+    ) -> Result<(), WireError> {
+        if self.v5 {
+            let u = v5::Unsubscribe {
+                pkid,
+                filters: filters.to_vec(),
+                properties: None,
+            };
+            self.write5(v5::Packet::Unsubscribe(u), out)
+        } else {
+            let u = v4::Unsubscribe {
+                pkid,
+                topics: filters.to_vec(),
+            };
+            self.write4(v4::Packet::Unsubscribe(u), out)
+        }
+    }
+
+    pub fn pingreq(&self, out: &mut BytesMut) -> Result<(), WireError> {
+        if self.v5 {
+            self.write5(v5::Packet::PingReq(v5::PingReq), out)
+        } else {
+            self.write4(v4::Packet::PingReq, out)
+        }
+    }
+
+    pub fn disconnect(&self, out: &mut BytesMut) -> Result<(), WireError> {
+        if self.v5 {
+            let d = v5::Disconnect::new(v5::DisconnectReasonCode::NormalDisconnection);
+            self.write5(v5::Packet::Disconnect(d), out)
+        } else {
+            self.write4(v4::Packet::Disconnect, out)
+        }
+    }
+
+    fn write4(&self, packet: v4::Packet, out: &mut BytesMut) -> Result<(), WireError> {
+        packet
+            .write(out, MAX_PACKET_SIZE)
+            .map(drop)
+            .map_err(|e| WireError(format!("cannot encode: {e}")))
+    }
+
+    fn write5(&self, packet: v5::Packet, out: &mut BytesMut) -> Result<(), WireError> {
+        packet
+            .write(out, Some(MAX_PACKET_SIZE as u32))
+            .map(drop)
+            .map_err(|e| WireError(format!("cannot encode: {e}")))
+    }
+}
+
+/// A whole MQTT 5 DISCONNECT without properties, taken off `buf`: rumqttc refuses one without
+/// a reason code or without a property length, which MQTT 5 allows (§3.14.2.1, §3.14.2.2).
+fn short_v5_disconnect(buf: &mut BytesMut) -> Option<String> {
+    let remaining = match buf[..] {
+        [0xE0, 0, ..] => 0,
+        [0xE0, 1, _, ..] => 1,
+        _ => return None,
+    };
+    let frame = buf.split_to(2 + remaining);
+    Some(match frame.get(2) {
+        None => "NormalDisconnection".into(),
+        Some(&code) => match v5::DisconnectReasonCode::try_from(code) {
+            Ok(reason) => format!("{reason:?}"),
+            Err(_) => format!("reason code {code:#04x}"),
+        },
+    })
+}
+
+fn from_v4(packet: v4::Packet) -> Incoming {
+    use v4::Packet as P;
+    match packet {
+        P::ConnAck(a) => Incoming::ConnAck {
+            session_present: a.session_present,
+            refused: (a.code != v4::ConnectReturnCode::Success).then(|| format!("{:?}", a.code)),
+            server_keep_alive: None,
+        },
+        P::Publish(p) => Incoming::Publish(Publish {
+            topic: p.topic,
+            payload: p.payload,
+            qos: p.qos as u8,
+            pkid: p.pkid,
+            retain: p.retain,
+            content_type: None,
+            user_properties: Vec::new(),
+        }),
+        P::PubRel(r) => Incoming::PubRel(r.pkid),
+        P::SubAck(a) => Incoming::SubAck {
+            pkid: a.pkid,
+            granted: a
+                .return_codes
+                .iter()
+                .map(|c| matches!(c, v4::SubscribeReasonCode::Success(_)))
+                .collect(),
+        },
+        P::UnsubAck(a) => Incoming::UnsubAck(a.pkid),
+        P::PingResp => Incoming::PingResp,
+        P::Disconnect => Incoming::Disconnect("DISCONNECT".into()),
+        P::PubAck(_) => Incoming::Ignored("PUBACK"),
+        P::PubRec(_) => Incoming::Ignored("PUBREC"),
+        P::PubComp(_) => Incoming::Ignored("PUBCOMP"),
+        P::Connect(_) | P::Subscribe(_) | P::Unsubscribe(_) | P::PingReq => {
+            Incoming::Ignored("a client-to-server packet")
+        }
+    }
+}
+
+fn from_v5(packet: v5::Packet) -> Incoming {
+    use v5::Packet as P;
+    match packet {
+        P::ConnAck(a) => Incoming::ConnAck {
+            session_present: a.session_present,
+            refused: (a.code != v5::ConnectReturnCode::Success).then(|| format!("{:?}", a.code)),
+            server_keep_alive: a.properties.and_then(|p| p.server_keep_alive),
+        },
+        P::Publish(p) => {
+            let props = p.properties.unwrap_or_default();
+            Incoming::Publish(Publish {
+                // MQTT requires UTF-8 topics; rumqttc hands them over as bytes.
+                topic: String::from_utf8_lossy(&p.topic).into_owned(),
+                payload: p.payload,
+                qos: p.qos as u8,
+                pkid: p.pkid,
+                retain: p.retain,
+                content_type: props.content_type,
+                user_properties: props.user_properties,
+            })
+        }
+        P::PubRel(r) => Incoming::PubRel(r.pkid),
+        P::SubAck(a) => Incoming::SubAck {
+            pkid: a.pkid,
+            granted: a
+                .return_codes
+                .iter()
+                .map(|c| matches!(c, v5::SubscribeReasonCode::Success(_)))
+                .collect(),
+        },
+        P::UnsubAck(a) => Incoming::UnsubAck(a.pkid),
+        P::PingResp(_) => Incoming::PingResp,
+        P::Disconnect(d) => {
+            Incoming::Disconnect(match d.properties.and_then(|p| p.reason_string) {
+                Some(why) => format!("{:?}: {why}", d.reason_code),
+                None => format!("{:?}", d.reason_code),
+            })
+        }
+        P::PubAck(_) => Incoming::Ignored("PUBACK"),
+        P::PubRec(_) => Incoming::Ignored("PUBREC"),
+        P::PubComp(_) => Incoming::Ignored("PUBCOMP"),
+        P::Auth(_) => Incoming::Ignored("AUTH"),
+        P::Connect(..) | P::Subscribe(_) | P::Unsubscribe(_) | P::PingReq(_) => {
+            Incoming::Ignored("a client-to-server packet")
+        }
+    }
+}
+
+fn qos4(level: u8) -> mb::QoS {
+    match level {
+        0 => mb::QoS::AtMostOnce,
+        1 => mb::QoS::AtLeastOnce,
+        _ => mb::QoS::ExactlyOnce,
+    }
+}
+
+fn qos5(level: u8) -> mb5::QoS {
+    match level {
+        0 => mb5::QoS::AtMostOnce,
+        1 => mb5::QoS::AtLeastOnce,
+        _ => mb5::QoS::ExactlyOnce,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn publish_bytes(protocol: MqttProtocol) -> BytesMut {
+        let mut buf = BytesMut::new();
+        if matches!(protocol, MqttProtocol::V5) {
+            let mut p = v5::Publish::new("t/1", mb5::QoS::AtLeastOnce, "x", None);
+            p.pkid = 7;
+            v5::Packet::Publish(p)
+                .write(&mut buf, None)
+                .expect("encode");
+        } else {
+            let mut p = v4::Publish::new("t/1", mb::QoS::AtLeastOnce, "x");
+            p.pkid = 7;
+            v4::Packet::Publish(p).write(&mut buf, 100).expect("encode");
+        }
+        buf
+    }
+
+    #[test]
+    fn a_publish_is_recognised_before_it_is_decoded_and_only_when_whole() {
+        for protocol in [MqttProtocol::V311, MqttProtocol::V5] {
+            let codec = Codec::new(protocol);
+            let mut whole = publish_bytes(protocol);
+            let rest = whole.split_off(whole.len() - 1);
+            assert!(matches!(codec.next_is_publish(&whole), Ok(None)));
+            assert!(matches!(codec.decode(&mut whole), Ok(None)));
+            whole.unsplit(rest);
+            assert!(matches!(codec.next_is_publish(&whole), Ok(Some(true))));
+            match codec.decode(&mut whole) {
+                Ok(Some(Incoming::Publish(p))) => {
+                    assert_eq!((p.topic.as_str(), p.pkid, p.qos), ("t/1", 7, 1));
+                }
+                _ => panic!("{protocol:?}: not a publish"),
+            }
+            assert!(whole.is_empty());
+        }
+    }
+
+    #[test]
+    fn a_v5_disconnect_without_properties_is_a_disconnect_with_its_reason() {
+        let codec = Codec::new(MqttProtocol::V5);
+        for (bytes, reason) in [
+            (&[0xE0u8, 0x00, 0xD0][..], "NormalDisconnection"),
+            (&[0xE0u8, 0x01, 0x8B, 0xD0][..], "ServerShuttingDown"),
+            (&[0xE0u8, 0x02, 0x8E, 0x00, 0xD0][..], "SessionTakenOver"),
+        ] {
+            let mut buf = BytesMut::from(bytes);
+            assert!(matches!(codec.next_is_publish(&buf), Ok(Some(false))));
+            match codec.decode(&mut buf) {
+                Ok(Some(Incoming::Disconnect(r))) => assert_eq!(r, reason),
+                _ => panic!("{bytes:?}: not a disconnect"),
+            }
+            assert_eq!(&buf[..], &[0xD0], "exactly the packet taken");
+        }
+    }
+
+    #[test]
+    fn acks_and_pubcomp_encode_for_both_versions() {
+        for protocol in [MqttProtocol::V311, MqttProtocol::V5] {
+            let codec = Codec::new(protocol);
+            for (qos, first) in [(1u8, 0x40u8), (2, 0x50)] {
+                let mut out = BytesMut::new();
+                codec.ack(qos, 513, &mut out).expect("ack");
+                assert_eq!(&out[..], &[first, 2, 2, 1]);
+            }
+            let mut out = BytesMut::new();
+            codec.ack(0, 1, &mut out).expect("no ack");
+            assert!(out.is_empty(), "QoS 0 has no ack");
+            codec.pubcomp(9, &mut out).expect("pubcomp");
+            assert_eq!(&out[..], &[0x70, 2, 0, 9]);
+        }
+    }
+}
