@@ -474,3 +474,63 @@ fn revoked_authorization_holds_messages_until_the_acl_is_restored() {
     // No MQTT reconnect, so no redelivery.
     assert_eq!(d.duplicates, 0);
 }
+
+/// MQTT partitioned away for 30 s (a fault proxy holds every byte, no reset) under a steady
+/// stream, with a 5 s keep-alive: the forwarder judges the silent connection dead, reconnects
+/// once the partition heals, resumes its session, and nothing is lost; what the broker replays
+/// is at most the window per reconnect, never acked twice.
+#[test]
+fn a_thirty_second_mqtt_partition_loses_nothing_and_replays_at_most_the_window() {
+    let mqtt = ferry_e2e::Mosquitto::start_with(ferry_e2e::MosquittoOptions {
+        log_connections: true,
+        ..Default::default()
+    })
+    .expect("mosquitto");
+    let proxy =
+        ferry_e2e::FaultProxy::start(std::net::SocketAddr::from(([127, 0, 0, 1], mqtt.port())))
+            .expect("proxy");
+    let kafka = ferry_e2e::Kafka::start().expect("kafka");
+    let rt = runtime();
+    rt.block_on(kafka.create_topic("mqtt-cut", 1))
+        .expect("topic");
+    let brokers = Brokers { mqtt, kafka };
+    let rules =
+        "  - name: cut\n    mqtt: { topics: [\"sensors/#\"] }\n    kafka: { topic: mqtt-cut }\n";
+    let config = brokers.config("ferry-mqtt-cut", rules).replace(
+        &format!("  port: {}\n", brokers.mqtt.port()),
+        &format!("  port: {}\n  keep_alive_secs: 5\n", proxy.port()),
+    );
+    let mut fwd = Forwarder::start(&config);
+    fwd.wait_ready(Duration::from_secs(30));
+    let window = 1000;
+    // 200 messages/s for 60 s, published straight to the broker.
+    let total = 12_000;
+    let stream = steady_stream(brokers.mqtt.port(), 20, total, 200, Duration::from_secs(1));
+    std::thread::sleep(Duration::from_secs(10));
+    proxy.set_mode(ferry_e2e::ProxyMode::Blackhole);
+    // Silence is judged after 1.5 keep-alives while reading.
+    wait_until(
+        &fwd,
+        Duration::from_secs(20),
+        "the dead connection is noticed",
+        || fwd.status().is_some_and(|s| !s.mqtt.connected),
+    );
+    std::thread::sleep(Duration::from_secs(22));
+    proxy.set_mode(ferry_e2e::ProxyMode::Pass);
+    stream.join().expect("publisher");
+    wait_until(&fwd, Duration::from_secs(60), "connected again", || {
+        fwd.status().is_some_and(|s| s.mqtt.connected)
+    });
+    let d = common::read_judged(&brokers.kafka, "mqtt-cut", total, Duration::from_secs(120));
+    let sessions = connects(&brokers.mqtt, "ferry-mqtt-cut");
+    eprintln!("mqtt partition of 30 s: {sessions} connections; {d:?}");
+    assert_eq!((d.missing, d.out_of_order), (0, 0));
+    assert!(sessions >= 2, "the forwarder reconnected");
+    assert!(
+        d.duplicates <= (sessions - 1) * window,
+        "{} replays for {} reconnects",
+        d.duplicates,
+        sessions - 1
+    );
+    assert!(fwd.running(), "the forwarder never exits");
+}
