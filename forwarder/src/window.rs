@@ -172,6 +172,16 @@ struct Target {
 }
 
 impl Target {
+    /// Where its next (or current) produce goes.
+    fn dest(&self) -> Dest {
+        match &self.state {
+            State::DeadLettering { error } => Dest::DeadLetter {
+                error: error.clone(),
+            },
+            _ => Dest::Primary,
+        }
+    }
+
     /// The topic its next (or current) produce goes to.
     fn lane_topic(&self) -> Option<&Arc<str>> {
         match self.state {
@@ -505,12 +515,7 @@ impl<M> Window<M> {
         let Some(topic) = t.lane_topic().cloned() else {
             return;
         };
-        let dest = match &t.state {
-            State::DeadLettering { error } => Dest::DeadLetter {
-                error: error.clone(),
-            },
-            _ => Dest::Primary,
-        };
+        let dest = t.dest();
         if self.lanes.len() > IDLE_LANES_KEPT {
             self.lanes
                 .retain(|_, l| l.outstanding > 0 || l.probe != Probe::Open);
@@ -589,12 +594,7 @@ impl<M> Window<M> {
                 continue;
             };
             t.in_flight = true;
-            let dest = match &t.state {
-                State::DeadLettering { error } => Dest::DeadLetter {
-                    error: error.clone(),
-                },
-                _ => Dest::Primary,
-            };
+            let dest = t.dest();
             self.actions.push_back(Action::Produce {
                 target,
                 topic: Arc::clone(topic),
@@ -629,12 +629,7 @@ impl<M> Window<M> {
             return;
         };
         t.in_flight = true;
-        let dest = match &t.state {
-            State::DeadLettering { error } => Dest::DeadLetter {
-                error: error.clone(),
-            },
-            _ => Dest::Primary,
-        };
+        let dest = t.dest();
         self.actions.push_back(Action::Produce {
             target: head,
             topic: Arc::clone(topic),

@@ -8,24 +8,6 @@ use std::time::Duration;
 
 use common::{Brokers, Forwarder, runtime, wait_until};
 use ferry_e2e::Record;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
-
-async fn create_topic_with_limit(bootstrap: &str, name: &str, max_bytes: usize) {
-    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .expect("admin");
-    let limit = max_bytes.to_string();
-    let topic = NewTopic::new(name, 1, TopicReplication::Fixed(1)).set("max.message.bytes", &limit);
-    for r in admin
-        .create_topics([&topic], &AdminOptions::new())
-        .await
-        .expect("create")
-    {
-        r.expect("topic created");
-    }
-}
 
 /// `"<mqtt topic>:<n>"`, then for an oversized message `|` and incompressible filler.
 fn payload(mqtt_topic: &str, n: usize, big: bool) -> Vec<u8> {
@@ -98,7 +80,7 @@ fn only_the_oversized_messages_of_a_mixed_stream_leave_the_normal_path() {
     let rt = runtime();
     let bootstrap = brokers.kafka.bootstrap();
     for t in ["sized.a", "sized.b"] {
-        rt.block_on(create_topic_with_limit(&bootstrap, t, 64 * 1024));
+        rt.block_on(common::create_topic_with_limit(&bootstrap, t, 64 * 1024));
     }
     rt.block_on(brokers.kafka.create_topic("sized.dlq", 1))
         .expect("topic");

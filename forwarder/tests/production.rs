@@ -9,8 +9,6 @@ use common::{
     Brokers, Forwarder, V5Message, judge, numbered_messages, publish_v5, read_judged, runtime,
     wait_until,
 };
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rumqttc::QoS;
 
 const SENSORS_TO: &str =
@@ -18,21 +16,6 @@ const SENSORS_TO: &str =
 
 /// A topic with a broker-side record size limit, so an oversize record is refused by Kafka
 /// itself.
-async fn create_small_topic(bootstrap: &str, name: &str, max_bytes: usize) {
-    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .expect("admin");
-    let limit = max_bytes.to_string();
-    let topic = NewTopic::new(name, 1, TopicReplication::Fixed(1)).set("max.message.bytes", &limit);
-    for r in admin
-        .create_topics([&topic], &AdminOptions::new())
-        .await
-        .expect("create")
-    {
-        r.expect("topic created");
-    }
-}
 
 #[test]
 fn mqtt5_headers_topic_templates_and_dead_letters() {
@@ -42,7 +25,7 @@ fn mqtt5_headers_topic_templates_and_dead_letters() {
         rt.block_on(brokers.kafka.create_topic(t, 1))
             .expect("topic");
     }
-    rt.block_on(create_small_topic(
+    rt.block_on(common::create_topic_with_limit(
         &brokers.kafka.bootstrap(),
         "small",
         1000,

@@ -373,3 +373,22 @@ pub async fn publish_v5(port: u16, client_id: &str, messages: Vec<V5Message>) {
     })
     .await;
 }
+
+/// Creates a one-partition topic whose `max.message.bytes` is `max_bytes`.
+pub async fn create_topic_with_limit(bootstrap: &str, name: &str, max_bytes: usize) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("admin");
+    let limit = max_bytes.to_string();
+    let topic = NewTopic::new(name, 1, TopicReplication::Fixed(1)).set("max.message.bytes", &limit);
+    for r in admin
+        .create_topics([&topic], &AdminOptions::new())
+        .await
+        .expect("create")
+    {
+        r.expect("topic created");
+    }
+}
