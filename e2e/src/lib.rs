@@ -243,6 +243,9 @@ pub struct MosquittoOptions<'a> {
     /// (`New client connected from <ip>:<port> as <client id> (p<protocol>, c<clean>,
     /// k<keep-alive>).`) and disconnect.
     pub log_connections: bool,
+    /// `persistence true` in the broker's dir: sessions and their queued messages are saved on
+    /// a graceful stop and survive [`Mosquitto::stop`]/[`Mosquitto::resume`].
+    pub persistence: bool,
 }
 
 /// A TLS listener of [`Mosquitto`].
@@ -279,7 +282,7 @@ impl Mosquitto {
     /// `mosquitto.log`) is: a plaintext `listener <port> 127.0.0.1`; with `tls`, a second
     /// `listener <tls_port> 127.0.0.1` with `cafile`, `certfile`, `keyfile` and
     /// `require_certificate true|false`; with `users`, `allow_anonymous false` and
-    /// `password_file`; always `persistence false`, `max_inflight_messages`
+    /// `password_file`; `persistence false` (or `true` with `persistence`), `max_inflight_messages`
     /// [`MOSQUITTO_MAX_INFLIGHT`] (unless overridden), `max_queued_messages` [`MOSQUITTO_MAX_QUEUED`],
     /// `max_queued_bytes 0`. With `tls` or `users`, when run as root, it stays root (`user root`)
     /// so it can still read its password file in the private temp dir after the start.
@@ -298,7 +301,7 @@ impl Mosquitto {
         let tls_port = options.tls.map(|_| free_port()).transpose()?;
         let conf = dir.path().join("mosquitto.conf");
         let mut f = fs::File::create(&conf)?;
-        let secured = options.tls.is_some() || !options.users.is_empty();
+        let secured = options.tls.is_some() || !options.users.is_empty() || options.persistence;
         // SAFETY: geteuid(2) has no preconditions.
         if secured && unsafe { libc::geteuid() } == 0 {
             // Otherwise Mosquitto, started as root, drops to the `mosquitto` user before it
@@ -353,7 +356,12 @@ impl Mosquitto {
             writeln!(f, "allow_anonymous false")?;
             writeln!(f, "password_file {}", passwords.display())?;
         }
-        writeln!(f, "persistence false")?;
+        if options.persistence {
+            writeln!(f, "persistence true")?;
+            writeln!(f, "persistence_location {}/", dir.path().display())?;
+        } else {
+            writeln!(f, "persistence false")?;
+        }
         writeln!(
             f,
             "max_inflight_messages {}",
@@ -409,7 +417,8 @@ impl Mosquitto {
         self.dir.path()
     }
 
-    /// Stops the broker (SIGTERM). Sessions are in memory, so they are lost with it.
+    /// Stops the broker (SIGTERM). Sessions are lost with it, unless it runs with
+    /// [`MosquittoOptions::persistence`].
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             terminate(&mut c, Duration::from_secs(5));
