@@ -14,6 +14,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
@@ -48,9 +49,37 @@ pub fn cache_dir() -> PathBuf {
         })
 }
 
-/// A free TCP port on 127.0.0.1 (bound and released; good enough for a test run).
+/// A free TCP port on 127.0.0.1 for a broker or server a test starts.
+///
+/// Taken below the kernel's ephemeral range: a port from that range, bound and released, can be
+/// handed to any outgoing connection (a client of the Kafka started a moment before) before the
+/// server binds it ("Address already in use"). Below the range only other `free_port` calls compete:
+/// a process-wide counter keeps this process's ports distinct, and the start is spread by pid.
 pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let (low, high) = listen_port_range();
+    let span = u32::from(high - low);
+    let start = std::process::id().wrapping_mul(7919) % span;
+    for _ in 0..span {
+        let port = low + ((start + NEXT.fetch_add(1, Ordering::Relaxed)) % span) as u16;
+        // One at a time: a listener on 127.0.0.1 would make the wildcard bind fail.
+        let free = |ip: Ipv4Addr| TcpListener::bind((ip, port)).is_ok();
+        if free(Ipv4Addr::LOCALHOST) && free(Ipv4Addr::UNSPECIFIED) {
+            return Ok(port);
+        }
+    }
+    bail!("no free TCP port in {low}..{high}")
+}
+
+/// Ports for listeners: 12000..30000, clear of the kubelet's and control plane's fixed ports
+/// (10248–10259), Kubernetes' NodePort range (30000–32767) and, unless the kernel was set
+/// otherwise, the ephemeral range (32768 up).
+fn listen_port_range() -> (u16, u16) {
+    let ephemeral_low = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    (12_000, ephemeral_low.clamp(20_000, 30_000))
 }
 
 fn wait_for_port(

@@ -36,7 +36,7 @@ struct QosLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FailureLabel {
     rule: String,
-    reason: FailureReason,
+    reason: UnwritableReason,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -48,28 +48,6 @@ struct ReloadLabel {
 pub enum ReloadResult {
     Applied,
     Rejected,
-}
-
-/// Why Kafka can never take a record (the `reason` label of dropped messages).
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-pub enum FailureReason {
-    TooLarge,
-    InvalidTopic,
-    InvalidRecord,
-}
-
-impl FailureReason {
-    const ALL: [Self; 3] = [Self::TooLarge, Self::InvalidTopic, Self::InvalidRecord];
-}
-
-impl From<UnwritableReason> for FailureReason {
-    fn from(r: UnwritableReason) -> Self {
-        match r {
-            UnwritableReason::TooLarge => Self::TooLarge,
-            UnwritableReason::InvalidTopic => Self::InvalidTopic,
-            UnwritableReason::InvalidRecord => Self::InvalidRecord,
-        }
-    }
 }
 
 /// Every `reason` a retry is counted under.
@@ -174,7 +152,7 @@ impl RuleStats {
             self.waiting_set.store(false, Ordering::Relaxed);
         }
     }
-    pub fn on_failed(&self, reason: FailureReason, error: String) {
+    pub fn on_failed(&self, reason: UnwritableReason, error: String) {
         self.failed_family
             .get_or_create(&FailureLabel {
                 rule: self.name.clone(),
@@ -444,7 +422,7 @@ impl Metrics {
             self.families.forwarded.remove(&label);
             self.families.acked.remove(&label);
             self.families.dead_lettered.remove(&label);
-            for reason in FailureReason::ALL {
+            for reason in UnwritableReason::ALL {
                 self.families.failed.remove(&FailureLabel {
                     rule: gone.name.clone(),
                     reason,

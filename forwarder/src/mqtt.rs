@@ -428,19 +428,10 @@ impl Driver {
         Ok(())
     }
 
-    fn hand_over(&mut self, p: wire::Publish) {
+    fn hand_over(&mut self, mut message: Message) {
         self.taken += 1;
-        self.metrics.received[usize::from(p.qos.min(2))].inc();
-        let message = Message {
-            topic: p.topic,
-            payload: p.payload,
-            qos: p.qos,
-            pkid: p.pkid,
-            retain: p.retain,
-            content_type: p.content_type,
-            user_properties: p.user_properties,
-            epoch: self.epoch,
-        };
+        self.metrics.received[usize::from(message.qos.min(2))].inc();
+        message.epoch = self.epoch;
         match self.to_pipeline.try_send(message) {
             Ok(()) => {}
             Err(TrySendError::Full(message)) => self.stalled = Some(message),

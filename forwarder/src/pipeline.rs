@@ -239,8 +239,8 @@ impl Pipeline {
             targets: std::mem::take(&mut self.scratch),
             received_at: now,
         };
+        // The gauge is set once the window's actions are carried out.
         self.window.accept(inflight, specs, now.into_std());
-        self.metrics.inflight.set(self.window.len() as i64);
     }
 
     /// Carries out what the window asks for, until it asks for nothing more.
@@ -465,7 +465,7 @@ impl Pipeline {
             "kafka can never take this message and no dead-letter topic took it; dropped (on_unwritable: drop)"
         );
         for rule in &t.rules {
-            rule.on_failed(reason.into(), error.to_owned());
+            rule.on_failed(reason, error.to_owned());
         }
     }
 

@@ -61,8 +61,10 @@ impl BlockReason {
     }
 }
 
-/// Why Kafka can never take a record as it is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Why Kafka can never take a record as it is (also the `reason` label of dropped messages).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelValue,
+)]
 pub enum UnwritableReason {
     TooLarge,
     InvalidTopic,
@@ -70,6 +72,8 @@ pub enum UnwritableReason {
 }
 
 impl UnwritableReason {
+    pub const ALL: [Self; 3] = [Self::TooLarge, Self::InvalidTopic, Self::InvalidRecord];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::TooLarge => "too_large",
@@ -317,11 +321,6 @@ impl<M> Window<M> {
     pub fn message_mut(&mut self, seq: Seq) -> Option<&mut M> {
         let idx = usize::try_from(seq.checked_sub(self.head)?).ok()?;
         self.slots.get_mut(idx)?.message.as_mut()
-    }
-
-    /// Records whose rule holds them (unwritable, `hold`) or whose lane waits on a failure.
-    pub fn waiting(&self) -> usize {
-        self.lanes.values().map(|l| l.queue.len()).sum()
     }
 
     /// Takes a message with where each of its targets goes.
@@ -798,7 +797,6 @@ mod tests {
         completed: Vec<Seq>,
         dropped: HashSet<TargetRef>,
         held: HashSet<TargetRef>,
-        produced_while_lane_busy: usize,
         /// Records that were refused in a batch too large: records already in flight behind
         /// them may land first (the one order exception, documented).
         in_too_large_batch: HashSet<TargetRef>,
@@ -816,7 +814,6 @@ mod tests {
                 completed: Vec::new(),
                 dropped: HashSet::new(),
                 held: HashSet::new(),
-                produced_while_lane_busy: 0,
                 in_too_large_batch: HashSet::new(),
             }
         }
@@ -930,9 +927,6 @@ mod tests {
                     } => {
                         let t = Self::topic_index(&topic);
                         let q = self.outstanding.entry(t).or_default();
-                        if !q.is_empty() && dest == Dest::Primary {
-                            self.produced_while_lane_busy += 1;
-                        }
                         q.push_back((target, matches!(dest, Dest::DeadLetter { .. })));
                     }
                     Action::Complete { seq, message } => {

@@ -1,10 +1,12 @@
 //! MQTT 3.1.1 and 5 on the wire, through rumqttc's packet codec: what the driver sends and the
 //! few shapes of what it receives, whatever the protocol version.
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use ferry_api::config::MqttProtocol;
 use rumqttc::mqttbytes::{self as mb, v4};
 use rumqttc::v5::mqttbytes::{self as mb5, v5};
+
+use super::Message;
 
 /// MQTT's own maximum packet size: never refuse to read a message (an oversize message would
 /// otherwise drop the connection, be redelivered, and wedge the session); Kafka's size limit is
@@ -28,17 +30,6 @@ pub struct ConnectFields {
     pub receive_maximum: u16,
 }
 
-/// One PUBLISH, decoded.
-pub struct Publish {
-    pub topic: String,
-    pub payload: Bytes,
-    pub qos: u8,
-    pub pkid: u16,
-    pub retain: bool,
-    pub content_type: Option<String>,
-    pub user_properties: Vec<(String, String)>,
-}
-
 /// What the driver handles of the packets a broker sends a subscriber.
 pub enum Incoming {
     ConnAck {
@@ -48,7 +39,8 @@ pub enum Incoming {
         /// MQTT 5: the broker's Server Keep Alive, which replaces ours.
         server_keep_alive: Option<u16>,
     },
-    Publish(Publish),
+    /// Its `epoch` is the driver's to set.
+    Publish(Message),
     PubRel(u16),
     /// Per filter, in subscribe order: whether the broker granted it.
     SubAck {
@@ -256,7 +248,7 @@ fn from_v4(packet: v4::Packet) -> Incoming {
             refused: (a.code != v4::ConnectReturnCode::Success).then(|| format!("{:?}", a.code)),
             server_keep_alive: None,
         },
-        P::Publish(p) => Incoming::Publish(Publish {
+        P::Publish(p) => Incoming::Publish(Message {
             topic: p.topic,
             payload: p.payload,
             qos: p.qos as u8,
@@ -264,6 +256,7 @@ fn from_v4(packet: v4::Packet) -> Incoming {
             retain: p.retain,
             content_type: None,
             user_properties: Vec::new(),
+            epoch: 0,
         }),
         P::PubRel(r) => Incoming::PubRel(r.pkid),
         P::SubAck(a) => Incoming::SubAck {
@@ -296,7 +289,7 @@ fn from_v5(packet: v5::Packet) -> Incoming {
         },
         P::Publish(p) => {
             let props = p.properties.unwrap_or_default();
-            Incoming::Publish(Publish {
+            Incoming::Publish(Message {
                 // MQTT requires UTF-8 topics; rumqttc hands them over as bytes.
                 topic: String::from_utf8_lossy(&p.topic).into_owned(),
                 payload: p.payload,
@@ -305,6 +298,7 @@ fn from_v5(packet: v5::Packet) -> Incoming {
                 retain: p.retain,
                 content_type: props.content_type,
                 user_properties: props.user_properties,
+                epoch: 0,
             })
         }
         P::PubRel(r) => Incoming::PubRel(r.pkid),
