@@ -33,6 +33,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::children::{self, LABEL_CONNECTION, LABEL_GROUP};
@@ -83,6 +84,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     recorder: Recorder,
     connections: Store<DeserializeGuard<BrokerConnection>>,
+    /// True once `connections` holds the whole first list (see [`listed`]).
+    connections_listed: watch::Receiver<bool>,
     /// Consecutive failures per object, for its backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -103,6 +106,7 @@ pub async fn run(
     )
     .default_backoff()
     .reflect(connection_writer);
+    let (connection_events, connections_listed) = listed(connection_events);
     let (rules, rule_writer) = reflector::store();
     let rule_events = watcher(
         Api::<DeserializeGuard<ForwardingRule>>::all(client.clone()),
@@ -110,6 +114,7 @@ pub async fn run(
     )
     .default_backoff()
     .reflect(rule_writer);
+    let (rule_events, rules_listed) = listed(rule_events);
     // The rule loop also follows connections (a deleted connection strands its rules) and the
     // connection loop follows rules: a second watch of each, for triggers only.
     let connection_copy = watcher(
@@ -134,6 +139,7 @@ pub async fn run(
             },
         ),
         connections: connections.clone(),
+        connections_listed,
         failures: Mutex::new(HashMap::new()),
     });
 
@@ -197,11 +203,41 @@ pub async fn run(
         .run(reconcile_rule, error_policy, ctx.clone())
         .for_each(|_| async {});
 
-    let poller = crate::dataplane::run(ctx, rules, status_interval);
+    let poller = crate::dataplane::run(ctx, rules, rules_listed, status_interval);
     tokio::select! {
         _ = futures::future::join(connection_loop, rule_loop) => {}
         () = poller => {}
     }
+}
+
+/// The events as they are, and a flag that turns true once the store they fill holds the
+/// whole first list.
+///
+/// Tasks other than the controller itself wait on this rather than on
+/// `Store::wait_until_ready`: the store's readiness keeps one waker, so of several tasks waiting
+/// at once all but one can sleep forever (it hung every rule's reconcile while the controller's
+/// own applier, waiting on the same store, was woken).
+fn listed<K>(
+    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+) -> (
+    impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    watch::Receiver<bool>,
+)
+where
+    K: Send + 'static,
+{
+    let (tx, rx) = watch::channel(false);
+    let events = events.inspect(move |event| {
+        if matches!(event, Ok(watcher::Event::InitDone)) {
+            tx.send_replace(true);
+        }
+    });
+    (events, rx)
+}
+
+/// Whether `listed` (from [`listed`]) says the first list is in; waits for it.
+pub(crate) async fn wait_listed(listed: &watch::Receiver<bool>) -> bool {
+    listed.clone().wait_for(|done| *done).await.is_ok()
 }
 
 /// Objects whose spec changed (generation), or that were deleted; status-only writes, ours
@@ -301,7 +337,6 @@ async fn reconcile_connection(
         Err(invalid) => {
             // Children keep running as they are: nothing is torn down for an unreadable spec.
             warn!(connection = %name, namespace = %ns, error = %invalid, "cannot read BrokerConnection");
-            let api = Api::<BrokerConnection>::namespaced(ctx.client.clone(), &ns);
             let current =
                 current_status::<BrokerConnection, BrokerConnectionStatus>(&ctx.client, &ns, &name)
                     .await?;
@@ -328,7 +363,8 @@ async fn reconcile_connection(
                 observed_generation: guarded.meta().generation,
             };
             if current.as_ref() != Some(&status) {
-                write_status(&api, &name, FIELD_MANAGER, &status).await?;
+                write_unreadable_status::<BrokerConnection, _>(&ctx.client, &ns, &name, &status)
+                    .await?;
                 ctx.metrics.status_written(CONNECTION);
             }
             publish(&ctx, &guarded.object_ref(&()), &transitions).await;
@@ -522,7 +558,7 @@ async fn reconcile_rule(
     let name = guarded.name_any();
     let api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
     // Deciding "connection not found" on a store still filling would flap every rule.
-    if ctx.connections.wait_until_ready().await.is_err() {
+    if !wait_listed(&ctx.connections_listed).await {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     let outcome = match &guarded.0 {
@@ -563,7 +599,8 @@ async fn reconcile_rule(
                     now,
                 );
                 if current.as_ref().map(status::rule_control_view) != Some(desired.clone()) {
-                    write_status(&api, &name, FIELD_MANAGER, &desired).await?;
+                    write_unreadable_status::<ForwardingRule, _>(&ctx.client, &ns, &name, &desired)
+                        .await?;
                     ctx.metrics.status_written(RULE);
                 }
                 publish(&ctx, &guarded.object_ref(&()), &transitions).await;
@@ -604,6 +641,38 @@ pub(crate) async fn write_status<K, S>(
 ) -> Result<(), Error>
 where
     K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
+    S: Serialize,
+{
+    write_status_via::<K, K, S>(api, name, manager, status).await
+}
+
+/// [`write_status`] for an object this operator cannot read: the answer (the whole object) is
+/// taken untyped, or reading it would fail after the status was written.
+async fn write_unreadable_status<K, S>(
+    client: &Client,
+    ns: &str,
+    name: &str,
+    status: &S,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()>,
+    S: Serialize,
+{
+    let api =
+        Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ApiResource::erase::<K>(&()));
+    write_status_via::<K, DynamicObject, S>(&api, name, FIELD_MANAGER, status).await
+}
+
+/// Server-side applies `status` as `K`'s, through `api`.
+async fn write_status_via<K, O, S>(
+    api: &Api<O>,
+    name: &str,
+    manager: &str,
+    status: &S,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()>,
+    O: DeserializeOwned + Clone + std::fmt::Debug,
     S: Serialize,
 {
     let patch = serde_json::json!({

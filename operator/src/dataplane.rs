@@ -24,7 +24,7 @@ use kube::{Resource, ResourceExt};
 use tracing::{debug, warn};
 
 use crate::children::{LABEL_CONNECTION, LABEL_GROUP, SELECTOR};
-use crate::controller::{Context, STATUS_FIELD_MANAGER, publish, write_status};
+use crate::controller::{Context, STATUS_FIELD_MANAGER, publish, wait_listed, write_status};
 use crate::render::{HTTP_PORT, rule_name};
 use crate::status::{self, ACCEPTED};
 
@@ -39,6 +39,7 @@ type GroupKey = (String, String, String);
 pub async fn run(
     ctx: Arc<Context>,
     rules: Store<DeserializeGuard<ForwardingRule>>,
+    rules_listed: tokio::sync::watch::Receiver<bool>,
     interval: Duration,
 ) {
     let (pods, writer) = reflector::store();
@@ -52,7 +53,8 @@ pub async fn run(
     let http: HttpClient<HttpConnector, Empty<Bytes>> =
         HttpClient::builder(TokioExecutor::new()).build_http();
     let polls = async {
-        if pods.wait_until_ready().await.is_err() || rules.wait_until_ready().await.is_err() {
+        // The pod store has no other waiter; the rule controller's applier waits on `rules`.
+        if pods.wait_until_ready().await.is_err() || !wait_listed(&rules_listed).await {
             return;
         }
         let mut tick = tokio::time::interval(interval);
