@@ -257,6 +257,29 @@ impl KafkaCluster {
         Ok(find_partition(&md, topic, partition)?.isr().to_vec())
     }
 
+    /// The node that is the active controller (the leader of the KRaft quorum), as Kafka's
+    /// `kafka-metadata-quorum describe --status` says. Killing it costs a controller election
+    /// on top of a broker's failover. Takes a JVM start (2-3 s).
+    pub fn active_controller(&self) -> Result<i32> {
+        let args = [
+            "--bootstrap-server",
+            &self.bootstrap(),
+            "describe",
+            "--status",
+        ];
+        let out = kafka_node::run_tool(
+            &self.libs,
+            "org.apache.kafka.tools.MetadataQuorumCommand",
+            &args.map(String::from),
+            &self.dir.path().join("quorum.log"),
+            Duration::from_secs(60),
+        )?;
+        out.lines()
+            .find_map(|l| l.strip_prefix("LeaderId:"))
+            .and_then(|id| id.trim().parse().ok())
+            .ok_or_else(|| anyhow!("no LeaderId in the quorum status:\n{out}"))
+    }
+
     /// Waits until `partition` of `topic` is led by a node other than `old`; returns it.
     pub fn wait_for_new_leader(
         &self,

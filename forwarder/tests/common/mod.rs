@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry_e2e::{Kafka, Mosquitto, Record, free_port};
+use ferry_e2e::{Kafka, KafkaCluster, Mosquitto, Record, free_port};
 
 pub struct Brokers {
     pub mqtt: Mosquitto,
@@ -30,15 +30,20 @@ impl Brokers {
 
     /// A Ferry-format config for these brokers; `rules` is the YAML list under `rules:`.
     pub fn config(&self, client_id: &str, rules: &str) -> String {
-        format!(
-            "mqtt:\n  host: 127.0.0.1\n  port: {}\n  client_id: {client_id}\n  max_inflight: 1000\n  reconnect_max_ms: 1000\n\
-             kafka:\n  bootstrap_servers: {}\n\
-             shutdown_timeout_secs: 20\n\
-             rules:\n{rules}",
-            self.mqtt.port(),
-            self.kafka.bootstrap()
-        )
+        config(&self.mqtt, &self.kafka.bootstrap(), client_id, rules)
     }
+}
+
+/// A Ferry-format config for `mqtt` and the Kafka at `bootstrap` (one broker or a cluster);
+/// `rules` is the YAML list under `rules:`.
+pub fn config(mqtt: &Mosquitto, bootstrap: &str, client_id: &str, rules: &str) -> String {
+    format!(
+        "mqtt:\n  host: 127.0.0.1\n  port: {}\n  client_id: {client_id}\n  max_inflight: 1000\n  reconnect_max_ms: 1000\n\
+         kafka:\n  bootstrap_servers: {bootstrap}\n\
+         shutdown_timeout_secs: 20\n\
+         rules:\n{rules}",
+        mqtt.port(),
+    )
 }
 
 pub struct Forwarder {
@@ -310,9 +315,46 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .expect("runtime")
 }
 
+/// Where records are read back from: one broker or a cluster.
+pub trait ReadAll {
+    /// Reads `topic` from the beginning until `expect` records arrived and then `settle` passed
+    /// with nothing new, or `timeout` passed.
+    fn read_all(
+        &self,
+        topic: &str,
+        expect: usize,
+        settle: Duration,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<Record>>;
+}
+
+impl ReadAll for Kafka {
+    fn read_all(
+        &self,
+        topic: &str,
+        expect: usize,
+        settle: Duration,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<Record>> {
+        Kafka::read_all(self, topic, expect, settle, timeout)
+    }
+}
+
+impl ReadAll for KafkaCluster {
+    fn read_all(
+        &self,
+        topic: &str,
+        expect: usize,
+        settle: Duration,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<Record>> {
+        KafkaCluster::read_all(self, topic, expect, settle, timeout)
+    }
+}
+
 /// Reads the numbered messages back from `topic` (waiting for `total`, then 3 s more for late
 /// duplicates) and judges them.
-pub fn read_judged(kafka: &Kafka, topic: &str, total: usize, timeout: Duration) -> Delivery {
+pub fn read_judged(kafka: &impl ReadAll, topic: &str, total: usize, timeout: Duration) -> Delivery {
     let records = kafka
         .read_all(topic, total, Duration::from_secs(3), timeout)
         .expect("read");
