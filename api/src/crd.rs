@@ -197,9 +197,22 @@ pub struct LocalRef {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ForwarderPods {
-    /// Forwarder image; default: the one matching the operator's version.
+    /// Forwarder image, `[registry[:port]/]repository[:tag][@digest]`; without a tag or a
+    /// digest the operator's version is the tag. Default: the operator's `--forwarder-image`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    // Kept identical to the operator's parser (`ferry_operator::image`): a test compares them.
+    #[x_kube(validation = Rule::new("self.matches('^([a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?([.][a-zA-Z0-9]([a-zA-Z0-9-]*[a-zA-Z0-9])?)*(:[0-9]{1,5})?/)?[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*(/[a-z0-9]+(([._]|__|-+)[a-z0-9]+)*)*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@(sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128}))?$')").message("image must be [registry[:port]/]repository[:tag][@sha256:<64 hex digits>], the repository in lower case"))]
     pub image: Option<String>,
+    /// When the kubelet pulls the image: `Always`, `IfNotPresent` or `Never`. Default: the
+    /// operator's `--forwarder-image-pull-policy`, else Kubernetes' own default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<ImagePullPolicy>,
+    /// Secrets in this namespace with the credentials of the image's registry. Default: the
+    /// operator's `--forwarder-image-pull-secrets`; an empty list means none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16))]
+    pub image_pull_secrets: Option<Vec<LocalRef>>,
     /// Replicas per group. More than one splits the messages through a shared subscription.
     #[serde(default = "default_replicas")]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 64").message("replicas must be between 0 and 64"))]
@@ -225,12 +238,37 @@ impl Default for ForwarderPods {
     fn default() -> Self {
         Self {
             image: None,
+            image_pull_policy: None,
+            image_pull_secrets: None,
             replicas: default_replicas(),
             resources: None,
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
             affinity: None,
             pod_annotations: BTreeMap::new(),
+        }
+    }
+}
+
+// When the kubelet pulls a container image (a pod spec's `imagePullPolicy`). A comment, not a
+// doc comment: the schema of an optional field would show it instead of the field's own.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum ImagePullPolicy {
+    /// On every container start.
+    Always,
+    /// Only when the node does not have it.
+    IfNotPresent,
+    /// Never: the node must have it.
+    Never,
+}
+
+impl ImagePullPolicy {
+    /// The name in a pod spec.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Always => "Always",
+            Self::IfNotPresent => "IfNotPresent",
+            Self::Never => "Never",
         }
     }
 }

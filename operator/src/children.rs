@@ -16,9 +16,9 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    HTTPGetAction, KeyToPath, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec,
-    Probe, SeccompProfile, Secret, SecretKeySelector, SecretVolumeSource, SecurityContext, Service,
-    ServicePort, ServiceSpec, Volume, VolumeMount,
+    HTTPGetAction, KeyToPath, LocalObjectReference, ObjectFieldSelector, PodSecurityContext,
+    PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector, SecretVolumeSource,
+    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -26,13 +26,12 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 
+use crate::image::ForwarderImage;
 use crate::render::{
     ENV_KAFKA_PASSWORD, ENV_KAFKA_USERNAME, ENV_MQTT_PASSWORD, ENV_MQTT_USERNAME, ENV_POD_NAME,
     ENV_POD_NAMESPACE, HTTP_PORT, KAFKA_TLS_DIR, MQTT_TLS_DIR, Rendered, hex,
 };
 
-/// The forwarder image when a connection names none.
-pub const DEFAULT_IMAGE: &str = concat!("ferry-forwarder:", env!("CARGO_PKG_VERSION"));
 pub const CONFIG_DIR: &str = "/etc/ferry/config";
 pub const LABEL_CONNECTION: &str = "ferry.dev/connection";
 pub const LABEL_GROUP: &str = "ferry.dev/group";
@@ -68,12 +67,14 @@ pub struct Children {
 }
 
 /// Builds a group's children. `secret_data` is what the dereference step copied from the
-/// Secrets the connection references, under the names in [`keys`].
+/// Secrets the connection references, under the names in [`keys`]; `image` is the
+/// connection's (see [`ForwarderImage::for_connection`]).
 pub fn build(
     connection: &BrokerConnection,
     group: &str,
     rendered: &Rendered,
     secret_data: BTreeMap<String, ByteString>,
+    image: &ForwarderImage,
 ) -> Children {
     let name = rendered.workload.clone();
     let labels = labels(connection, group, &name);
@@ -122,6 +123,7 @@ pub fn build(
                 &name,
                 labels.clone(),
                 pods,
+                image,
                 rendered,
                 &secret_data,
                 secret_checksum,
@@ -168,6 +170,7 @@ fn pod_template(
     name: &str,
     labels: BTreeMap<String, String>,
     pods: &ForwarderPods,
+    image: &ForwarderImage,
     rendered: &Rendered,
     secret_data: &BTreeMap<String, ByteString>,
     secret_checksum: String,
@@ -180,6 +183,105 @@ fn pod_template(
     // Credentials reach the forwarder as environment variables, read at start: a rotated
     // Secret must restart the pods.
     annotations.insert(ANNOTATION_SECRETS.to_owned(), secret_checksum);
+    let (volumes, mounts) = volumes(name, secret_data);
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels),
+            annotations: Some(annotations),
+            ..ObjectMeta::default()
+        }),
+        spec: Some(PodSpec {
+            // The forwarder never talks to the Kubernetes API.
+            automount_service_account_token: Some(false),
+            // The drain bound plus time to disconnect.
+            termination_grace_period_seconds: Some(
+                i64::try_from(rendered.config.shutdown_timeout_secs).unwrap_or(30) + 10,
+            ),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(RUN_AS),
+                run_as_group: Some(RUN_AS),
+                fs_group: Some(RUN_AS),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".to_owned(),
+                    ..SeccompProfile::default()
+                }),
+                ..PodSecurityContext::default()
+            }),
+            containers: vec![container(pods, image, env(name, secret_data), mounts)],
+            volumes: Some(volumes),
+            // Secrets of the pod's namespace: the registry credentials must exist next to the
+            // connection, not in the operator's namespace.
+            image_pull_secrets: (!image.pull_secrets.is_empty()).then(|| {
+                image
+                    .pull_secrets
+                    .iter()
+                    .map(|name| LocalObjectReference { name: name.clone() })
+                    .collect()
+            }),
+            node_selector: (!pods.node_selector.is_empty()).then(|| pods.node_selector.clone()),
+            tolerations: (!pods.tolerations.is_empty()).then(|| pods.tolerations.clone()),
+            affinity: pods.affinity.clone(),
+            ..PodSpec::default()
+        }),
+    }
+}
+
+/// The forwarder container: locked down, probed, its image from the connection or the
+/// operator.
+fn container(
+    pods: &ForwarderPods,
+    image: &ForwarderImage,
+    env: Vec<EnvVar>,
+    mounts: Vec<VolumeMount>,
+) -> Container {
+    let probe = |path: &str| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.to_owned()),
+            port: IntOrString::String("http".to_owned()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(5),
+        failure_threshold: Some(3),
+        ..Probe::default()
+    };
+    Container {
+        name: "forwarder".to_owned(),
+        image: Some(image.image.to_string()),
+        image_pull_policy: image.pull_policy.map(|p| p.as_str().to_owned()),
+        args: Some(vec![
+            "--config".to_owned(),
+            format!("{CONFIG_DIR}/config.yaml"),
+        ]),
+        env: Some(env),
+        ports: Some(vec![ContainerPort {
+            name: Some("http".to_owned()),
+            container_port: i32::from(HTTP_PORT),
+            ..ContainerPort::default()
+        }]),
+        readiness_probe: Some(probe("/readyz")),
+        liveness_probe: Some(Probe {
+            initial_delay_seconds: Some(10),
+            ..probe("/healthz")
+        }),
+        resources: pods.resources.clone(),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".to_owned()]),
+                ..Capabilities::default()
+            }),
+            ..SecurityContext::default()
+        }),
+        volume_mounts: Some(mounts),
+        ..Container::default()
+    }
+}
+
+/// The pod's identity from the downward API, and the credentials the group's Secret holds.
+fn env(name: &str, secret_data: &BTreeMap<String, ByteString>) -> Vec<EnvVar> {
     let mut env = vec![
         field_env(ENV_POD_NAME, "metadata.name"),
         field_env(ENV_POD_NAMESPACE, "metadata.namespace"),
@@ -205,6 +307,15 @@ fn pod_template(
             });
         }
     }
+    env
+}
+
+/// The config directory, and a directory per broker with the certificates the group's Secret
+/// holds.
+fn volumes(
+    name: &str,
+    secret_data: &BTreeMap<String, ByteString>,
+) -> (Vec<Volume>, Vec<VolumeMount>) {
     let mut volumes = vec![Volume {
         name: "config".to_owned(),
         // A directory mount (not subPath), so the kubelet's symlink swap reaches the running
@@ -253,83 +364,7 @@ fn pod_template(
         });
         mounts.push(read_only_mount(volume, dir));
     }
-    let probe = |path: &str| Probe {
-        http_get: Some(HTTPGetAction {
-            path: Some(path.to_owned()),
-            port: IntOrString::String("http".to_owned()),
-            ..HTTPGetAction::default()
-        }),
-        period_seconds: Some(5),
-        failure_threshold: Some(3),
-        ..Probe::default()
-    };
-    PodTemplateSpec {
-        metadata: Some(ObjectMeta {
-            labels: Some(labels),
-            annotations: Some(annotations),
-            ..ObjectMeta::default()
-        }),
-        spec: Some(PodSpec {
-            // The forwarder never talks to the Kubernetes API.
-            automount_service_account_token: Some(false),
-            // The drain bound plus time to disconnect.
-            termination_grace_period_seconds: Some(
-                i64::try_from(rendered.config.shutdown_timeout_secs).unwrap_or(30) + 10,
-            ),
-            security_context: Some(PodSecurityContext {
-                run_as_non_root: Some(true),
-                run_as_user: Some(RUN_AS),
-                run_as_group: Some(RUN_AS),
-                fs_group: Some(RUN_AS),
-                seccomp_profile: Some(SeccompProfile {
-                    type_: "RuntimeDefault".to_owned(),
-                    ..SeccompProfile::default()
-                }),
-                ..PodSecurityContext::default()
-            }),
-            containers: vec![Container {
-                name: "forwarder".to_owned(),
-                image: Some(
-                    pods.image
-                        .clone()
-                        .unwrap_or_else(|| DEFAULT_IMAGE.to_owned()),
-                ),
-                args: Some(vec![
-                    "--config".to_owned(),
-                    format!("{CONFIG_DIR}/config.yaml"),
-                ]),
-                env: Some(env),
-                ports: Some(vec![ContainerPort {
-                    name: Some("http".to_owned()),
-                    container_port: i32::from(HTTP_PORT),
-                    ..ContainerPort::default()
-                }]),
-                readiness_probe: Some(probe("/readyz")),
-                liveness_probe: Some(Probe {
-                    initial_delay_seconds: Some(10),
-                    ..probe("/healthz")
-                }),
-                resources: pods.resources.clone(),
-                security_context: Some(SecurityContext {
-                    allow_privilege_escalation: Some(false),
-                    read_only_root_filesystem: Some(true),
-                    run_as_non_root: Some(true),
-                    capabilities: Some(Capabilities {
-                        drop: Some(vec!["ALL".to_owned()]),
-                        ..Capabilities::default()
-                    }),
-                    ..SecurityContext::default()
-                }),
-                volume_mounts: Some(mounts),
-                ..Container::default()
-            }],
-            volumes: Some(volumes),
-            node_selector: (!pods.node_selector.is_empty()).then(|| pods.node_selector.clone()),
-            tolerations: (!pods.tolerations.is_empty()).then(|| pods.tolerations.clone()),
-            affinity: pods.affinity.clone(),
-            ..PodSpec::default()
-        }),
-    }
+    (volumes, mounts)
 }
 
 fn field_env(name: &str, path: &str) -> EnvVar {
@@ -400,7 +435,7 @@ fn checksum(data: &BTreeMap<String, ByteString>) -> String {
 mod tests {
     use super::*;
     use crate::render::{Group, render};
-    use ferry_api::crd::ForwardingRule;
+    use ferry_api::crd::{ForwardingRule, ImagePullPolicy, LocalRef};
 
     fn fixture() -> (BrokerConnection, Vec<ForwardingRule>) {
         let conn: BrokerConnection = serde_saphyr::from_str(
@@ -456,7 +491,57 @@ spec:
             rules: rules.iter().collect(),
         })
         .expect("render");
-        build(&conn, "default", &rendered, secrets(password))
+        build(
+            &conn,
+            "default",
+            &rendered,
+            secrets(password),
+            &ForwarderImage::default(),
+        )
+    }
+
+    /// The forwarder pod spec of `conn` with the operator started with `flags`.
+    fn pod_with(conn: &BrokerConnection, flags: &[&str]) -> PodSpec {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Operator {
+            #[command(flatten)]
+            image: ForwarderImage,
+        }
+        let operator = Operator::try_parse_from(
+            std::iter::once("ferry-operator").chain(flags.iter().copied()),
+        )
+        .unwrap_or_else(|e| panic!("{flags:?}: {e}"));
+        let image = operator
+            .image
+            .for_connection(&conn.spec.forwarder)
+            .expect("a valid override");
+        let (_, rules) = fixture();
+        let rendered = render(&Group {
+            connection: conn,
+            name: "default",
+            rules: rules.iter().collect(),
+        })
+        .expect("render");
+        build(conn, "default", &rendered, secrets("pw"), &image)
+            .stateful_set
+            .spec
+            .and_then(|s| s.template.spec)
+            .expect("pod spec")
+    }
+
+    /// (image, imagePullPolicy, imagePullSecrets) of the forwarder pods.
+    fn image_of(pod: &PodSpec) -> (String, Option<String>, Vec<String>) {
+        let container = &pod.containers[0];
+        (
+            container.image.clone().unwrap_or_default(),
+            container.image_pull_policy.clone(),
+            pod.image_pull_secrets
+                .iter()
+                .flatten()
+                .map(|s| s.name.clone())
+                .collect(),
+        )
     }
 
     #[test]
@@ -526,6 +611,79 @@ spec:
             .expect("annotations");
         assert_eq!(annotations.get("team").map(String::as_str), Some("iot"));
         assert!(annotations.contains_key(ANNOTATION_RESTART));
+    }
+
+    #[test]
+    fn the_forwarder_image_is_the_operators_build_then_its_flags_then_the_connections() {
+        let (mut conn, _) = fixture();
+        let version = env!("CARGO_PKG_VERSION");
+        assert_eq!(
+            image_of(&pod_with(&conn, &[])),
+            (format!("ferry-forwarder:{version}"), None, vec![]),
+            "no flag, no override: the build matching the operator; pulls as Kubernetes does"
+        );
+        let flags = [
+            "--forwarder-image",
+            "registry.example.com:5000/team/ferry-forwarder",
+            "--forwarder-image-pull-policy",
+            "Always",
+            "--forwarder-image-pull-secrets",
+            "regcred,team-cred",
+        ];
+        assert_eq!(
+            image_of(&pod_with(&conn, &flags)),
+            (
+                format!("registry.example.com:5000/team/ferry-forwarder:{version}"),
+                Some("Always".to_owned()),
+                vec!["regcred".to_owned(), "team-cred".to_owned()]
+            ),
+            "the operator's flags; its version is the tag of a reference without one"
+        );
+
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        conn.spec.forwarder.image = Some(format!("mirror.example/iot/ferry-forwarder@{digest}"));
+        assert_eq!(
+            image_of(&pod_with(&conn, &flags)),
+            (
+                format!("mirror.example/iot/ferry-forwarder@{digest}"),
+                Some("Always".to_owned()),
+                vec!["regcred".to_owned(), "team-cred".to_owned()]
+            ),
+            "the connection's image wins; what it leaves unset stays the operator's"
+        );
+        conn.spec.forwarder.image_pull_policy = Some(ImagePullPolicy::IfNotPresent);
+        conn.spec.forwarder.image_pull_secrets = Some(vec![LocalRef {
+            name: "mirror-cred".to_owned(),
+        }]);
+        assert_eq!(
+            image_of(&pod_with(&conn, &flags)),
+            (
+                format!("mirror.example/iot/ferry-forwarder@{digest}"),
+                Some("IfNotPresent".to_owned()),
+                vec!["mirror-cred".to_owned()]
+            ),
+            "every field the connection sets wins"
+        );
+        conn.spec.forwarder.image_pull_secrets = Some(vec![]);
+        assert_eq!(
+            image_of(&pod_with(&conn, &flags)).2,
+            Vec::<String>::new(),
+            "an empty list means no pull secrets"
+        );
+
+        // One stored before the CRD had its rule: named, not rendered.
+        conn.spec.forwarder.image = Some("Ferry Forwarder".to_owned());
+        let refused = ForwarderImage::default()
+            .for_connection(&conn.spec.forwarder)
+            .map_err(|e| e.to_string());
+        assert_eq!(
+            refused.err().as_deref(),
+            Some(
+                "spec.forwarder.image: the repository \"Ferry Forwarder\" must be lower-case \
+                 letters and digits in '/'-separated parts, each part joined only by '.', '_', \
+                 '__' or '-' (and not starting or ending with one)"
+            )
+        );
     }
 
     #[test]

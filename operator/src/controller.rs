@@ -38,6 +38,7 @@ use tracing::{debug, info, warn};
 
 use crate::children::{self, LABEL_CONNECTION, LABEL_GROUP};
 use crate::conditions::{FALSE, Transition};
+use crate::image::ForwarderImage;
 use crate::metrics::Metrics;
 use crate::render::{Group, render};
 use crate::status::{self, RuleOutcome, Workload};
@@ -86,6 +87,8 @@ pub struct Context {
     connections: Store<DeserializeGuard<BrokerConnection>>,
     /// True once `connections` holds the whole first list (see [`listed`]).
     connections_listed: watch::Receiver<bool>,
+    /// The forwarder image of connections that name none (the operator's flags).
+    forwarder_image: ForwarderImage,
     /// Consecutive failures per object, for its backoff.
     failures: Mutex<HashMap<String, u32>>,
 }
@@ -96,6 +99,7 @@ pub async fn run(
     metrics: Arc<Metrics>,
     status_interval: Duration,
     identity: String,
+    forwarder_image: ForwarderImage,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
@@ -140,6 +144,7 @@ pub async fn run(
         ),
         connections: connections.clone(),
         connections_listed,
+        forwarder_image,
         failures: Mutex::new(HashMap::new()),
     });
 
@@ -332,42 +337,19 @@ async fn reconcile_connection(
         .namespace()
         .ok_or(Error::NoNamespace { kind: CONNECTION })?;
     let name = guarded.name_any();
-    let connection = match &guarded.0 {
-        Ok(c) => c,
-        Err(invalid) => {
-            // Children keep running as they are: nothing is torn down for an unreadable spec.
-            warn!(connection = %name, namespace = %ns, error = %invalid, "cannot read BrokerConnection");
-            let current =
-                current_status::<BrokerConnection, BrokerConnectionStatus>(&ctx.client, &ns, &name)
-                    .await?;
-            let (conditions, transitions) = crate::conditions::merge(
-                current
-                    .as_ref()
-                    .map(|s| s.conditions.as_slice())
-                    .unwrap_or_default(),
-                &[crate::conditions::Desired::new(
-                    status::READY,
-                    FALSE,
-                    "InvalidSpec",
-                    invalid.error.clone(),
-                )],
-                guarded.meta().generation,
-                jiff::Timestamp::now(),
-            );
-            let status = BrokerConnectionStatus {
-                conditions,
-                groups: current
-                    .as_ref()
-                    .map(|s| s.groups.clone())
-                    .unwrap_or_default(),
-                observed_generation: guarded.meta().generation,
-            };
-            if current.as_ref() != Some(&status) {
-                write_unreadable_status::<BrokerConnection, _>(&ctx.client, &ns, &name, &status)
-                    .await?;
-                ctx.metrics.status_written(CONNECTION);
+    let (connection, image) = match &guarded.0 {
+        Ok(c) => match ctx.forwarder_image.for_connection(&c.spec.forwarder) {
+            Ok(image) => (c, image),
+            Err(invalid) => {
+                warn!(connection = %name, namespace = %ns, error = %invalid, "invalid forwarder image");
+                report_invalid_spec(&ctx, &guarded, &ns, invalid.to_string()).await?;
+                succeeded(&ctx, &*guarded, CONNECTION, started);
+                return Ok(Action::requeue(RESYNC));
             }
-            publish(&ctx, &guarded.object_ref(&()), &transitions).await;
+        },
+        Err(invalid) => {
+            warn!(connection = %name, namespace = %ns, error = %invalid, "cannot read BrokerConnection");
+            report_invalid_spec(&ctx, &guarded, &ns, invalid.error.clone()).await?;
             succeeded(&ctx, &*guarded, CONNECTION, started);
             return Ok(Action::requeue(RESYNC));
         }
@@ -440,7 +422,7 @@ async fn reconcile_connection(
                     name: group,
                     rules: accepted.clone(),
                 })?;
-                let c = children::build(connection, group, &rendered, secret_data.clone());
+                let c = children::build(connection, group, &rendered, secret_data.clone(), &image);
                 apply(client, &ns, &c.config_map).await?;
                 apply(client, &ns, &c.secret).await?;
                 apply(client, &ns, &c.service).await?;
@@ -496,6 +478,47 @@ async fn reconcile_connection(
     succeeded(&ctx, connection, CONNECTION, started);
     info!(connection = %name, namespace = %ns, groups = workloads.len(), rules = outcomes.len(), "reconciled");
     Ok(Action::requeue(RESYNC))
+}
+
+/// `Ready` False with reason `InvalidSpec` on a connection the operator cannot render as it
+/// stands. Its children keep running as they are: nothing is torn down for a bad spec.
+async fn report_invalid_spec(
+    ctx: &Context,
+    guarded: &DeserializeGuard<BrokerConnection>,
+    ns: &str,
+    message: String,
+) -> Result<(), Error> {
+    let name = guarded.name_any();
+    let current =
+        current_status::<BrokerConnection, BrokerConnectionStatus>(&ctx.client, ns, &name).await?;
+    let (conditions, transitions) = crate::conditions::merge(
+        current
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default(),
+        &[crate::conditions::Desired::new(
+            status::READY,
+            FALSE,
+            "InvalidSpec",
+            message,
+        )],
+        guarded.meta().generation,
+        jiff::Timestamp::now(),
+    );
+    let status = BrokerConnectionStatus {
+        conditions,
+        groups: current
+            .as_ref()
+            .map(|s| s.groups.clone())
+            .unwrap_or_default(),
+        observed_generation: guarded.meta().generation,
+    };
+    if current.as_ref() != Some(&status) {
+        write_unreadable_status::<BrokerConnection, _>(&ctx.client, ns, &name, &status).await?;
+        ctx.metrics.status_written(CONNECTION);
+    }
+    publish(ctx, &guarded.object_ref(&()), &transitions).await;
+    Ok(())
 }
 
 /// What the forwarder would say about this rule alone (a problem CEL cannot see, such as a

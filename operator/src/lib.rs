@@ -7,6 +7,7 @@ pub mod conditions;
 pub mod controller;
 pub mod crdgen;
 pub mod dataplane;
+pub mod image;
 pub mod metrics;
 pub mod render;
 pub mod status;

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use ferry_operator::image::ForwarderImage;
 use ferry_operator::metrics::Metrics;
 use kube_lease_manager::LeaseManagerBuilder;
 use tracing::{error, info, warn};
@@ -43,6 +44,8 @@ struct Args {
     /// `text` or `json`.
     #[arg(long, env = "FERRY_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
+    #[command(flatten)]
+    forwarder_image: ForwarderImage,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -110,12 +113,20 @@ async fn run(args: Args) -> Result<(), Error> {
         format!("{}-{}", host.trim(), std::process::id())
     });
     let status_interval = Duration::from_secs(args.status_interval_seconds.max(1));
+    info!(image = %args.forwarder_image.image, pull_policy = ?args.forwarder_image.pull_policy, pull_secrets = ?args.forwarder_image.pull_secrets, "forwarder image of connections that name none");
 
     if !args.leader_elect {
         metrics.set_ready();
         metrics.set_leader(true);
-        ferry_operator::controller::run(client, metrics, status_interval, identity, terminated())
-            .await;
+        ferry_operator::controller::run(
+            client,
+            metrics,
+            status_interval,
+            identity,
+            args.forwarder_image,
+            terminated(),
+        )
+        .await;
         return Ok(());
     }
 
@@ -174,7 +185,7 @@ async fn run(args: Args) -> Result<(), Error> {
                 let lost = stop.await;
                 let _ = lost_tx.send(lost);
             };
-            ferry_operator::controller::run(client, metrics.clone(), status_interval, identity.clone(), Box::pin(shutdown)).await;
+            ferry_operator::controller::run(client, metrics.clone(), status_interval, identity.clone(), args.forwarder_image.clone(), Box::pin(shutdown)).await;
             metrics.set_leader(false);
             match lost_rx.await {
                 Ok(true) => Err(Error::LostLease),

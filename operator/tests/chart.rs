@@ -2,7 +2,10 @@
 //! what it renders is valid Kubernetes for the version the tests run (kubeconform, strict, with
 //! schemas generated offline by `e2e/tools/build.sh`), its values schema refuses bad values by
 //! name, and, installed into a real API server, its ServiceAccount may do what the operator
-//! needs (the operator runs with exactly those rights) and nothing more.
+//! needs (the operator runs with exactly those rights) and nothing more. Installed with both
+//! images from a private registry, the operator pods pull by digest with the pull secrets, and
+//! the operator, run with the chart's flags, gives its forwarder pods that image and those
+//! secrets.
 //!
 //! helm and kubeconform come from `bash e2e/tools/build.sh` (`$FERRY_CACHE/tools/bin`); without
 //! them these tests fail and say so.
@@ -187,9 +190,16 @@ fn default_render_is_strictly_valid_and_least_privileged() {
         ("FERRY_STATUS_INTERVAL_SECONDS", "10"),
         ("FERRY_LOG_FORMAT", "json"),
         ("FERRY_LOG", "info"),
+        ("FERRY_FORWARDER_IMAGE", "ferry-forwarder:0.1.0"),
+        ("FERRY_FORWARDER_IMAGE_PULL_POLICY", "IfNotPresent"),
     ] {
         assert_eq!(env[name]["value"], value, "{name}");
     }
+    assert!(
+        !env.contains_key("FERRY_FORWARDER_IMAGE_PULL_SECRETS")
+            && pod["imagePullSecrets"].is_null(),
+        "no pull secrets by default"
+    );
 
     let service = find(&docs, "Service", "ferry-operator-metrics");
     assert_eq!(service["spec"]["ports"][0]["name"], "http-metrics");
@@ -347,6 +357,24 @@ fn values_schema_refuses_bad_values_by_name() {
             "at '/logging/format': value must be one of 'json', 'text'",
         ),
         ("image.pullPolicy=Sometimes", "at '/image/pullPolicy'"),
+        ("image.digest=sha256:abc", "at '/image/digest'"),
+        (
+            "image.registry=https://registry.example",
+            "at '/image/registry'",
+        ),
+        ("forwarder.image.tag=.1", "at '/forwarder/image/tag'"),
+        (
+            "forwarder.image.pullPolicy=Sometimes",
+            "at '/forwarder/image/pullPolicy'",
+        ),
+        (
+            "forwarder.replicas=2",
+            "additional properties 'replicas' not allowed",
+        ),
+        (
+            "imagePullSecrets[0].name=Reg_Cred",
+            "at '/imagePullSecrets/0/name'",
+        ),
         ("service.port=0", "at '/service/port'"),
         (
             "metrics.serviceMonitor.interval=soon",
@@ -399,7 +427,194 @@ fn values_schema_refuses_bad_values_by_name() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// (e) Installed into a real API server
+// (e) Private registries
+
+const OPERATOR_DIGEST: &str =
+    "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+
+/// Both images from a private registry with a port, the operator's pinned by digest, and two
+/// pull secrets.
+const PRIVATE_REGISTRY: &str = r#"
+image:
+  registry: "registry.example.com:5000"
+  repository: team/ferry-operator
+  tag: "ignored-when-a-digest-is-set"
+  digest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+imagePullSecrets: [{ name: regcred }, { name: team-cred }]
+forwarder:
+  image:
+    registry: "registry.example.com:5000"
+    repository: team/ferry-forwarder
+    tag: "0.1.0-hardened"
+    pullPolicy: Always
+"#;
+
+#[test]
+fn a_private_registry_install_pulls_the_operator_and_hands_the_forwarder_image_to_it() {
+    let values = values_file("private-registry", PRIVATE_REGISTRY);
+    let values = values.display().to_string();
+    let rendered = template(&["--values", &values]);
+    let docs = documents(&rendered);
+    kubeconform(&rendered, docs.len());
+    let deployment = find(&docs, "Deployment", OPERATOR);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["containers"][0]["image"],
+        format!("registry.example.com:5000/team/ferry-operator@{OPERATOR_DIGEST}"),
+        "the digest pins the image; the tag is not used"
+    );
+    assert_eq!(
+        pod["imagePullSecrets"],
+        serde_json::json!([{ "name": "regcred" }, { "name": "team-cred" }])
+    );
+    // The operator's flags as the chart sets them (each flag is also an environment variable).
+    let flags: BTreeMap<String, String> = pod["containers"][0]["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .filter_map(|e| {
+            Some((
+                e["name"].as_str()?.to_owned(),
+                e["value"].as_str()?.to_owned(),
+            ))
+        })
+        .collect();
+    let forwarder = "registry.example.com:5000/team/ferry-forwarder:0.1.0-hardened";
+    for (name, value) in [
+        ("FERRY_FORWARDER_IMAGE", forwarder),
+        ("FERRY_FORWARDER_IMAGE_PULL_POLICY", "Always"),
+        ("FERRY_FORWARDER_IMAGE_PULL_SECRETS", "regcred,team-cred"),
+    ] {
+        assert_eq!(flags.get(name).map(String::as_str), Some(value), "{name}");
+    }
+
+    // Installed: the API server takes the Deployment as rendered.
+    let cp = ControlPlane::start().expect("control plane (run `bash e2e/k8s/build.sh` once)");
+    for ns in [NAMESPACE, "plant"] {
+        cp.run_kubectl(["create", "namespace", ns])
+            .expect("namespace");
+    }
+    let kubeconfig = cp.kubeconfig_path().display().to_string();
+    let out = helm(
+        &[
+            "install",
+            RELEASE,
+            CHART,
+            "--kubeconfig",
+            &kubeconfig,
+            "--namespace",
+            NAMESPACE,
+            "--values",
+            &values,
+        ],
+        None,
+    );
+    let text = output_text(&out);
+    eprintln!("{text}");
+    assert!(out.status.success(), "helm install failed:\n{text}");
+    assert!(
+        text.contains(&format!(
+            "Forwarder pods run {forwarder} (pull secrets regcred, team-cred"
+        )),
+        "NOTES name the forwarder image:\n{text}"
+    );
+    let installed = |path: &str| {
+        cp.run_kubectl([
+            "get",
+            "deployment",
+            OPERATOR,
+            "-n",
+            NAMESPACE,
+            "-o",
+            &format!("jsonpath={path}"),
+        ])
+        .unwrap_or_default()
+    };
+    assert_eq!(
+        installed("{.spec.template.spec.containers[0].image}"),
+        format!("registry.example.com:5000/team/ferry-operator@{OPERATOR_DIGEST}")
+    );
+    assert_eq!(
+        installed("{.spec.template.spec.imagePullSecrets[*].name}"),
+        "regcred team-cred"
+    );
+
+    // The operator with exactly the chart's flags gives a connection's forwarders that image.
+    let port = ferry_e2e::free_port().expect("port");
+    let log = cp.dir().join("private-registry-operator.log");
+    let _operator = ChildGuard(
+        Command::new(env!("CARGO_BIN_EXE_ferry-operator"))
+            .envs(&flags)
+            .env("FERRY_OPERATOR_LISTEN", format!("127.0.0.1:{port}"))
+            .env("KUBECONFIG", &kubeconfig)
+            .env("POD_NAME", "ferry-operator-test")
+            .env("POD_NAMESPACE", NAMESPACE)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log"))
+            .spawn()
+            .expect("spawn ferry-operator"),
+    );
+    cp.run_kubectl_with_stdin(
+        ["apply", "-n", "plant", "-f", "-"],
+        r#"
+apiVersion: ferry.dev/v1alpha1
+kind: BrokerConnection
+metadata: { name: plant }
+spec:
+  mqtt: { host: mqtt.plant.svc }
+  kafka: { bootstrapServers: ["kafka.plant.svc:9092"] }
+---
+apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata: { name: telemetry }
+spec:
+  connectionRef: { name: plant }
+  mqtt: { topics: ["plant/+/telemetry"] }
+  kafka: { topic: telemetry }
+"#,
+    )
+    .expect("apply a connection and a rule");
+    let forwarder_pods = |path: &str| {
+        cp.run_kubectl([
+            "get",
+            "statefulset",
+            "plant-default",
+            "-n",
+            "plant",
+            "-o",
+            &format!("jsonpath={path}"),
+        ])
+        .unwrap_or_default()
+    };
+    let operator_log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let started = Instant::now();
+    while forwarder_pods("{.metadata.name}").is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no forwarder StatefulSet within 60 s:\n{}",
+            operator_log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(
+        (
+            forwarder_pods("{.spec.template.spec.containers[0].image}"),
+            forwarder_pods("{.spec.template.spec.containers[0].imagePullPolicy}"),
+            forwarder_pods("{.spec.template.spec.imagePullSecrets[*].name}"),
+        ),
+        (
+            forwarder.to_owned(),
+            "Always".to_owned(),
+            "regcred team-cred".to_owned()
+        ),
+        "{}",
+        operator_log()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// (f) Installed into a real API server
 
 #[test]
 fn installed_chart_gives_the_operator_exactly_the_rights_it_uses() {

@@ -22,7 +22,11 @@ spec:
     tls: { useSystemRoots: true }
     sasl: { mechanism: PLAIN, credentialsSecretRef: { name: kafka-credentials } }
     config: { linger.ms: "10" }
-  forwarder: { replicas: 2 }
+  forwarder:
+    replicas: 2
+    image: registry.example.com:5000/team/ferry-forwarder@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
+    imagePullPolicy: Always
+    imagePullSecrets: [{ name: regcred }]
 "#;
 
 const RULE: &str = r#"
@@ -55,6 +59,7 @@ fn invalid_objects() -> Vec<(&'static str, String, &'static str)> {
     let chars = "may contain only letters, digits";
     let level = "key.level is set with strategy topicLevel, and only then";
     let port = "port must be between 1 and 65535";
+    let image = "image must be [registry[:port]/]repository[:tag][@sha256:<64 hex digits>], the repository in lower case";
     vec![
         ("# in the middle", rule("plant/+/telemetry", "a/#/b"), hash),
         ("# inside a level", rule("plant/+/telemetry", "a/b#"), hash),
@@ -135,6 +140,26 @@ fn invalid_objects() -> Vec<(&'static str, String, &'static str)> {
             "too many replicas",
             conn("replicas: 2", "replicas: 100"),
             "replicas must be between 0 and 64",
+        ),
+        (
+            "upper-case repository",
+            conn("team/ferry-forwarder", "Team/ferry-forwarder"),
+            image,
+        ),
+        (
+            "short digest",
+            conn("@sha256:0123456789abcdef", "@sha256:"),
+            image,
+        ),
+        (
+            "space in the image",
+            conn("ferry-forwarder@", "ferry forwarder@"),
+            image,
+        ),
+        (
+            "unknown pull policy",
+            conn("imagePullPolicy: Always", "imagePullPolicy: Sometimes"),
+            "supported values: \"Always\", \"IfNotPresent\", \"Never\"",
         ),
     ]
 }
@@ -221,7 +246,15 @@ fn a_groups_children_apply_and_go_away_with_their_connection() {
     .into_iter()
     .map(|k| (k.to_owned(), ByteString(b"x".to_vec())))
     .collect();
-    let c = children::build(&connection, "default", &rendered, secret);
+    let c = children::build(
+        &connection,
+        "default",
+        &rendered,
+        secret,
+        &ferry_operator::image::ForwarderImage::default()
+            .for_connection(&connection.spec.forwarder)
+            .expect("the connection's image"),
+    );
     for json in [
         serde_json::to_string(&c.config_map),
         serde_json::to_string(&c.secret),

@@ -382,3 +382,90 @@ fn the_kubernetes_examples_apply_and_render_as_documented() {
         .expect("kubectl get");
     eprintln!("kubectl get bc,fr -n ferry\n{shown}");
 }
+
+/// Private registries: the operator's `--forwarder-image*` flags apply to a connection that
+/// names no image; a connection's `spec.forwarder.image`, `imagePullPolicy` and
+/// `imagePullSecrets` win, and editing them rolls its forwarders onto the new image.
+#[test]
+fn forwarder_images_come_from_the_operators_flags_unless_the_connection_overrides_them() {
+    let cp = common::control_plane_with_crds("ferry");
+    let op = Operator::start(
+        &cp,
+        "operator",
+        &[
+            "--forwarder-image",
+            "registry.example.com:5000/team/ferry-forwarder",
+            "--forwarder-image-pull-secrets",
+            "regcred",
+        ],
+    );
+    let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
+    let connection = |name: &str, forwarder: &str| {
+        format!(
+            "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\nmetadata: {{ name: {name}, namespace: ferry }}\n\
+             spec:\n  mqtt: {{ host: mqtt.ferry.svc }}\n  kafka: {{ bootstrapServers: [\"kafka.ferry.svc:9092\"] }}\n  forwarder: {forwarder}\n"
+        )
+    };
+    common::apply(&cp, &connection("plant", "{}"));
+    let mirrored = |image: &str| {
+        connection(
+            "mirror",
+            &format!(
+                "{{ image: \"{image}\", imagePullPolicy: Always, imagePullSecrets: [{{ name: mirror-cred }}] }}"
+            ),
+        )
+    };
+    common::apply(
+        &cp,
+        &mirrored(&format!("mirror.example/iot/ferry-forwarder@{digest}")),
+    );
+    for connection in ["plant", "mirror"] {
+        common::apply(
+            &cp,
+            &rule(connection, "default", "plant/+/temp", "temps")
+                .replace("name: plant }", &format!("name: {connection} }}")),
+        );
+    }
+    // (image, imagePullPolicy, imagePullSecrets) of a forwarder StatefulSet's pods.
+    let image_of = |sts: &str| {
+        let get = |path: &str| jsonpath(&cp, "ferry", "statefulset", sts, path);
+        (
+            get("{.spec.template.spec.containers[0].image}"),
+            get("{.spec.template.spec.containers[0].imagePullPolicy}"),
+            get("{.spec.template.spec.imagePullSecrets[*].name}"),
+        )
+    };
+    op.wait_for("both connections' forwarders", WAIT, || {
+        !image_of("plant-default").0.is_empty() && !image_of("mirror-default").0.is_empty()
+    });
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        image_of("plant-default"),
+        (
+            format!("registry.example.com:5000/team/ferry-forwarder:{version}"),
+            // Not set by the operator: the API server's default for a tagged image.
+            "IfNotPresent".to_owned(),
+            "regcred".to_owned()
+        ),
+        "the operator's flags, its version as the tag"
+    );
+    assert_eq!(
+        image_of("mirror-default"),
+        (
+            format!("mirror.example/iot/ferry-forwarder@{digest}"),
+            "Always".to_owned(),
+            "mirror-cred".to_owned()
+        ),
+        "the connection's override"
+    );
+
+    common::apply(&cp, &mirrored("mirror.example/iot/ferry-forwarder:0.2.0"));
+    op.wait_for("the edited image", WAIT, || {
+        image_of("mirror-default").0 == "mirror.example/iot/ferry-forwarder:0.2.0"
+    });
+    assert_eq!(
+        image_of("plant-default").0,
+        format!("registry.example.com:5000/team/ferry-forwarder:{version}"),
+        "another connection's edit leaves this one alone"
+    );
+}

@@ -59,9 +59,27 @@ app.kubernetes.io/component: operator
 {{- end -}}
 {{- end -}}
 
+{{/*
+An image reference from image values (registry, repository, tag, digest) and the tag to use
+when none is set: "[<registry>/]<repository>@<digest>", else "[<registry>/]<repository>:<tag>".
+Called with a list: (image values, default tag).
+*/}}
+{{- define "ferry.imageReference" -}}
+{{- $defaultTag := index . 1 -}}
+{{- with index . 0 -}}
+{{- if .registry -}}{{ printf "%s/%s" .registry .repository }}{{- else -}}{{ .repository }}{{- end -}}
+{{- if .digest -}}{{ printf "@%s" .digest }}{{- else -}}{{ printf ":%s" (.tag | default $defaultTag) }}{{- end -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The operator image reference. */}}
 {{- define "ferry.image" -}}
-{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- include "ferry.imageReference" (list .Values.image .Chart.AppVersion) -}}
+{{- end -}}
+
+{{/* The forwarder image reference, passed to the operator (`--forwarder-image`). */}}
+{{- define "ferry.forwarderImage" -}}
+{{- include "ferry.imageReference" (list .Values.forwarder.image .Chart.AppVersion) -}}
 {{- end -}}
 
 {{/* Labels of the forwarder pods the operator renders (not managed by this chart). */}}

@@ -1,0 +1,92 @@
+//! The binary's contract for bad flags: exit code 2 and the flag and what is wrong with its
+//! value named, before it contacts any API server.
+
+use std::process::Command;
+
+/// Runs `ferry-operator` with `args` and `env` and no kubeconfig; (exit code, stderr).
+fn run(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry-operator"))
+        .args(args)
+        .envs(env.iter().copied())
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .expect("run ferry-operator");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_bad_forwarder_image_flag_exits_2_naming_the_flag_and_the_problem() {
+    let digest = "sha256:0123456789ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef";
+    for (args, env, expected) in [
+        (
+            vec![
+                "--forwarder-image",
+                "registry.example.com:5000/Team/ferry-forwarder:1.0",
+            ],
+            vec![],
+            "invalid value 'registry.example.com:5000/Team/ferry-forwarder:1.0' for \
+             '--forwarder-image <REFERENCE>': the repository \"Team/ferry-forwarder\" must be \
+             lower-case",
+        ),
+        (
+            vec![],
+            vec![(
+                "FERRY_FORWARDER_IMAGE",
+                format!("registry.example.com:5000/team/ferry-forwarder@{digest}"),
+            )],
+            "for '--forwarder-image <REFERENCE>': the digest \"sha256:0123456789ABCDEF",
+        ),
+        (
+            vec!["--forwarder-image", "registry.example.com:port/ferry"],
+            vec![],
+            "the registry \"registry.example.com:port\" is not a host name with an optional :port",
+        ),
+        (
+            vec!["--forwarder-image-pull-policy", "Sometimes"],
+            vec![],
+            "invalid value 'Sometimes' for '--forwarder-image-pull-policy <POLICY>': must be \
+             Always, IfNotPresent or Never",
+        ),
+        (
+            vec![],
+            vec![(
+                "FERRY_FORWARDER_IMAGE_PULL_SECRETS",
+                "regcred,Reg_Cred".to_owned(),
+            )],
+            "invalid value 'Reg_Cred' for '--forwarder-image-pull-secrets <NAMES>'",
+        ),
+    ] {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (code, stderr) = run(&args, &env);
+        assert_eq!(code, Some(2), "{args:?} {env:?}: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{args:?} {env:?}: expected {expected:?} in:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn help_lists_the_forwarder_image_flags_with_their_environment_variables() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry-operator"))
+        .arg("--help")
+        .output()
+        .expect("run ferry-operator --help");
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{help}");
+    for expected in [
+        "--forwarder-image <REFERENCE>",
+        "[env: FERRY_FORWARDER_IMAGE=]",
+        concat!("[default: ferry-forwarder:", env!("CARGO_PKG_VERSION"), "]"),
+        "--forwarder-image-pull-policy <POLICY>",
+        "[env: FERRY_FORWARDER_IMAGE_PULL_POLICY=]",
+        "--forwarder-image-pull-secrets <NAMES>",
+        "[env: FERRY_FORWARDER_IMAGE_PULL_SECRETS=]",
+    ] {
+        assert!(help.contains(expected), "{expected:?} in:\n{help}");
+    }
+}
