@@ -42,7 +42,7 @@ pub fn payload(seq: u64, size: usize) -> Vec<u8> {
     p
 }
 
-fn decode(p: &[u8]) -> Option<(u64, u64)> {
+pub fn decode(p: &[u8]) -> Option<(u64, u64)> {
     let seq = u64::from_be_bytes(p.get(0..8)?.try_into().ok()?);
     let sent = u64::from_be_bytes(p.get(8..16)?.try_into().ok()?);
     Some((seq, sent))

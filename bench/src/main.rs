@@ -11,6 +11,7 @@ mod operator;
 mod plot;
 mod procs;
 mod report;
+mod soak;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -47,6 +48,19 @@ struct Args {
     /// Extra librdkafka properties for the forwarder (KEY=VALUE, repeatable), for experiments.
     #[arg(long = "kafka-config", value_name = "KEY=VALUE")]
     kafka_config: Vec<String>,
+    /// Run the soak instead (`make soak`): a long stream through faults, one after another.
+    #[arg(long)]
+    soak: bool,
+    /// Messages of the soak.
+    #[arg(long, default_value_t = 1_000_000)]
+    soak_messages: u64,
+    /// The soak's publish rate, messages per second: below what the forwarder sustains on the
+    /// 3-node cluster, so it can catch up after each fault.
+    #[arg(long, default_value_t = 2_500)]
+    soak_rate: u64,
+    /// Seconds between the starts of two faults in the soak.
+    #[arg(long, default_value_t = 20)]
+    soak_every: u64,
     /// Where results go.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
     out: PathBuf,
@@ -67,6 +81,11 @@ struct Bench {
     runs: u32,
     messages: u64,
     kafka_config: String,
+    /// The broker's `max_inflight_messages` now: the window of the run, as the README tells
+    /// users to set it (see [`Bench::broker_inflight`]).
+    broker_inflight: u32,
+    /// The window outside the window sweep.
+    window: u32,
 }
 
 /// One drain: `replicas` forwarders, each with a persistent session that the broker filled
@@ -104,7 +123,20 @@ impl Bench {
         )
     }
 
+    /// Restarts Mosquitto (without persistence: every run makes its own sessions) with
+    /// `max_inflight_messages` = `limit` unless it runs with it already: the broker bounds what
+    /// it sends a client unacknowledged to the client's window, as in production.
+    fn broker_inflight(&mut self, limit: u32) -> Result<()> {
+        if self.broker_inflight != limit {
+            self.mqtt.stop();
+            self.mqtt = start_mosquitto(limit)?;
+            self.broker_inflight = limit;
+        }
+        Ok(())
+    }
+
     fn drain(&mut self, spec: DrainSpec) -> Result<Drain> {
+        self.broker_inflight(spec.window)?;
         let run = self.next_run();
         // A small window is slow by design: 200 windows' worth is plenty to measure it.
         let n = self.messages.min(u64::from(spec.window) * 200);
@@ -227,6 +259,7 @@ impl Bench {
     /// A bare rumqttc subscriber draining the same backlog, and librdkafka producing the
     /// same records, each alone.
     fn limits(&mut self, qos: u8, size: usize) -> Result<Limit> {
+        self.broker_inflight(self.window)?;
         let run = self.next_run();
         // Each limit runs several times faster than the forwarder: four times the messages
         // keep its measurement from being a fraction of a second of noise.
@@ -262,6 +295,7 @@ impl Bench {
     /// One forwarder, a publisher at `rate` msg/s for `seconds`, and a Kafka reader timing
     /// every record from the publish call to its arrival.
     fn latency(&mut self, rate: u64, seconds: u64, window: u32) -> Result<Latency> {
+        self.broker_inflight(window)?;
         let run = self.next_run();
         let topic = format!("bench.{run}");
         self.rt
@@ -338,17 +372,36 @@ fn main() -> Result<()> {
     let started = Instant::now();
     let machine = report::machine();
     println!("ferry-bench on {machine}");
-    // Unlimited in-flight toward a client: the forwarder's window is the only bound, so the
-    // window sweep measures the forwarder and not the broker's setting. QoS 0 queued for
-    // offline sessions, so QoS 0 can be drained like the others.
-    let mqtt = Mosquitto::start_with(MosquittoOptions {
-        max_inflight_messages: Some(0),
-        queue_qos0_messages: true,
-        ..MosquittoOptions::default()
-    })?;
+    if args.soak {
+        let soak_args = soak::SoakArgs {
+            messages: args.soak_messages,
+            rate: args.soak_rate,
+            every: Duration::from_secs(args.soak_every),
+            window: args.window,
+            out: args.out.clone(),
+        };
+        let report = soak::run(&forwarder_bin, machine, &soak_args)?;
+        let md = report.markdown();
+        println!("\n{md}");
+        soak::write(&soak_args.out, &report)?;
+        println!(
+            "soak done in {:.0?}; results in {}",
+            started.elapsed(),
+            soak_args.out.display()
+        );
+        if report.lost > 0 || report.out_of_order > 0 {
+            bail!(
+                "the soak lost or reordered messages: {} lost, {} out of order",
+                report.lost,
+                report.out_of_order
+            );
+        }
+        return Ok(());
+    }
+    let mqtt = start_mosquitto(args.window)?;
     let kafka = Kafka::start()?;
     println!(
-        "mosquitto {} (max_inflight_messages 0 = unlimited, max_queued_messages {}, queue_qos0_messages true); kafka {} (KRaft, 1 node, -Xmx1g); {} partitions, {} MQTT topics = keys",
+        "mosquitto {} (max_inflight_messages = each run's window, max_queued_messages {}, queue_qos0_messages true); kafka {} (KRaft, 1 node, -Xmx1g); {} partitions, {} MQTT topics = keys",
         report::mosquitto_version(),
         ferry_e2e::MOSQUITTO_MAX_QUEUED,
         ferry_e2e::KAFKA_VERSION,
@@ -367,6 +420,8 @@ fn main() -> Result<()> {
         runs: 0,
         messages: args.messages,
         kafka_config: kafka_config(&args.kafka_config)?,
+        broker_inflight: args.window,
+        window: args.window,
     };
     let wanted = |section: &str| args.only.is_empty() || args.only.iter().any(|o| o == section);
     // A fresh JVM spends its first minute compiling (perf showed Kafka's C1/C2 compiler
@@ -462,6 +517,17 @@ fn main() -> Result<()> {
 }
 
 /// `KEY=VALUE` pairs as the forwarder config's `kafka.config` block.
+/// Mosquitto sending each client at most `inflight` unacknowledged messages (the window of the
+/// run, as in production), and queueing QoS 0 for offline sessions so QoS 0 can be drained like
+/// the others.
+fn start_mosquitto(inflight: u32) -> Result<Mosquitto> {
+    Mosquitto::start_with(MosquittoOptions {
+        max_inflight_messages: Some(inflight),
+        queue_qos0_messages: true,
+        ..MosquittoOptions::default()
+    })
+}
+
 fn kafka_config(pairs: &[String]) -> Result<String> {
     if pairs.is_empty() {
         return Ok(String::new());

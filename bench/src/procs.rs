@@ -118,6 +118,22 @@ impl Forwarder {
         usage(self.pid())
     }
 
+    /// Whether the process still runs.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// SIGKILL and wait: nothing drained, acked or disconnected.
+    pub fn kill(&mut self) -> Result<()> {
+        if let Some(mut child) = self.child.take() {
+            child.kill().context("SIGKILL the forwarder")?;
+            child.wait()?;
+        }
+        Ok(())
+    }
+
     /// SIGTERM (drain, ack, disconnect) and wait.
     pub fn stop(&mut self) -> Result<()> {
         let Some(mut child) = self.child.take() else {

@@ -135,9 +135,10 @@ fn tail(log: &Path) -> String {
     lines[lines.len().saturating_sub(30)..].join("\n")
 }
 
-/// Starts `cmd` so that it dies with the process that started it.
+/// Starts `cmd` so that it dies with the process that started it. Its output is appended to
+/// `log`, so a restarted broker's log keeps what happened before the restart.
 fn spawn_tied(cmd: &mut Command, log: &Path) -> Result<Child> {
-    let out = fs::File::create(log)?;
+    let out = fs::OpenOptions::new().create(true).append(true).open(log)?;
     cmd.stdout(out.try_clone()?)
         .stderr(out)
         .stdin(Stdio::null());
