@@ -61,6 +61,10 @@ struct Args {
     /// Seconds between the starts of two faults in the soak.
     #[arg(long, default_value_t = 20)]
     soak_every: u64,
+    /// Let Mosquitto send each client any number of unacknowledged messages
+    /// (`max_inflight_messages 0`) instead of the run's window, to compare (experiments).
+    #[arg(long)]
+    broker_unbounded: bool,
     /// Where results go.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
     out: PathBuf,
@@ -86,6 +90,7 @@ struct Bench {
     broker_inflight: u32,
     /// The window outside the window sweep.
     window: u32,
+    broker_unbounded: bool,
 }
 
 /// One drain: `replicas` forwarders, each with a persistent session that the broker filled
@@ -126,7 +131,8 @@ impl Bench {
     /// Restarts Mosquitto (without persistence: every run makes its own sessions) with
     /// `max_inflight_messages` = `limit` unless it runs with it already: the broker bounds what
     /// it sends a client unacknowledged to the client's window, as in production.
-    fn broker_inflight(&mut self, limit: u32) -> Result<()> {
+    fn broker_inflight(&mut self, window: u32) -> Result<()> {
+        let limit = if self.broker_unbounded { 0 } else { window };
         if self.broker_inflight != limit {
             self.mqtt.stop();
             self.mqtt = start_mosquitto(limit)?;
@@ -401,7 +407,7 @@ fn main() -> Result<()> {
     let mqtt = start_mosquitto(args.window)?;
     let kafka = Kafka::start()?;
     println!(
-        "mosquitto {} (max_inflight_messages = each run's window, max_queued_messages {}, queue_qos0_messages true); kafka {} (KRaft, 1 node, -Xmx1g); {} partitions, {} MQTT topics = keys",
+        "mosquitto {} (max_inflight_messages = each run's window unless --broker-unbounded, max_queued_messages {}, queue_qos0_messages true); kafka {} (KRaft, 1 node, -Xmx1g); {} partitions, {} MQTT topics = keys",
         report::mosquitto_version(),
         ferry_e2e::MOSQUITTO_MAX_QUEUED,
         ferry_e2e::KAFKA_VERSION,
@@ -422,6 +428,7 @@ fn main() -> Result<()> {
         kafka_config: kafka_config(&args.kafka_config)?,
         broker_inflight: args.window,
         window: args.window,
+        broker_unbounded: args.broker_unbounded,
     };
     let wanted = |section: &str| args.only.is_empty() || args.only.iter().any(|o| o == section);
     // A fresh JVM spends its first minute compiling (perf showed Kafka's C1/C2 compiler
