@@ -129,7 +129,7 @@ impl Bench {
     }
 
     /// Restarts Mosquitto (without persistence: every run makes its own sessions) with
-    /// `max_inflight_messages` = `limit` unless it runs with it already: the broker bounds what
+    /// `max_inflight_messages` = `window` (0 with `--broker-unbounded`) unless it runs with it already: the broker bounds what
     /// it sends a client unacknowledged to the client's window, as in production.
     fn broker_inflight(&mut self, window: u32) -> Result<()> {
         let limit = if self.broker_unbounded { 0 } else { window };
@@ -384,16 +384,15 @@ fn main() -> Result<()> {
             rate: args.soak_rate,
             every: Duration::from_secs(args.soak_every),
             window: args.window,
-            out: args.out.clone(),
         };
         let report = soak::run(&forwarder_bin, machine, &soak_args)?;
         let md = report.markdown();
         println!("\n{md}");
-        soak::write(&soak_args.out, &report)?;
+        soak::write(&args.out, &report)?;
         println!(
             "soak done in {:.0?}; results in {}",
             started.elapsed(),
-            soak_args.out.display()
+            args.out.display()
         );
         if report.lost > 0 || report.out_of_order > 0 {
             bail!(
@@ -523,7 +522,6 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// `KEY=VALUE` pairs as the forwarder config's `kafka.config` block.
 /// Mosquitto sending each client at most `inflight` unacknowledged messages (the window of the
 /// run, as in production), and queueing QoS 0 for offline sessions so QoS 0 can be drained like
 /// the others.
@@ -535,6 +533,7 @@ fn start_mosquitto(inflight: u32) -> Result<Mosquitto> {
     })
 }
 
+/// `KEY=VALUE` pairs as the forwarder config's `kafka.config` block.
 fn kafka_config(pairs: &[String]) -> Result<String> {
     if pairs.is_empty() {
         return Ok(String::new());

@@ -13,9 +13,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use ferry_e2e::{ClusterOptions, FaultProxy, KafkaCluster, Mosquitto, MosquittoOptions, ProxyMode};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
-use rdkafka::{Offset, TopicPartitionList};
 use serde::Serialize;
 
 use crate::load::{self, now_ns};
@@ -38,7 +35,6 @@ pub struct SoakArgs {
     pub rate: u64,
     pub every: Duration,
     pub window: u32,
-    pub out: PathBuf,
 }
 
 /// The faults, applied in this order, round and round.
@@ -399,61 +395,29 @@ impl Publisher {
     }
 }
 
-/// Reads the topic from the beginning, in a thread, until `expect` distinct messages arrived
-/// and 5 s passed with nothing new (or `timeout`).
-fn read_arrivals(
-    cluster: &KafkaCluster,
-    expect: Arc<AtomicU64>,
-    timeout: Duration,
-) -> Result<std::thread::JoinHandle<Result<Vec<Arrival>>>> {
-    let consumer: BaseConsumer = cluster
-        .client_config()
-        .set("group.id", "ferry-soak-reader")
-        .set("enable.auto.commit", "false")
-        .create()?;
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition_offset(TOPIC, p, Offset::Beginning)?;
-    }
-    consumer.assign(&tpl)?;
-    Ok(std::thread::spawn(move || -> Result<Vec<Arrival>> {
-        let mut arrivals = Vec::new();
-        let mut distinct = std::collections::HashSet::new();
-        let start = Instant::now();
-        let mut last_new = Instant::now();
-        while start.elapsed() < timeout {
-            if distinct.len() as u64 >= expect.load(Ordering::SeqCst)
-                && last_new.elapsed() > Duration::from_secs(5)
-            {
-                return Ok(arrivals);
-            }
-            match consumer.poll(Duration::from_millis(100)) {
-                Some(Ok(m)) => {
-                    last_new = Instant::now();
-                    let (seq, sent_ns) = m
-                        .payload()
-                        .and_then(load::decode)
-                        .ok_or_else(|| anyhow!("a record without a bench header in {TOPIC}"))?;
-                    distinct.insert(seq);
-                    arrivals.push(Arrival {
-                        seq,
-                        sent_ns,
-                        produced_ms: m.timestamp().to_millis().unwrap_or(0),
-                        partition: m.partition(),
-                        offset: m.offset(),
-                    });
-                }
-                // Leader changes surface here; the consumer carries on by itself.
-                Some(Err(e)) => eprintln!("soak reader: {e}"),
-                None => {}
-            }
-        }
-        bail!(
-            "read {} distinct messages of {} within {timeout:?}",
-            distinct.len(),
-            expect.load(Ordering::SeqCst)
-        )
-    }))
+/// What arrived, read back from the beginning once the publisher is done: until every
+/// published message's record is in and 5 s passed with nothing new.
+fn read_arrivals(cluster: &KafkaCluster, published: u64) -> Result<Vec<Arrival>> {
+    let records = cluster.read_all(
+        TOPIC,
+        usize::try_from(published)?,
+        Duration::from_secs(5),
+        Duration::from_secs(600),
+    )?;
+    records
+        .iter()
+        .map(|r| {
+            let (seq, sent_ns) = load::decode(&r.value)
+                .ok_or_else(|| anyhow!("a record without a bench header in {TOPIC}"))?;
+            Ok(Arrival {
+                seq,
+                sent_ns,
+                produced_ms: r.timestamp_ms.unwrap_or(0),
+                partition: r.partition,
+                offset: r.offset,
+            })
+        })
+        .collect()
 }
 
 pub fn run(forwarder_bin: &Path, machine: String, args: &SoakArgs) -> Result<SoakReport> {
@@ -462,9 +426,6 @@ pub fn run(forwarder_bin: &Path, machine: String, args: &SoakArgs) -> Result<Soa
         args.messages, args.rate, args.every
     );
     let mut rig = Rig::start(forwarder_bin, args.window)?;
-    let expect = Arc::new(AtomicU64::new(u64::MAX));
-    let budget = Duration::from_secs(args.messages / args.rate.max(1) * 3 + 600);
-    let reader = read_arrivals(&rig.cluster, expect.clone(), budget)?;
     let publisher = Publisher::start(rig.mqtt.port(), args.messages, args.rate);
     let started = Instant::now();
     let run_ns = now_ns();
@@ -496,10 +457,7 @@ pub fn run(forwarder_bin: &Path, machine: String, args: &SoakArgs) -> Result<Soa
         applied.push(done);
     }
     let published = publisher.join()?;
-    expect.store(published, Ordering::SeqCst);
-    let arrivals = reader
-        .join()
-        .map_err(|_| anyhow!("the Kafka reader panicked"))??;
+    let arrivals = read_arrivals(&rig.cluster, published)?;
     let duration_s = started.elapsed().as_secs_f64();
     if !rig.forwarder.running() {
         bail!("the forwarder exited at the end of the soak");

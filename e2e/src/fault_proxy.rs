@@ -148,10 +148,6 @@ impl FaultProxy {
         self.state.send_modify(|s| s.upstream = Some(upstream));
     }
 
-    pub fn upstream(&self) -> Option<SocketAddr> {
-        self.state.borrow().upstream
-    }
-
     /// Switches the mode. Connections react within microseconds, on the proxy's thread: a
     /// test that needs a reset to have happened should look at the client's side.
     pub fn set_mode(&self, mode: ProxyMode) {

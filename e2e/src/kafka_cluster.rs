@@ -151,11 +151,6 @@ impl KafkaCluster {
         self.nodes.iter().map(|n| n.id).collect()
     }
 
-    /// The node's `PLAINTEXT` port on 127.0.0.1.
-    pub fn port(&self, node: i32) -> Result<u16> {
-        Ok(self.node(node)?.port)
-    }
-
     /// Every node's `PLAINTEXT` address, comma-separated.
     pub fn bootstrap(&self) -> String {
         self.nodes
@@ -197,18 +192,7 @@ impl KafkaCluster {
         }
     }
 
-    /// The cluster's dir: one `node-<id>` dir per node with `server.properties`, `kafka.log`
-    /// and the data.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
-    /// The replication factor of new topics: `min(n, 3)`.
-    pub fn replication(&self) -> u32 {
-        self.replication
-    }
-
-    /// Creates a topic with [`KafkaCluster::replication`] replicas and waits until every
+    /// Creates a topic with the cluster's replication factor (`min(n, 3)`) and waits until every
     /// partition has a leader and all its replicas in sync (so a test can read
     /// [`KafkaCluster::leader_of`] right away).
     pub async fn create_topic(&self, name: &str, partitions: i32) -> Result<()> {
@@ -314,14 +298,7 @@ impl KafkaCluster {
         Ok(())
     }
 
-    /// Stops the node cleanly (SIGTERM: a controlled shutdown moves its leaderships first),
-    /// SIGKILL after 20 s.
-    pub fn stop(&mut self, node: i32) -> Result<()> {
-        kafka_node::stop_child(&mut self.node_mut(node)?.child, Duration::from_secs(20));
-        Ok(())
-    }
-
-    /// Starts a killed or stopped node again, same ports and data, and waits until it is
+    /// Starts a killed node again, same ports and data, and waits until it is
     /// registered again (listed in the metadata). It catches up on its replicas afterwards:
     /// see [`KafkaCluster::isr_of`].
     pub fn restart(&mut self, node: i32) -> Result<()> {

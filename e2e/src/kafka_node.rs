@@ -17,7 +17,7 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers as _, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::{Placement, Record, run_logged, spawn_tied, terminate};
+use crate::{Placement, Record, run_logged, spawn_tied};
 
 /// The Kafka jars fetched by `e2e/install.sh`, checked to be complete.
 pub(crate) fn libs() -> Result<PathBuf> {
@@ -197,13 +197,6 @@ pub(crate) fn wait_for_brokers(cc: &ClientConfig, brokers: usize, timeout: Durat
     }
 }
 
-/// SIGTERM, then SIGKILL after `grace`.
-pub(crate) fn stop_child(child: &mut Option<Child>, grace: Duration) {
-    if let Some(mut c) = child.take() {
-        terminate(&mut c, grace);
-    }
-}
-
 pub(crate) async fn create_topic(
     cc: &ClientConfig,
     name: &str,
@@ -306,5 +299,6 @@ fn record(m: &BorrowedMessage<'_>) -> Record {
         key: m.key().map(<[u8]>::to_vec),
         value: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
         headers,
+        timestamp_ms: m.timestamp().to_millis(),
     }
 }

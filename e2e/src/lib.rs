@@ -943,6 +943,8 @@ pub struct Record {
     pub key: Option<Vec<u8>>,
     pub value: Vec<u8>,
     pub headers: Vec<(String, Vec<u8>)>,
+    /// The record's timestamp in ms since the epoch (CreateTime: when the producer produced it).
+    pub timestamp_ms: Option<i64>,
 }
 
 impl Record {

@@ -148,35 +148,27 @@ pub enum Classified {
 /// retried: an operator can fix them, and giving up would be silent loss.
 pub fn classify(error: &KafkaError) -> Classified {
     use RDKafkaErrorCode as C;
-    let error_text = error.to_string();
-    let unwritable = |reason| {
-        Classified::Outcome(Outcome::Unwritable {
-            reason,
-            error: error_text.clone(),
-        })
-    };
-    let blocked = |reason| {
-        Classified::Outcome(Outcome::Blocked {
-            reason,
-            error: error_text.clone(),
-        })
-    };
-    match error.rdkafka_error_code() {
+    let judged = match error.rdkafka_error_code() {
         Some(C::MessageSizeTooLarge | C::InvalidMessageSize | C::MessageBatchTooLarge) => {
-            unwritable(UnwritableReason::TooLarge)
+            Ok(UnwritableReason::TooLarge)
         }
-        Some(C::InvalidTopic) => unwritable(UnwritableReason::InvalidTopic),
-        Some(C::InvalidRecord) => unwritable(UnwritableReason::InvalidRecord),
+        Some(C::InvalidTopic) => Ok(UnwritableReason::InvalidTopic),
+        Some(C::InvalidRecord) => Ok(UnwritableReason::InvalidRecord),
         Some(C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed) => {
-            blocked(BlockReason::Unauthorized)
+            Err(BlockReason::Unauthorized)
         }
         Some(C::UnknownTopic | C::UnknownTopicOrPartition | C::UnknownPartition) => {
-            blocked(BlockReason::UnknownTopic)
+            Err(BlockReason::UnknownTopic)
         }
-        Some(C::QueueFull) => blocked(BlockReason::QueueFull),
-        Some(C::Fatal) => Classified::Fatal,
-        _ => blocked(BlockReason::Unavailable),
-    }
+        Some(C::QueueFull) => Err(BlockReason::QueueFull),
+        Some(C::Fatal) => return Classified::Fatal,
+        _ => Err(BlockReason::Unavailable),
+    };
+    let error = error.to_string();
+    Classified::Outcome(match judged {
+        Ok(reason) => Outcome::Unwritable { reason, error },
+        Err(reason) => Outcome::Blocked { reason, error },
+    })
 }
 
 /// The metadata probe's context: hands errors retrying cannot fix (the broker's certificate

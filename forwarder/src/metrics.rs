@@ -50,17 +50,6 @@ pub enum ReloadResult {
     Rejected,
 }
 
-/// Every `reason` a retry is counted under.
-const RETRY_REASONS: [&str; 7] = [
-    BlockReason::Unauthorized.as_str(),
-    BlockReason::UnknownTopic.as_str(),
-    BlockReason::QueueFull.as_str(),
-    BlockReason::Unavailable.as_str(),
-    UnwritableReason::TooLarge.as_str(),
-    UnwritableReason::InvalidTopic.as_str(),
-    UnwritableReason::InvalidRecord.as_str(),
-];
-
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RetryLabel {
     rule: String,
@@ -428,7 +417,12 @@ impl Metrics {
                     reason,
                 });
             }
-            for reason in RETRY_REASONS {
+            // Every `reason` a retry is counted under.
+            let reasons = BlockReason::ALL
+                .map(BlockReason::as_str)
+                .into_iter()
+                .chain(UnwritableReason::ALL.map(UnwritableReason::as_str));
+            for reason in reasons {
                 self.families.retries.remove(&RetryLabel {
                     rule: gone.name.clone(),
                     reason,

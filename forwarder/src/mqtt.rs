@@ -668,8 +668,7 @@ impl Session {
 
 /// Exponential backoff with jitter: between half and all of min·2^(n-1), capped at max.
 pub fn backoff(min: Duration, max: Duration, failures: u32) -> Duration {
-    let exp = min.saturating_mul(1u32 << failures.saturating_sub(1).min(20));
-    let cap = exp.min(max);
+    let cap = crate::window::capped_exponential(min, max, failures);
     let half = cap / 2;
     half + rand::rng().random_range(Duration::ZERO..=half)
 }

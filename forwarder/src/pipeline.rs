@@ -311,13 +311,10 @@ impl Pipeline {
                 (value, t.header_plan.build(message))
             }
             Dest::DeadLetter { error } => {
-                let intended = match &t.static_topic {
-                    Some(name) => name.to_string(),
-                    None => t
-                        .topic
-                        .resolve(&message.topic)
-                        .map_or_else(|_| t.topic.to_string(), Cow::into_owned),
-                };
+                let intended = t
+                    .topic
+                    .resolve(&message.topic)
+                    .map_or_else(|_| t.topic.to_string(), Cow::into_owned);
                 let headers = dead_letter_headers(
                     t.header_plan.build(message),
                     &message.topic,
@@ -448,8 +445,9 @@ impl Pipeline {
             error,
             "kafka can never take this message as it is and no dead-letter topic took it; holding it unacknowledged (on_unwritable: hold)"
         );
+        let message = format!("{}: {error}", reason.as_str());
         for rule in &t.rules {
-            rule.on_retry(reason.as_str(), format!("{}: {error}", reason.as_str()));
+            rule.on_retry(reason.as_str(), message.clone());
         }
     }
 

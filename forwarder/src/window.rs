@@ -51,6 +51,13 @@ pub enum BlockReason {
 }
 
 impl BlockReason {
+    pub const ALL: [Self; 4] = [
+        Self::Unauthorized,
+        Self::UnknownTopic,
+        Self::QueueFull,
+        Self::Unavailable,
+    ];
+
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Unauthorized => "unauthorized",
@@ -157,9 +164,6 @@ enum State {
     DeadLettering {
         error: String,
     },
-    /// An illegal topic name, nowhere to dead-letter it, and `hold`: nothing can help this
-    /// process; a restart with a fixed config routes the redelivered message anew.
-    Stuck,
     Done,
 }
 
@@ -191,7 +195,7 @@ impl Target {
         match self.state {
             State::Primary => self.topic.as_ref(),
             State::DeadLettering { .. } => self.dead_letter.as_ref(),
-            State::Stuck | State::Done => None,
+            State::Done => None,
         }
     }
 }
@@ -244,10 +248,14 @@ impl Backoff {
         if reason == Some(BlockReason::QueueFull) {
             return self.queue_full;
         }
-        self.min
-            .saturating_mul(1u32 << failures.saturating_sub(1).min(16))
-            .min(self.max)
+        capped_exponential(self.min, self.max, failures)
     }
+}
+
+/// min·2^(failures-1), capped at max.
+pub fn capped_exponential(min: Duration, max: Duration, failures: u32) -> Duration {
+    min.saturating_mul(1u32 << failures.saturating_sub(1).min(20))
+        .min(max)
 }
 
 impl Default for Backoff {
@@ -326,15 +334,19 @@ impl<M> Window<M> {
     /// Takes a message with where each of its targets goes.
     pub fn accept(&mut self, message: M, targets: Vec<TargetSpec>, now: Instant) -> Seq {
         let seq = self.head + self.slots.len() as Seq;
-        let mut errors = Vec::new();
+        // Positions whose topic did not resolve; empty (no allocation) for nearly every message.
+        let mut invalid: Vec<(usize, String)> = Vec::new();
         let targets: Vec<Target> = targets
             .into_iter()
-            .map(|spec| {
-                let (topic, error) = match spec.topic {
-                    Ok(t) => (Some(t), None),
-                    Err(e) => (None, Some(e)),
+            .enumerate()
+            .map(|(pos, spec)| {
+                let topic = match spec.topic {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        invalid.push((pos, e));
+                        None
+                    }
                 };
-                errors.push(error);
                 Target {
                     topic,
                     dead_letter: spec.dead_letter,
@@ -345,16 +357,18 @@ impl<M> Window<M> {
                 }
             })
             .collect();
+        let count = targets.len();
         self.slots.push_back(Slot {
             message: Some(message),
-            remaining: targets.len(),
+            remaining: count,
             targets,
         });
-        for (pos, error) in errors.into_iter().enumerate() {
+        let mut invalid = invalid.into_iter().peekable();
+        for pos in 0..count {
             let target = TargetRef { seq, pos };
-            match error {
+            match invalid.next_if(|(p, _)| *p == pos) {
                 None => self.dispatch(target, now),
-                Some(error) => {
+                Some((_, error)) => {
                     self.unwritable(target, UnwritableReason::InvalidTopic, error, now);
                 }
             }
@@ -666,23 +680,22 @@ impl<M> Window<M> {
             OnUnwritable::Hold => {
                 let first = !t.held;
                 t.held = true;
-                let topic = t.lane_topic().cloned();
-                match topic {
-                    // A broker-side fix (a larger limit) can help: keep trying, slowly.
-                    Some(topic) => {
-                        let failures = match self.lanes.get(&topic).map(|l| l.probe) {
-                            Some(Probe::InFlight { failures, .. }) => failures + 1,
-                            _ => 1,
-                        };
-                        self.requeue(
-                            &topic,
-                            target,
-                            Some(BlockReason::Unavailable),
-                            failures,
-                            now,
-                        );
-                    }
-                    None => t.state = State::Stuck,
+                // Without a lane topic (an illegal name, nowhere to dead-letter it) nothing
+                // can help this process: the target stays put, never produced, and a restart
+                // with a fixed config routes the redelivered message anew. Otherwise a
+                // broker-side fix (a larger limit) can help: keep trying, slowly.
+                if let Some(topic) = t.lane_topic().cloned() {
+                    let failures = match self.lanes.get(&topic).map(|l| l.probe) {
+                        Some(Probe::InFlight { failures, .. }) => failures + 1,
+                        _ => 1,
+                    };
+                    self.requeue(
+                        &topic,
+                        target,
+                        Some(BlockReason::Unavailable),
+                        failures,
+                        now,
+                    );
                 }
                 if first {
                     self.actions.push_back(Action::Held {
