@@ -9,9 +9,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::SocketAddr;
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::credentials;
 use crate::env;
 use crate::legacy;
 use crate::topic::{TopicFilter, TopicTemplate, is_valid_share_group, validate_kafka_topic};
@@ -118,8 +120,14 @@ pub struct MqttConfig {
     pub max_inflight: u16,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
+    /// A file holding the user name, read exactly (see [`crate::credentials`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username_file: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password: Option<Secret>,
+    /// A file holding the password, read exactly: every byte counts, a trailing newline too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<Tls>,
     #[serde(default = "default_reconnect_min_ms")]
@@ -147,8 +155,16 @@ pub struct Tls {
 #[serde(deny_unknown_fields)]
 pub struct Sasl {
     pub mechanism: SaslMechanism,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub username: String,
+    /// A file holding the user name, read exactly (see [`crate::credentials`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Secret::is_empty")]
     pub password: Secret,
+    /// A file holding the password, read exactly: every byte counts, a trailing newline too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<String>,
 }
 
 // Shared with the CRD (`spec.kafka.sasl.mechanism`).
@@ -175,13 +191,17 @@ impl SaslMechanism {
 }
 
 /// A value that must never be printed: `Debug` shows a placeholder.
-#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct Secret(pub String);
 
 impl Secret {
     pub fn expose(&self) -> &str {
         &self.0
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }
 
@@ -463,10 +483,20 @@ pub struct Loaded {
     pub warnings: Vec<String>,
 }
 
-/// Parses and validates config text. `lookup_env` resolves `${VAR}`.
+/// Parses and validates config text. `lookup_env` resolves `${VAR}`; credential files
+/// (`*_file`) are read from the file system.
 pub fn load_str(
     text: &str,
     lookup_env: impl Fn(&str) -> Option<String>,
+) -> Result<Loaded, ConfigError> {
+    load_str_reading(text, lookup_env, |path| std::fs::read(path))
+}
+
+/// [`load_str`] with credential files read by `read_file`.
+pub fn load_str_reading(
+    text: &str,
+    lookup_env: impl Fn(&str) -> Option<String>,
+    read_file: impl Fn(&Path) -> std::io::Result<Vec<u8>>,
 ) -> Result<Loaded, ConfigError> {
     let substituted = env::substitute(text, lookup_env);
     let format = detect_format(&substituted.text)?;
@@ -491,7 +521,9 @@ pub fn load_str(
             parse::<legacy::LegacyConfig>(&substituted.text)?.into_ferry()
         }
     };
-    let problems = config.validate();
+    let mut config = config;
+    let mut problems = credentials::read_files(&mut config, &read_file);
+    problems.extend(config.validate());
     if !problems.is_empty() {
         return Err(ConfigError::Invalid(problems));
     }
@@ -591,7 +623,10 @@ impl ForwarderConfig {
             p.add("mqtt.keep_alive_secs", "must be 0 (off) or at least 5");
         }
         if m.password.is_some() && m.username.is_none() {
-            p.add("mqtt.password", "is set but mqtt.username is not");
+            p.add(
+                "mqtt.password",
+                "is set but mqtt.username (or mqtt.username_file) is not",
+            );
         }
         if let Some(tls) = &m.tls {
             check_tls(&mut p, "mqtt.tls", tls);
@@ -655,11 +690,17 @@ impl ForwarderConfig {
             check_tls(&mut p, "kafka.tls", tls);
         }
         if let Some(sasl) = &self.kafka.sasl {
-            if sasl.username.is_empty() {
-                p.add("kafka.sasl.username", "must not be empty");
+            if sasl.username.is_empty() && sasl.username_file.is_none() {
+                p.add(
+                    "kafka.sasl.username",
+                    "must not be empty (set username or username_file)",
+                );
             }
-            if sasl.password.expose().is_empty() {
-                p.add("kafka.sasl.password", "must not be empty");
+            if sasl.password.is_empty() && sasl.password_file.is_none() {
+                p.add(
+                    "kafka.sasl.password",
+                    "must not be empty (set password or password_file)",
+                );
             }
             if self.kafka.tls.is_none() && sasl.mechanism == SaslMechanism::Plain {
                 p.add(

@@ -5,6 +5,7 @@
 pub mod config;
 #[cfg(feature = "crd")]
 pub mod crd;
+pub mod credentials;
 pub mod env;
 mod legacy;
 pub mod status;
@@ -12,5 +13,6 @@ pub mod topic;
 
 pub use config::{
     ConfigError, ForwarderConfig, KeyStrategy, PayloadFormat, Problem, Rule, load_str,
+    load_str_reading,
 };
 pub use topic::{TopicFilter, TopicTemplate, validate_kafka_topic};

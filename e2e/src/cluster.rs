@@ -479,13 +479,20 @@ pub fn http_get(ip: &str, port: u16, path: &str) -> Result<String> {
     Ok(body.to_owned())
 }
 
+/// Where a test client reaches Mosquitto, and the user it logs in as.
+#[derive(Debug, Clone)]
+pub struct MqttEndpoint {
+    pub host: IpAddr,
+    pub port: u16,
+    pub login: Option<(String, String)>,
+}
+
 /// Publishes, as client `e2e-pub-{prefix}`, `topic_of(n)` / `"{prefix}-{n}"` for n = 0, 1, …
 /// at `per_second` (0: as fast as the window allows) until `count` messages or until `stop` is
 /// set, and returns the payloads, once the broker acknowledged every one (QoS 1): each of them
 /// must then reach Kafka.
 pub async fn publish_paced(
-    host: IpAddr,
-    port: u16,
+    broker: MqttEndpoint,
     prefix: String,
     topic_of: fn(usize) -> String,
     count: usize,
@@ -493,7 +500,14 @@ pub async fn publish_paced(
     stop: Arc<AtomicBool>,
 ) -> Result<Vec<String>> {
     use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
-    let mut opts = MqttOptions::new(format!("e2e-pub-{prefix}"), host.to_string(), port);
+    let mut opts = MqttOptions::new(
+        format!("e2e-pub-{prefix}"),
+        broker.host.to_string(),
+        broker.port,
+    );
+    if let Some((user, password)) = &broker.login {
+        opts.set_credentials(user, password);
+    }
     // A short keep-alive: the loop below sees an event at least every 5 s, so it notices the
     // sender's end even when every acknowledgement came before it.
     opts.set_keep_alive(Duration::from_secs(5))

@@ -288,6 +288,34 @@ pub struct TlsListener<'a> {
     pub require_client_cert: bool,
 }
 
+/// Checks a password given to [`MosquittoOptions::users`] or [`SaslSsl::plain_users`]: 1 to 64
+/// ASCII characters, printable or a newline, tab or space; the fixtures pass it as an argument
+/// (`mosquitto_passwd -b`) or escape it (Kafka's JAAS config), so any such character works.
+pub fn check_password(what: &str, value: &str) -> Result<()> {
+    let bad = |c: char| !(c.is_ascii_graphic() || matches!(c, ' ' | '\n' | '\t'));
+    if value.is_empty() || value.len() > 64 || value.chars().any(bad) {
+        bail!("{what} is not allowed by the test fixtures: use 1-64 printable ASCII characters");
+    }
+    Ok(())
+}
+
+/// A JAAS option value in a `server.properties` line: quoted and escaped for JAAS's tokenizer,
+/// then every backslash doubled for the properties file, which unescapes once.
+fn jaas_quoted_in_properties(value: &str) -> String {
+    let mut jaas = String::from("\"");
+    for c in value.chars() {
+        match c {
+            '\\' => jaas.push_str("\\\\"),
+            '"' => jaas.push_str("\\\""),
+            '\n' => jaas.push_str("\\n"),
+            '\t' => jaas.push_str("\\t"),
+            c => jaas.push(c),
+        }
+    }
+    jaas.push('"');
+    jaas.replace('\\', "\\\\")
+}
+
 /// Checks a user name or password given to [`MosquittoOptions`] or [`SaslSsl`]: 1 to 64
 /// printable ASCII characters, none of them space, `"`, `\`, `,`, `=`, `[`, `]` or `:` (they
 /// would need quoting in Mosquitto's password file, Kafka's JAAS config or `--add-scram`).
@@ -364,24 +392,31 @@ impl Mosquitto {
             writeln!(f, "allow_anonymous true")?;
         } else {
             let passwords = dir.path().join("passwords");
-            let mut text = String::new();
-            for (user, password) in &options.users {
-                check_credential("mosquitto user name", user)?;
-                check_credential("mosquitto password", password)?;
-                text.push_str(&format!("{user}:{password}\n"));
-            }
-            fs::write(&passwords, text)?;
-            // -U hashes every plaintext password of the file in place.
             let bin = which("mosquitto_passwd").ok_or_else(|| {
                 anyhow!("mosquitto_passwd not installed (package mosquitto): run e2e/install.sh")
             })?;
-            let out = Command::new(bin).arg("-U").arg(&passwords).output()?;
-            if !out.status.success() {
-                bail!(
-                    "mosquitto_passwd -U failed: {}{}",
-                    String::from_utf8_lossy(&out.stdout),
-                    String::from_utf8_lossy(&out.stderr)
-                );
+            // One `-b` call per user: the password is an argument, never a line of the file,
+            // so it may hold any character (`:`, quotes, a newline).
+            for (i, (user, password)) in options.users.iter().enumerate() {
+                check_credential("mosquitto user name", user)?;
+                check_password("mosquitto password", password)?;
+                let mut cmd = Command::new(&bin);
+                if i == 0 {
+                    cmd.arg("-c");
+                }
+                let out = cmd
+                    .arg("-b")
+                    .arg(&passwords)
+                    .arg(user)
+                    .arg(password)
+                    .output()?;
+                if !out.status.success() {
+                    bail!(
+                        "mosquitto_passwd -b failed for user {user}: {}{}",
+                        String::from_utf8_lossy(&out.stdout),
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
             }
             writeln!(f, "allow_anonymous false")?;
             writeln!(f, "password_file {}", passwords.display())?;
@@ -913,8 +948,11 @@ fn sasl_ssl_props(sasl: &SaslSsl<'_>, dir: &Path) -> Result<(String, Vec<String>
     let mut plain_users = String::new();
     for (user, password) in &sasl.plain_users {
         check_credential("kafka PLAIN user name", user)?;
-        check_credential("kafka PLAIN password", password)?;
-        plain_users.push_str(&format!(" user_{user}=\"{password}\""));
+        check_password("kafka PLAIN password", password)?;
+        plain_users.push_str(&format!(
+            " user_{user}={}",
+            jaas_quoted_in_properties(password)
+        ));
     }
     extra.push_str(&format!(
         "{l}.plain.sasl.jaas.config=\

@@ -5,8 +5,9 @@
 //! 2. Mosquitto and Kafka run inside the cluster's namespace on the node address, so pods reach
 //!    them (and so does this test, through the veth);
 //! 3. `helm install` of `charts/ferry` (2 operator replicas, leader election);
-//! 4. a `BrokerConnection` (MQTT 5, persistent sessions, 2 forwarder replicas) and two
-//!    `ForwardingRule`s are applied; both rules become Ready (time measured);
+//! 4. a `BrokerConnection` (MQTT 5, persistent sessions, 2 forwarder replicas, an MQTT password
+//!    made of YAML's special characters and a newline, from a Secret) and two `ForwardingRule`s
+//!    are applied; both rules become Ready (time measured);
 //! 5. messages published over MQTT arrive in Kafka with the expected topics and keys, none lost;
 //!    `kubectl get fr` shows Ready and the forwarded counts;
 //! 6. a rule is edited live (new Kafka topic and key) while messages keep coming: every forwarder
@@ -38,13 +39,21 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, ensure};
 use ferry_e2e::cluster::{
-    Cluster, ensure_helm, ensure_root, ferry_images, http_get, publish_paced, wait_until,
+    Cluster, MqttEndpoint, ensure_helm, ensure_root, ferry_images, http_get, publish_paced,
+    wait_until,
 };
 use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions, Record};
 
 const NS: &str = "plant";
 const RELEASE_NS: &str = "ferry-system";
 const STS: &str = "plant-default";
+/// The forwarders' MQTT login, through the operator: the password holds every character with a
+/// meaning in YAML, a newline and a trailing space, and is accepted only if it reaches Mosquitto
+/// byte for byte (the operator mounts it as a file; it never passes through config text).
+const FORWARDER_USER: &str = "ferry";
+const FORWARDER_PASSWORD: &str = "p: a #b 'c\" {d} [e] *f &g !h |i >j %k @l `m ,n ?o -\n${P} ";
+/// The test's own publishers log in as this user.
+const PUBLISHER: (&str, &str) = ("e2e-publisher", "publisher-pw");
 
 fn temp_topic(n: usize) -> String {
     format!("plant/{}/temp", n % 5 + 1)
@@ -127,6 +136,7 @@ spec:
     port: {mqtt_port}
     protocol: "5"
     sessionExpirySeconds: 3600
+    credentialsSecretRef: {{ name: mqtt-credentials }}
   kafka:
     bootstrapServers: ["{node}:{kafka_port}"]
   forwarder:
@@ -158,6 +168,34 @@ spec:
     topic: alarms
 "#
     )
+}
+
+fn publisher_endpoint(node: IpAddr, mqtt: &Mosquitto) -> MqttEndpoint {
+    MqttEndpoint {
+        host: node,
+        port: mqtt.port(),
+        login: Some((PUBLISHER.0.to_owned(), PUBLISHER.1.to_owned())),
+    }
+}
+
+/// The Secret the connection's `credentialsSecretRef` names, created from files so the password's
+/// bytes pass through neither YAML nor a shell.
+fn create_mqtt_credentials(c: &Cluster) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (user, password) = (dir.path().join("username"), dir.path().join("password"));
+    fs::write(&user, FORWARDER_USER)?;
+    fs::write(&password, FORWARDER_PASSWORD)?;
+    c.kubectl(&[
+        "create",
+        "secret",
+        "generic",
+        "mqtt-credentials",
+        "-n",
+        NS,
+        &format!("--from-file=username={}", user.display()),
+        &format!("--from-file=password={}", password.display()),
+    ])?;
+    Ok(())
 }
 
 /// `kubectl get` of one JSON path.
@@ -248,8 +286,7 @@ fn delete_pod_under_load(
         .ok_or_else(|| anyhow!("no pod {victim}"))?;
     let stop = Arc::new(AtomicBool::new(false));
     let publisher = rt.spawn(publish_paced(
-        node,
-        mqtt.port(),
+        publisher_endpoint(node, mqtt),
         prefix.into(),
         temp_topic,
         usize::MAX,
@@ -369,6 +406,10 @@ fn full_user_path_on_a_real_cluster() -> Result<()> {
     // (The brokers are started by this thread: they are tied to it by PR_SET_PDEATHSIG.)
     let mqtt_options = MosquittoOptions {
         log_connections: true,
+        users: vec![
+            (FORWARDER_USER.into(), FORWARDER_PASSWORD.into()),
+            (PUBLISHER.0.into(), PUBLISHER.1.into()),
+        ],
         ..MosquittoOptions::default()
     };
     let (mqtt, kafka) =
@@ -462,6 +503,7 @@ fn run(
 
     // --- connection and rules ----------------------------------------------------------------
     c.kubectl(&["create", "namespace", NS])?;
+    create_mqtt_credentials(c)?;
     let t = Instant::now();
     c.kubectl_in(
         &["apply", "-f", "-"],
@@ -490,8 +532,7 @@ fn run(
     let stop = Arc::new(AtomicBool::new(false));
     let t = Instant::now();
     let temps_sent = rt.block_on(publish_paced(
-        node,
-        mqtt.port(),
+        publisher_endpoint(node, mqtt),
         "basic".into(),
         temp_topic,
         1000,
@@ -499,8 +540,7 @@ fn run(
         stop.clone(),
     ))?;
     let alarms_sent = rt.block_on(publish_paced(
-        node,
-        mqtt.port(),
+        publisher_endpoint(node, mqtt),
         "alarm".into(),
         alarm_topic,
         300,
@@ -598,8 +638,7 @@ fn run(
     let uids_before: Vec<String> = forwarder_pods(c)?.into_iter().map(|p| p.1).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let publisher = rt.spawn(publish_paced(
-        node,
-        mqtt.port(),
+        publisher_endpoint(node, mqtt),
         "edit".into(),
         temp_topic,
         usize::MAX,
@@ -641,8 +680,7 @@ fn run(
         "the rule edit restarted forwarder pods ({uids_before:?} -> {uids_after:?})"
     );
     let after_sent = rt.block_on(publish_paced(
-        node,
-        mqtt.port(),
+        publisher_endpoint(node, mqtt),
         "after".into(),
         temp_topic,
         500,

@@ -313,7 +313,9 @@ mod tests {
             sasl: Some(Sasl {
                 mechanism: SaslMechanism::ScramSha512,
                 username: "ferry".into(),
+                username_file: None,
                 password: Secret("pw".into()),
+                password_file: None,
             }),
             config: Default::default(),
         };

@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -19,7 +20,12 @@ const MQTT_PASSWORD: &str = "mqtt-Secret-4711";
 const SCRAM_USER: &str = "ferry-scram";
 const SCRAM_PASSWORD: &str = "scram-Secret-0815";
 const PLAIN_USER: &str = "ferry-plain";
-const PLAIN_PASSWORD: &str = "plain-Secret-1234";
+/// Every character with a meaning in YAML, a newline and a trailing space: it works only
+/// because the forwarder reads it from a file (`password_file`), never from config text.
+const PLAIN_PASSWORD: &str = "p: a #b 'c\" {d} [e] *f &g !h |i >j %k @l `m ,n ?o -\n${P} ";
+/// The MQTT user whose password comes from a file, the same hostile one.
+const FILE_USER: &str = "ferry-files";
+const FILE_PASSWORD: &str = PLAIN_PASSWORD;
 
 struct SecureBrokers {
     mqtt: Mosquitto,
@@ -32,7 +38,10 @@ fn start(mqtt_pki: &Pki, kafka_pki: &Pki) -> SecureBrokers {
             pki: mqtt_pki,
             require_client_cert: true,
         }),
-        users: vec![(MQTT_USER.into(), MQTT_PASSWORD.into())],
+        users: vec![
+            (MQTT_USER.into(), MQTT_PASSWORD.into()),
+            (FILE_USER.into(), FILE_PASSWORD.into()),
+        ],
         ..MosquittoOptions::default()
     })
     .expect("mosquitto");
@@ -54,26 +63,56 @@ struct Settings<'a> {
     protocol: &'a str,
     mqtt_pki: &'a Pki,
     mqtt_ca: &'a Pki,
-    mqtt_password: &'a str,
+    mqtt_login: (&'a str, &'a str),
     kafka_ca: &'a Pki,
     sasl: (&'a str, &'a str, &'a str),
     topic: &'a str,
+    /// Write the credentials into files in this directory and give the config their paths.
+    credential_files: Option<&'a Path>,
+}
+
+/// The config's MQTT credential lines and the `sasl` mapping: inline, or as files.
+fn credentials(s: &Settings<'_>) -> (String, String) {
+    let (mechanism, user, password) = s.sasl;
+    let (mqtt_user, mqtt_password) = s.mqtt_login;
+    let Some(dir) = s.credential_files else {
+        return (
+            format!("  username: {mqtt_user}\n  password: {mqtt_password}\n"),
+            format!("{{ mechanism: {mechanism}, username: {user}, password: {password} }}"),
+        );
+    };
+    let file = |name: &str, value: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, value).expect("write a credential file");
+        path.display().to_string()
+    };
+    (
+        format!(
+            "  username_file: {}\n  password_file: {}\n",
+            file("mqtt-username", mqtt_user),
+            file("mqtt-password", mqtt_password)
+        ),
+        format!(
+            "{{ mechanism: {mechanism}, username_file: {}, password_file: {} }}",
+            file("kafka-username", user),
+            file("kafka-password", password)
+        ),
+    )
 }
 
 fn config(b: &SecureBrokers, s: &Settings<'_>) -> String {
-    let (mechanism, user, password) = s.sasl;
+    let (mqtt_credentials, sasl) = credentials(s);
     format!(
         "mqtt:\n  host: 127.0.0.1\n  port: {mqtt_port}\n  protocol: {protocol}\n  client_id: {client_id}\n  reconnect_max_ms: 500\n\
-         \x20 username: {MQTT_USER}\n  password: {mqtt_password}\n\
+         {mqtt_credentials}\
          \x20 tls: {{ ca_file: {mqtt_ca}, cert_file: {cert}, key_file: {key} }}\n\
          kafka:\n  bootstrap_servers: {kafka}\n  tls: {{ ca_file: {kafka_ca} }}\n\
-         \x20 sasl: {{ mechanism: {mechanism}, username: {user}, password: {password} }}\n\
+         \x20 sasl: {sasl}\n\
          \x20 config: {{ debug: \"security,broker,protocol\" }}\n\
          rules:\n  - name: secure\n    mqtt: {{ topics: [\"secure/#\"] }}\n    kafka: {{ topic: {topic} }}\n",
         mqtt_port = b.mqtt.tls_port(),
         protocol = s.protocol,
         client_id = s.client_id,
-        mqtt_password = s.mqtt_password,
         mqtt_ca = s.mqtt_ca.ca_cert().display(),
         cert = s.mqtt_pki.client_cert().display(),
         key = s.mqtt_pki.client_key().display(),
@@ -123,6 +162,7 @@ fn tls_client_certificates_and_sasl_forward_end_to_end_without_leaking_secrets()
     for t in ["scram", "plain"] {
         rt.block_on(b.kafka.create_topic(t, 1)).expect("topic");
     }
+    let credential_dir = tempfile::tempdir().expect("credential dir");
     // Trace level, and librdkafka's own security debugging: the most a log can say.
     let trace = [("FERRY_LOG", "trace")];
     let mut scram = Forwarder::start_with(
@@ -133,9 +173,10 @@ fn tls_client_certificates_and_sasl_forward_end_to_end_without_leaking_secrets()
                 protocol: "\"3.1.1\"",
                 mqtt_pki: &rsa,
                 mqtt_ca: &rsa,
-                mqtt_password: MQTT_PASSWORD,
+                mqtt_login: (MQTT_USER, MQTT_PASSWORD),
                 kafka_ca: &rsa,
                 sasl: ("SCRAM-SHA-512", SCRAM_USER, SCRAM_PASSWORD),
+                credential_files: None,
                 topic: "scram",
             },
         ),
@@ -149,10 +190,11 @@ fn tls_client_certificates_and_sasl_forward_end_to_end_without_leaking_secrets()
                 protocol: "5",
                 mqtt_pki: &rsa,
                 mqtt_ca: &rsa,
-                mqtt_password: MQTT_PASSWORD,
+                mqtt_login: (FILE_USER, FILE_PASSWORD),
                 kafka_ca: &rsa,
                 sasl: ("PLAIN", PLAIN_USER, PLAIN_PASSWORD),
                 topic: "plain",
+                credential_files: Some(credential_dir.path()),
             },
         ),
         &trace,
@@ -192,9 +234,10 @@ fn tls_client_certificates_and_sasl_forward_end_to_end_without_leaking_secrets()
                 protocol: "5",
                 mqtt_pki: &ecdsa,
                 mqtt_ca: &ecdsa,
-                mqtt_password: MQTT_PASSWORD,
+                mqtt_login: (MQTT_USER, MQTT_PASSWORD),
                 kafka_ca: &rsa,
                 sasl: ("SCRAM-SHA-512", SCRAM_USER, SCRAM_PASSWORD),
+                credential_files: None,
                 topic: "ecdsa",
             },
         ),
@@ -263,10 +306,11 @@ fn unverifiable_certificates_and_refused_credentials_stop_the_forwarder_naming_t
         protocol: "\"3.1.1\"",
         mqtt_pki: &pki,
         mqtt_ca: &pki,
-        mqtt_password: MQTT_PASSWORD,
+        mqtt_login: (MQTT_USER, MQTT_PASSWORD),
         kafka_ca: &pki,
         sasl: ("SCRAM-SHA-512", SCRAM_USER, SCRAM_PASSWORD),
         topic: "t",
+        credential_files: None,
     };
     let mqtt_host = format!("127.0.0.1:{}", b.mqtt.tls_port());
     let cases: [(&str, Settings<'_>, Vec<&str>); 4] = [
@@ -281,7 +325,7 @@ fn unverifiable_certificates_and_refused_credentials_stop_the_forwarder_naming_t
         (
             "MQTT password refused",
             Settings {
-                mqtt_password: "wrong-password",
+                mqtt_login: (MQTT_USER, "wrong-password"),
                 ..good
             },
             vec![mqtt_host.as_str(), "refused"],

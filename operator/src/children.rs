@@ -17,8 +17,8 @@ use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
     HTTPGetAction, KeyToPath, LocalObjectReference, ObjectFieldSelector, PodSecurityContext,
-    PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret, SecretKeySelector, SecretVolumeSource,
-    SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret, SecretVolumeSource, SecurityContext,
+    Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -28,8 +28,8 @@ use sha2::{Digest, Sha256};
 
 use crate::image::ForwarderImage;
 use crate::render::{
-    ENV_KAFKA_PASSWORD, ENV_KAFKA_USERNAME, ENV_MQTT_PASSWORD, ENV_MQTT_USERNAME, ENV_POD_NAME,
-    ENV_POD_NAMESPACE, HTTP_PORT, KAFKA_TLS_DIR, MQTT_TLS_DIR, Rendered, hex,
+    CREDENTIALS_DIR, ENV_POD_NAME, ENV_POD_NAMESPACE, HTTP_PORT, KAFKA_TLS_DIR, MQTT_TLS_DIR,
+    Rendered, hex,
 };
 
 pub const CONFIG_DIR: &str = "/etc/ferry/config";
@@ -42,19 +42,7 @@ pub const ANNOTATION_SECRETS: &str = "ferry.dev/secret-checksum";
 /// The non-root user the forwarder image runs as.
 const RUN_AS: i64 = 65532;
 
-/// Keys of the group's Secret, filled by the dereference step from the referenced Secrets.
-pub mod keys {
-    pub const MQTT_USERNAME: &str = "mqtt-username";
-    pub const MQTT_PASSWORD: &str = "mqtt-password";
-    pub const KAFKA_USERNAME: &str = "kafka-username";
-    pub const KAFKA_PASSWORD: &str = "kafka-password";
-    pub const MQTT_CA: &str = "mqtt-ca.crt";
-    pub const MQTT_CERT: &str = "mqtt-tls.crt";
-    pub const MQTT_KEY: &str = "mqtt-tls.key";
-    pub const KAFKA_CA: &str = "kafka-ca.crt";
-    pub const KAFKA_CERT: &str = "kafka-tls.crt";
-    pub const KAFKA_KEY: &str = "kafka-tls.key";
-}
+pub use crate::render::keys;
 
 /// Everything a group owns, ready for server-side apply.
 #[derive(Debug, Clone)]
@@ -208,7 +196,7 @@ fn pod_template(
                 }),
                 ..PodSecurityContext::default()
             }),
-            containers: vec![container(pods, image, env(name, secret_data), mounts)],
+            containers: vec![container(pods, image, env(), mounts)],
             volumes: Some(volumes),
             // Secrets of the pod's namespace: the registry credentials must exist next to the
             // connection, not in the operator's namespace.
@@ -280,38 +268,16 @@ fn container(
     }
 }
 
-/// The pod's identity from the downward API, and the credentials the group's Secret holds.
-fn env(name: &str, secret_data: &BTreeMap<String, ByteString>) -> Vec<EnvVar> {
-    let mut env = vec![
+/// The pod's identity from the downward API (its client id).
+fn env() -> Vec<EnvVar> {
+    vec![
         field_env(ENV_POD_NAME, "metadata.name"),
         field_env(ENV_POD_NAMESPACE, "metadata.namespace"),
-    ];
-    for (var, key) in [
-        (ENV_MQTT_USERNAME, keys::MQTT_USERNAME),
-        (ENV_MQTT_PASSWORD, keys::MQTT_PASSWORD),
-        (ENV_KAFKA_USERNAME, keys::KAFKA_USERNAME),
-        (ENV_KAFKA_PASSWORD, keys::KAFKA_PASSWORD),
-    ] {
-        if secret_data.contains_key(key) {
-            env.push(EnvVar {
-                name: var.to_owned(),
-                value_from: Some(EnvVarSource {
-                    secret_key_ref: Some(SecretKeySelector {
-                        name: name.to_owned(),
-                        key: key.to_owned(),
-                        optional: Some(false),
-                    }),
-                    ..EnvVarSource::default()
-                }),
-                ..EnvVar::default()
-            });
-        }
-    }
-    env
+    ]
 }
 
-/// The config directory, and a directory per broker with the certificates the group's Secret
-/// holds.
+/// The config directory, a directory per broker with the certificates the group's Secret holds,
+/// and one with its credentials.
 fn volumes(
     name: &str,
     secret_data: &BTreeMap<String, ByteString>,
@@ -331,12 +297,22 @@ fn volumes(
         (
             "mqtt-tls",
             MQTT_TLS_DIR,
-            [keys::MQTT_CA, keys::MQTT_CERT, keys::MQTT_KEY],
+            &[keys::MQTT_CA, keys::MQTT_CERT, keys::MQTT_KEY][..],
         ),
         (
             "kafka-tls",
             KAFKA_TLS_DIR,
-            [keys::KAFKA_CA, keys::KAFKA_CERT, keys::KAFKA_KEY],
+            &[keys::KAFKA_CA, keys::KAFKA_CERT, keys::KAFKA_KEY][..],
+        ),
+        (
+            "credentials",
+            CREDENTIALS_DIR,
+            &[
+                keys::MQTT_USERNAME,
+                keys::MQTT_PASSWORD,
+                keys::KAFKA_USERNAME,
+                keys::KAFKA_PASSWORD,
+            ][..],
         ),
     ] {
         let items: Vec<KeyToPath> = files
@@ -344,8 +320,7 @@ fn volumes(
             .filter(|k| secret_data.contains_key(**k))
             .map(|k| KeyToPath {
                 key: (*k).to_owned(),
-                // `mqtt-ca.crt` → `ca.crt`: the names the rendered config points at.
-                path: k.split_once('-').map_or(*k, |(_, file)| file).to_owned(),
+                path: file_name(dir, k).to_owned(),
                 mode: None,
             })
             .collect();
@@ -365,6 +340,15 @@ fn volumes(
         mounts.push(read_only_mount(volume, dir));
     }
     (volumes, mounts)
+}
+
+/// The file a key of the group's Secret becomes in its directory: `mqtt-ca.crt` → `ca.crt`, the
+/// names the rendered config points at; credentials share one directory and keep their key.
+fn file_name<'a>(dir: &str, key: &'a str) -> &'a str {
+    if dir == CREDENTIALS_DIR {
+        return key;
+    }
+    key.split_once('-').map_or(key, |(_, file)| file)
 }
 
 fn field_env(name: &str, path: &str) -> EnvVar {
@@ -584,25 +568,37 @@ spec:
             .collect();
         assert_eq!(
             env,
-            vec![
-                "POD_NAME",
-                "POD_NAMESPACE",
-                "FERRY_MQTT_USERNAME",
-                "FERRY_MQTT_PASSWORD"
-            ]
+            vec!["POD_NAME", "POD_NAMESPACE"],
+            "credentials are files, never environment variables"
         );
-        let tls = pod
-            .volumes
-            .iter()
-            .flatten()
-            .find(|v| v.name == "mqtt-tls")
-            .expect("tls volume");
-        let items = tls
-            .secret
-            .as_ref()
-            .and_then(|s| s.items.clone())
-            .expect("items");
-        assert_eq!(items[0].path, "ca.crt", "where the rendered config looks");
+        let files = |volume: &str| -> Vec<(String, String)> {
+            let v = pod.volumes.iter().flatten().find(|v| v.name == volume);
+            let items = v
+                .and_then(|v| v.secret.as_ref())
+                .and_then(|s| s.items.clone());
+            let items = items.unwrap_or_else(|| panic!("volume {volume} with items"));
+            items.into_iter().map(|i| (i.key, i.path)).collect()
+        };
+        assert_eq!(
+            files("mqtt-tls"),
+            [("mqtt-ca.crt".to_owned(), "ca.crt".to_owned())],
+            "where the rendered config looks"
+        );
+        assert_eq!(
+            files("credentials"),
+            [
+                ("mqtt-username".to_owned(), "mqtt-username".to_owned()),
+                ("mqtt-password".to_owned(), "mqtt-password".to_owned())
+            ],
+            "the paths render::credential_file gives the config"
+        );
+        let mounts = container.volume_mounts.iter().flatten();
+        let credentials = mounts
+            .filter(|m| m.name == "credentials")
+            .collect::<Vec<_>>();
+        assert_eq!(credentials.len(), 1);
+        assert_eq!(credentials[0].mount_path, CREDENTIALS_DIR);
+        assert_eq!(credentials[0].read_only, Some(true));
         assert!(pod.volumes.iter().flatten().all(|v| v.name != "kafka-tls"));
         let annotations = sts
             .template

@@ -1,9 +1,9 @@
 //! Build, the pure step of reconciling: a group of rules (one connection, one group name)
 //! becomes the forwarder config its pods run. No I/O; unit-tested from YAML fixtures.
 //!
-//! Secrets never enter the config: credentials reach the pod as environment variables from the
-//! group's Secret, and the config refers to them as `${VAR}`, which the forwarder substitutes.
-//! Certificates are files mounted from that Secret.
+//! Secrets never enter the config: credentials and certificates are files mounted from the
+//! group's Secret, and the config holds only their paths. Credentials are never substituted into
+//! the config text, where a password holding `: ` or a newline would change the YAML.
 
 use std::collections::BTreeMap;
 
@@ -21,13 +21,25 @@ use sha2::{Digest, Sha256};
 /// Where the group's Secret is mounted in the forwarder pods.
 pub const MQTT_TLS_DIR: &str = "/etc/ferry/mqtt-tls";
 pub const KAFKA_TLS_DIR: &str = "/etc/ferry/kafka-tls";
-/// Environment variables the pod template sets (from the downward API and the group's Secret).
+/// The credentials, one file per key of the group's Secret (`mqtt-password`, ...).
+pub const CREDENTIALS_DIR: &str = "/etc/ferry/credentials";
+/// Environment variables the pod template sets from the downward API.
 pub const ENV_POD_NAME: &str = "POD_NAME";
 pub const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
-pub const ENV_MQTT_USERNAME: &str = "FERRY_MQTT_USERNAME";
-pub const ENV_MQTT_PASSWORD: &str = "FERRY_MQTT_PASSWORD";
-pub const ENV_KAFKA_USERNAME: &str = "FERRY_KAFKA_USERNAME";
-pub const ENV_KAFKA_PASSWORD: &str = "FERRY_KAFKA_PASSWORD";
+/// Keys of the group's Secret, filled by the dereference step from the referenced Secrets.
+pub mod keys {
+    pub const MQTT_USERNAME: &str = "mqtt-username";
+    pub const MQTT_PASSWORD: &str = "mqtt-password";
+    pub const KAFKA_USERNAME: &str = "kafka-username";
+    pub const KAFKA_PASSWORD: &str = "kafka-password";
+    pub const MQTT_CA: &str = "mqtt-ca.crt";
+    pub const MQTT_CERT: &str = "mqtt-tls.crt";
+    pub const MQTT_KEY: &str = "mqtt-tls.key";
+    pub const KAFKA_CA: &str = "kafka-ca.crt";
+    pub const KAFKA_CERT: &str = "kafka-tls.crt";
+    pub const KAFKA_KEY: &str = "kafka-tls.key";
+}
+
 /// The forwarder's HTTP port (probes, metrics, `/status`).
 pub const HTTP_PORT: u16 = 8080;
 /// Longest forwarder rule name (it is a metric label).
@@ -81,6 +93,11 @@ fn bounded(name: &str, max: usize) -> String {
     format!("{keep}-{hash}")
 }
 
+/// Where the pods find a credential of the group's Secret.
+pub fn credential_file(key: &str) -> String {
+    format!("{CREDENTIALS_DIR}/{key}")
+}
+
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -111,16 +128,18 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
         shared_group: Some(format!("ferry.{namespace}.{workload}")),
         keep_alive_secs: 30,
         max_inflight: u16::try_from(spec.mqtt.max_inflight).unwrap_or(1000),
-        username: spec
+        username: None,
+        username_file: spec
             .mqtt
             .credentials_secret_ref
             .as_ref()
-            .map(|_| format!("${{{ENV_MQTT_USERNAME}}}")),
-        password: spec
+            .map(|_| credential_file(keys::MQTT_USERNAME)),
+        password: None,
+        password_file: spec
             .mqtt
             .credentials_secret_ref
             .as_ref()
-            .map(|_| Secret(format!("${{{ENV_MQTT_PASSWORD}}}"))),
+            .map(|_| credential_file(keys::MQTT_PASSWORD)),
         tls: spec.mqtt.tls.as_ref().map(|t| tls_files(t, MQTT_TLS_DIR)),
         reconnect_min_ms: 100,
         reconnect_max_ms: 10_000,
@@ -136,8 +155,10 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
         tls: spec.kafka.tls.as_ref().map(|t| tls_files(t, KAFKA_TLS_DIR)),
         sasl: spec.kafka.sasl.as_ref().map(|s| Sasl {
             mechanism: s.mechanism,
-            username: format!("${{{ENV_KAFKA_USERNAME}}}"),
-            password: Secret(format!("${{{ENV_KAFKA_PASSWORD}}}")),
+            username: String::new(),
+            username_file: Some(credential_file(keys::KAFKA_USERNAME)),
+            password: Secret::default(),
+            password_file: Some(credential_file(keys::KAFKA_PASSWORD)),
         }),
         config: spec.kafka.config.clone(),
     };
@@ -236,7 +257,9 @@ fn tls_files(t: &TlsRefs, dir: &str) -> Tls {
 /// `reload::restart_required`).
 pub fn restart_checksum(config: &ForwarderConfig) -> String {
     let mut parts: BTreeMap<&str, String> = BTreeMap::new();
-    parts.insert("mqtt", format!("{:?}", StableDebug(&config.mqtt)));
+    // Credentials are file paths here: rotating a Secret rolls the pods through the
+    // children's secret checksum instead.
+    parts.insert("mqtt", format!("{:?}", config.mqtt));
     parts.insert("kafka", format!("{:?}", config.kafka));
     parts.insert("http", format!("{:?}", config.http));
     parts.insert("shutdown", config.shutdown_timeout_secs.to_string());
@@ -249,21 +272,6 @@ pub fn restart_checksum(config: &ForwarderConfig) -> String {
         hasher.update([0]);
     }
     hex(&hasher.finalize())
-}
-
-/// `Debug` of the MQTT settings with the password placeholder spelled out: it is the variable
-/// name, not a secret, and a different variable must change the checksum.
-struct StableDebug<'a>(&'a MqttConfig);
-
-impl std::fmt::Debug for StableDebug<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{:?} password={:?}",
-            self.0,
-            self.0.password.as_ref().map(Secret::expose)
-        )
-    }
 }
 
 #[cfg(test)]
@@ -380,37 +388,45 @@ spec:
         );
         assert_eq!(c.rules[0].payload, PayloadFormat::WrappedJson);
         assert!(
-            !r.config_yaml.contains("password: s"),
-            "only ${{VAR}} placeholders"
+            !r.config_yaml.contains("password:") && !r.config_yaml.contains("username:"),
+            "credentials are only file paths:\n{}",
+            r.config_yaml
         );
 
-        // What the pod will load: the YAML, with the variables its environment provides.
+        // What the pod will load: the YAML, with the variables its environment provides and
+        // the credential files mounted from the group's Secret.
         let env = |name: &str| match name {
             "POD_NAME" => Some("plant-default-0".to_string()),
             "POD_NAMESPACE" => Some("factory".to_string()),
-            _ if name.starts_with("FERRY_") => Some("from-secret".to_string()),
             _ => None,
         };
-        let loaded = ferry_api::load_str(&r.config_yaml, env).unwrap_or_else(|e| {
+        let password = "a: b #c\n'd\"{e}\n";
+        let files = |path: &std::path::Path| {
+            let key = path
+                .strip_prefix(CREDENTIALS_DIR)
+                .map_err(std::io::Error::other)?;
+            match key.to_str() {
+                Some(keys::MQTT_USERNAME | keys::KAFKA_USERNAME) => Ok(b"user".to_vec()),
+                Some(keys::MQTT_PASSWORD | keys::KAFKA_PASSWORD) => Ok(password.into()),
+                _ => Err(std::io::ErrorKind::NotFound.into()),
+            }
+        };
+        let loaded = ferry_api::load_str_reading(&r.config_yaml, env, files).unwrap_or_else(|e| {
             panic!(
                 "the forwarder refuses the rendered config: {e}\n{}",
                 r.config_yaml
             )
         });
-        assert_eq!(
-            loaded.config.mqtt.client_id,
-            "ferry.factory.plant-default-0"
-        );
-        assert_eq!(loaded.config.rules.len(), 2);
-        assert_eq!(
-            loaded
-                .config
-                .kafka
-                .sasl
-                .as_ref()
-                .map(|s| s.password.expose()),
-            Some("from-secret")
-        );
+        let c = loaded.config;
+        assert_eq!(c.mqtt.client_id, "ferry.factory.plant-default-0");
+        assert_eq!(c.rules.len(), 2);
+        assert_eq!(c.mqtt.password.as_ref().map(Secret::expose), Some(password));
+        let sasl = c
+            .kafka
+            .sasl
+            .as_ref()
+            .map(|s| (s.username.as_str(), s.password.expose()));
+        assert_eq!(sasl, Some(("user", password)));
     }
 
     #[test]
