@@ -804,9 +804,11 @@ fn run(
         "rules and connection deleted; their children gone {:.1?} later; left in {NS}:\n{left}",
         t.elapsed()
     ));
+    // The user's own Secret stays: the operator only copied from it.
+    let theirs = ["configmap/kube-root-ca.crt", "secret/mqtt-credentials"];
     ensure!(
         left.lines()
-            .all(|l| l.trim().is_empty() || l == "configmap/kube-root-ca.crt"),
+            .all(|l| l.trim().is_empty() || theirs.contains(&l)),
         "left in namespace {NS}:\n{left}"
     );
 
