@@ -97,7 +97,7 @@ pub struct Context {
 pub async fn run(
     client: Client,
     metrics: Arc<Metrics>,
-    status_interval: Duration,
+    status_polling: crate::dataplane::Polling,
     identity: String,
     forwarder_image: ForwarderImage,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
@@ -208,7 +208,7 @@ pub async fn run(
         .run(reconcile_rule, error_policy, ctx.clone())
         .for_each(|_| async {});
 
-    let poller = crate::dataplane::run(ctx, rules, rules_listed, status_interval);
+    let poller = crate::dataplane::run(ctx, rules, rules_listed, status_polling);
     tokio::select! {
         _ = futures::future::join(connection_loop, rule_loop) => {}
         () = poller => {}

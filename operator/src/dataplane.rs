@@ -1,9 +1,10 @@
 //! The data plane as the forwarders see it: every interval, `GET /status` on each ready
 //! forwarder pod, summed per rule into its status (`Forwarding`, rate, counters, last error)
 //! under a field manager of its own. Outside the reconcile loop on purpose: rates change all
-//! the time, and a poll must not cost a reconcile.
+//! the time, and a poll must not cost a reconcile. A condition change is written at once;
+//! moving counters at most once per rule per write interval (see `status::data_write_due`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,12 +36,21 @@ const CONCURRENT_REQUESTS: usize = 16;
 
 /// (namespace, connection, group): the pods of one forwarder StatefulSet.
 type GroupKey = (String, String, String);
+/// (namespace, name) of a rule.
+type RuleKey = (String, String);
+
+/// How often the pods are polled, and how often a rule's moving counters may be written.
+#[derive(Debug, Clone, Copy)]
+pub struct Polling {
+    pub interval: Duration,
+    pub min_write_interval: Duration,
+}
 
 pub async fn run(
     ctx: Arc<Context>,
     rules: Store<DeserializeGuard<ForwardingRule>>,
     rules_listed: tokio::sync::watch::Receiver<bool>,
-    interval: Duration,
+    polling: Polling,
 ) {
     let (pods, writer) = reflector::store();
     let pod_watch = watcher(
@@ -57,11 +67,16 @@ pub async fn run(
         if pods.wait_until_ready().await.is_err() || !wait_listed(&rules_listed).await {
             return;
         }
-        let mut tick = tokio::time::interval(interval);
+        let mut tick = tokio::time::interval(polling.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut writes = Writes {
+            min_interval: jiff::SignedDuration::try_from(polling.min_write_interval)
+                .unwrap_or(jiff::SignedDuration::MAX),
+            last: HashMap::new(),
+        };
         loop {
             tick.tick().await;
-            poll_once(&ctx, &http, &pods, &rules).await;
+            poll_once(&ctx, &http, &pods, &rules, &mut writes).await;
         }
     };
     tokio::select! {
@@ -70,11 +85,18 @@ pub async fn run(
     }
 }
 
+/// When each rule's data-plane status was last written by this process.
+struct Writes {
+    min_interval: jiff::SignedDuration,
+    last: HashMap<RuleKey, jiff::Timestamp>,
+}
+
 async fn poll_once(
     ctx: &Context,
     http: &HttpClient<HttpConnector, Empty<Bytes>>,
     pods: &Store<Pod>,
     rules: &Store<DeserializeGuard<ForwardingRule>>,
+    writes: &mut Writes,
 ) {
     let targets: Vec<(GroupKey, String, String)> = pods
         .state()
@@ -112,9 +134,12 @@ async fn poll_once(
     }
 
     let now = jiff::Timestamp::now();
+    let mut seen = HashSet::new();
     for guarded in rules.state() {
         let Ok(rule) = &guarded.0 else { continue };
         let Some(ns) = rule.namespace() else { continue };
+        let rule_key = (ns.clone(), rule.name_any());
+        seen.insert(rule_key.clone());
         let current = rule.status.clone().unwrap_or_default();
         let current_view = status::rule_data_view(&current);
         let serving = !rule.spec.paused
@@ -125,6 +150,7 @@ async fn poll_once(
             // Not served: take back what this writer said, if anything.
             if current_view != ForwardingRuleStatus::default() {
                 write(ctx, &api, rule, &serde_json::json!({})).await;
+                writes.last.remove(&rule_key);
             }
             continue;
         }
@@ -136,11 +162,15 @@ async fn poll_once(
         let reports = by_group.get(&key).map(Vec::as_slice).unwrap_or_default();
         let (desired, transitions) =
             status::rule_data(Some(&current), &rule_name(rule), reports, now);
-        if desired != current_view {
-            write(ctx, &api, rule, &desired).await;
+        let last = writes.last.get(&rule_key).copied();
+        if status::data_write_due(&current_view, &desired, last, now, writes.min_interval) {
+            if write(ctx, &api, rule, &desired).await {
+                writes.last.insert(rule_key, now);
+            }
         }
         publish(ctx, &rule.object_ref(&()), &transitions).await;
     }
+    writes.last.retain(|key, _| seen.contains(key));
 }
 
 async fn write<S: serde::Serialize>(
@@ -148,11 +178,17 @@ async fn write<S: serde::Serialize>(
     api: &Api<ForwardingRule>,
     rule: &ForwardingRule,
     status: &S,
-) {
+) -> bool {
     match write_status(api, &rule.name_any(), STATUS_FIELD_MANAGER, status).await {
-        Ok(()) => ctx.metrics.status_written("ForwardingRule"),
+        Ok(()) => {
+            ctx.metrics.status_written("ForwardingRule");
+            true
+        }
         // The next poll writes it again; a deleted rule is no error worth more than a line.
-        Err(e) => warn!(rule = %rule.name_any(), error = %e, "cannot write data-plane status"),
+        Err(e) => {
+            warn!(rule = %rule.name_any(), error = %e, "cannot write data-plane status");
+            false
+        }
     }
 }
 

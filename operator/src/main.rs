@@ -41,6 +41,14 @@ struct Args {
     /// How often each forwarder pod's /status is read into its rules' status.
     #[arg(long, env = "FERRY_STATUS_INTERVAL_SECONDS", default_value_t = 10)]
     status_interval_seconds: u64,
+    /// The least time between two writes of a rule's counters and rate while only they move;
+    /// a condition change is written at the next poll regardless. 0 writes every change.
+    #[arg(
+        long,
+        env = "FERRY_STATUS_WRITE_INTERVAL_SECONDS",
+        default_value_t = 60
+    )]
+    status_write_interval_seconds: u64,
     /// `text` or `json`.
     #[arg(long, env = "FERRY_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
@@ -112,7 +120,10 @@ async fn run(args: Args) -> Result<(), Error> {
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         format!("{}-{}", host.trim(), std::process::id())
     });
-    let status_interval = Duration::from_secs(args.status_interval_seconds.max(1));
+    let status_polling = ferry_operator::dataplane::Polling {
+        interval: Duration::from_secs(args.status_interval_seconds.max(1)),
+        min_write_interval: Duration::from_secs(args.status_write_interval_seconds),
+    };
     info!(image = %args.forwarder_image.image, pull_policy = ?args.forwarder_image.pull_policy, pull_secrets = ?args.forwarder_image.pull_secrets, "forwarder image of connections that name none");
 
     if !args.leader_elect {
@@ -121,7 +132,7 @@ async fn run(args: Args) -> Result<(), Error> {
         ferry_operator::controller::run(
             client,
             metrics,
-            status_interval,
+            status_polling,
             identity,
             args.forwarder_image,
             terminated(),
@@ -185,7 +196,7 @@ async fn run(args: Args) -> Result<(), Error> {
                 let lost = stop.await;
                 let _ = lost_tx.send(lost);
             };
-            ferry_operator::controller::run(client, metrics.clone(), status_interval, identity.clone(), args.forwarder_image.clone(), Box::pin(shutdown)).await;
+            ferry_operator::controller::run(client, metrics.clone(), status_polling, identity.clone(), args.forwarder_image.clone(), Box::pin(shutdown)).await;
             metrics.set_leader(false);
             match lost_rx.await {
                 Ok(true) => Err(Error::LostLease),

@@ -300,6 +300,29 @@ pub fn rule_data(
     (status, transitions)
 }
 
+/// Whether the poller writes a rule's data-plane status now (`current` and `desired` as
+/// [`rule_data_view`] and [`rule_data`] give them). A condition change, and the counters
+/// appearing or going, are written at once; counters, rates and times that merely moved wait
+/// until `min_interval` has passed since this rule's last write, so steady traffic costs about
+/// one write per rule per `min_interval` instead of one per poll.
+pub fn data_write_due(
+    current: &ForwardingRuleStatus,
+    desired: &ForwardingRuleStatus,
+    last_write: Option<Timestamp>,
+    now: Timestamp,
+    min_interval: SignedDuration,
+) -> bool {
+    if current == desired {
+        return false;
+    }
+    if current.conditions != desired.conditions
+        || current.forwarded.is_some() != desired.forwarded.is_some()
+    {
+        return true;
+    }
+    last_write.is_none_or(|at| now.duration_since(at) >= min_interval)
+}
+
 fn with_error(what: String, error: &Option<ferry_api::status::LastError>) -> String {
     match error {
         Some(e) => format!("{what}: {}", e.message),
@@ -534,5 +557,47 @@ mod tests {
             condition(&s.conditions, FORWARDING).unwrap().reason,
             "NoReport"
         );
+    }
+
+    #[test]
+    fn moving_counters_wait_for_the_interval_and_a_condition_change_does_not() {
+        let pod = |forwarded, connected| {
+            (
+                "p-0".to_owned(),
+                report(connected, true, Some(rule(forwarded, 5.0, None))),
+            )
+        };
+        let minute = SignedDuration::from_secs(60);
+        let (first, _) = rule_data(None, "telemetry", &[pod(10, true)], at(100));
+        let due = |current: &ForwardingRuleStatus, desired, last: Option<i64>, now| {
+            data_write_due(current, desired, last.map(at), at(now), minute)
+        };
+        let empty = ForwardingRuleStatus::default();
+        assert!(due(&empty, &first, None, 100), "the first report");
+        assert!(!due(&first, &first, Some(100), 500), "nothing changed");
+
+        let (moved, _) = rule_data(Some(&first), "telemetry", &[pod(20, true)], at(101));
+        assert_ne!(moved, first);
+        assert!(!due(&first, &moved, Some(100), 101), "counters moved: wait");
+        assert!(
+            !due(&first, &moved, Some(100), 159),
+            "still within the interval"
+        );
+        assert!(
+            due(&first, &moved, Some(100), 160),
+            "the interval has passed"
+        );
+        assert!(
+            due(&first, &moved, None, 101),
+            "no write remembered (a restart)"
+        );
+
+        let (down, _) = rule_data(Some(&first), "telemetry", &[pod(20, false)], at(101));
+        assert!(
+            due(&first, &down, Some(100), 101),
+            "MqttDisconnected: at once"
+        );
+        let (gone, _) = rule_data(Some(&first), "telemetry", &[], at(101));
+        assert!(due(&first, &gone, Some(100), 101), "no report: at once");
     }
 }

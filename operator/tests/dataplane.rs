@@ -2,8 +2,9 @@
 //! No kubelet runs here, so the test does its part for the pods the StatefulSet controller
 //! created: it runs the container's program with the pod's config and environment, on a
 //! loopback address of its own, and reports the pod Ready with that address as its IP. The
-//! operator then reads each pod's `/status` into the rules' status, and at steady state
-//! reconciles nothing.
+//! operator then reads each pod's `/status` into the rules' status; under steady traffic it
+//! reconciles nothing and writes each rule's status at most once per write interval, while a
+//! condition change (Kafka stopped) is written at once.
 
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -18,6 +19,9 @@ mod common;
 
 const NS: &str = "ferry";
 const WAIT: Duration = Duration::from_secs(90);
+/// The operator's `--status-write-interval-seconds` here: short enough to see several writes in
+/// a minute, long against the 1 s poll, so a budget that does not hold shows.
+const WRITE_INTERVAL: Duration = Duration::from_secs(30);
 
 /// A forwarder process standing in for one pod.
 struct Pod {
@@ -90,6 +94,41 @@ fn run_pod(cp: &ControlPlane, workload: &str, name: &str, ip: Ipv4Addr) -> Pod {
     Pod { child, log }
 }
 
+/// Publishes to both rules' topics, 20 messages a second, until `stop`; returns how many.
+fn steady_traffic(
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<usize> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let mut sent = 0;
+        for round in 0.. {
+            if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            let messages: Vec<(String, Vec<u8>)> = (0..20)
+                .map(|i| {
+                    let kind = if i % 4 == 0 { "alarm" } else { "temp" };
+                    (
+                        format!("plant/{i}/{kind}"),
+                        format!("s{round}-{i}").into_bytes(),
+                    )
+                })
+                .collect();
+            sent += messages.len();
+            rt.block_on(ferry_e2e::publish(
+                port,
+                format!("steady-{round}"),
+                rumqttc::QoS::AtLeastOnce,
+                messages,
+            ))
+            .expect("publish");
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        sent
+    })
+}
+
 #[test]
 fn rules_report_what_their_forwarder_pods_forward_and_steady_state_reconciles_nothing() {
     let cp = common::control_plane_with_crds(NS);
@@ -99,7 +138,17 @@ fn rules_report_what_their_forwarder_pods_forward_and_steady_state_reconciles_no
     for topic in ["temps", "alarms"] {
         rt.block_on(kafka.create_topic(topic, 1)).expect("topic");
     }
-    let op = Operator::start(&cp, "operator", &["--status-interval-seconds", "1"]);
+    let write_interval = WRITE_INTERVAL.as_secs().to_string();
+    let op = Operator::start(
+        &cp,
+        "operator",
+        &[
+            "--status-interval-seconds",
+            "1",
+            "--status-write-interval-seconds",
+            &write_interval,
+        ],
+    );
     let cond = |kind: &str, name: &str, type_: &str| {
         condition(&cp, NS, kind, name, type_).unwrap_or_default()
     };
@@ -207,7 +256,9 @@ spec:
     eprintln!("kubectl get bc,fr -n {NS}\n{shown}");
     assert!(shown.contains("True"), "{shown}");
 
-    // Steady state: the poller keeps writing rates as they decay, and nothing reconciles.
+    // Steady traffic: counters and rates move at every 1 s poll, yet each rule's status is
+    // written at most once per write interval (plus one for where the window starts), and
+    // nothing reconciles.
     let reconciles = || {
         op.metric("ferry_operator_reconciles_total", "")
             .expect("metrics")
@@ -216,26 +267,49 @@ spec:
         op.metric("ferry_operator_status_writes_total", "ForwardingRule")
             .expect("metrics")
     };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = steady_traffic(mosquitto.port(), stop.clone());
     std::thread::sleep(Duration::from_secs(3));
     let (r0, w0) = (reconciles(), writes());
-    std::thread::sleep(Duration::from_secs(60));
+    let window = Duration::from_secs(60);
+    std::thread::sleep(window);
     let (r1, w1) = (reconciles(), writes());
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sent = traffic.join().expect("traffic thread");
+    let rules = 2.0;
+    let per_rule = (window.as_secs_f64() / WRITE_INTERVAL.as_secs_f64()).ceil() + 1.0;
     eprintln!(
-        "steady state, 60 s: {} reconciles, {} rule status writes (data plane)",
+        "steady traffic ({sent} messages in {window:?}): {} reconciles, {} rule status writes \
+         (budget {} = {rules} rules x {per_rule})",
         r1 - r0,
-        w1 - w0
+        w1 - w0,
+        rules * per_rule
     );
     assert_eq!(r1, r0, "no reconcile at steady state");
+    assert!(sent > 100, "traffic flowed: {sent}");
     assert!(
-        w1 > w0,
-        "the data-plane status kept being written (rates decay)"
+        w1 - w0 <= rules * per_rule,
+        "{} status writes in {window:?}: more than one per rule per {WRITE_INTERVAL:?}",
+        w1 - w0
+    );
+    assert!(
+        w1 - w0 >= rules,
+        "the moving counters are still written, once an interval"
     );
 
-    // Kafka going away is reported on the rule with the pod and the reason.
+    // Kafka going away is reported on the rule with the pod and the reason, at once: within
+    // the forwarder's probe (every 5 s, 3 s timeout) and a poll, not after the write interval.
+    let stopped = Instant::now();
     kafka.stop();
     op.wait_for("Forwarding False while Kafka is down", WAIT, || {
         cond("fr", "temps", "Forwarding").1 == "KafkaUnreachable"
     });
+    let noticed = stopped.elapsed();
+    eprintln!("Kafka stopped: KafkaUnreachable on the rule after {noticed:.1?}");
+    assert!(
+        noticed < WRITE_INTERVAL,
+        "a condition change waited on the write budget: {noticed:?}"
+    );
     let (_, _, message) = cond("fr", "temps", "Forwarding");
     assert!(
         message.contains("plant-default-"),
