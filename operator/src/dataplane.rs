@@ -163,10 +163,10 @@ async fn poll_once(
         let (desired, transitions) =
             status::rule_data(Some(&current), &rule_name(rule), reports, now);
         let last = writes.last.get(&rule_key).copied();
-        if status::data_write_due(&current_view, &desired, last, now, writes.min_interval) {
-            if write(ctx, &api, rule, &desired).await {
-                writes.last.insert(rule_key, now);
-            }
+        if status::data_write_due(&current_view, &desired, last, now, writes.min_interval)
+            && write(ctx, &api, rule, &desired).await
+        {
+            writes.last.insert(rule_key, now);
         }
         publish(ctx, &rule.object_ref(&()), &transitions).await;
     }
