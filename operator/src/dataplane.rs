@@ -1,5 +1,5 @@
-//! The data plane as the forwarders see it: every interval, `GET /status` on each ready
-//! forwarder pod, summed per rule into its status (`Forwarding`, rate, counters, last error)
+//! The data plane as the forwarders see it: every interval, `GET /status` on each forwarder
+//! pod that has an IP (ready or not), summed per rule into its status (`Forwarding`, rate, counters, last error)
 //! under a field manager of its own. Outside the reconcile loop on purpose: rates change all
 //! the time, and a poll must not cost a reconcile. A condition change is written at once;
 //! moving counters at most once per rule per write interval (see `status::data_write_due`).
@@ -201,17 +201,14 @@ fn group_key(pod: &Pod) -> Option<GroupKey> {
     ))
 }
 
-/// `http://<pod IP>:<port named http>/status`, for a ready pod.
+/// `http://<pod IP>:<port named http>/status`, for every pod with an IP that is not being
+/// deleted, ready or not: a forwarder that lost its broker is exactly the one whose report
+/// says why.
 fn status_url(pod: &Pod) -> Option<String> {
-    let status = pod.status.as_ref()?;
-    let ready = status
-        .conditions
-        .as_ref()?
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
-    if !ready || pod.meta().deletion_timestamp.is_some() {
+    if pod.meta().deletion_timestamp.is_some() {
         return None;
     }
+    let status = pod.status.as_ref()?;
     let ip = status.pod_ip.as_ref()?;
     let port = pod
         .spec
@@ -264,4 +261,42 @@ async fn fetch(
     tokio::time::timeout(REQUEST_TIMEOUT, request)
         .await
         .map_err(|_| FetchError::Timeout)?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(yaml: &str) -> Pod {
+        serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+    }
+
+    const POD: &str = "
+metadata: { name: plant-default-0, namespace: plant }
+spec: { containers: [{ name: forwarder, ports: [{ name: http, containerPort: 9090 }] }] }
+status:
+  podIP: 10.1.2.3
+  conditions: [{ type: Ready, status: 'False' }]
+";
+
+    #[test]
+    fn pods_are_polled_ready_or_not_but_not_while_deleted_or_without_an_ip() {
+        assert_eq!(
+            status_url(&pod(POD)).as_deref(),
+            Some("http://10.1.2.3:9090/status"),
+            "a NotReady pod is the one whose report says why"
+        );
+        let deleting = POD.replace(
+            "metadata: {",
+            "metadata: { deletionTimestamp: '2026-11-23T00:00:00Z',",
+        );
+        assert_eq!(status_url(&pod(&deleting)), None);
+        let pending = POD.replace("  podIP: 10.1.2.3\n", "");
+        assert_eq!(status_url(&pod(&pending)), None);
+        let v6 = POD.replace("10.1.2.3", "fd00::3");
+        assert_eq!(
+            status_url(&pod(&v6)).as_deref(),
+            Some("http://[fd00::3]:9090/status")
+        );
+    }
 }

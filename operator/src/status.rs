@@ -244,7 +244,7 @@ pub fn rule_data(
             FORWARDING,
             UNKNOWN,
             "NoReport",
-            "no ready forwarder pod answered GET /status",
+            "no forwarder pod answered GET /status",
         )
     } else if loaded.is_empty() {
         Desired::new(

@@ -328,4 +328,30 @@ spec:
         ])
         .expect("events");
     assert!(events.contains("Warning KafkaUnreachable"), "{events}");
+
+    // The kubelet marks a forwarder NotReady when its readiness probe fails, as it does while
+    // Kafka is down; the operator keeps reading those pods, so the rule keeps saying why
+    // instead of falling back to NoReport.
+    for name in names {
+        cp.run_kubectl([
+            "patch",
+            "pod",
+            name,
+            "-n",
+            NS,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"conditions":[{"type":"Ready","status":"False"}]}}"#,
+        ])
+        .expect("report the pod NotReady");
+    }
+    // Three polls after the pods' change is in the operator's pod store.
+    std::thread::sleep(Duration::from_secs(5));
+    let (status, reason, message) = cond("fr", "temps", "Forwarding");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "KafkaUnreachable"),
+        "NotReady pods still report: {message}"
+    );
 }
