@@ -7,6 +7,8 @@ pub mod config;
 pub mod crd;
 pub mod env;
 mod legacy;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod status;
 pub mod topic;
 

@@ -25,6 +25,7 @@ use tracing::{debug, warn};
 
 use crate::children::{LABEL_CONNECTION, LABEL_GROUP, SELECTOR};
 use crate::controller::{Context, STATUS_FIELD_MANAGER, publish, wait_listed, write_status};
+use crate::metrics::Kind;
 use crate::render::{HTTP_PORT, rule_name};
 use crate::status::{self, ACCEPTED};
 
@@ -150,7 +151,7 @@ async fn write<S: serde::Serialize>(
     status: &S,
 ) {
     match write_status(api, &rule.name_any(), STATUS_FIELD_MANAGER, status).await {
-        Ok(()) => ctx.metrics.status_written("ForwardingRule"),
+        Ok(()) => ctx.metrics.status_written(Kind::ForwardingRule),
         // The next poll writes it again; a deleted rule is no error worth more than a line.
         Err(e) => warn!(rule = %rule.name_any(), error = %e, "cannot write data-plane status"),
     }
