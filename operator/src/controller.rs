@@ -465,6 +465,7 @@ async fn reconcile_connection(
     let (desired, transitions) = status::connection(
         connection.status.as_ref(),
         connection.meta().generation,
+        &connection.spec.kafka.bootstrap_servers,
         &missing,
         &workloads,
         now,
@@ -509,13 +510,11 @@ async fn report_invalid_spec(
         guarded.meta().generation,
         jiff::Timestamp::now(),
     );
+    // The rest (groups, what `kubectl get` prints) stays as last rendered.
     let status = BrokerConnectionStatus {
         conditions,
-        groups: current
-            .as_ref()
-            .map(|s| s.groups.clone())
-            .unwrap_or_default(),
         observed_generation: guarded.meta().generation,
+        ..current.clone().unwrap_or_default()
     };
     if current.as_ref() != Some(&status) {
         // Through the guard: the answer carries the same spec, which may be unreadable.
@@ -565,8 +564,9 @@ async fn write_rule_control(
     {
         warn!(rule = %rule.name_any(), namespace = ?rule.namespace(), reason = %reason, "rule not rendered");
     }
-    let (desired, transitions) =
+    let (mut desired, transitions) =
         status::rule_control(rule.status.as_ref(), rule.meta().generation, outcome, now);
+    desired.mqtt_topics = status::column(rule.spec.mqtt.topics.iter().map(|t| t.0.as_str()));
     let current = rule.status.as_ref().map(status::rule_control_view);
     if current.as_ref() != Some(&desired) {
         write_status(api, &rule.name_any(), FIELD_MANAGER, &desired).await?;

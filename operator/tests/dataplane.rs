@@ -213,7 +213,7 @@ spec:
             .expect("metrics")
     };
     let writes = || {
-        op.metric("ferry_operator_status_writes_total", "ForwardingRule")
+        op.metric("ferry_operator_status_writes_total", "forwarding_rule")
             .expect("metrics")
     };
     std::thread::sleep(Duration::from_secs(3));
