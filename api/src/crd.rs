@@ -219,7 +219,8 @@ pub struct ForwarderPods {
     #[serde(default = "default_replicas")]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 64").message("replicas must be between 0 and 64"))]
     pub replicas: i32,
-    /// CPU and memory requests and limits of the forwarder container.
+    /// CPU and memory requests and limits of the forwarder container. Default: requests of
+    /// 50m CPU and 64Mi memory, no limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     /// Node labels the forwarder pods must be scheduled on.
