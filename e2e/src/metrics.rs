@@ -78,6 +78,33 @@ impl Scrape {
     }
 }
 
+/// The values `readme`'s metrics table lists for `label` of `metric` (the snake_case code
+/// spans after `` `label`: `` in its row, up to the next `;`), to compare with the code's own vocabulary.
+pub fn documented(readme: &str, metric: &str, label: &str) -> BTreeSet<String> {
+    let Some(row) = readme
+        .lines()
+        .find(|l| l.trim_start().starts_with('|') && l.contains(&format!("`{metric}`")))
+    else {
+        return BTreeSet::new();
+    };
+    let Some((_, values)) = row.split_once(&format!("`{label}`:")) else {
+        return BTreeSet::new();
+    };
+    // A row separates its labels with ';'.
+    let values = values.split(';').next().unwrap_or_default();
+    values
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        // Label values are snake_case words; the row's other code spans are settings.
+        .filter(|v| {
+            v.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
 /// The names a sample may be documented under: its own, or its histogram's (`_sum`, `_count`).
 fn documented_name(metric: &str) -> Vec<&str> {
     let mut names = vec![metric];

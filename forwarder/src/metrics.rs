@@ -569,6 +569,34 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
+
+    fn documented(metric: &str, label: &str) -> BTreeSet<String> {
+        ferry_e2e::metrics::documented(include_str!("../../README.md"), metric, label)
+    }
+
+    #[test]
+    fn the_readme_lists_every_reason_and_only_those() {
+        let unwritable: BTreeSet<String> =
+            UnwritableReason::ALL.map(|r| r.as_str().to_owned()).into();
+        assert_eq!(
+            documented("ferry_rule_failed_messages_total", "reason"),
+            unwritable
+        );
+        let retries: BTreeSet<String> = BlockReason::ALL
+            .map(|r| r.as_str().to_owned())
+            .into_iter()
+            .chain(unwritable)
+            .collect();
+        assert_eq!(
+            documented("ferry_rule_produce_retries_total", "reason"),
+            retries
+        );
+        assert_eq!(
+            documented("ferry_config_reloads_total", "result"),
+            BTreeSet::from(["applied".to_owned(), "rejected".to_owned()])
+        );
+    }
 
     #[test]
     fn label_values_are_the_documented_snake_case_words() {

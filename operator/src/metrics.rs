@@ -197,3 +197,26 @@ async fn metrics_text(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
         m.encode(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn the_readme_lists_every_kind_and_only_those() {
+        let kinds: BTreeSet<String> = [Kind::BrokerConnection, Kind::ForwardingRule]
+            .map(|k| k.label().to_owned())
+            .into();
+        for metric in [
+            "ferry_operator_reconciles_total",
+            "ferry_operator_reconcile_errors_total",
+            "ferry_operator_reconcile_duration_seconds",
+            "ferry_operator_status_writes_total",
+        ] {
+            let documented =
+                ferry_e2e::metrics::documented(include_str!("../../README.md"), metric, "kind");
+            assert_eq!(documented, kinds, "{metric}");
+        }
+    }
+}
