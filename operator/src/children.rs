@@ -44,8 +44,8 @@ pub const ANNOTATION_SECRETS: &str = "ferry.dev/secret-checksum";
 /// The non-root user the forwarder image runs as.
 const RUN_AS: i64 = 65532;
 /// Requests of forwarder containers whose connection sets no `resources` (see [`resources`]).
-pub const DEFAULT_CPU_REQUEST: &str = "50m";
-pub const DEFAULT_MEMORY_REQUEST: &str = "64Mi";
+const DEFAULT_CPU_REQUEST: &str = "50m";
+const DEFAULT_MEMORY_REQUEST: &str = "64Mi";
 
 /// Keys of the group's Secret, filled by the dereference step from the referenced Secrets.
 pub mod keys {
@@ -285,8 +285,8 @@ fn container(
     }
 }
 
-/// The connection's `spec.forwarder.resources`, else requests only: a forwarder holds about
-/// 32 MiB under load and a few millicores at rest, so 50m and 64Mi schedule it as Burstable
+/// The connection's `spec.forwarder.resources`, else requests only: a forwarder peaks at about
+/// 28 MiB resident under load (README, Performance) and a few millicores at rest, so 50m and 64Mi schedule it as Burstable
 /// (BestEffort pods are evicted first under node pressure) without reserving much. No limits:
 /// a throttled or OOM-killed forwarder stalls every rule of its group.
 fn resources(pods: &ForwarderPods) -> ResourceRequirements {
