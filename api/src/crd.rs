@@ -38,12 +38,14 @@ pub const VERSION: &str = "v1alpha1";
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     ),
     printcolumn(name = "MQTT", type_ = "string", json_path = ".spec.mqtt.host"),
+    // The API server prints a list column as JSON (`["a:9092"]`): list columns come from the
+    // plain strings the operator writes into the status.
     printcolumn(
         name = "Kafka",
         type_ = "string",
-        json_path = ".spec.kafka.bootstrapServers"
+        json_path = ".status.bootstrapServers"
     ),
-    printcolumn(name = "Groups", type_ = "string", json_path = ".status.groups"),
+    printcolumn(name = "Groups", type_ = "string", json_path = ".status.groupNames"),
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -217,7 +219,8 @@ pub struct ForwarderPods {
     #[serde(default = "default_replicas")]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 64").message("replicas must be between 0 and 64"))]
     pub replicas: i32,
-    /// CPU and memory requests and limits of the forwarder container.
+    /// CPU and memory requests and limits of the forwarder container. Default: requests of
+    /// 50m CPU and 64Mi memory, no limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     /// Node labels the forwarder pods must be scheduled on.
@@ -287,6 +290,12 @@ pub struct BrokerConnectionStatus {
     /// The groups of rules this connection serves, one forwarder StatefulSet each.
     #[serde(default)]
     pub groups: Vec<String>,
+    /// `groups` joined with commas, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_names: Option<String>,
+    /// `spec.kafka.bootstrapServers` joined with commas, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_servers: Option<String>,
 }
 
 /// What to forward from MQTT to Kafka, through which connection.
@@ -308,7 +317,7 @@ pub struct BrokerConnectionStatus {
     printcolumn(
         name = "MQTT Topics",
         type_ = "string",
-        json_path = ".spec.mqtt.topics"
+        json_path = ".status.mqttTopics"
     ),
     printcolumn(
         name = "Kafka Topic",
@@ -511,6 +520,9 @@ pub struct ForwardingRuleStatus {
     /// Forwarder pods ready / wanted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready_replicas: Option<String>,
+    /// `spec.mqtt.topics` joined with commas, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mqtt_topics: Option<String>,
 }
 
 /// Conditions as a list-map keyed by `type`, so server-side apply merges them per type.

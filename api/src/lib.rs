@@ -8,6 +8,8 @@ pub mod crd;
 pub mod credentials;
 pub mod env;
 mod legacy;
+#[cfg(feature = "metrics")]
+pub mod metrics;
 pub mod status;
 pub mod topic;
 

@@ -27,6 +27,7 @@ pub mod fault_proxy;
 mod kafka_cluster;
 mod kafka_node;
 pub mod kube;
+pub mod metrics;
 mod pki;
 pub use fault_proxy::{FaultProxy, ProxyMode};
 pub use kafka_cluster::{ClusterOptions, KafkaCluster};

@@ -139,7 +139,14 @@ fn init_logging(level: &str, json: bool) -> Result<LogLevelSetter, String> {
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
     let registry = tracing_subscriber::registry().with(filter);
     if json {
-        registry.with(fmt.json()).init();
+        // One flat object per line (`message` and the event's fields at the top level), as log
+        // pipelines index them; the code logs its context as fields, not spans.
+        let fmt = fmt
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false);
+        registry.with(fmt).init();
     } else {
         registry.with(fmt).init();
     }

@@ -1,6 +1,7 @@
 //! Prometheus metrics, the per-rule counters behind `/status`, and the health flags behind
 //! `/readyz`. Labels are rule names and a small fixed set of failure reasons, never raw MQTT
-//! topics (bounded cardinality).
+//! topics (bounded cardinality). Label values are lower-case snake_case, as documented in the
+//! README: alerts are written from there.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -11,7 +12,7 @@ use ferry_api::status::{
     ConfigStatus, ForwarderStatus, KafkaStatus, LastError, MqttStatus, RuleStatus, Waiting,
 };
 use jiff::Timestamp;
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -36,18 +37,14 @@ struct QosLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FailureLabel {
     rule: String,
-    reason: UnwritableReason,
+    /// [`UnwritableReason::as_str`], not the variant's name.
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReloadLabel {
-    result: ReloadResult,
-}
-
-#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-pub enum ReloadResult {
-    Applied,
-    Rejected,
+    /// `applied` or `rejected`.
+    result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -145,7 +142,7 @@ impl RuleStats {
         self.failed_family
             .get_or_create(&FailureLabel {
                 rule: self.name.clone(),
-                reason,
+                reason: reason.as_str(),
             })
             .inc();
         self.failed.fetch_add(1, Ordering::Relaxed);
@@ -298,95 +295,114 @@ impl Metrics {
                 reload_error: None,
                 restart_required: Vec::new(),
             }),
-            registry: Registry::with_prefix("ferry"),
+            registry: Registry::default(),
         };
-        m.registry.register(
+        m.register(received_family);
+        m.config_generation.set(1);
+        m
+    }
+
+    /// Everything `/metrics` serves: `process_*` and `ferry_forwarder_build_info` under their
+    /// conventional names, the forwarder's own metrics under `ferry_`.
+    fn register(&mut self, received_family: Family<QosLabel, Counter>) {
+        ferry_api::metrics::register(
+            &mut self.registry,
+            "ferry_forwarder",
+            env!("CARGO_PKG_VERSION"),
+        );
+        // Per rule.
+        let r = self.registry.sub_registry_with_prefix("ferry");
+        r.register(
             "rule_received_messages",
             "Messages that matched a rule",
-            m.families.received.clone(),
+            self.families.received.clone(),
         );
-        m.registry.register(
+        r.register(
             "rule_forwarded_messages",
             "Records of a rule confirmed by Kafka",
-            m.families.forwarded.clone(),
+            self.families.forwarded.clone(),
         );
-        m.registry.register(
+        r.register(
             "rule_acked_messages",
             "Messages of a rule acknowledged to MQTT",
-            m.families.acked.clone(),
+            self.families.acked.clone(),
         );
-        m.registry.register(
+        r.register(
             "rule_dead_lettered_messages",
             "Messages of a rule Kafka could never take, written to the dead-letter topic",
-            m.families.dead_lettered.clone(),
+            self.families.dead_lettered.clone(),
         );
-        m.registry.register(
+        r.register(
             "rule_failed_messages",
             "Messages of a rule Kafka can never take and no dead-letter topic took, acknowledged unwritten because the rule says on_unwritable: drop",
-            m.families.failed.clone(),
+            self.families.failed.clone(),
         );
-        m.registry.register(
+        r.register(
             "rule_produce_retries",
             "Records of a rule that failed and wait to be produced again, by reason (unauthorized, unknown_topic, queue_full, unavailable, or too_large/invalid_topic/invalid_record held by on_unwritable: hold)",
-            m.families.retries.clone(),
+            self.families.retries.clone(),
         );
-        m.registry.register(
+        self.register_process_wide(received_family);
+    }
+
+    /// The metrics of the whole process (not per rule), under `ferry_`.
+    fn register_process_wide(&mut self, received_family: Family<QosLabel, Counter>) {
+        let r = self.registry.sub_registry_with_prefix("ferry");
+        r.register(
             "mqtt_received_messages",
             "PUBLISH packets received from MQTT, by QoS",
             received_family,
         );
-        m.registry.register(
+        r.register(
             "mqtt_unmatched_messages",
             "Messages that matched no rule",
-            m.unmatched.clone(),
+            self.unmatched.clone(),
         );
-        m.registry.register(
+        r.register(
             "mqtt_acked_messages",
             "Messages acknowledged to MQTT",
-            m.acked.clone(),
+            self.acked.clone(),
         );
-        m.registry.register(
+        r.register(
             "kafka_produce_retries",
             "Records produced again after a retriable error",
-            m.produce_retries.clone(),
+            self.produce_retries.clone(),
         );
-        m.registry.register(
+        r.register(
             "inflight_messages",
             "Messages received and not yet acknowledged",
-            m.inflight.clone(),
+            self.inflight.clone(),
         );
-        m.registry.register(
+        r.register(
             "mqtt_connected",
             "1 while the MQTT connection is up",
-            m.mqtt_connected.clone(),
+            self.mqtt_connected.clone(),
         );
-        m.registry.register(
+        r.register(
             "kafka_reachable",
             "1 while Kafka answers metadata requests",
-            m.kafka_reachable.clone(),
+            self.kafka_reachable.clone(),
         );
-        m.registry.register(
+        r.register(
             "kafka_produce_latency_seconds",
             "From handing a record to the Kafka producer to its delivery report",
-            m.produce_latency.clone(),
+            self.produce_latency.clone(),
         );
-        m.registry.register(
+        r.register(
             "message_ack_latency_seconds",
             "From reading a message off MQTT to queueing its acknowledgement",
-            m.ack_latency.clone(),
+            self.ack_latency.clone(),
         );
-        m.registry.register(
+        r.register(
             "config_reloads",
             "Config file changes, applied or rejected",
-            m.reloads.clone(),
+            self.reloads.clone(),
         );
-        m.registry.register(
+        r.register(
             "config_generation",
             "1 for the config the forwarder started with, +1 per applied reload",
-            m.config_generation.clone(),
+            self.config_generation.clone(),
         );
-        m.config_generation.set(1);
-        m
     }
 
     /// The stats of these rules, in this order: existing ones keep their counters, new ones
@@ -414,7 +430,7 @@ impl Metrics {
             for reason in UnwritableReason::ALL {
                 self.families.failed.remove(&FailureLabel {
                     rule: gone.name.clone(),
-                    reason,
+                    reason: reason.as_str(),
                 });
             }
             // Every `reason` a retry is counted under.
@@ -509,9 +525,7 @@ impl Metrics {
         c.restart_required = restart_required;
         self.config_generation.set(c.generation as i64);
         self.reloads
-            .get_or_create(&ReloadLabel {
-                result: ReloadResult::Applied,
-            })
+            .get_or_create(&ReloadLabel { result: "applied" })
             .inc();
     }
 
@@ -521,9 +535,7 @@ impl Metrics {
             at: Timestamp::now(),
         });
         self.reloads
-            .get_or_create(&ReloadLabel {
-                result: ReloadResult::Rejected,
-            })
+            .get_or_create(&ReloadLabel { result: "rejected" })
             .inc();
     }
 
@@ -551,5 +563,68 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    fn documented(metric: &str, label: &str) -> BTreeSet<String> {
+        ferry_e2e::metrics::documented(include_str!("../../README.md"), metric, label)
+    }
+
+    #[test]
+    fn the_readme_lists_every_reason_and_only_those() {
+        let unwritable: BTreeSet<String> =
+            UnwritableReason::ALL.map(|r| r.as_str().to_owned()).into();
+        assert_eq!(
+            documented("ferry_rule_failed_messages_total", "reason"),
+            unwritable
+        );
+        let retries: BTreeSet<String> = BlockReason::ALL
+            .map(|r| r.as_str().to_owned())
+            .into_iter()
+            .chain(unwritable)
+            .collect();
+        assert_eq!(
+            documented("ferry_rule_produce_retries_total", "reason"),
+            retries
+        );
+        assert_eq!(
+            documented("ferry_config_reloads_total", "result"),
+            BTreeSet::from(["applied".to_owned(), "rejected".to_owned()])
+        );
+    }
+
+    #[test]
+    fn label_values_are_the_documented_snake_case_words() {
+        let m = Metrics::new();
+        let rules = m.set_rules(&["r".to_owned()]);
+        for reason in UnwritableReason::ALL {
+            rules[0].on_failed(reason, "x".to_owned());
+        }
+        for reason in BlockReason::ALL {
+            rules[0].on_retry(reason.as_str(), "x".to_owned());
+        }
+        m.config_applied(Vec::new());
+        m.config_rejected("x".to_owned());
+        let text = m.encode();
+        for sample in [
+            r#"ferry_rule_failed_messages_total{rule="r",reason="too_large"} 1"#,
+            r#"ferry_rule_failed_messages_total{rule="r",reason="invalid_topic"} 1"#,
+            r#"ferry_rule_failed_messages_total{rule="r",reason="invalid_record"} 1"#,
+            r#"ferry_rule_produce_retries_total{rule="r",reason="unknown_topic"} 1"#,
+            r#"ferry_config_reloads_total{result="applied"} 1"#,
+            r#"ferry_config_reloads_total{result="rejected"} 1"#,
+            r#"ferry_forwarder_build_info{version=""#,
+            "process_resident_memory_bytes ",
+        ] {
+            assert!(
+                text.lines().any(|l| l.starts_with(sample)),
+                "{sample} in\n{text}"
+            );
+        }
     }
 }

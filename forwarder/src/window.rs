@@ -69,9 +69,7 @@ impl BlockReason {
 }
 
 /// Why Kafka can never take a record as it is (also the `reason` label of dropped messages).
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, prometheus_client::encoding::EncodeLabelValue,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum UnwritableReason {
     TooLarge,
     InvalidTopic,

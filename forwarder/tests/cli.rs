@@ -156,16 +156,26 @@ fn log_format_and_level_come_from_the_config() {
     assert!(
         lines
             .iter()
-            .any(|l| l["level"] == "DEBUG"
-                && l["fields"]["message"] == "mqtt connect failed; retrying"),
+            .any(|l| l["level"] == "DEBUG" && l["message"] == "mqtt connect failed; retrying"),
         "{stderr}"
     );
-    assert!(
-        lines
-            .iter()
-            .any(|l| l["fields"]["message"] == "forwarder started"),
-        "{stderr}"
-    );
+    // Flat: the message and the event's own fields at the top level, nothing nested.
+    let started = lines
+        .iter()
+        .find(|l| l["message"] == "forwarder started")
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert_eq!(started["level"], "INFO");
+    assert_eq!(started["target"], "ferry_forwarder");
+    assert!(started["timestamp"].is_string(), "{started}");
+    assert_eq!(started["client_id"], "c");
+    assert_eq!(started["rules"], 1);
+    for line in &lines {
+        let object = line.as_object().unwrap_or_else(|| panic!("{line}"));
+        assert!(
+            object.values().all(|v| !v.is_object() && !v.is_array()),
+            "not flat: {line}"
+        );
+    }
 }
 
 #[test]

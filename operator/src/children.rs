@@ -17,10 +17,11 @@ use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
     HTTPGetAction, KeyToPath, LocalObjectReference, ObjectFieldSelector, PodSecurityContext,
-    PodSpec, PodTemplateSpec, Probe, SeccompProfile, Secret, SecretVolumeSource, SecurityContext,
-    Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, Secret,
+    SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
@@ -41,6 +42,9 @@ pub const ANNOTATION_RESTART: &str = "ferry.dev/restart-checksum";
 pub const ANNOTATION_SECRETS: &str = "ferry.dev/secret-checksum";
 /// The non-root user the forwarder image runs as.
 const RUN_AS: i64 = 65532;
+/// Requests of forwarder containers whose connection sets no `resources` (see [`resources`]).
+const DEFAULT_CPU_REQUEST: &str = "50m";
+const DEFAULT_MEMORY_REQUEST: &str = "64Mi";
 
 pub use crate::render::keys;
 
@@ -252,7 +256,7 @@ fn container(
             initial_delay_seconds: Some(10),
             ..probe("/healthz")
         }),
-        resources: pods.resources.clone(),
+        resources: Some(resources(pods)),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
@@ -266,6 +270,25 @@ fn container(
         volume_mounts: Some(mounts),
         ..Container::default()
     }
+}
+
+/// The connection's `spec.forwarder.resources`, else requests only: a forwarder peaks at about
+/// 28 MiB resident under load (README, Performance) and a few millicores at rest, so 50m and 64Mi schedule it as Burstable
+/// (BestEffort pods are evicted first under node pressure) without reserving much. No limits:
+/// a throttled or OOM-killed forwarder stalls every rule of its group.
+fn resources(pods: &ForwarderPods) -> ResourceRequirements {
+    pods.resources
+        .clone()
+        .unwrap_or_else(|| ResourceRequirements {
+            requests: Some(BTreeMap::from([
+                ("cpu".to_owned(), Quantity(DEFAULT_CPU_REQUEST.to_owned())),
+                (
+                    "memory".to_owned(),
+                    Quantity(DEFAULT_MEMORY_REQUEST.to_owned()),
+                ),
+            ])),
+            ..ResourceRequirements::default()
+        })
 }
 
 /// The pod's identity from the downward API (its client id).
@@ -727,6 +750,38 @@ spec:
         assert!(
             !text.contains("hunter2"),
             "the password lives only in the Secret"
+        );
+    }
+
+    #[test]
+    fn forwarder_pods_request_cpu_and_memory_unless_the_connection_sets_resources() {
+        let (mut conn, _) = fixture();
+        let resources = |pod: &PodSpec| pod.containers[0].resources.clone().expect("resources");
+        let default = resources(&pod_with(&conn, &[]));
+        let requests = default.requests.expect("requests");
+        assert_eq!(requests["cpu"], Quantity("50m".into()));
+        assert_eq!(requests["memory"], Quantity("64Mi".into()));
+        assert_eq!(
+            default.limits, None,
+            "no limit to throttle or kill a forwarder"
+        );
+
+        let own = ResourceRequirements {
+            requests: Some(BTreeMap::from([(
+                "memory".into(),
+                Quantity("256Mi".into()),
+            )])),
+            limits: Some(BTreeMap::from([(
+                "memory".into(),
+                Quantity("512Mi".into()),
+            )])),
+            ..ResourceRequirements::default()
+        };
+        conn.spec.forwarder.resources = Some(own.clone());
+        assert_eq!(
+            resources(&pod_with(&conn, &[])),
+            own,
+            "replaced, not merged"
         );
     }
 }

@@ -39,7 +39,7 @@ use tracing::{debug, info, warn};
 use crate::children::{self, LABEL_CONNECTION, LABEL_GROUP};
 use crate::conditions::{FALSE, Transition};
 use crate::image::ForwarderImage;
-use crate::metrics::Metrics;
+use crate::metrics::{Kind, Metrics};
 use crate::render::{Group, render};
 use crate::status::{self, RuleOutcome, Workload};
 use crate::validate::{self, Secrets};
@@ -286,8 +286,12 @@ fn error_policy<K>(object: Arc<K>, error: &Error, ctx: Arc<Context>) -> Action
 where
     K: Resource<DynamicType = ()>,
 {
-    let kind = K::kind(&()).into_owned();
-    let kind: &'static str = if kind == CONNECTION { CONNECTION } else { RULE };
+    let kind_name = K::kind(&());
+    let kind = if kind_name == CONNECTION {
+        Kind::BrokerConnection
+    } else {
+        Kind::ForwardingRule
+    };
     ctx.metrics.failed(kind, error.reason());
     let key = key_of(&*object);
     let failures = {
@@ -302,7 +306,7 @@ where
     // 5 s, 10 s, 20 s … at most 5 min, per object.
     let delay = Duration::from_secs(5u64.saturating_mul(1 << failures.min(6).saturating_sub(1)))
         .min(Duration::from_secs(300));
-    warn!(object = %key, kind, error = %error, retry_in = ?delay, "reconcile failed");
+    warn!(object = %key, kind = %kind_name, error = %error, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
 
@@ -318,7 +322,7 @@ fn key_of<K: Resource<DynamicType = ()>>(object: &K) -> String {
 fn succeeded<K: Resource<DynamicType = ()>>(
     ctx: &Context,
     object: &K,
-    kind: &'static str,
+    kind: Kind,
     started: Instant,
 ) {
     ctx.failures
@@ -343,14 +347,14 @@ async fn reconcile_connection(
             Err(invalid) => {
                 warn!(connection = %name, namespace = %ns, error = %invalid, "invalid forwarder image");
                 report_invalid_spec(&ctx, &guarded, &ns, invalid.to_string()).await?;
-                succeeded(&ctx, &*guarded, CONNECTION, started);
+                succeeded(&ctx, &*guarded, Kind::BrokerConnection, started);
                 return Ok(Action::requeue(RESYNC));
             }
         },
         Err(invalid) => {
             warn!(connection = %name, namespace = %ns, error = %invalid, "cannot read BrokerConnection");
             report_invalid_spec(&ctx, &guarded, &ns, invalid.error.clone()).await?;
-            succeeded(&ctx, &*guarded, CONNECTION, started);
+            succeeded(&ctx, &*guarded, Kind::BrokerConnection, started);
             return Ok(Action::requeue(RESYNC));
         }
     };
@@ -461,6 +465,7 @@ async fn reconcile_connection(
     let (desired, transitions) = status::connection(
         connection.status.as_ref(),
         connection.meta().generation,
+        &connection.spec.kafka.bootstrap_servers,
         &missing,
         &workloads,
         now,
@@ -468,14 +473,14 @@ async fn reconcile_connection(
     if connection.status.as_ref() != Some(&desired) {
         let api = Api::<BrokerConnection>::namespaced(client.clone(), &ns);
         write_status(&api, &name, FIELD_MANAGER, &desired).await?;
-        ctx.metrics.status_written(CONNECTION);
+        ctx.metrics.status_written(Kind::BrokerConnection);
     }
     publish(&ctx, &connection.object_ref(&()), &transitions).await;
     let rule_api = Api::<ForwardingRule>::namespaced(client.clone(), &ns);
     for (rule, outcome) in &outcomes {
         write_rule_control(&ctx, &rule_api, rule, outcome, now).await?;
     }
-    succeeded(&ctx, connection, CONNECTION, started);
+    succeeded(&ctx, connection, Kind::BrokerConnection, started);
     info!(connection = %name, namespace = %ns, groups = workloads.len(), rules = outcomes.len(), "reconciled");
     Ok(Action::requeue(RESYNC))
 }
@@ -505,19 +510,17 @@ async fn report_invalid_spec(
         guarded.meta().generation,
         jiff::Timestamp::now(),
     );
+    // The rest (groups, what `kubectl get` prints) stays as last rendered.
     let status = BrokerConnectionStatus {
         conditions,
-        groups: current
-            .as_ref()
-            .map(|s| s.groups.clone())
-            .unwrap_or_default(),
         observed_generation: guarded.meta().generation,
+        ..current.clone().unwrap_or_default()
     };
     if current.as_ref() != Some(&status) {
         // Through the guard: the answer carries the same spec, which may be unreadable.
         let api = Api::<DeserializeGuard<BrokerConnection>>::namespaced(ctx.client.clone(), ns);
         write_status(&api, &name, FIELD_MANAGER, &status).await?;
-        ctx.metrics.status_written(CONNECTION);
+        ctx.metrics.status_written(Kind::BrokerConnection);
     }
     publish(ctx, &guarded.object_ref(&()), &transitions).await;
     Ok(())
@@ -561,12 +564,13 @@ async fn write_rule_control(
     {
         warn!(rule = %rule.name_any(), namespace = ?rule.namespace(), reason = %reason, "rule not rendered");
     }
-    let (desired, transitions) =
+    let (mut desired, transitions) =
         status::rule_control(rule.status.as_ref(), rule.meta().generation, outcome, now);
+    desired.mqtt_topics = status::column(rule.spec.mqtt.topics.iter().map(|t| t.0.as_str()));
     let current = rule.status.as_ref().map(status::rule_control_view);
     if current.as_ref() != Some(&desired) {
         write_status(api, &rule.name_any(), FIELD_MANAGER, &desired).await?;
-        ctx.metrics.status_written(RULE);
+        ctx.metrics.status_written(Kind::ForwardingRule);
     }
     publish(ctx, &rule.object_ref(&()), &transitions).await;
     Ok(())
@@ -630,13 +634,13 @@ async fn reconcile_rule(
                         &ns,
                     );
                     write_status(&api, &name, FIELD_MANAGER, &desired).await?;
-                    ctx.metrics.status_written(RULE);
+                    ctx.metrics.status_written(Kind::ForwardingRule);
                 }
                 publish(&ctx, &guarded.object_ref(&()), &transitions).await;
             }
         }
     }
-    succeeded(&ctx, &*guarded, RULE, started);
+    succeeded(&ctx, &*guarded, Kind::ForwardingRule, started);
     Ok(Action::await_change())
 }
 

@@ -26,6 +26,7 @@ use tracing::{debug, warn};
 
 use crate::children::{LABEL_CONNECTION, LABEL_GROUP, SELECTOR};
 use crate::controller::{Context, STATUS_FIELD_MANAGER, publish, wait_listed, write_status};
+use crate::metrics::Kind;
 use crate::render::{HTTP_PORT, rule_name};
 use crate::status::{self, ACCEPTED};
 
@@ -181,7 +182,7 @@ async fn write<S: serde::Serialize>(
 ) -> bool {
     match write_status(api, &rule.name_any(), STATUS_FIELD_MANAGER, status).await {
         Ok(()) => {
-            ctx.metrics.status_written("ForwardingRule");
+            ctx.metrics.status_written(Kind::ForwardingRule);
             true
         }
         // The next poll writes it again; a deleted rule is no error worth more than a line.

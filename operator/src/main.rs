@@ -71,7 +71,14 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr);
     match args.log_format {
         LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
+        // One flat object per line (`message` and the event's fields at the top level), as log
+        // pipelines index them; the code logs its context as fields, not spans.
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
     }
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,

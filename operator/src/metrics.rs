@@ -1,5 +1,9 @@
 //! The operator's Prometheus metrics and its HTTP endpoints: `/metrics`, `/healthz` (the
 //! process serves), `/readyz` (it reached the API server: leading or standing by).
+//!
+//! Label values are lower-case snake_case words, the vocabulary the README documents (alerts
+//! are written from there): `kind` is [`Kind::label`], `reason` [`crate::controller::Error`]'s,
+//! `result` `ok` or `error`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +23,23 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tracing::error;
+
+/// What a metric counts by `kind`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub enum Kind {
+    BrokerConnection,
+    ForwardingRule,
+}
+
+impl Kind {
+    /// The `kind` label value (not the Kubernetes kind: label values are snake_case).
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::BrokerConnection => "broker_connection",
+            Self::ForwardingRule => "forwarding_rule",
+        }
+    }
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
@@ -49,7 +70,9 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("ferry_operator");
+        let mut root = Registry::default();
+        ferry_api::metrics::register(&mut root, "ferry_operator", env!("CARGO_PKG_VERSION"));
+        let registry = root.sub_registry_with_prefix("ferry_operator");
         let reconciles = Family::<KindLabel, Counter>::default();
         let errors = Family::<ErrorLabel, Counter>::default();
         let durations = Family::<KindLabel, Histogram>::new_with_constructor(|| {
@@ -85,7 +108,7 @@ impl Metrics {
             leader.clone(),
         );
         Self {
-            registry,
+            registry: root,
             reconciles,
             errors,
             durations,
@@ -96,20 +119,23 @@ impl Metrics {
         }
     }
 
-    pub fn reconciled(&self, kind: &'static str, took: Duration) {
+    pub fn reconciled(&self, kind: Kind, took: Duration) {
+        let kind = kind.label();
         self.reconciles.get_or_create(&KindLabel { kind }).inc();
         self.durations
             .get_or_create(&KindLabel { kind })
             .observe(took.as_secs_f64());
     }
 
-    pub fn failed(&self, kind: &'static str, reason: &'static str) {
+    pub fn failed(&self, kind: Kind, reason: &'static str) {
+        let kind = kind.label();
         self.errors
             .get_or_create(&ErrorLabel { kind, reason })
             .inc();
     }
 
-    pub fn status_written(&self, kind: &'static str) {
+    pub fn status_written(&self, kind: Kind) {
+        let kind = kind.label();
         self.status_writes.get_or_create(&KindLabel { kind }).inc();
     }
 
@@ -170,4 +196,27 @@ async fn metrics_text(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
         )],
         m.encode(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn the_readme_lists_every_kind_and_only_those() {
+        let kinds: BTreeSet<String> = [Kind::BrokerConnection, Kind::ForwardingRule]
+            .map(|k| k.label().to_owned())
+            .into();
+        for metric in [
+            "ferry_operator_reconciles_total",
+            "ferry_operator_reconcile_errors_total",
+            "ferry_operator_reconcile_duration_seconds",
+            "ferry_operator_status_writes_total",
+        ] {
+            let documented =
+                ferry_e2e::metrics::documented(include_str!("../../README.md"), metric, "kind");
+            assert_eq!(documented, kinds, "{metric}");
+        }
+    }
 }

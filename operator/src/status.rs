@@ -5,7 +5,7 @@
 //! `Ready`, workload, ready replicas) and the data-plane poller (`Forwarding`, counters from
 //! the forwarder pods' `/status`).
 
-use ferry_api::crd::{BrokerConnectionStatus, ForwardingRuleStatus};
+use ferry_api::crd::{BoundedString, BrokerConnectionStatus, ForwardingRuleStatus};
 use ferry_api::status::ForwarderStatus;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
@@ -141,6 +141,7 @@ pub fn rule_control_view(status: &ForwardingRuleStatus) -> ForwardingRuleStatus 
         conditions: owned(&status.conditions, &RULE_CONTROL_TYPES),
         workload: status.workload.clone(),
         ready_replicas: status.ready_replicas.clone(),
+        mqtt_topics: status.mqtt_topics.clone(),
         ..ForwardingRuleStatus::default()
     }
 }
@@ -157,10 +158,18 @@ pub fn rule_data_view(status: &ForwardingRuleStatus) -> ForwardingRuleStatus {
     }
 }
 
-/// A connection's status: `SecretsResolved`, `Ready`, its groups.
+/// A list as one plain string (`a,b`), for a `kubectl get` column: the API server prints a
+/// list column as JSON.
+pub fn column<'a>(items: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let joined = items.into_iter().collect::<Vec<_>>().join(",");
+    (!joined.is_empty()).then_some(joined)
+}
+
+/// A connection's status: `SecretsResolved`, `Ready`, its groups and the Kafka it produces to.
 pub fn connection(
     current: Option<&BrokerConnectionStatus>,
     generation: Option<i64>,
+    bootstrap_servers: &[BoundedString],
     missing_secrets: &[String],
     workloads: &[(String, Workload)],
     now: Timestamp,
@@ -219,6 +228,8 @@ pub fn connection(
         observed_generation: generation,
         conditions,
         groups: workloads.iter().map(|(g, _)| g.clone()).collect(),
+        group_names: column(workloads.iter().map(|(g, _)| g.as_str())),
+        bootstrap_servers: column(bootstrap_servers.iter().map(|s| s.0.as_str())),
     };
     (status, transitions)
 }
@@ -420,7 +431,7 @@ mod tests {
     fn connection_names_missing_secrets_and_heals() {
         let missing =
             vec!["Secret \"creds\" (spec.mqtt.credentialsSecretRef) does not exist".to_owned()];
-        let (s, _) = connection(None, Some(1), &missing, &[], at(1));
+        let (s, _) = connection(None, Some(1), &[], &missing, &[], at(1));
         let c = condition(&s.conditions, SECRETS_RESOLVED).unwrap();
         assert_eq!(c.status, FALSE);
         assert!(c.message.contains("creds") && c.message.contains("credentialsSecretRef"));
@@ -429,8 +440,15 @@ mod tests {
             "SecretMissing"
         );
 
-        let groups = [("default".to_owned(), workload(1, 1))];
-        let (healed, t) = connection(Some(&s), Some(1), &[], &groups, at(2));
+        let groups = [
+            ("default".to_owned(), workload(1, 1)),
+            ("bulk".to_owned(), workload(1, 1)),
+        ];
+        let servers = [
+            BoundedString("k0:9092".into()),
+            BoundedString("k1:9092".into()),
+        ];
+        let (healed, t) = connection(Some(&s), Some(1), &servers, &[], &groups, at(2));
         assert_eq!(
             condition(&healed.conditions, SECRETS_RESOLVED)
                 .unwrap()
@@ -439,7 +457,11 @@ mod tests {
         );
         assert_eq!(condition(&healed.conditions, READY).unwrap().status, TRUE);
         assert_eq!(t.len(), 2);
-        assert_eq!(healed.groups, vec!["default"]);
+        assert_eq!(healed.groups, vec!["default", "bulk"]);
+        // Plain strings for `kubectl get`, not lists.
+        assert_eq!(healed.group_names.as_deref(), Some("default,bulk"));
+        assert_eq!(healed.bootstrap_servers.as_deref(), Some("k0:9092,k1:9092"));
+        assert_eq!(s.group_names, None, "no groups: an empty column");
     }
 
     fn report(connected: bool, reachable: bool, rule: Option<RuleStatus>) -> ForwarderStatus {

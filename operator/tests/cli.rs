@@ -90,3 +90,35 @@ fn help_lists_the_forwarder_image_flags_with_their_environment_variables() {
         assert!(help.contains(expected), "{expected:?} in:\n{help}");
     }
 }
+
+#[test]
+fn json_logs_are_one_flat_object_per_line() {
+    // No API server: the operator logs why it stops, then exits.
+    let (code, stderr) = run(&["--log-format", "json"], &[]);
+    assert_eq!(code, Some(1), "{stderr}");
+    let lines: Vec<serde_json::Value> = stderr
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let stopping = lines
+        .iter()
+        .find(|l| l["message"] == "stopping")
+        .unwrap_or_else(|| panic!("a top-level message in:\n{stderr}"));
+    assert_eq!(stopping["level"], "ERROR");
+    assert_eq!(stopping["target"], "ferry_operator");
+    assert!(stopping["timestamp"].is_string(), "{stopping}");
+    assert!(
+        stopping["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("Kubernetes API")),
+        "the event's own field at the top level: {stopping}"
+    );
+    for line in &lines {
+        let object = line.as_object().unwrap_or_else(|| panic!("{line}"));
+        assert!(
+            object.values().all(|v| !v.is_object() && !v.is_array()),
+            "not flat: {line}"
+        );
+    }
+}

@@ -264,7 +264,7 @@ spec:
             .expect("metrics")
     };
     let writes = || {
-        op.metric("ferry_operator_status_writes_total", "ForwardingRule")
+        op.metric("ferry_operator_status_writes_total", "forwarding_rule")
             .expect("metrics")
     };
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -387,7 +387,7 @@ fn the_kubernetes_examples_apply_and_render_as_documented() {
 /// names no image; a connection's `spec.forwarder.image`, `imagePullPolicy` and
 /// `imagePullSecrets` win, and editing them rolls its forwarders onto the new image.
 #[test]
-fn forwarder_images_come_from_the_operators_flags_unless_the_connection_overrides_them() {
+fn forwarder_images_and_resources_come_from_the_operator_unless_the_connection_overrides_them() {
     let cp = common::control_plane_with_crds("ferry");
     let op = Operator::start(
         &cp,
@@ -411,7 +411,8 @@ fn forwarder_images_come_from_the_operators_flags_unless_the_connection_override
         connection(
             "mirror",
             &format!(
-                "{{ image: \"{image}\", imagePullPolicy: Always, imagePullSecrets: [{{ name: mirror-cred }}] }}"
+                "{{ image: \"{image}\", imagePullPolicy: Always, imagePullSecrets: [{{ name: mirror-cred }}], \
+                 resources: {{ requests: {{ cpu: 100m, memory: 128Mi }}, limits: {{ cpu: 100m, memory: 128Mi }} }} }}"
             ),
         )
     };
@@ -458,6 +459,14 @@ fn forwarder_images_come_from_the_operators_flags_unless_the_connection_override
         ),
         "the connection's override"
     );
+    // The API server classes the pods the StatefulSet controller creates: the default requests
+    // keep them out of BestEffort (evicted first); the connection's own resources win.
+    let qos = |pod: &str| jsonpath(&cp, "ferry", "pod", pod, "{.status.qosClass}");
+    op.wait_for("the forwarder pods", WAIT, || {
+        !qos("plant-default-0").is_empty() && !qos("mirror-default-0").is_empty()
+    });
+    assert_eq!(qos("plant-default-0"), "Burstable");
+    assert_eq!(qos("mirror-default-0"), "Guaranteed");
 
     common::apply(&cp, &mirrored("mirror.example/iot/ferry-forwarder:0.2.0"));
     op.wait_for("the edited image", WAIT, || {

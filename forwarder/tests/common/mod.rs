@@ -89,7 +89,12 @@ impl Forwarder {
     /// Atomically replaces the ConfigMap-style config (see `start_configmap`).
     pub fn swap_config(&mut self, config: &str) {
         let mount = self.dir.path().join("mount");
-        let version = format!("..{}", Instant::now().elapsed().as_nanos() + self.swaps());
+        // A name not used yet, as the kubelet's timestamped ones.
+        let mut n = self.swaps();
+        while mount.join(format!("..{n}")).exists() {
+            n += 1;
+        }
+        let version = format!("..{n}");
         let versioned = mount.join(&version);
         fs::create_dir(&versioned).expect("version dir");
         fs::write(versioned.join("config.yaml"), config).expect("write config");
@@ -99,9 +104,9 @@ impl Forwarder {
         fs::rename(&tmp, mount.join("..data")).expect("swap ..data");
     }
 
-    fn swaps(&self) -> u128 {
+    fn swaps(&self) -> usize {
         fs::read_dir(self.dir.path().join("mount"))
-            .map(|d| d.count() as u128)
+            .map(|d| d.count())
             .unwrap_or(0)
     }
 

@@ -1,0 +1,117 @@
+//! A `/metrics` page read as Prometheus reads it, and checked against what the README
+//! documents: alerts and dashboards are written from the README, so a served name or label
+//! value it does not list is a bug.
+
+use std::collections::BTreeSet;
+
+use anyhow::{Result, anyhow, bail};
+pub use prometheus_parse::{Sample, Value};
+
+/// The samples of one scrape of `http://127.0.0.1:<port>/metrics`.
+pub struct Scrape {
+    pub samples: Vec<Sample>,
+    pub text: String,
+}
+
+impl Scrape {
+    pub fn get(port: u16) -> Result<Scrape> {
+        let (code, text) = crate::http_get(port, "/metrics")
+            .ok_or_else(|| anyhow!("GET /metrics on port {port} did not answer"))?;
+        if code != 200 {
+            bail!("GET /metrics on port {port}: {code}\n{text}");
+        }
+        let parsed = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_owned())))?;
+        Ok(Scrape {
+            samples: parsed.samples,
+            text,
+        })
+    }
+
+    /// Every value `label` has on the samples of `metric`.
+    pub fn label_values(&self, metric: &str, label: &str) -> BTreeSet<String> {
+        self.samples
+            .iter()
+            .filter(|s| s.metric == metric)
+            .filter_map(|s| s.labels.get(label).map(str::to_owned))
+            .collect()
+    }
+
+    /// The value of the sample of `metric` with exactly these `labels`, if served.
+    pub fn value(&self, metric: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        self.samples
+            .iter()
+            .filter(|s| s.metric == metric && s.labels.len() == labels.len())
+            .find(|s| labels.iter().all(|(k, v)| s.labels.get(k) == Some(*v)))
+            .and_then(|s| match s.value {
+                Value::Counter(v) | Value::Gauge(v) | Value::Untyped(v) => Some(v),
+                _ => None,
+            })
+    }
+
+    /// What this page serves that `readme` does not document: a metric with no row of its own
+    /// in a Markdown table, or a label value that row does not list (as `` `value` ``). Labels
+    /// in `free` take any value (rule names, versions); `le` is the histograms' own.
+    pub fn undocumented(&self, readme: &str, free: &[&str]) -> Vec<String> {
+        let rows: Vec<&str> = readme
+            .lines()
+            .filter(|l| l.trim_start().starts_with('|'))
+            .collect();
+        let mut missing = BTreeSet::new();
+        for sample in &self.samples {
+            let row = documented_name(&sample.metric)
+                .into_iter()
+                .find_map(|name| rows.iter().find(|r| r.contains(&format!("`{name}`"))));
+            let Some(row) = row else {
+                missing.insert(format!("metric {}", sample.metric));
+                continue;
+            };
+            for (label, value) in sample.labels.iter() {
+                if label == "le" || free.contains(&label.as_str()) {
+                    continue;
+                }
+                if !row.contains(&format!("`{label}`")) || !row.contains(&format!("`{value}`")) {
+                    missing.insert(format!("{}{{{label}=\"{value}\"}}", sample.metric));
+                }
+            }
+        }
+        missing.into_iter().collect()
+    }
+}
+
+/// The values `readme`'s metrics table lists for `label` of `metric` (the snake_case code
+/// spans after `` `label`: `` in its row, up to the next `;`), to compare with the code's own vocabulary.
+pub fn documented(readme: &str, metric: &str, label: &str) -> BTreeSet<String> {
+    let Some(row) = readme
+        .lines()
+        .find(|l| l.trim_start().starts_with('|') && l.contains(&format!("`{metric}`")))
+    else {
+        return BTreeSet::new();
+    };
+    let Some((_, values)) = row.split_once(&format!("`{label}`:")) else {
+        return BTreeSet::new();
+    };
+    // A row separates its labels with ';'.
+    let values = values.split(';').next().unwrap_or_default();
+    values
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        // Label values are snake_case words; the row's other code spans are settings.
+        .filter(|v| {
+            v.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The names a sample may be documented under: its own, or its histogram's (`_sum`, `_count`).
+fn documented_name(metric: &str) -> Vec<&str> {
+    let mut names = vec![metric];
+    for suffix in ["_sum", "_count", "_bucket"] {
+        if let Some(base) = metric.strip_suffix(suffix) {
+            names.push(base);
+        }
+    }
+    names
+}

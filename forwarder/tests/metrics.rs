@@ -1,0 +1,169 @@
+//! What a running forwarder serves on `/metrics`, read as Prometheus reads it: every name and
+//! label value is one the README documents (alerts are written from there), and the standard
+//! `process_*` and build-info metrics are there.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::{Brokers, Forwarder, runtime, wait_until};
+use ferry_e2e::metrics::Scrape;
+use rumqttc::QoS;
+
+const README: &str = include_str!("../../README.md");
+
+fn set(values: &[&str]) -> BTreeSet<String> {
+    values.iter().map(|v| (*v).to_owned()).collect()
+}
+
+#[test]
+fn metrics_serve_exactly_the_documented_names_and_label_values() {
+    let brokers = Brokers::start();
+    let rt = runtime();
+    rt.block_on(brokers.kafka.create_topic("ok", 1))
+        .expect("topic");
+    rt.block_on(common::create_topic_with_limit(
+        &brokers.kafka.bootstrap(),
+        "small",
+        1000,
+    ));
+    // Each rule makes one label value appear: records too large for their topic and topic
+    // names a template cannot make are dropped (`reason` of the failures), a topic that does
+    // not exist is retried (`reason` of the retries).
+    let rules = "  - name: ok\n    mqtt: { topics: [\"ok/#\"] }\n    kafka: { topic: ok }\n\
+                 \x20 - name: small\n    mqtt: { topics: [\"small/#\"] }\n    kafka: { topic: small }\n    on_unwritable: drop\n\
+                 \x20 - name: templated\n    mqtt: { topics: [\"t/+\"] }\n    kafka: { topic: \"x.{1}\" }\n    on_unwritable: drop\n\
+                 \x20 - name: missing\n    mqtt: { topics: [\"missing/#\"] }\n    kafka: { topic: missing }\n";
+    let config = brokers.config("ferry-metrics", rules).replace(
+        "  bootstrap_servers:",
+        "  config: { topic.metadata.propagation.max.ms: 500 }\n  bootstrap_servers:",
+    );
+    let mut fwd = Forwarder::start_configmap(&config);
+    fwd.wait_ready(Duration::from_secs(30));
+
+    // Incompressible, so the topic's limit applies after lz4.
+    let big: Vec<u8> = (0..5000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    for (qos, messages) in [
+        (QoS::AtMostOnce, vec![("ok/0".to_owned(), b"zero".to_vec())]),
+        (
+            QoS::AtLeastOnce,
+            vec![
+                ("ok/1".to_owned(), b"one".to_vec()),
+                ("small/1".to_owned(), big),
+                ("t/bad level".to_owned(), b"no topic".to_vec()),
+                ("missing/1".to_owned(), b"waits".to_vec()),
+            ],
+        ),
+    ] {
+        rt.block_on(ferry_e2e::publish(
+            brokers.mqtt.port(),
+            "pub-metrics",
+            qos,
+            messages,
+        ))
+        .expect("publish");
+    }
+    wait_until(
+        &fwd,
+        Duration::from_secs(30),
+        "two drops and a retry",
+        || {
+            fwd.metric("ferry_rule_failed_messages_total") >= 2.0
+                && fwd.metric("ferry_rule_produce_retries_total") >= 1.0
+        },
+    );
+    // A reload applied (a rule added), then one rejected (a duplicate name).
+    let added = format!(
+        "{config}  - name: more\n    mqtt: {{ topics: [\"more/#\"] }}\n    kafka: {{ topic: ok }}\n"
+    );
+    fwd.swap_config(&added);
+    wait_until(&fwd, Duration::from_secs(10), "reload applied", || {
+        fwd.status().is_some_and(|s| s.config.generation == 2)
+    });
+    fwd.swap_config(&added.replace("name: more", "name: ok"));
+    wait_until(&fwd, Duration::from_secs(10), "reload rejected", || {
+        fwd.status()
+            .is_some_and(|s| s.config.reload_error.is_some())
+    });
+
+    let scrape = Scrape::get(fwd.http_port).expect("scrape");
+    eprintln!("{}", scrape.text);
+    assert_eq!(
+        scrape.undocumented(README, &["rule", "version"]),
+        Vec::<String>::new(),
+        "served but not in README.md's metrics table"
+    );
+    assert_eq!(
+        scrape.label_values("ferry_rule_failed_messages_total", "reason"),
+        set(&["too_large", "invalid_topic"])
+    );
+    let retries = scrape.label_values("ferry_rule_produce_retries_total", "reason");
+    assert!(retries.contains("unknown_topic"), "{retries:?}");
+    assert_eq!(
+        scrape.label_values("ferry_config_reloads_total", "result"),
+        set(&["applied", "rejected"])
+    );
+    assert_eq!(
+        scrape.label_values("ferry_mqtt_received_messages_total", "qos"),
+        set(&["0", "1", "2"])
+    );
+    assert_eq!(
+        scrape.label_values("ferry_rule_forwarded_messages_total", "rule"),
+        set(&["ok", "small", "templated", "missing", "more"])
+    );
+    for (metric, labels) in [
+        (
+            "ferry_rule_failed_messages_total",
+            [("rule", "small"), ("reason", "too_large")],
+        ),
+        (
+            "ferry_rule_failed_messages_total",
+            [("rule", "templated"), ("reason", "invalid_topic")],
+        ),
+    ] {
+        assert_eq!(
+            scrape.value(metric, &labels),
+            Some(1.0),
+            "{metric}{labels:?}"
+        );
+    }
+    for result in ["applied", "rejected"] {
+        assert_eq!(
+            scrape.value("ferry_config_reloads_total", &[("result", result)]),
+            Some(1.0),
+            "{result}"
+        );
+    }
+
+    assert_eq!(
+        scrape.value(
+            "ferry_forwarder_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        Some(1.0)
+    );
+    let process = |name: &str| {
+        scrape
+            .value(name, &[])
+            .unwrap_or_else(|| panic!("{name} served"))
+    };
+    assert!(process("process_cpu_seconds_total") > 0.0);
+    let rss = process("process_resident_memory_bytes");
+    assert!((1e6..1e9).contains(&rss), "resident memory {rss}");
+    assert!(process("process_virtual_memory_bytes") >= rss);
+    let fds = process("process_open_fds");
+    assert!(fds >= 3.0 && process("process_max_fds") >= fds, "{fds} fds");
+    assert!(process("process_threads") >= 2.0);
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64();
+    let started = process("process_start_time_seconds");
+    assert!(
+        (now - 600.0..=now + 1.0).contains(&started),
+        "started at {started}, now {now}"
+    );
+}
