@@ -20,7 +20,6 @@ use kube::runtime::reflector::{Store, store::Writer};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
-use tracing::warn;
 
 /// Longest namespace name (a DNS label).
 const MAX_NAMESPACE: usize = 63;
@@ -148,17 +147,11 @@ impl fmt::Display for Scope {
     }
 }
 
-/// One Api's watch, retried with backoff; failures logged, since the controllers drop them
-/// and a namespace the operator has no rights in would otherwise stall it in silence.
+/// One Api's watch, retried with backoff (kube-runtime logs each failure, e.g. a namespace
+/// the operator has no rights in).
 fn watch_one<K: Watched>(api: Api<K>, config: &watcher::Config) -> Events<K> {
-    let namespace = api.namespace().unwrap_or("*").to_owned();
     watcher::watcher(api, config.clone())
         .default_backoff()
-        .inspect(move |event| {
-            if let Err(error) = event {
-                warn!(kind = %K::kind(&()), namespace = %namespace, %error, "watch failed; retrying");
-            }
-        })
         .boxed()
 }
 
