@@ -106,17 +106,17 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
-    let all = watcher::Config::default();
+    let unfiltered = watcher::Config::default();
     let (connections, connection_writer) = reflector::store::<DeserializeGuard<BrokerConnection>>();
-    let connection_events = scope.reflect(&client, &all, connection_writer);
+    let connection_events = scope.reflect(&client, &unfiltered, connection_writer);
     let (connection_events, connections_listed) = listed(connection_events);
     let (rules, rule_writer) = reflector::store::<DeserializeGuard<ForwardingRule>>();
-    let rule_events = scope.reflect(&client, &all, rule_writer);
+    let rule_events = scope.reflect(&client, &unfiltered, rule_writer);
     let (rule_events, rules_listed) = listed(rule_events);
     // The rule loop also follows connections (a deleted connection strands its rules) and the
     // connection loop follows rules: a second watch of each, for triggers only.
-    let connection_copy = scope.watch::<DeserializeGuard<BrokerConnection>>(&client, &all);
-    let rule_copy = scope.watch::<DeserializeGuard<ForwardingRule>>(&client, &all);
+    let connection_copy = scope.watch::<DeserializeGuard<BrokerConnection>>(&client, &unfiltered);
+    let rule_copy = scope.watch::<DeserializeGuard<ForwardingRule>>(&client, &unfiltered);
 
     let ctx = Arc::new(Context {
         client: client.clone(),
@@ -156,7 +156,7 @@ pub async fn run(
             // A created or rotated Secret reconciles the connections that reference it.
             .watches_stream(
                 scope
-                    .watch::<PartialObjectMeta<Secret>>(&client, &all)
+                    .watch::<PartialObjectMeta<Secret>>(&client, &unfiltered)
                     .touched_objects(),
                 move |secret| {
                     let ns = secret.namespace();
