@@ -41,6 +41,7 @@ use crate::conditions::{FALSE, Transition};
 use crate::image::ForwarderImage;
 use crate::metrics::{Kind, Metrics};
 use crate::render::{Group, render};
+use crate::scope::Scope;
 use crate::status::{self, RuleOutcome, Workload};
 use crate::validate::{self, Secrets};
 
@@ -93,9 +94,11 @@ pub struct Context {
     failures: Mutex<HashMap<String, u32>>,
 }
 
-/// Runs the controllers and the data-plane poller until `shutdown` completes.
+/// Runs the controllers and the data-plane poller until `shutdown` completes, watching the
+/// namespaces of `scope` only.
 pub async fn run(
     client: Client,
+    scope: Scope,
     metrics: Arc<Metrics>,
     status_polling: crate::dataplane::Polling,
     identity: String,
@@ -103,34 +106,17 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
-    let (connections, connection_writer) = reflector::store();
-    let connection_events = watcher(
-        Api::<DeserializeGuard<BrokerConnection>>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(connection_writer);
+    let unfiltered = watcher::Config::default();
+    let (connections, connection_writer) = reflector::store::<DeserializeGuard<BrokerConnection>>();
+    let connection_events = scope.reflect(&client, &unfiltered, connection_writer);
     let (connection_events, connections_listed) = listed(connection_events);
-    let (rules, rule_writer) = reflector::store();
-    let rule_events = watcher(
-        Api::<DeserializeGuard<ForwardingRule>>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(rule_writer);
+    let (rules, rule_writer) = reflector::store::<DeserializeGuard<ForwardingRule>>();
+    let rule_events = scope.reflect(&client, &unfiltered, rule_writer);
     let (rule_events, rules_listed) = listed(rule_events);
     // The rule loop also follows connections (a deleted connection strands its rules) and the
     // connection loop follows rules: a second watch of each, for triggers only.
-    let connection_copy = watcher(
-        Api::<DeserializeGuard<BrokerConnection>>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff();
-    let rule_copy = watcher(
-        Api::<DeserializeGuard<ForwardingRule>>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .default_backoff();
+    let connection_copy = scope.watch::<DeserializeGuard<BrokerConnection>>(&client, &unfiltered);
+    let rule_copy = scope.watch::<DeserializeGuard<ForwardingRule>>(&client, &unfiltered);
 
     let ctx = Arc::new(Context {
         client: client.clone(),
@@ -152,8 +138,16 @@ pub async fn run(
     let secret_index = connections.clone();
     let connection_loop =
         Controller::for_stream(spec_changes(connection_events), connections.clone())
-            .owns(Api::<StatefulSet>::all(client.clone()), forwarders.clone())
-            .owns(Api::<ConfigMap>::all(client.clone()), forwarders)
+            .owns_stream(
+                scope
+                    .watch::<PartialObjectMeta<StatefulSet>>(&client, &forwarders)
+                    .touched_objects(),
+            )
+            .owns_stream(
+                scope
+                    .watch::<PartialObjectMeta<ConfigMap>>(&client, &forwarders)
+                    .touched_objects(),
+            )
             .watches_stream(spec_changes(rule_copy), |rule| {
                 let rule = rule.0.ok()?;
                 let ns = rule.namespace()?;
@@ -161,12 +155,9 @@ pub async fn run(
             })
             // A created or rotated Secret reconciles the connections that reference it.
             .watches_stream(
-                watcher(
-                    Api::<PartialObjectMeta<Secret>>::all(client.clone()),
-                    watcher::Config::default(),
-                )
-                .default_backoff()
-                .touched_objects(),
+                scope
+                    .watch::<PartialObjectMeta<Secret>>(&client, &unfiltered)
+                    .touched_objects(),
                 move |secret| {
                     let ns = secret.namespace();
                     let name = secret.name_any();
@@ -208,7 +199,7 @@ pub async fn run(
         .run(reconcile_rule, error_policy, ctx.clone())
         .for_each(|_| async {});
 
-    let poller = crate::dataplane::run(ctx, rules, rules_listed, status_polling);
+    let poller = crate::dataplane::run(ctx, &scope, rules, rules_listed, status_polling);
     tokio::select! {
         _ = futures::future::join(connection_loop, rule_loop) => {}
         () = poller => {}

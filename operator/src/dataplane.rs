@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, warn};
 
@@ -28,6 +28,7 @@ use crate::children::{LABEL_CONNECTION, LABEL_GROUP, SELECTOR};
 use crate::controller::{Context, STATUS_FIELD_MANAGER, publish, wait_listed, write_status};
 use crate::metrics::Kind;
 use crate::render::{HTTP_PORT, rule_name};
+use crate::scope::Scope;
 use crate::status::{self, ACCEPTED};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
@@ -49,18 +50,19 @@ pub struct Polling {
 
 pub async fn run(
     ctx: Arc<Context>,
+    scope: &Scope,
     rules: Store<DeserializeGuard<ForwardingRule>>,
     rules_listed: tokio::sync::watch::Receiver<bool>,
     polling: Polling,
 ) {
     let (pods, writer) = reflector::store();
-    let pod_watch = watcher(
-        Api::<Pod>::all(ctx.client.clone()),
-        watcher::Config::default().labels(SELECTOR),
-    )
-    .default_backoff()
-    .reflect(writer)
-    .for_each(|_| async {});
+    let pod_watch = scope
+        .reflect::<Pod>(
+            &ctx.client,
+            &watcher::Config::default().labels(SELECTOR),
+            writer,
+        )
+        .for_each(|_| async {});
     let http: HttpClient<HttpConnector, Empty<Bytes>> =
         HttpClient::builder(TokioExecutor::new()).build_http();
     let polls = async {

@@ -10,5 +10,6 @@ pub mod dataplane;
 pub mod image;
 pub mod metrics;
 pub mod render;
+pub mod scope;
 pub mod status;
 pub mod validate;

@@ -13,6 +13,7 @@ use std::time::Duration;
 use clap::Parser;
 use ferry_operator::image::ForwarderImage;
 use ferry_operator::metrics::Metrics;
+use ferry_operator::scope::Scope;
 use kube_lease_manager::LeaseManagerBuilder;
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
@@ -49,6 +50,15 @@ struct Args {
         default_value_t = 60
     )]
     status_write_interval_seconds: u64,
+    /// Namespaces to watch, comma-separated: the operator lists, watches and changes nothing
+    /// outside them, so a Role in each is all it needs. Empty or unset: every namespace.
+    #[arg(
+        long,
+        env = "FERRY_WATCH_NAMESPACES",
+        value_name = "NAMESPACES",
+        value_parser = Scope::parse
+    )]
+    watch_namespaces: Option<Scope>,
     /// `text` or `json`.
     #[arg(long, env = "FERRY_LOG_FORMAT", default_value = "text")]
     log_format: LogFormat,
@@ -131,6 +141,8 @@ async fn run(args: Args) -> Result<(), Error> {
         interval: Duration::from_secs(args.status_interval_seconds.max(1)),
         min_write_interval: Duration::from_secs(args.status_write_interval_seconds),
     };
+    let scope = args.watch_namespaces.clone().unwrap_or_default();
+    info!(%scope, "watching");
     info!(image = %args.forwarder_image.image, pull_policy = ?args.forwarder_image.pull_policy, pull_secrets = ?args.forwarder_image.pull_secrets, "forwarder image of connections that name none");
 
     if !args.leader_elect {
@@ -138,6 +150,7 @@ async fn run(args: Args) -> Result<(), Error> {
         metrics.set_leader(true);
         ferry_operator::controller::run(
             client,
+            scope,
             metrics,
             status_polling,
             identity,
@@ -203,7 +216,7 @@ async fn run(args: Args) -> Result<(), Error> {
                 let lost = stop.await;
                 let _ = lost_tx.send(lost);
             };
-            ferry_operator::controller::run(client, metrics.clone(), status_polling, identity.clone(), args.forwarder_image.clone(), Box::pin(shutdown)).await;
+            ferry_operator::controller::run(client, scope, metrics.clone(), status_polling, identity.clone(), args.forwarder_image.clone(), Box::pin(shutdown)).await;
             metrics.set_leader(false);
             match lost_rx.await {
                 Ok(true) => Err(Error::LostLease),

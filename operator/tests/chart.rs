@@ -32,6 +32,7 @@ image: { repository: registry.example/ferry/ferry-operator, tag: "0.1.0-rc1", pu
 imagePullSecrets: [{ name: regcred }]
 serviceAccount: { annotations: { team: iot } }
 leaderElection: { leaseName: ferry-leader, leaseDurationSeconds: 20 }
+watchNamespaces: [plant, factory]
 statusIntervalSeconds: 5
 logging: { format: text, level: "info,ferry_operator=debug" }
 extraEnv: [{ name: RUST_BACKTRACE, value: "1" }]
@@ -201,6 +202,10 @@ fn default_render_is_strictly_valid_and_least_privileged() {
             && pod["imagePullSecrets"].is_null(),
         "no pull secrets by default"
     );
+    assert!(
+        !env.contains_key("FERRY_WATCH_NAMESPACES"),
+        "every namespace by default"
+    );
 
     let service = find(&docs, "Service", "ferry-operator-metrics");
     assert_eq!(service["spec"]["ports"][0]["name"], "http-metrics");
@@ -319,6 +324,98 @@ fn render_with_every_option_is_strictly_valid() {
         "API server, forwarders, DNS, the extra rule: {egress:?}"
     );
     assert_eq!(egress[0]["to"][0]["ipBlock"]["cidr"], "10.0.0.1/32");
+    assert_eq!(
+        egress[1]["to"][0]["namespaceSelector"]["matchExpressions"][0]["values"],
+        serde_json::json!(["plant", "factory"]),
+        "forwarders' /status only in the watched namespaces"
+    );
+    for ns in ["plant", "factory"] {
+        assert!(
+            docs.iter().any(|d| d["kind"] == "Role"
+                && d["metadata"]["name"] == OPERATOR
+                && d["metadata"]["namespace"] == ns),
+            "a Role in {ns}"
+        );
+    }
+}
+
+/// Namespace mode: the operator's rules in a Role per watched namespace, nothing cluster-wide,
+/// and the flag that keeps the operator inside them.
+#[test]
+fn watch_namespaces_renders_a_role_per_namespace_instead_of_the_cluster_role() {
+    let values = values_file(
+        "watch-namespaces",
+        "watchNamespaces: [plant, factory]\nmetrics: { podMonitor: { enabled: true } }\n",
+    );
+    let rendered = template(&["--values", &values.display().to_string()]);
+    let docs = documents(&rendered);
+    assert_eq!(
+        kinds(&docs),
+        [
+            "ConfigMap",
+            "Deployment",
+            "PodMonitor",
+            "Role",
+            "Role",
+            "Role",
+            "RoleBinding",
+            "RoleBinding",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount",
+        ],
+        "no ClusterRole nor ClusterRoleBinding"
+    );
+    kubeconform(&rendered, docs.len());
+
+    let cluster_wide = documents(&template(&[]));
+    let cluster_rules = &find(&cluster_wide, "ClusterRole", OPERATOR)["rules"];
+    for ns in ["plant", "factory"] {
+        let in_ns = |kind: &str| {
+            docs.iter()
+                .find(|d| {
+                    d["kind"] == kind
+                        && d["metadata"]["name"] == OPERATOR
+                        && d["metadata"]["namespace"] == ns
+                })
+                .unwrap_or_else(|| panic!("no {kind} {OPERATOR} in {ns}"))
+        };
+        assert_eq!(
+            &in_ns("Role")["rules"],
+            cluster_rules,
+            "the same rules as the ClusterRole, in {ns}"
+        );
+        let binding = in_ns("RoleBinding");
+        assert_eq!(
+            binding["roleRef"],
+            serde_json::json!({
+                "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": OPERATOR
+            })
+        );
+        assert_eq!(
+            binding["subjects"],
+            serde_json::json!([
+                { "kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE }
+            ])
+        );
+    }
+    let lease_role = find(&docs, "Role", "ferry-operator-leader-election");
+    assert_eq!(lease_role["metadata"]["namespace"], NAMESPACE);
+
+    let env =
+        &find(&docs, "Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"][0]["env"];
+    let watch = env
+        .as_array()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"] == "FERRY_WATCH_NAMESPACES")
+        .expect("FERRY_WATCH_NAMESPACES");
+    assert_eq!(watch["value"], "plant,factory");
+    assert_eq!(
+        find(&docs, "PodMonitor", "ferry-forwarders")["spec"]["namespaceSelector"],
+        serde_json::json!({ "matchNames": ["plant", "factory"] }),
+        "forwarders scraped where they can be"
+    );
 }
 
 #[test]
@@ -388,6 +485,15 @@ fn values_schema_refuses_bad_values_by_name() {
         (
             "dashboard.enable=true",
             "additional properties 'enable' not allowed",
+        ),
+        ("watchNamespaces={plant,Factory}", "at '/watchNamespaces/1'"),
+        (
+            "watchNamespaces={plant,plant}",
+            "at '/watchNamespaces': items at 0 and 1 are equal",
+        ),
+        (
+            "watchNamespaces=plant",
+            "at '/watchNamespaces': got string, want array",
         ),
         (
             "leaderElection.enabled=false",
@@ -942,6 +1048,319 @@ spec:
         "helm uninstall: {}",
         output_text(&out)
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// (g) Namespace mode (watchNamespaces) in a real API server
+
+/// A BrokerConnection `plant` and its rule `telemetry` in `ns`, with their MQTT credentials
+/// Secret unless `secret` is false.
+fn connection_in(ns: &str, secret: bool) -> String {
+    let mut yaml = format!(
+        r#"
+apiVersion: ferry.dev/v1alpha1
+kind: BrokerConnection
+metadata: {{ name: plant, namespace: {ns} }}
+spec:
+  mqtt: {{ host: mqtt.{ns}.svc, credentialsSecretRef: {{ name: mqtt-credentials }} }}
+  kafka: {{ bootstrapServers: ["kafka.{ns}.svc:9092"] }}
+---
+apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata: {{ name: telemetry, namespace: {ns} }}
+spec:
+  connectionRef: {{ name: plant }}
+  mqtt: {{ topics: ["plant/+/telemetry"] }}
+  kafka: {{ topic: telemetry }}
+"#
+    );
+    if secret {
+        yaml.push_str(&mqtt_secret(ns));
+    }
+    yaml
+}
+
+fn mqtt_secret(ns: &str) -> String {
+    format!(
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: mqtt-credentials, namespace: {ns} }}\n\
+         stringData: {{ username: ferry, password: secret }}\n"
+    )
+}
+
+/// `kubectl auth can-i --as <user> ARGS`: a SelfSubjectAccessReview impersonating `user`.
+fn can_i(cp: &ControlPlane, user: &str, args: &[&str]) -> bool {
+    let mut all = vec!["auth", "can-i", "--as", user];
+    all.extend_from_slice(args);
+    let out = cp.kubectl(&all).output().expect("kubectl auth can-i");
+    match String::from_utf8_lossy(&out.stdout).trim() {
+        "yes" => true,
+        "no" => false,
+        other => panic!(
+            "kubectl auth can-i {args:?}: {other} {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+/// The chart's ServiceAccount and RBAC objects of `docs`, applied.
+fn apply_rbac(cp: &ControlPlane, docs: &[Value]) {
+    let items: Vec<&Value> = docs
+        .iter()
+        .filter(|d| {
+            let kind = d["kind"].as_str().unwrap_or_default();
+            kind == "ServiceAccount" || kind.ends_with("Role") || kind.ends_with("RoleBinding")
+        })
+        .collect();
+    let list = serde_json::json!({ "apiVersion": "v1", "kind": "List", "items": items });
+    cp.run_kubectl_with_stdin(["apply", "-f", "-"], &list.to_string())
+        .expect("apply the chart's RBAC");
+}
+
+#[test]
+fn watch_namespaces_confines_the_operator_and_its_rights_to_those_namespaces() {
+    let cp = ControlPlane::start().expect("control plane (run `bash e2e/k8s/build.sh` once)");
+    cp.install_crds(
+        &Path::new(CHART).join("crds"),
+        &["forwardingrules.ferry.dev", "brokerconnections.ferry.dev"],
+    )
+    .expect("CRDs");
+    for ns in [NAMESPACE, "plant", "factory", "elsewhere"] {
+        cp.run_kubectl(["create", "namespace", ns])
+            .expect("namespace");
+    }
+
+    // The RBAC of both modes, as the chart renders it: release `ferry` watching plant and
+    // factory, and (named `wide`) one watching every namespace.
+    let scoped = values_file("scoped", "watchNamespaces: [plant, factory]\n");
+    let scoped_docs = documents(&template(&["--values", &scoped.display().to_string()]));
+    apply_rbac(&cp, &scoped_docs);
+    apply_rbac(
+        &cp,
+        &documents(&template(&["--set", "fullnameOverride=wide"])),
+    );
+
+    let sa = format!("system:serviceaccount:{NAMESPACE}:{OPERATOR}");
+    for args in [
+        &["get", "secrets", "-n", "plant"][..],
+        &["list", "secrets", "-n", "plant"],
+        &["watch", "secrets", "-n", "factory"],
+        &["watch", "brokerconnections.ferry.dev", "-n", "plant"],
+        &["list", "forwardingrules.ferry.dev", "-n", "factory"],
+        &[
+            "patch",
+            "forwardingrules.ferry.dev",
+            "--subresource=status",
+            "-n",
+            "factory",
+        ],
+        &["create", "statefulsets.apps", "-n", "plant"],
+        &["delete", "configmaps", "-n", "factory"],
+        &["watch", "pods", "-n", "plant"],
+        &["create", "events.events.k8s.io", "-n", "factory"],
+        &["update", "leases.coordination.k8s.io", "-n", NAMESPACE],
+    ] {
+        assert!(can_i(&cp, &sa, args), "namespace mode needs: {args:?}");
+    }
+    for args in [
+        &["list", "secrets", "--all-namespaces"][..],
+        &["watch", "secrets", "--all-namespaces"],
+        &["get", "secrets", "-n", "elsewhere"],
+        &["list", "secrets", "-n", "elsewhere"],
+        &["list", "secrets", "-n", NAMESPACE],
+        &["watch", "brokerconnections.ferry.dev", "--all-namespaces"],
+        &["watch", "forwardingrules.ferry.dev", "-n", "elsewhere"],
+        &["watch", "pods", "--all-namespaces"],
+        &["create", "statefulsets.apps", "-n", "elsewhere"],
+        &["create", "events.events.k8s.io", "-n", "elsewhere"],
+    ] {
+        assert!(
+            !can_i(&cp, &sa, args),
+            "namespace mode must not allow: {args:?}"
+        );
+    }
+    let wide = format!("system:serviceaccount:{NAMESPACE}:wide-operator");
+    for args in [
+        &["list", "secrets", "--all-namespaces"][..],
+        &["watch", "secrets", "--all-namespaces"],
+        &["get", "secrets", "-n", "elsewhere"],
+        &["watch", "brokerconnections.ferry.dev", "--all-namespaces"],
+        &["create", "statefulsets.apps", "-n", "elsewhere"],
+    ] {
+        assert!(can_i(&cp, &wide, args), "cluster mode needs: {args:?}");
+    }
+
+    // The operator with the namespace-mode ServiceAccount's token and the Deployment's
+    // FERRY_WATCH_NAMESPACES: it serves plant and factory and leaves elsewhere alone.
+    let env = &find(&scoped_docs, "Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"]
+        [0]["env"];
+    let watch = env
+        .as_array()
+        .expect("env")
+        .iter()
+        .find(|e| e["name"] == "FERRY_WATCH_NAMESPACES")
+        .and_then(|e| e["value"].as_str())
+        .expect("the Deployment sets FERRY_WATCH_NAMESPACES")
+        .to_owned();
+    // In place before the operator starts: its first lists of plant and factory must both
+    // end up in its view (one namespace's list replacing the other's would lose one).
+    for ns in ["factory", "elsewhere"] {
+        cp.run_kubectl_with_stdin(["apply", "-f", "-"], &connection_in(ns, true))
+            .expect("apply");
+    }
+    cp.run_kubectl_with_stdin(["apply", "-f", "-"], &connection_in("plant", false))
+        .expect("apply");
+    let token = cp
+        .run_kubectl([
+            "create",
+            "token",
+            OPERATOR,
+            "-n",
+            NAMESPACE,
+            "--duration=1h",
+        ])
+        .expect("token");
+    let sa_kubeconfig = cp.dir().join("scoped-operator-kubeconfig");
+    std::fs::write(&sa_kubeconfig, token_kubeconfig(&cp, token.trim())).expect("kubeconfig");
+    let port = ferry_e2e::free_port().expect("port");
+    let log = cp.dir().join("scoped-operator.log");
+    let mut operator = ChildGuard(
+        Command::new(env!("CARGO_BIN_EXE_ferry-operator"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("KUBECONFIG", &sa_kubeconfig)
+            .env("POD_NAME", "ferry-operator-scoped")
+            .env("POD_NAMESPACE", NAMESPACE)
+            .env("FERRY_WATCH_NAMESPACES", &watch)
+            .env("FERRY_STATUS_INTERVAL_SECONDS", "1")
+            .env("FERRY_LOG", "info,ferry_operator=debug")
+            .env("FERRY_LOG_FORMAT", "json")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).expect("log"))
+            .stderr(std::fs::File::create(log.with_extension("stderr")).expect("log"))
+            .spawn()
+            .expect("spawn ferry-operator"),
+    );
+    let operator_log = || {
+        format!(
+            "{}{}",
+            std::fs::read_to_string(&log).unwrap_or_default(),
+            std::fs::read_to_string(log.with_extension("stderr")).unwrap_or_default()
+        )
+    };
+    let get = |args: &[&str]| cp.run_kubectl(args).unwrap_or_default();
+    let status_of = |kind: &str, ns: &str, type_: &str| {
+        get(&[
+            "get",
+            kind,
+            "plant",
+            "-n",
+            ns,
+            "-o",
+            &format!("jsonpath={{.status.conditions[?(@.type==\"{type_}\")].status}}"),
+        ])
+    };
+    let rule_accepted = |ns: &str| {
+        get(&[
+            "get",
+            "fr",
+            "telemetry",
+            "-n",
+            ns,
+            "-o",
+            "jsonpath={.status.conditions[?(@.type==\"Accepted\")].status}",
+        ]) == "True"
+    };
+    let forwarders = |ns: &str| {
+        get(&[
+            "get",
+            "statefulsets,configmaps,secrets,services",
+            "-n",
+            ns,
+            "-l",
+            "app.kubernetes.io/name=ferry-forwarder",
+            "-o",
+            "name",
+        ])
+    };
+    let mut wait = |what: &str, cond: &dyn Fn() -> bool| {
+        let started = Instant::now();
+        while !cond() {
+            if let Ok(Some(status)) = operator.0.try_wait() {
+                panic!("ferry-operator exited ({status}):\n{}", operator_log());
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "timed out waiting for {what}:\n{}",
+                operator_log()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    };
+
+    // plant's connection names a Secret that does not exist yet; creating it (a watch of
+    // Secrets in plant only) renders the forwarders.
+    wait("factory's forwarders", &|| {
+        forwarders("factory").contains("statefulset") && rule_accepted("factory")
+    });
+    wait("plant's missing Secret as a condition", &|| {
+        status_of("bc", "plant", "SecretsResolved") == "False"
+    });
+    cp.run_kubectl_with_stdin(["apply", "-f", "-"], &mqtt_secret("plant"))
+        .expect("secret");
+    wait("plant's forwarders", &|| {
+        forwarders("plant").contains("statefulset") && rule_accepted("plant")
+    });
+    // A rule deleted in a watched namespace: its group's forwarders are pruned.
+    cp.run_kubectl(["delete", "fr", "telemetry", "-n", "factory"])
+        .expect("delete");
+    wait("factory's forwarders pruned", &|| {
+        !forwarders("factory").contains("statefulset")
+    });
+
+    // By now elsewhere's connection, there from the start, would long have been rendered.
+    assert_eq!(
+        forwarders("elsewhere"),
+        "",
+        "children in an unwatched namespace"
+    );
+    for kind in ["bc", "fr"] {
+        let name = if kind == "bc" { "plant" } else { "telemetry" };
+        assert_eq!(
+            get(&[
+                "get",
+                kind,
+                name,
+                "-n",
+                "elsewhere",
+                "-o",
+                "jsonpath={.status}"
+            ]),
+            "",
+            "{kind} status written in an unwatched namespace"
+        );
+    }
+    assert_eq!(
+        get(&["get", "events", "-n", "elsewhere", "-o", "name"]),
+        "",
+        "Events in an unwatched namespace"
+    );
+    let metrics = ferry_e2e::http_get(port, "/metrics")
+        .map(|(_, body)| body)
+        .unwrap_or_default();
+    assert!(
+        metrics.lines().any(|l| l == "ferry_operator_leader 1"),
+        "the operator holds the Lease in {NAMESPACE}:\n{metrics}"
+    );
+    let log_text = operator_log();
+    assert!(
+        log_text.contains(r#""scope":"namespaces factory, plant""#),
+        "{log_text}"
+    );
+    for refused in ["forbidden", "Forbidden"] {
+        assert!(
+            !log_text.contains(refused),
+            "the operator was refused something ({refused}):\n{log_text}"
+        );
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ fn a_bad_forwarder_image_flag_exits_2_naming_the_flag_and_the_problem() {
 }
 
 #[test]
-fn help_lists_the_forwarder_image_flags_with_their_environment_variables() {
+fn help_lists_the_forwarder_image_and_namespace_flags_with_their_environment_variables() {
     let out = Command::new(env!("CARGO_BIN_EXE_ferry-operator"))
         .arg("--help")
         .output()
@@ -86,6 +86,8 @@ fn help_lists_the_forwarder_image_flags_with_their_environment_variables() {
         "[env: FERRY_FORWARDER_IMAGE_PULL_POLICY=]",
         "--forwarder-image-pull-secrets <NAMES>",
         "[env: FERRY_FORWARDER_IMAGE_PULL_SECRETS=]",
+        "--watch-namespaces <NAMESPACES>",
+        "[env: FERRY_WATCH_NAMESPACES=]",
     ] {
         assert!(help.contains(expected), "{expected:?} in:\n{help}");
     }
@@ -119,6 +121,47 @@ fn json_logs_are_one_flat_object_per_line() {
         assert!(
             object.values().all(|v| !v.is_object() && !v.is_array()),
             "not flat: {line}"
+        );
+    }
+}
+
+#[test]
+fn a_bad_watch_namespaces_flag_exits_2_naming_the_flag_and_the_name() {
+    for (args, env, expected) in [
+        (
+            vec!["--watch-namespaces", "plant,Factory"],
+            vec![],
+            "invalid value 'plant,Factory' for '--watch-namespaces <NAMESPACES>': \"Factory\" \
+             is not a namespace name",
+        ),
+        (
+            vec![],
+            vec![("FERRY_WATCH_NAMESPACES", "plant,,factory")],
+            "for '--watch-namespaces <NAMESPACES>': \"\" is not a namespace name",
+        ),
+        (
+            vec!["--watch-namespaces", "plant_2"],
+            vec![],
+            "\"plant_2\" is not a namespace name: 1 to 63 lower-case letters, digits and '-'",
+        ),
+    ] {
+        let (code, stderr) = run(&args, &env);
+        assert_eq!(code, Some(2), "{args:?} {env:?}: {stderr}");
+        assert!(
+            stderr.contains(expected),
+            "{args:?} {env:?}: expected {expected:?} in:\n{stderr}"
+        );
+    }
+    // Valid, or empty (every namespace): accepted, and the operator goes on to the API server.
+    for (args, env) in [
+        (vec!["--watch-namespaces", "plant, factory-2"], vec![]),
+        (vec![], vec![("FERRY_WATCH_NAMESPACES", "")]),
+    ] {
+        let (code, stderr) = run(&args, &env);
+        assert_eq!(code, Some(1), "{args:?} {env:?}: {stderr}");
+        assert!(
+            stderr.contains("cannot reach the Kubernetes API"),
+            "{args:?} {env:?}: {stderr}"
         );
     }
 }
