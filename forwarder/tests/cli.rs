@@ -29,7 +29,7 @@ fn invalid_config_exits_2_naming_every_field() {
     );
     assert_eq!(code, Some(2), "{stderr}");
     for expected in [
-        "mqtt.password: is set but mqtt.username is not",
+        "mqtt.password: is set but mqtt.username (or mqtt.username_file) is not",
         "kafka.bootstrap_servers: \"localhost\" is not host:port",
         "rules[1].mqtt.topics[0]: \"a/#/b\" is not a valid MQTT topic filter",
         "rules[1].mqtt.qos: 3 is not an MQTT QoS",
