@@ -84,8 +84,8 @@ pub struct MqttEndpoint {
     /// Secret with the MQTT username and password.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_secret_ref: Option<CredentialsRef>,
-    /// MQTT 5: how long the broker keeps a forwarder's session after it disconnected. Unset:
-    /// never expires.
+    /// MQTT 5: how long the broker keeps a forwarder's session, and queues its messages, after
+    /// it disconnected. Unset: 86400 (one day); 4294967295: never expires.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0").message("sessionExpirySeconds must not be negative"))]
     pub session_expiry_seconds: Option<i64>,
@@ -296,6 +296,11 @@ pub struct BrokerConnectionStatus {
     /// `spec.kafka.bootstrapServers` joined with commas, for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap_servers: Option<String>,
+    /// MQTT client ids of this connection's forwarder pods whose sessions the broker may hold.
+    /// The operator ends each one at the broker once its pod is gone for good (group removed,
+    /// replicas scaled down, connection deleted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mqtt_sessions: Vec<String>,
 }
 
 /// What to forward from MQTT to Kafka, through which connection.

@@ -10,18 +10,23 @@
 //!    are applied; both rules become Ready (time measured);
 //! 5. messages published over MQTT arrive in Kafka with the expected topics and keys, none lost;
 //!    `kubectl get fr` shows Ready and the forwarded counts;
-//! 6. a rule is edited live (new Kafka topic and key) while messages keep coming: every forwarder
+//! 6. Kafka is stopped for 60 s while messages keep coming, then Mosquitto for 60 s: each
+//!    time `kubectl get fr` turns Ready False with the reason (`KafkaUnreachable`,
+//!    `MqttDisconnected`) within 30 s, and True again once the broker is back; nothing
+//!    published during the Kafka outage is lost;
+//! 7. a rule is edited live (new Kafka topic and key) while messages keep coming: every forwarder
 //!    pod applies the new config without a restart, nothing is lost, and what is published
 //!    afterwards follows the new mapping;
-//! 7. a forwarder pod is deleted under load: the StatefulSet recreates it with the same name (so
+//! 8. a forwarder pod is deleted under load: the StatefulSet recreates it with the same name (so
 //!    the same MQTT client id and persistent session), nothing is lost (time to come back
 //!    measured, duplicates counted); its reconnect (same client id, clean start off) is checked
 //!    in Mosquitto's log. Then the other pod is force-deleted (`--grace-period=0 --force`: the
 //!    API object goes at once and the replacement starts while the old container is killed):
 //!    nothing lost either;
-//! 8. deleting the rules and the connection removes everything they owned;
-//! 9. `helm uninstall` leaves nothing of the release but the CRDs (and, printed as a NOTE, not
-//!    failed on, the leader-election Lease the operator created at run time).
+//! 9. deleting the rules and the connection removes everything they owned, and the operator
+//!    ends the forwarders' MQTT sessions before it releases the connection;
+//! 10. `helm uninstall` leaves nothing of the release but the CRDs (and, printed as a NOTE, not
+//!     failed on, the leader-election Lease the operator created at run time).
 //!
 //! A rule edit reaches the pods through the kubelet's refresh of the mounted ConfigMap, about a
 //! minute here (the kubelet's default `syncFrequency`), which is most of the ~2.5 min this test
@@ -54,6 +59,12 @@ const FORWARDER_USER: &str = "ferry";
 const FORWARDER_PASSWORD: &str = "p: a #b 'c\" {d} [e] *f &g !h |i >j %k @l `m ,n ?o -\n${P} ";
 /// The test's own publishers log in as this user.
 const PUBLISHER: (&str, &str) = ("e2e-publisher", "publisher-pw");
+/// How long each broker outage lasts.
+const OUTAGE: Duration = Duration::from_secs(60);
+/// From a broker going away to `kubectl get fr` saying so: the forwarder notices at once (MQTT)
+/// or within its Kafka probe (every 5 s, 3 s timeout), the operator reads the pods' `/status`
+/// every 10 s (the chart's default) and then reconciles the rule's `Ready`.
+const READY_FOLLOWS_OUTAGE: Duration = Duration::from_secs(30);
 
 fn temp_topic(n: usize) -> String {
     format!("plant/{}/temp", n % 5 + 1)
@@ -195,6 +206,136 @@ fn create_mqtt_credentials(c: &Cluster) -> Result<()> {
         &format!("--from-file=username={}", user.display()),
         &format!("--from-file=password={}", password.display()),
     ])?;
+    Ok(())
+}
+
+/// The rule's `Ready` condition: (status, reason).
+fn ready_condition(c: &Cluster, rule: &str) -> Result<(String, String)> {
+    let out = c.kubectl(&[
+        "get",
+        "fr",
+        rule,
+        "-n",
+        NS,
+        "-o",
+        r#"jsonpath={.status.conditions[?(@.type=="Ready")].status} {.status.conditions[?(@.type=="Ready")].reason}"#,
+    ])?;
+    let (status, reason) = out.split_once(' ').unwrap_or((out.as_str(), ""));
+    Ok((status.to_owned(), reason.to_owned()))
+}
+
+/// Waits until every rule's `Ready` is `status` with `reason` (any reason when `None`); returns
+/// how long that took.
+fn wait_rules_ready(
+    c: &Cluster,
+    status: &str,
+    reason: Option<&str>,
+    within: Duration,
+) -> Result<Duration> {
+    let t = Instant::now();
+    let what = format!("both rules Ready={status} ({reason:?})");
+    wait_until(within, &what, || {
+        for rule in ["temps", "alarms"] {
+            let (s, r) = ready_condition(c, rule)?;
+            if s != status || reason.is_some_and(|want| want != r) {
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })?;
+    Ok(t.elapsed())
+}
+
+/// Kafka stopped for [`OUTAGE`] while messages keep coming: the rules say `KafkaUnreachable`
+/// within [`READY_FOLLOWS_OUTAGE`], are Ready again once Kafka is back, and every message
+/// published meanwhile reaches Kafka.
+fn kafka_outage_is_reported(
+    c: &Cluster,
+    mqtt: &Mosquitto,
+    kafka: &mut Kafka,
+    rt: &tokio::runtime::Runtime,
+    t0: Instant,
+) -> Result<()> {
+    let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
+    let stop = Arc::new(AtomicBool::new(false));
+    let publisher = rt.spawn(publish_paced(
+        publisher_endpoint(c.node_ip(), mqtt),
+        "kafka-outage".into(),
+        temp_topic,
+        usize::MAX,
+        50,
+        stop.clone(),
+    ));
+    let down = Instant::now();
+    kafka.stop();
+    let noticed = wait_rules_ready(c, "False", Some("KafkaUnreachable"), READY_FOLLOWS_OUTAGE)?;
+    let table = c.kubectl(&["get", "fr", "-n", NS])?;
+    log(format!(
+        "Kafka stopped: both rules Ready=False KafkaUnreachable after {noticed:.1?}\n\
+         $ kubectl get fr -n {NS}\n{table}"
+    ));
+    std::thread::sleep(OUTAGE.saturating_sub(down.elapsed()));
+    kafka.resume()?;
+    let outage = down.elapsed();
+    let back = wait_rules_ready(c, "True", None, Duration::from_secs(90))?;
+    stop.store(true, Ordering::SeqCst);
+    let sent = rt.block_on(publisher)??;
+    let records = read_complete(
+        kafka,
+        &["temps"],
+        "kafka-outage",
+        &sent,
+        Duration::from_secs(90),
+    )?;
+    let all: Vec<&Record> = records.iter().collect();
+    let (lost, dup) = lost_and_duplicates(&all, "kafka-outage", &sent);
+    log(format!(
+        "Kafka back after {outage:.1?} away: rules Ready again {back:.1?} later; {} published \
+         during and after the outage at 50/s: lost {}, duplicates {dup}",
+        sent.len(),
+        lost.len()
+    ));
+    ensure!(lost.is_empty(), "lost during the Kafka outage: {lost:?}");
+    Ok(())
+}
+
+/// Mosquitto stopped for [`OUTAGE`]: the rules say `MqttDisconnected` within
+/// [`READY_FOLLOWS_OUTAGE`], are Ready again once it is back, and forward again.
+fn mqtt_outage_is_reported(
+    c: &Cluster,
+    mqtt: &mut Mosquitto,
+    kafka: &Kafka,
+    rt: &tokio::runtime::Runtime,
+    t0: Instant,
+) -> Result<()> {
+    let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
+    let down = Instant::now();
+    mqtt.stop();
+    let noticed = wait_rules_ready(c, "False", Some("MqttDisconnected"), READY_FOLLOWS_OUTAGE)?;
+    log(format!(
+        "Mosquitto stopped: both rules Ready=False MqttDisconnected after {noticed:.1?}"
+    ));
+    std::thread::sleep(OUTAGE.saturating_sub(down.elapsed()));
+    mqtt.resume()?;
+    let back = wait_rules_ready(c, "True", None, Duration::from_secs(90))?;
+    let sent = rt.block_on(publish_paced(
+        publisher_endpoint(c.node_ip(), mqtt),
+        "mqtt-outage".into(),
+        temp_topic,
+        200,
+        0,
+        Arc::new(AtomicBool::new(false)),
+    ))?;
+    read_complete(
+        kafka,
+        &["temps"],
+        "mqtt-outage",
+        &sent,
+        Duration::from_secs(60),
+    )?;
+    log(format!(
+        "Mosquitto back: rules Ready again {back:.1?} later; 200 published afterwards all forwarded"
+    ));
     Ok(())
 }
 
@@ -427,7 +568,9 @@ fn full_user_path_on_a_real_cluster() -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let result = run(&cluster, &mqtt, &kafka, &rt, t0);
+    let mut mqtt = mqtt;
+    let mut kafka = kafka;
+    let result = run(&cluster, &mut mqtt, &mut kafka, &rt, t0);
     if let Err(e) = &result {
         eprintln!("ferry: the full-path test failed: {e:#}");
         cluster.diagnose(RELEASE_NS, NS, "plant");
@@ -460,8 +603,8 @@ fn full_user_path_on_a_real_cluster() -> Result<()> {
 
 fn run(
     c: &Cluster,
-    mqtt: &Mosquitto,
-    kafka: &Kafka,
+    mqtt: &mut Mosquitto,
+    kafka: &mut Kafka,
     rt: &tokio::runtime::Runtime,
     t0: Instant,
 ) -> Result<()> {
@@ -632,6 +775,11 @@ fn run(
         table.lines().filter(|l| l.contains("True")).count() >= 3,
         "kubectl get bc,fr should show the connection and both rules Ready:\n{table}"
     );
+
+    // --- broker outages: the status tells the truth -----------------------------------------
+    kafka_outage_is_reported(c, mqtt, kafka, rt, t0)?;
+    mqtt_outage_is_reported(c, mqtt, kafka, rt, t0)?;
+    let (mqtt, kafka): (&Mosquitto, &Kafka) = (mqtt, kafka);
 
     // --- live rule edit under load -----------------------------------------------------------
     let gens_before = config_generations(c)?;

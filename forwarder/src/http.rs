@@ -1,4 +1,5 @@
-//! `/healthz` (the process is serving), `/readyz` (MQTT subscribed and Kafka answering metadata),
+//! `/healthz` (the process is serving), `/readyz` (has been subscribed to MQTT and reached Kafka
+//! since it started; see [`crate::metrics::Health::ready`]),
 //! `/metrics` (Prometheus text format), `/status` (per-rule JSON for the operator).
 
 use std::sync::Arc;
@@ -28,7 +29,8 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
 async fn readyz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
     let h = &m.health;
     let body = format!(
-        "mqtt_connected={} mqtt_subscribed={} kafka_reachable={}\n",
+        "started={} mqtt_connected={} mqtt_subscribed={} kafka_reachable={}\n",
+        h.ready(),
         h.mqtt_connected(),
         h.mqtt_subscribed(),
         h.kafka_reachable()

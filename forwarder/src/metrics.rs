@@ -242,11 +242,24 @@ pub struct Health {
     /// The broker acknowledged our subscriptions on the current connection.
     mqtt_subscribed: Arc<AtomicBool>,
     kafka_reachable: Arc<AtomicBool>,
+    /// Both brokers have answered at least once since the process started.
+    started: Arc<AtomicBool>,
 }
 
 impl Health {
+    /// Ready once this process has been subscribed to MQTT and reached Kafka, each at least
+    /// once, and from then on. A forwarder serves no traffic, so readiness only gates rollouts
+    /// (a pod whose config cannot reach its brokers never becomes Ready and halts the rollout)
+    /// and disruption budgets. A later broker outage hits every pod at once: turning them all
+    /// NotReady would block node drains and rollouts while telling nobody more than `/status`
+    /// (and the rules' `Ready` condition) already say.
     pub fn ready(&self) -> bool {
-        self.mqtt_subscribed.load(Ordering::Relaxed) && self.kafka_reachable.load(Ordering::Relaxed)
+        self.started.load(Ordering::Relaxed)
+    }
+    fn note_progress(&self) {
+        if self.mqtt_subscribed() && self.kafka_reachable() {
+            self.started.store(true, Ordering::Relaxed);
+        }
     }
     pub fn mqtt_subscribed(&self) -> bool {
         self.mqtt_subscribed.load(Ordering::Relaxed)
@@ -488,6 +501,7 @@ impl Metrics {
 
     pub fn set_mqtt_subscribed(&self) {
         self.health.mqtt_subscribed.store(true, Ordering::Relaxed);
+        self.health.note_progress();
     }
 
     pub fn mqtt_error(&self, message: String) {
@@ -514,6 +528,7 @@ impl Metrics {
 
     pub fn set_kafka_reachable(&self, up: bool) {
         self.health.kafka_reachable.store(up, Ordering::Relaxed);
+        self.health.note_progress();
         self.kafka_reachable.set(i64::from(up));
     }
 
@@ -573,6 +588,24 @@ mod tests {
 
     fn documented(metric: &str, label: &str) -> BTreeSet<String> {
         ferry_e2e::metrics::documented(include_str!("../../README.md"), metric, label)
+    }
+
+    #[test]
+    fn ready_once_both_brokers_answered_and_through_later_outages() {
+        let m = Metrics::new();
+        assert!(!m.health.ready(), "not ready before any broker answered");
+        m.set_mqtt_connected(true);
+        m.set_mqtt_subscribed();
+        assert!(!m.health.ready(), "Kafka has not answered yet");
+        m.set_kafka_reachable(true);
+        assert!(m.health.ready());
+        m.set_kafka_reachable(false);
+        m.set_mqtt_connected(false);
+        assert!(
+            m.health.ready(),
+            "an outage after the start keeps the pod Ready"
+        );
+        assert!(!m.health.kafka_reachable() && !m.health.mqtt_subscribed());
     }
 
     #[test]

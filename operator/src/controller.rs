@@ -22,7 +22,7 @@ use ferry_api::crd::{
 use futures::{Stream, StreamExt};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::{DeserializeGuard, PartialObjectMeta};
@@ -33,7 +33,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 use crate::children::{self, LABEL_CONNECTION, LABEL_GROUP};
@@ -92,7 +92,24 @@ pub struct Context {
     forwarder_image: ForwarderImage,
     /// Consecutive failures per object, for its backoff.
     failures: Mutex<HashMap<String, u32>>,
+    /// Connections to reconcile because the data plane changed whether one of their rules is
+    /// `Ready` (a status-only change, which the watches do not treat as a trigger).
+    ready_changes: mpsc::Sender<ObjectRef<DeserializeGuard<BrokerConnection>>>,
 }
+
+impl Context {
+    /// Asks for `connection`'s reconcile: the data plane changed whether one of its rules
+    /// forwards. A full queue only delays it until the next change or resync.
+    pub(crate) fn data_plane_changed(&self, namespace: &str, connection: &str) {
+        let target = ObjectRef::new(connection).within(namespace);
+        if self.ready_changes.try_send(target).is_err() {
+            warn!(connection = %connection, namespace = %namespace, "reconcile queue full: Ready waits for the next change");
+        }
+    }
+}
+
+/// Room for one poll's transitions of many rules at once.
+const READY_CHANGES_QUEUE: usize = 4096;
 
 /// Runs the controllers and the data-plane poller until `shutdown` completes, watching the
 /// namespaces of `scope` only.
@@ -118,6 +135,7 @@ pub async fn run(
     let connection_copy = scope.watch::<DeserializeGuard<BrokerConnection>>(&client, &unfiltered);
     let rule_copy = scope.watch::<DeserializeGuard<ForwardingRule>>(&client, &unfiltered);
 
+    let (ready_changes, ready_changes_rx) = mpsc::channel(READY_CHANGES_QUEUE);
     let ctx = Arc::new(Context {
         client: client.clone(),
         metrics: metrics.clone(),
@@ -132,6 +150,10 @@ pub async fn run(
         connections_listed,
         forwarder_image,
         failures: Mutex::new(HashMap::new()),
+        ready_changes,
+    });
+    let ready_changes = futures::stream::unfold(ready_changes_rx, |mut rx| async move {
+        rx.recv().await.map(|target| (target, rx))
     });
 
     let forwarders = watcher::Config::default().labels(children::SELECTOR);
@@ -174,6 +196,7 @@ pub async fn run(
                         .collect::<Vec<_>>()
                 },
             )
+            .reconcile_on(ready_changes)
             .graceful_shutdown_on(shutdown.clone())
             .run(reconcile_connection, error_policy, ctx.clone())
             .for_each(|_| async {});
@@ -244,7 +267,7 @@ fn spec_changes<K>(
 where
     K: Resource + Clone + Send + 'static,
 {
-    let mut seen: HashMap<(Option<String>, String), Option<i64>> = HashMap::new();
+    let mut seen: HashMap<(Option<String>, String), (Option<i64>, bool)> = HashMap::new();
     events.flat_map(move |event| {
         let out: Vec<Result<K, watcher::Error>> = match event {
             Err(e) => vec![Err(e)],
@@ -253,7 +276,8 @@ where
                     o.meta().namespace.clone(),
                     o.meta().name.clone().unwrap_or_default(),
                 );
-                let generation = o.meta().generation;
+                // Deletion (a finalizer to run) is a change too.
+                let generation = (o.meta().generation, o.meta().deletion_timestamp.is_some());
                 if seen.insert(key, generation) == Some(generation) {
                     Vec::new()
                 } else {
@@ -332,6 +356,12 @@ async fn reconcile_connection(
         .namespace()
         .ok_or(Error::NoNamespace { kind: CONNECTION })?;
     let name = guarded.name_any();
+    if guarded.meta().deletion_timestamp.is_some() {
+        let action = finalize(&ctx, &guarded, &ns).await?;
+        succeeded(&ctx, &*guarded, Kind::BrokerConnection, started);
+        return Ok(action);
+    }
+    set_finalizer(&ctx.client, &guarded, &ns, true).await?;
     let (connection, image) = match &guarded.0 {
         Ok(c) => match ctx.forwarder_image.for_connection(&c.spec.forwarder) {
             Ok(image) => (c, image),
@@ -362,17 +392,17 @@ async fn reconcile_connection(
         .filter_map(|r| r.0.as_ref().ok())
         .filter(|r| r.spec.connection_ref.name == name)
         .collect();
-    let mut secrets: Secrets = BTreeMap::new();
-    let secret_api = Api::<Secret>::namespaced(client.clone(), &ns);
-    for s in referenced_secrets(connection) {
-        if let Some(secret) = secret_api.get_opt(&s).await? {
-            secrets.insert(s, secret.data.unwrap_or_default());
-        }
-    }
+    let secrets = read_secrets(client, &ns, connection).await?;
 
     // Validate, build, apply.
     let mut outcomes: Vec<(&ForwardingRule, RuleOutcome)> = Vec::new();
     let mut workloads: Vec<(String, Workload)> = Vec::new();
+    let recorded = connection
+        .status
+        .as_ref()
+        .map(|s| s.mqtt_sessions.clone())
+        .unwrap_or_default();
+    let mut sessions = SessionsOutcome::unchanged(recorded.clone());
     let missing: Vec<String> = match validate::resolve_secrets(connection, &secrets) {
         Err(missing) => {
             // What runs keeps running (with the credentials it has) until the Secret is back.
@@ -447,13 +477,19 @@ async fn reconcile_connection(
             }
             let pruned = prune(client, &ns, &name, &kept).await?;
             debug!(connection = %name, namespace = %ns, groups = kept.len(), pruned, "applied");
+            let groups: BTreeMap<String, i32> = workloads
+                .iter()
+                .map(|(_, w)| (w.name.clone(), w.wanted))
+                .collect();
+            sessions =
+                end_gone_sessions(&ctx, connection, &secret_data, &recorded, &groups).await?;
             Vec::new()
         }
     };
 
     // Status.
     let now = jiff::Timestamp::now();
-    let (desired, transitions) = status::connection(
+    let (mut desired, transitions) = status::connection(
         connection.status.as_ref(),
         connection.meta().generation,
         &connection.spec.kafka.bootstrap_servers,
@@ -461,6 +497,7 @@ async fn reconcile_connection(
         &workloads,
         now,
     );
+    desired.mqtt_sessions = sessions.recorded;
     if connection.status.as_ref() != Some(&desired) {
         let api = Api::<BrokerConnection>::namespaced(client.clone(), &ns);
         write_status(&api, &name, FIELD_MANAGER, &desired).await?;
@@ -473,7 +510,240 @@ async fn reconcile_connection(
     }
     succeeded(&ctx, connection, Kind::BrokerConnection, started);
     info!(connection = %name, namespace = %ns, groups = workloads.len(), rules = outcomes.len(), "reconciled");
-    Ok(Action::requeue(RESYNC))
+    Ok(Action::requeue(sessions.retry_in.unwrap_or(RESYNC)))
+}
+
+async fn read_secrets(
+    client: &Client,
+    ns: &str,
+    connection: &BrokerConnection,
+) -> Result<Secrets, Error> {
+    let mut secrets: Secrets = BTreeMap::new();
+    let secret_api = Api::<Secret>::namespaced(client.clone(), ns);
+    for s in referenced_secrets(connection) {
+        if let Some(secret) = secret_api.get_opt(&s).await? {
+            secrets.insert(s, secret.data.unwrap_or_default());
+        }
+    }
+    Ok(secrets)
+}
+
+/// What became of a connection's recorded MQTT sessions in one reconcile.
+struct SessionsOutcome {
+    /// What the status records from now on.
+    recorded: Vec<String>,
+    /// Sooner than the resync: pods still terminating, or a session the broker did not let
+    /// us end.
+    retry_in: Option<Duration>,
+    /// Sessions that could not be ended, with the error.
+    failed: Vec<(String, String)>,
+}
+
+impl SessionsOutcome {
+    fn unchanged(recorded: Vec<String>) -> Self {
+        SessionsOutcome {
+            recorded,
+            retry_in: None,
+            failed: Vec::new(),
+        }
+    }
+}
+
+/// How soon to look again while a removed forwarder pod is still terminating (it drains for
+/// up to its shutdown timeout).
+const SESSIONS_POD_WAIT: Duration = Duration::from_secs(5);
+/// How soon to retry ending a session the broker did not let us end.
+const SESSIONS_RETRY: Duration = Duration::from_secs(30);
+
+/// Ends the sessions of `recorded` client ids whose pods are gone for good (see
+/// [`crate::sessions::plan`]); `groups` are the connection's StatefulSets now (name → wanted
+/// replicas), none when it is being deleted.
+async fn end_gone_sessions(
+    ctx: &Context,
+    connection: &BrokerConnection,
+    secret_data: &BTreeMap<String, k8s_openapi::ByteString>,
+    recorded: &[String],
+    groups: &BTreeMap<String, i32>,
+) -> Result<SessionsOutcome, Error> {
+    let ns = connection.namespace().unwrap_or_default();
+    let name = connection.name_any();
+    let pods: BTreeMap<String, crate::sessions::PodState> =
+        Api::<Pod>::namespaced(ctx.client.clone(), &ns)
+            .list(&ListParams::default().labels(&format!("{LABEL_CONNECTION}={name}")))
+            .await?
+            .items
+            .iter()
+            .map(|pod| {
+                let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+                let started = !matches!(phase, None | Some("Pending"));
+                (pod.name_any(), crate::sessions::PodState { started })
+            })
+            .collect();
+    let plan = crate::sessions::plan(&ns, recorded, groups, &pods);
+    let mut out = SessionsOutcome {
+        recorded: plan.keep.iter().cloned().collect(),
+        retry_in: plan.waiting_for_pods.then_some(SESSIONS_POD_WAIT),
+        failed: Vec::new(),
+    };
+    if plan.end.is_empty() {
+        return Ok(out);
+    }
+    let broker = match crate::sessions::Broker::new(&connection.spec.mqtt, secret_data) {
+        Ok(b) => b,
+        Err(e) => {
+            warn!(connection = %name, namespace = %ns, error = %e, "cannot reach the MQTT broker to end sessions; retrying");
+            out.failed = plan
+                .end
+                .iter()
+                .map(|id| (id.clone(), e.to_string()))
+                .collect();
+            out.recorded.extend(plan.end);
+            out.recorded.sort();
+            out.retry_in = Some(SESSIONS_RETRY);
+            return Ok(out);
+        }
+    };
+    for id in plan.end {
+        match crate::sessions::end_session(&broker, &id).await {
+            Ok(()) => {
+                info!(connection = %name, namespace = %ns, client_id = %id, "ended the MQTT session of a forwarder that is gone");
+                ctx.metrics.session_ended("ended");
+            }
+            Err(e) => {
+                warn!(connection = %name, namespace = %ns, client_id = %id, error = %e, "cannot end an MQTT session; retrying");
+                ctx.metrics.session_ended("failed");
+                out.recorded.push(id.clone());
+                out.failed.push((id, e.to_string()));
+                out.retry_in = Some(SESSIONS_RETRY);
+            }
+        }
+    }
+    out.recorded.sort();
+    Ok(out)
+}
+
+/// How long a deleted connection waits for its sessions to be ended before the operator lets
+/// it go anyway (with a Warning Event): an unreachable broker must not block a namespace's
+/// deletion for ever. The sessions then end by their expiry (MQTT 5).
+const FINALIZE_GIVE_UP: Duration = Duration::from_secs(300);
+
+/// A connection being deleted: stop its forwarders, wait for their pods to be gone, end every
+/// recorded session, then release the object.
+async fn finalize(
+    ctx: &Context,
+    guarded: &DeserializeGuard<BrokerConnection>,
+    ns: &str,
+) -> Result<Action, Error> {
+    if !guarded
+        .finalizers()
+        .iter()
+        .any(|f| f == crate::sessions::FINALIZER)
+    {
+        return Ok(Action::await_change());
+    }
+    let name = guarded.name_any();
+    let reference = guarded.object_ref(&());
+    let Ok(connection) = &guarded.0 else {
+        warn_event(ctx, &reference, "SessionsNotEnded", "the connection cannot be read, so its broker cannot be reached: its forwarders' MQTT sessions end by their expiry".to_owned()).await;
+        set_finalizer(&ctx.client, guarded, ns, false).await?;
+        return Ok(Action::await_change());
+    };
+    // The garbage collector would remove the forwarders only after the object is gone; their
+    // sessions must end after the pods, so remove every child now.
+    prune(&ctx.client, ns, &name, &BTreeSet::new()).await?;
+    let recorded = connection
+        .status
+        .as_ref()
+        .map(|s| s.mqtt_sessions.clone())
+        .unwrap_or_default();
+    let secrets = read_secrets(&ctx.client, ns, connection).await?;
+    let outcome = match validate::resolve_secrets(connection, &secrets) {
+        Ok(secret_data) => {
+            end_gone_sessions(ctx, connection, &secret_data, &recorded, &BTreeMap::new()).await?
+        }
+        Err(missing) => {
+            let missing: Vec<String> = missing.iter().map(ToString::to_string).collect();
+            warn_event(ctx, &reference, "SessionsNotEnded", format!("cannot authenticate to the MQTT broker ({}): the forwarders' sessions end by their expiry", missing.join("; "))).await;
+            SessionsOutcome::unchanged(Vec::new())
+        }
+    };
+    if outcome.retry_in.is_some() && outcome.failed.is_empty() {
+        // Pods still terminating.
+        return Ok(Action::requeue(SESSIONS_POD_WAIT));
+    }
+    if let Some((id, e)) = outcome.failed.first() {
+        let deleting_for = guarded
+            .meta()
+            .deletion_timestamp
+            .as_ref()
+            .map(|t| jiff::Timestamp::now().duration_since(t.0))
+            .unwrap_or_default();
+        if deleting_for < jiff::SignedDuration::try_from(FINALIZE_GIVE_UP).unwrap_or_default() {
+            return Ok(Action::requeue(SESSIONS_RETRY));
+        }
+        warn_event(ctx, &reference, "SessionsNotEnded", format!("gave up ending {} MQTT sessions after {FINALIZE_GIVE_UP:?} ({id}: {e}); they end by their expiry", outcome.failed.len())).await;
+    }
+    set_finalizer(&ctx.client, guarded, ns, false).await?;
+    info!(connection = %name, namespace = %ns, "forwarders stopped and their MQTT sessions ended; released");
+    Ok(Action::await_change())
+}
+
+async fn warn_event(
+    ctx: &Context,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    reason: &str,
+    note: String,
+) {
+    let event = Event {
+        type_: EventType::Warning,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "EndSessions".to_owned(),
+        secondary: None,
+    };
+    // An Event is a courtesy: failing to record one must not fail the reconcile.
+    if let Err(e) = ctx.recorder.publish(&event, reference).await {
+        warn!(error = %e, "cannot record Event");
+    }
+}
+
+/// Adds (`present`) or removes [`crate::sessions::FINALIZER`], leaving other finalizers as
+/// they are. A merge patch carrying the `resourceVersion` it was computed from: a concurrent
+/// change fails it (409) and the reconcile is retried, and it can never create the object.
+async fn set_finalizer(
+    client: &Client,
+    guarded: &DeserializeGuard<BrokerConnection>,
+    ns: &str,
+    present: bool,
+) -> Result<(), Error> {
+    let ours = crate::sessions::FINALIZER;
+    let current = guarded.finalizers();
+    if current.iter().any(|f| f == ours) == present {
+        return Ok(());
+    }
+    let mut finalizers: Vec<&str> = current
+        .iter()
+        .map(String::as_str)
+        .filter(|f| *f != ours)
+        .collect();
+    if present {
+        finalizers.push(ours);
+    }
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": guarded.meta().resource_version,
+            "finalizers": finalizers,
+        }
+    });
+    let resource = ApiResource::erase::<BrokerConnection>(&());
+    Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource)
+        .patch(
+            &guarded.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await?;
+    Ok(())
 }
 
 /// `Ready` False with reason `InvalidSpec` on a connection the operator cannot render as it

@@ -170,6 +170,9 @@ async fn poll_once(
             && write(ctx, &api, rule, &desired).await
         {
             writes.last.insert(rule_key, now);
+            if status::ready_affected(&current_view, &desired) {
+                ctx.data_plane_changed(&ns, &rule.spec.connection_ref.name);
+            }
         }
         publish(ctx, &rule.object_ref(&()), &transitions).await;
     }

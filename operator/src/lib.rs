@@ -11,5 +11,6 @@ pub mod image;
 pub mod metrics;
 pub mod render;
 pub mod scope;
+pub mod sessions;
 pub mod status;
 pub mod validate;

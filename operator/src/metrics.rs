@@ -64,6 +64,7 @@ pub struct Metrics {
     durations: Family<KindLabel, Histogram>,
     status_writes: Family<KindLabel, Counter>,
     polls: Family<ResultLabel, Counter>,
+    sessions_ended: Family<ResultLabel, Counter>,
     leader: Gauge,
     ready: AtomicBool,
 }
@@ -80,6 +81,7 @@ impl Metrics {
         });
         let status_writes = Family::<KindLabel, Counter>::default();
         let polls = Family::<ResultLabel, Counter>::default();
+        let sessions_ended = Family::<ResultLabel, Counter>::default();
         let leader = Gauge::default();
         registry.register("reconciles", "Reconciles run, by kind", reconciles.clone());
         registry.register(
@@ -103,6 +105,11 @@ impl Metrics {
             polls.clone(),
         );
         registry.register(
+            "mqtt_sessions_ended",
+            "Attempts to end the MQTT session of a forwarder pod that is gone, by result",
+            sessions_ended.clone(),
+        );
+        registry.register(
             "leader",
             "1 while this replica holds the leader Lease",
             leader.clone(),
@@ -114,6 +121,7 @@ impl Metrics {
             durations,
             status_writes,
             polls,
+            sessions_ended,
             leader,
             ready: AtomicBool::new(false),
         }
@@ -141,6 +149,13 @@ impl Metrics {
 
     pub fn polled(&self, result: &'static str) {
         self.polls.get_or_create(&ResultLabel { result }).inc();
+    }
+
+    /// `result`: `ended` or `failed`.
+    pub fn session_ended(&self, result: &'static str) {
+        self.sessions_ended
+            .get_or_create(&ResultLabel { result })
+            .inc();
     }
 
     pub fn set_leader(&self, leading: bool) {

@@ -118,10 +118,13 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
         client_id: format!("ferry.${{{ENV_POD_NAMESPACE}}}.${{{ENV_POD_NAME}}}"),
         clean_session: false,
         session_expiry_secs: match spec.mqtt.protocol {
-            MqttProtocolVersion::V5 => spec
-                .mqtt
-                .session_expiry_seconds
-                .map(|s| u32::try_from(s).unwrap_or(u32::MAX)),
+            MqttProtocolVersion::V5 => Some(
+                spec.mqtt
+                    .session_expiry_seconds
+                    .map_or(crate::sessions::DEFAULT_SESSION_EXPIRY_SECS, |s| {
+                        u32::try_from(s).unwrap_or(u32::MAX)
+                    }),
+            ),
             MqttProtocolVersion::V311 => None,
         },
         // Always shared, so scaling the replicas never changes the subscriptions.

@@ -25,6 +25,16 @@ pub const RULE_DATA_TYPES: [&str; 1] = [FORWARDING];
 /// A rule's error counts as current this long after the forwarder recorded it.
 pub const RECENT_ERROR: SignedDuration = SignedDuration::from_secs(60);
 
+/// A rule whose records have waited on Kafka this long is `Stalled`: several rounds of the
+/// producer's capped retry backoff (5 s) and longer than a partition leader's failover, so a
+/// transient hiccup does not flip the condition but a missing topic or a revoked ACL does.
+pub const STALLED_AFTER: SignedDuration = SignedDuration::from_secs(30);
+
+/// `Forwarding` reasons that also make the rule not `Ready`: data is not flowing. (A record
+/// dead-lettered now and then, `RecordsFailing`, is worth a condition but the rule still
+/// forwards.)
+pub const BLOCKING_REASONS: [&str; 3] = ["MqttDisconnected", "KafkaUnreachable", "Stalled"];
+
 /// A group's forwarder StatefulSet as last seen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Workload {
@@ -93,6 +103,13 @@ pub fn rule_control(
                     "ScaledToZero",
                     "the connection's forwarder.replicas is 0",
                 )
+            } else if let Some((reason, message)) = blocked(current) {
+                Desired::new(
+                    READY,
+                    FALSE,
+                    reason,
+                    format!("{message} ({} forwarder pods ready)", workload.pods()),
+                )
             } else if workload.is_ready() {
                 Desired::new(
                     READY,
@@ -132,6 +149,23 @@ pub fn rule_control(
         ..ForwardingRuleStatus::default()
     };
     (status, transitions)
+}
+
+/// The data plane's `Forwarding` condition when it says data is not flowing: its reason (one
+/// of [`BLOCKING_REASONS`]) and message.
+fn blocked(current: Option<&ForwardingRuleStatus>) -> Option<(&'static str, &str)> {
+    let c = condition(&current?.conditions, FORWARDING)?;
+    if c.status != FALSE {
+        return None;
+    }
+    let reason = BLOCKING_REASONS.into_iter().find(|r| *r == c.reason)?;
+    Some((reason, c.message.as_str()))
+}
+
+/// Whether a change of a rule's `Forwarding` condition from `before` to `after` changes what
+/// its `Ready` condition says (the reconciler then has to run for it).
+pub fn ready_affected(before: &ForwardingRuleStatus, after: &ForwardingRuleStatus) -> bool {
+    blocked(Some(before)) != blocked(Some(after))
 }
 
 /// The reconciler's fields of a rule status as it stands (to compare before writing).
@@ -230,6 +264,7 @@ pub fn connection(
         groups: workloads.iter().map(|(g, _)| g.clone()).collect(),
         group_names: column(workloads.iter().map(|(g, _)| g.as_str())),
         bootstrap_servers: column(bootstrap_servers.iter().map(|s| s.0.as_str())),
+        mqtt_sessions: Vec::new(),
     };
     (status, transitions)
 }
@@ -280,6 +315,21 @@ pub fn rule_data(
             FALSE,
             "KafkaUnreachable",
             with_error(format!("pod {pod}: Kafka unreachable"), &r.kafka.last_error),
+        )
+    } else if let Some((pod, w)) = loaded
+        .iter()
+        .filter_map(|(pod, _, r)| Some((pod, r.waiting.as_ref()?)))
+        .filter(|(_, w)| now.duration_since(w.since) >= STALLED_AFTER)
+        .min_by_key(|(_, w)| w.since)
+    {
+        Desired::new(
+            FORWARDING,
+            FALSE,
+            "Stalled",
+            format!(
+                "pod {pod}: records wait on Kafka since {} ({}), holding the window: {}",
+                w.since, w.reason, w.message
+            ),
         )
     } else if let Some(e) = recent_error.filter(|e| now.duration_since(e.at) < RECENT_ERROR) {
         Desired::new(FORWARDING, FALSE, "RecordsFailing", e.message.clone())
@@ -563,6 +613,91 @@ mod tests {
         assert_eq!(s.last_error.as_deref(), Some("record too large"));
         let (s, _) = rule_data(None, "telemetry", &reports, at(1000));
         assert_eq!(condition(&s.conditions, FORWARDING).unwrap().status, TRUE);
+    }
+
+    #[test]
+    fn records_waiting_past_the_bound_stall_the_rule_naming_pod_and_reason() {
+        let mut waiting = rule(10, 0.0, None);
+        waiting.waiting = Some(ferry_api::status::Waiting {
+            reason: "unknown_topic".into(),
+            message: "kafka topic telemetry: unknown topic".into(),
+            since: at(100),
+        });
+        let reports = vec![("p-0".to_owned(), report(true, true, Some(waiting)))];
+        let before_bound = at(100) + STALLED_AFTER - SignedDuration::from_secs(1);
+        let (s, _) = rule_data(None, "telemetry", &reports, before_bound);
+        assert_eq!(condition(&s.conditions, FORWARDING).unwrap().status, TRUE);
+        let (s, _) = rule_data(None, "telemetry", &reports, at(100) + STALLED_AFTER);
+        let c = condition(&s.conditions, FORWARDING).unwrap();
+        assert_eq!((c.status.as_str(), c.reason.as_str()), (FALSE, "Stalled"));
+        assert!(
+            c.message.contains("p-0")
+                && c.message.contains("unknown_topic")
+                && c.message.contains("kafka topic telemetry"),
+            "{}",
+            c.message
+        );
+        // An unreachable Kafka explains the wait better than the wait itself.
+        let mut down = reports.clone();
+        down[0].1.kafka.reachable = false;
+        let (s, _) = rule_data(None, "telemetry", &down, at(1000));
+        assert_eq!(
+            condition(&s.conditions, FORWARDING).unwrap().reason,
+            "KafkaUnreachable"
+        );
+    }
+
+    #[test]
+    fn ready_follows_the_data_plane_when_data_is_not_flowing() {
+        let rendered = RuleOutcome::Rendered {
+            workload: workload(2, 2),
+            paused: false,
+        };
+        let (ready, _) = rule_control(None, Some(1), &rendered, at(1));
+        assert_eq!(condition(&ready.conditions, READY).unwrap().status, TRUE);
+
+        let down = vec![(
+            "p-0".to_owned(),
+            report(true, false, Some(rule(1, 0.0, None))),
+        )];
+        let (data, _) = rule_data(Some(&ready), "telemetry", &down, at(2));
+        assert!(ready_affected(&ready, &data));
+        let mut both = ready.clone();
+        both.conditions.extend(data.conditions.clone());
+        let (s, t) = rule_control(Some(&both), Some(1), &rendered, at(3));
+        let c = condition(&s.conditions, READY).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            (FALSE, "KafkaUnreachable")
+        );
+        assert!(c.message.contains("broker down") && c.message.contains("2/2"));
+        assert_eq!(t.len(), 1, "one transition: Ready went False");
+
+        // Records failing now and then: still Ready.
+        let failing = vec![(
+            "p-0".to_owned(),
+            report(true, true, Some(rule(1, 0.0, Some(2)))),
+        )];
+        let (data, _) = rule_data(Some(&ready), "telemetry", &failing, at(3));
+        assert!(!ready_affected(&ready, &data));
+        let mut both = ready.clone();
+        both.conditions.extend(data.conditions);
+        let (s, _) = rule_control(Some(&both), Some(1), &rendered, at(4));
+        assert_eq!(condition(&s.conditions, READY).unwrap().status, TRUE);
+
+        // Paused says paused, whatever the data plane last said.
+        let paused = RuleOutcome::Rendered {
+            workload: workload(0, 0),
+            paused: true,
+        };
+        let mut stale = ready.clone();
+        stale.conditions.extend(
+            rule_data(Some(&ready), "telemetry", &down, at(2))
+                .0
+                .conditions,
+        );
+        let (s, _) = rule_control(Some(&stale), Some(1), &paused, at(5));
+        assert_eq!(condition(&s.conditions, READY).unwrap().reason, "Paused");
     }
 
     #[test]

@@ -853,6 +853,7 @@ fn installed_chart_gives_the_operator_exactly_the_rights_it_uses() {
             "-n",
             "plant",
         ],
+        &["patch", "brokerconnections.ferry.dev", "-n", "plant"],
         &["create", "statefulsets.apps", "-n", "plant"],
         &["delete", "statefulsets.apps", "-n", "plant"],
         &["patch", "configmaps", "-n", "plant"],

@@ -22,6 +22,9 @@ const WAIT: Duration = Duration::from_secs(90);
 /// The operator's `--status-write-interval-seconds` here: short enough to see several writes in
 /// a minute, long against the 1 s poll, so a budget that does not hold shows.
 const WRITE_INTERVAL: Duration = Duration::from_secs(30);
+/// A rule's `Ready` follows its `Forwarding` within one reconcile of the connection (which the
+/// poller asks for when the data plane changes whether data flows): seconds, not the resync.
+const READY_FOLLOWS: Duration = Duration::from_secs(10);
 
 /// A forwarder process standing in for one pod.
 struct Pod {
@@ -328,10 +331,20 @@ spec:
         ])
         .expect("events");
     assert!(events.contains("Warning KafkaUnreachable"), "{events}");
+    // Data is not flowing, so the rule is not Ready, for the same reason (what `kubectl get fr`
+    // prints): one reconcile after the poller saw it.
+    let flipped = Instant::now();
+    op.wait_for("Ready False with KafkaUnreachable", READY_FOLLOWS, || {
+        let (status, reason, _) = cond("fr", "temps", "Ready");
+        status == "False" && reason == "KafkaUnreachable"
+    });
+    eprintln!(
+        "Ready False (KafkaUnreachable) {:.1?} after Forwarding",
+        flipped.elapsed()
+    );
 
-    // The kubelet marks a forwarder NotReady when its readiness probe fails, as it does while
-    // Kafka is down; the operator keeps reading those pods, so the rule keeps saying why
-    // instead of falling back to NoReport.
+    // A forwarder that (re)starts while Kafka is down never becomes Ready; the operator keeps
+    // reading such pods, so the rule keeps saying why instead of falling back to NoReport.
     for name in names {
         cp.run_kubectl([
             "patch",
@@ -354,4 +367,24 @@ spec:
         ("False", "KafkaUnreachable"),
         "NotReady pods still report: {message}"
     );
+
+    // Kafka back: the rule forwards and is Ready again.
+    kafka.resume().expect("restart kafka");
+    for name in names {
+        cp.run_kubectl([
+            "patch",
+            "pod",
+            name,
+            "-n",
+            NS,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"conditions":[{"type":"Ready","status":"True"}]}}"#,
+        ])
+        .expect("report the pod Ready");
+    }
+    op.wait_for("Ready True once Kafka is back", WAIT, || {
+        cond("fr", "temps", "Ready").0 == "True" && cond("fr", "temps", "Forwarding").0 == "True"
+    });
 }

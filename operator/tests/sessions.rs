@@ -1,0 +1,346 @@
+//! The forwarders' MQTT sessions at a real Mosquitto, through the operator binary on a real
+//! kube-apiserver + controller-manager: when replicas are scaled down, a group goes away or the
+//! connection is deleted, the broker ends up holding no session, and queueing nothing, for the
+//! client ids that will never come back, while the pods that stay keep theirs.
+//!
+//! No kubelet runs here: the StatefulSet controller creates the pods, and the test plays what a
+//! kubelet and the forwarder in each pod would do: it marks the pods Running and connects to
+//! Mosquitto with each pod's client id, leaving a persistent session, as a forwarder does.
+
+use std::time::{Duration, Instant};
+
+use common::{Operator, jsonpath};
+use rumqttc::v5::mqttbytes::QoS;
+use rumqttc::v5::mqttbytes::v5::Packet;
+use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+
+mod common;
+
+const NS: &str = "plant";
+/// The operator retries every 5 s while a removed pod is still terminating; a pod that was
+/// never bound to a node goes at once. Reconciles follow the StatefulSet's changes.
+const WAIT: Duration = Duration::from_secs(60);
+/// Topic the "forwarders" subscribe to: messages published to it while they are away are what
+/// the broker queues for their sessions.
+const FILTER: &str = "sensors/#";
+
+fn connection(mqtt_port: u16, protocol: &str, replicas: u32) -> String {
+    format!(
+        "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\nmetadata: {{ name: plant, namespace: {NS} }}\n\
+         spec:\n  mqtt: {{ host: 127.0.0.1, port: {mqtt_port}, protocol: \"{protocol}\" }}\n\
+         \x20 kafka: {{ bootstrapServers: [\"127.0.0.1:9\"] }}\n  forwarder: {{ replicas: {replicas} }}\n"
+    )
+}
+
+fn rule(name: &str, group: &str) -> String {
+    format!(
+        "apiVersion: ferry.dev/v1alpha1\nkind: ForwardingRule\nmetadata: {{ name: {name}, namespace: {NS} }}\n\
+         spec:\n  connectionRef: {{ name: plant }}\n  group: {group}\n  mqtt: {{ topics: [\"{FILTER}\"] }}\n  kafka: {{ topic: {name} }}\n"
+    )
+}
+
+fn client_id(pod: &str) -> String {
+    format!("ferry.{NS}.{pod}")
+}
+
+/// Connects as `client_id` without a clean start and says whether the broker still held a
+/// session for it (CONNACK's session present) and how many queued messages it then delivered.
+/// `keep`: leave the session in place (expiry 1 h) rather than let it end with this connection.
+async fn probe_session(port: u16, client_id: &str, keep: bool) -> (bool, usize) {
+    let mut options = MqttOptions::new(client_id, "127.0.0.1", port);
+    options.set_clean_start(false);
+    options.set_session_expiry_interval(Some(if keep { 3600 } else { 0 }));
+    let (client, mut events) = AsyncClient::new(options, 10);
+    let mut present = None;
+    let mut delivered = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        match tokio::time::timeout_at(deadline, events.poll()).await {
+            Ok(Ok(Event::Incoming(Packet::ConnAck(ack)))) => present = Some(ack.session_present),
+            Ok(Ok(Event::Incoming(Packet::Publish(_)))) => delivered += 1,
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => panic!("probing {client_id} at the broker: {e}"),
+            // Queued messages arrive right after the CONNACK; 3 s of quiet means no more.
+            Err(_) => break,
+        }
+    }
+    let present = present.unwrap_or_else(|| panic!("no CONNACK for {client_id}"));
+    client.disconnect().await.expect("disconnect");
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while events.poll().await.is_ok() {}
+    })
+    .await;
+    (present, delivered)
+}
+
+/// What a forwarder in pod `pod` leaves at the broker: a persistent session subscribed to
+/// [`FILTER`] (MQTT 5, expiry 1 h as the operator's default would give a day).
+async fn leave_session(port: u16, pod: &str) {
+    let mut options = MqttOptions::new(client_id(pod), "127.0.0.1", port);
+    options.set_clean_start(true);
+    options.set_session_expiry_interval(Some(3600));
+    let (client, mut events) = AsyncClient::new(options, 10);
+    client
+        .subscribe(FILTER, QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), events.poll()).await {
+            Ok(Ok(Event::Incoming(Packet::SubAck(_)))) => break,
+            Ok(Ok(_)) => {}
+            other => panic!("session for {pod}: {other:?}"),
+        }
+    }
+    client.disconnect().await.expect("disconnect");
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while events.poll().await.is_ok() {}
+    })
+    .await;
+}
+
+/// Marks `pod` Running and Ready, as its kubelet would once the forwarder started.
+fn mark_running(cp: &ferry_e2e::kube::ControlPlane, pod: &str) {
+    let start = Instant::now();
+    while let Err(e) = cp.run_kubectl([
+        "patch",
+        "pod",
+        pod,
+        "-n",
+        NS,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        r#"{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}"#,
+    ]) {
+        assert!(start.elapsed() < WAIT, "pod {pod} never appeared: {e}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn recorded(cp: &ferry_e2e::kube::ControlPlane) -> String {
+    jsonpath(
+        cp,
+        NS,
+        "brokerconnection",
+        "plant",
+        "{.status.mqttSessions[*]}",
+    )
+}
+
+fn wait_recorded(op: &Operator, cp: &ferry_e2e::kube::ControlPlane, pods: &[&str]) {
+    let want: Vec<String> = pods.iter().map(|p| client_id(p)).collect();
+    let want = want.join(" ");
+    op.wait_for(
+        &format!("status.mqttSessions = {want:?} (is {:?})", recorded(cp)),
+        WAIT,
+        || recorded(cp) == want,
+    );
+}
+
+#[test]
+fn sessions_of_removed_pods_groups_and_connections_are_ended_at_the_broker() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mqtt = ferry_e2e::Mosquitto::start().expect("mosquitto");
+    let port = mqtt.port();
+    let cp = common::control_plane_with_crds(NS);
+    let op = Operator::start(&cp, "operator", &[]);
+    common::apply(&cp, &connection(port, "5", 3));
+    common::apply(&cp, &rule("telemetry", "default"));
+    common::apply(&cp, &rule("bulk", "bulk"));
+
+    let default_pods = ["plant-default-0", "plant-default-1", "plant-default-2"];
+    let bulk_pods = ["plant-bulk-0", "plant-bulk-1", "plant-bulk-2"];
+    let mut all: Vec<&str> = bulk_pods.iter().chain(&default_pods).copied().collect();
+    all.sort_unstable();
+    // Pending pods never ran, so they left nothing at the broker: nothing recorded yet.
+    op.wait_for("the StatefulSets' pods", WAIT, || {
+        cp.run_kubectl(["get", "pod", "plant-bulk-2", "-n", NS])
+            .is_ok()
+    });
+    assert_eq!(recorded(&cp), "", "pods that never ran are not recorded");
+    // The operator bounds the sessions it starts (MQTT 5) when the connection sets no expiry.
+    let config = jsonpath(
+        &cp,
+        NS,
+        "configmap",
+        "plant-default",
+        "{.data.config\\.yaml}",
+    );
+    assert!(config.contains("session_expiry_secs: 86400"), "{config}");
+
+    for pod in &all {
+        rt.block_on(leave_session(port, pod));
+        mark_running(&cp, pod);
+    }
+    wait_recorded(&op, &cp, &all);
+    // While they are away, the broker queues for every session.
+    let messages = (0..3)
+        .map(|i| ("sensors/a".to_owned(), format!("m{i}").into_bytes()))
+        .collect();
+    rt.block_on(ferry_e2e::publish(
+        port,
+        "publisher",
+        rumqttc::QoS::AtLeastOnce,
+        messages,
+    ))
+    .expect("publish");
+
+    // 3 → 1 replicas: ordinals 1 and 2 of both groups are gone for good.
+    cp.run_kubectl([
+        "patch",
+        "brokerconnection",
+        "plant",
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"forwarder":{"replicas":1}}}"#,
+    ])
+    .expect("scale down");
+    wait_recorded(&op, &cp, &["plant-bulk-0", "plant-default-0"]);
+    for pod in [
+        "plant-default-1",
+        "plant-default-2",
+        "plant-bulk-1",
+        "plant-bulk-2",
+    ] {
+        assert_eq!(
+            rt.block_on(probe_session(port, &client_id(pod), false)),
+            (false, 0),
+            "{pod}: the broker must hold no session and queue nothing"
+        );
+    }
+    assert_eq!(
+        rt.block_on(probe_session(port, &client_id("plant-default-0"), true)),
+        (true, 3),
+        "the pod that stays keeps its session and what was queued for it"
+    );
+
+    // The bulk group goes away with its only rule.
+    cp.run_kubectl(["delete", "forwardingrule", "bulk", "-n", NS])
+        .expect("delete rule");
+    wait_recorded(&op, &cp, &["plant-default-0"]);
+    assert_eq!(
+        rt.block_on(probe_session(port, &client_id("plant-bulk-0"), false)),
+        (false, 0),
+        "a removed group's session is ended"
+    );
+
+    // The connection: its finalizer holds it until its forwarders are gone and their sessions
+    // ended.
+    assert_eq!(
+        jsonpath(
+            &cp,
+            NS,
+            "brokerconnection",
+            "plant",
+            "{.metadata.finalizers[*]}"
+        ),
+        "ferry.dev/mqtt-sessions"
+    );
+    cp.run_kubectl([
+        "delete",
+        "brokerconnection",
+        "plant",
+        "-n",
+        NS,
+        "--wait=false",
+    ])
+    .expect("delete connection");
+    op.wait_for("the connection to be released and gone", WAIT, || {
+        cp.run_kubectl(["get", "brokerconnection", "plant", "-n", NS])
+            .is_err_and(|e| e.to_string().contains("NotFound"))
+    });
+    assert_eq!(
+        rt.block_on(probe_session(port, &client_id("plant-default-0"), false)),
+        (false, 0),
+        "a deleted connection's sessions are ended"
+    );
+    assert_eq!(
+        op.metric(
+            "ferry_operator_mqtt_sessions_ended_total",
+            "result=\"ended\""
+        ),
+        Some(6.0),
+        "4 scaled away, 1 group removed, 1 with the connection"
+    );
+}
+
+/// MQTT 3.1.1 has no session expiry: ending the session is the only way it goes.
+#[test]
+fn mqtt_311_sessions_of_scaled_down_pods_are_ended() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mqtt = ferry_e2e::Mosquitto::start().expect("mosquitto");
+    let port = mqtt.port();
+    let cp = common::control_plane_with_crds(NS);
+    let op = Operator::start(&cp, "operator", &[]);
+    common::apply(&cp, &connection(port, "3.1.1", 2));
+    common::apply(&cp, &rule("telemetry", "default"));
+    let pods = ["plant-default-0", "plant-default-1"];
+    for pod in pods {
+        mark_running(&cp, pod);
+        rt.block_on(leave_session_311(port, pod));
+    }
+    wait_recorded(&op, &cp, &pods);
+    cp.run_kubectl([
+        "patch",
+        "brokerconnection",
+        "plant",
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"forwarder":{"replicas":1}}}"#,
+    ])
+    .expect("scale down");
+    wait_recorded(&op, &cp, &["plant-default-0"]);
+    assert!(
+        !rt.block_on(session_present_311(port, "plant-default-1")),
+        "the scaled-away pod's session is ended"
+    );
+    assert!(
+        rt.block_on(session_present_311(port, "plant-default-0")),
+        "the pod that stays keeps its session"
+    );
+}
+
+async fn leave_session_311(port: u16, pod: &str) {
+    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+    let mut options = MqttOptions::new(client_id(pod), "127.0.0.1", port);
+    options.set_clean_session(false);
+    let (client, mut events) = AsyncClient::new(options, 10);
+    client
+        .subscribe(FILTER, QoS::AtLeastOnce)
+        .await
+        .expect("subscribe");
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), events.poll()).await {
+            Ok(Ok(Event::Incoming(Packet::SubAck(_)))) => break,
+            Ok(Ok(_)) => {}
+            other => panic!("session for {pod}: {other:?}"),
+        }
+    }
+    ferry_e2e::disconnect(&client, &mut events)
+        .await
+        .expect("disconnect");
+}
+
+/// MQTT 3.1.1 CONNACK's session present, connecting without a clean session (which leaves a
+/// session behind: call it last for an id).
+async fn session_present_311(port: u16, pod: &str) -> bool {
+    use rumqttc::{AsyncClient, Event, MqttOptions, Packet};
+    let mut options = MqttOptions::new(client_id(pod), "127.0.0.1", port);
+    options.set_clean_session(false);
+    let (client, mut events) = AsyncClient::new(options, 10);
+    let present = loop {
+        match tokio::time::timeout(Duration::from_secs(5), events.poll()).await {
+            Ok(Ok(Event::Incoming(Packet::ConnAck(ack)))) => break ack.session_present,
+            Ok(Ok(_)) => {}
+            other => panic!("probing {pod}: {other:?}"),
+        }
+    };
+    ferry_e2e::disconnect(&client, &mut events)
+        .await
+        .expect("disconnect");
+    present
+}
