@@ -13,3 +13,4 @@ pub mod render;
 pub mod scope;
 pub mod status;
 pub mod validate;
+pub mod valuesdoc;
