@@ -181,10 +181,11 @@ pub fn flow(value: &Value) -> String {
 
 /// Whether YAML reads `s` unquoted as that same string.
 fn plain(s: &str) -> bool {
-    let first_ok = s
-        .chars()
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '/' || c == '.');
+    // A leading digit is fine unless YAML could read a number (`30s` is a string, `1e3` not).
+    let first_ok = s.chars().next().is_some_and(|c| {
+        c.is_ascii_alphabetic() || c == '/' || (c.is_ascii_digit() && s.parse::<f64>().is_err())
+    }) && !s.starts_with("0x")
+        && !s.starts_with("0o");
     let reserved = ["true", "false", "null", "yes", "no", "on", "off", "~"]
         .contains(&s.to_ascii_lowercase().as_str());
     first_ok
