@@ -1675,7 +1675,8 @@ fn next_chart() -> PathBuf {
 fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
     let cp = ControlPlane::start().expect("control plane (run `bash e2e/k8s/build.sh` once)");
     for ns in [NAMESPACE, "plant"] {
-        cp.run_kubectl(["create", "namespace", ns]).expect("namespace");
+        cp.run_kubectl(["create", "namespace", ns])
+            .expect("namespace");
     }
     let kubeconfig = cp.kubeconfig_path().display().to_string();
     let helm_in = |verb: &str, chart: &Path| {
@@ -1700,17 +1701,74 @@ fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
         .unwrap_or_default()
     };
 
-    // CRDs applied by hand (as a chart with crds/ left them): Helm refuses to take them over
-    // until they carry the release's ownership, as the README says to add.
-    cp.install_crds(
-        &Path::new(CHART).join("crd-files"),
-        &["forwardingrules.ferry.dev", "brokerconnections.ferry.dev"],
-    )
-    .expect("CRDs");
+    // A fresh install: the CRDs with the chart's labels and the keep annotation.
+    let out = helm_in("install", Path::new(CHART));
+    assert!(out.status.success(), "helm install: {}", output_text(&out));
+    for (label, value) in [
+        ("helm.sh/chart", "ferry-0.1.0"),
+        ("app.kubernetes.io/name", "ferry"),
+        ("app.kubernetes.io/instance", RELEASE),
+        ("app.kubernetes.io/version", "0.1.0"),
+        ("app.kubernetes.io/managed-by", "Helm"),
+    ] {
+        let path = format!("{{.metadata.labels.{}}}", label.replace('.', r"\."));
+        assert_eq!(crd(&path), value, "label {label}");
+    }
+    assert_eq!(crd(r"{.metadata.annotations.helm\.sh/resource-policy}"), "keep");
+    assert_eq!(crd("{.spec.names.shortNames}"), r#"["fr"]"#);
+    // Discovery may lag the new CRDs by a moment.
+    wait_for("a connection and a rule applied", Duration::from_secs(30), || {
+        cp.run_kubectl_with_stdin(["apply", "-f", "-"], &connection_in("plant", true))
+            .is_ok()
+    });
+
+    // helm upgrade to a chart whose CRD changed: the API server serves the new CRD.
+    let out = helm_in("upgrade", &next_chart());
+    assert!(out.status.success(), "helm upgrade: {}", output_text(&out));
+    assert_eq!(crd(r"{.metadata.labels.helm\.sh/chart}"), "ferry-0.1.1");
+    assert_eq!(crd("{.spec.names.shortNames}"), r#"["fr","ferryrule"]"#);
+    wait_for("the new short name served", Duration::from_secs(30), || {
+        cp.run_kubectl(["get", "ferryrule", "telemetry", "-n", "plant", "-o", "name"])
+            .is_ok_and(|o| o.trim() == "forwardingrule.ferry.dev/telemetry")
+    });
+
+    // helm uninstall keeps the CRDs and so the objects; installing again takes them over.
+    let uninstall = || {
+        let out = helm_in("uninstall", Path::new(CHART));
+        assert!(out.status.success(), "helm uninstall: {}", output_text(&out));
+        assert_eq!(crd("{.metadata.name}"), "forwardingrules.ferry.dev", "CRD kept");
+        let objects = cp
+            .run_kubectl(["get", "bc,fr", "-n", "plant", "-o", "name"])
+            .unwrap_or_default();
+        assert!(
+            objects.contains("brokerconnection.ferry.dev/plant")
+                && objects.contains("forwardingrule.ferry.dev/telemetry"),
+            "the connection and the rule outlive the release: {objects:?}"
+        );
+    };
+    uninstall();
+    let out = helm_in("install", Path::new(CHART));
+    assert!(out.status.success(), "install after uninstall: {}", output_text(&out));
+    uninstall();
+
+    // CRDs Helm did not create (as a chart with crds/ left them): Helm refuses to take them
+    // over until they carry the release's ownership, which the README's commands add.
+    for name in ["brokerconnections.ferry.dev", "forwardingrules.ferry.dev"] {
+        cp.run_kubectl(["label", "crd", name, "app.kubernetes.io/managed-by-"])
+            .expect("unlabel");
+        cp.run_kubectl([
+            "annotate",
+            "crd",
+            name,
+            "meta.helm.sh/release-name-",
+            "meta.helm.sh/release-namespace-",
+        ])
+        .expect("unannotate");
+    }
     let out = helm_in("install", Path::new(CHART));
     assert!(
         !out.status.success() && output_text(&out).contains("invalid ownership metadata"),
-        "helm install over unowned CRDs: {}",
+        "helm install over CRDs it did not create: {}",
         output_text(&out)
     );
     for name in ["brokerconnections.ferry.dev", "forwardingrules.ferry.dev"] {
@@ -1727,35 +1785,7 @@ fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
         .expect("annotate");
     }
     let out = helm_in("install", Path::new(CHART));
-    assert!(out.status.success(), "helm install: {}", output_text(&out));
-    assert_eq!(crd(r"{.metadata.labels.helm\.sh/chart}"), "ferry-0.1.0");
-    assert_eq!(crd(r"{.metadata.annotations.helm\.sh/resource-policy}"), "keep");
-    assert_eq!(crd("{.spec.names.shortNames}"), r#"["fr"]"#);
-    cp.run_kubectl_with_stdin(["apply", "-n", "plant", "-f", "-"], &connection_in("plant", true))
-        .expect("a connection and a rule");
-
-    // helm upgrade to a chart whose CRD changed: the API server serves the new CRD.
-    let out = helm_in("upgrade", &next_chart());
-    assert!(out.status.success(), "helm upgrade: {}", output_text(&out));
-    assert_eq!(crd(r"{.metadata.labels.helm\.sh/chart}"), "ferry-0.1.1");
-    assert_eq!(crd("{.spec.names.shortNames}"), r#"["fr","ferryrule"]"#);
-    wait_for("the new short name served", Duration::from_secs(30), || {
-        cp.run_kubectl(["get", "ferryrule", "telemetry", "-n", "plant", "-o", "name"])
-            .is_ok_and(|o| o.trim() == "forwardingrule.ferry.dev/telemetry")
-    });
-
-    // helm uninstall keeps the CRDs and so the objects; a new install takes them over again.
-    let out = helm_in("uninstall", Path::new(CHART));
-    assert!(out.status.success(), "helm uninstall: {}", output_text(&out));
-    assert_eq!(crd("{.metadata.name}"), "forwardingrules.ferry.dev", "CRD kept");
-    cp.run_kubectl(["get", "bc,fr", "-n", "plant", "-o", "name"])
-        .ok()
-        .filter(|o| o.contains("brokerconnection.ferry.dev/plant") && o.contains("forwardingrule.ferry.dev/telemetry"))
-        .expect("the connection and the rule outlive the release");
-    let out = helm_in("install", Path::new(CHART));
-    assert!(out.status.success(), "helm install after uninstall: {}", output_text(&out));
-    assert_eq!(crd(r"{.metadata.labels.helm\.sh/chart}"), "ferry-0.1.0");
-    assert_eq!(crd("{.spec.names.shortNames}"), r#"["fr"]"#, "back to this chart's CRD");
+    assert!(out.status.success(), "install after the takeover: {}", output_text(&out));
 }
 
 // ---------------------------------------------------------------------------------------------
