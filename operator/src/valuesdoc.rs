@@ -206,17 +206,36 @@ pub fn update_readme(readme: &str, table: &str) -> Result<String, Error> {
     ))
 }
 
-/// Where `values.schema.json` and `values.yaml` disagree on which keys exist: a documented
-/// value the schema does not know, or a schema property (other than Helm's `global`) that
-/// values.yaml lacks.
-pub fn schema_drift(values: &Value, schema: &Value) -> Vec<String> {
+/// Where `values.schema.json` and `values.yaml` disagree on which keys exist: a key of a
+/// section the schema does not know, or a schema property (other than Helm's `global`) that
+/// values.yaml lacks. A documented value is compared as a whole: the schema may describe more
+/// of it (e.g. every field of `resources`) than its default sets.
+pub fn schema_drift(values: &Value, schema: &Value, documented: &[Documented]) -> Vec<String> {
     let mut problems = Vec::new();
-    walk_schema(schema, schema, "", values, &mut problems);
+    let walk = Walk {
+        root: schema,
+        documented,
+    };
+    walk.node(schema, "", values, &mut problems);
     problems
 }
 
-fn walk_schema(root: &Value, node: &Value, prefix: &str, values: &Value, out: &mut Vec<String>) {
-    let node = resolve(root, node);
+struct Walk<'a> {
+    root: &'a Value,
+    documented: &'a [Documented],
+}
+
+impl Walk<'_> {
+    fn node(&self, node: &Value, prefix: &str, values: &Value, out: &mut Vec<String>) {
+        if self.documented.iter().any(|d| d.key == prefix) {
+            return;
+        }
+        walk_schema(self, node, prefix, values, out);
+    }
+}
+
+fn walk_schema(walk: &Walk, node: &Value, prefix: &str, values: &Value, out: &mut Vec<String>) {
+    let node = resolve(walk.root, node);
     let Some(props) = node.get("properties").and_then(Value::as_object) else {
         return;
     };
@@ -233,7 +252,7 @@ fn walk_schema(root: &Value, node: &Value, prefix: &str, values: &Value, out: &m
             format!("{prefix}.{key}")
         };
         match map.get(key) {
-            Some(v) => walk_schema(root, sub, &path, v, out),
+            Some(v) => walk.node(sub, &path, v, out),
             None if path == "global" => {}
             None => out.push(format!(
                 "`{path}`: in values.schema.json, not in values.yaml"
@@ -340,13 +359,23 @@ ports:
 
     #[test]
     fn schema_drift_names_keys_on_one_side_only() {
-        let values = serde_json::json!({ "a": 1, "image": { "tag": "" }, "extra": true });
+        let values = serde_json::json!({
+            "a": 1, "image": { "tag": "" }, "extra": true, "resources": { "limits": {} }
+        });
         let schema = serde_json::json!({
             "definitions": { "image": { "properties": { "tag": {}, "digest": {} } } },
-            "properties": { "global": {}, "a": {}, "image": { "$ref": "#/definitions/image" } }
+            "properties": {
+                "global": {}, "a": {}, "image": { "$ref": "#/definitions/image" },
+                "resources": { "properties": { "limits": {}, "claims": {} } }
+            }
         });
+        let documented = [Documented {
+            key: "resources".to_owned(),
+            description: String::new(),
+            default_text: None,
+        }];
         assert_eq!(
-            schema_drift(&values, &schema),
+            schema_drift(&values, &schema, &documented),
             [
                 "`image.digest`: in values.schema.json, not in values.yaml",
                 "`extra`: in values.yaml, not in values.schema.json",

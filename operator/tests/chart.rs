@@ -107,7 +107,10 @@ fn rendered_crds_are_the_generated_ones_labelled_and_kept() {
         .into_iter()
         .map(|(_, crd)| {
             let json = serde_json::to_value(&crd).expect("CRD as JSON");
-            (json["metadata"]["name"].as_str().expect("name").to_owned(), json)
+            (
+                json["metadata"]["name"].as_str().expect("name").to_owned(),
+                json,
+            )
         })
         .collect();
     for (values, keep) in [(&[][..], true), (&["--set", "crds.keep=false"][..], false)] {
@@ -124,7 +127,10 @@ fn rendered_crds_are_the_generated_ones_labelled_and_kept() {
             let meta = bare["metadata"].as_object_mut().expect("metadata");
             let labels = meta.remove("labels").unwrap_or_default();
             let annotations = meta.remove("annotations").unwrap_or_default();
-            assert_eq!(&bare, &generated[name], "{name} as rendered, without labels");
+            assert_eq!(
+                &bare, &generated[name],
+                "{name} as rendered, without labels"
+            );
             for (label, value) in [
                 ("app.kubernetes.io/name", "ferry"),
                 ("app.kubernetes.io/instance", RELEASE),
@@ -138,7 +144,10 @@ fn rendered_crds_are_the_generated_ones_labelled_and_kept() {
             if keep {
                 assert_eq!(policy, "keep", "{name} with crds.keep");
             } else {
-                assert!(policy.is_null(), "{name} with crds.keep=false: {annotations}");
+                assert!(
+                    policy.is_null(),
+                    "{name} with crds.keep=false: {annotations}"
+                );
             }
         }
     }
@@ -1472,8 +1481,16 @@ fn readme_values_table_is_generated_from_values_yaml() {
     );
     let rows = table.lines().count() - 2;
     assert!(rows >= 60, "{rows} values documented:\n{table}");
-    for key in ["crds.enabled", "crds.keep", "prometheusRule.enabled", "image.digest"] {
-        assert!(table.contains(&format!("| `{key}` |")), "{key} in:\n{table}");
+    for key in [
+        "crds.enabled",
+        "crds.keep",
+        "prometheusRule.enabled",
+        "image.digest",
+    ] {
+        assert!(
+            table.contains(&format!("| `{key}` |")),
+            "{key} in:\n{table}"
+        );
     }
 
     let values: Value = serde_saphyr::from_str(&values_yaml).expect("values.yaml");
@@ -1481,8 +1498,12 @@ fn readme_values_table_is_generated_from_values_yaml() {
         &std::fs::read_to_string(chart.join("values.schema.json")).expect("schema"),
     )
     .expect("values.schema.json is JSON");
-    let drift = ferry_operator::valuesdoc::schema_drift(&values, &schema);
-    assert!(drift.is_empty(), "values.yaml vs values.schema.json: {drift:#?}");
+    let documented = ferry_operator::valuesdoc::documented(&values_yaml);
+    let drift = ferry_operator::valuesdoc::schema_drift(&values, &schema, &documented);
+    assert!(
+        drift.is_empty(),
+        "values.yaml vs values.schema.json: {drift:#?}"
+    );
 }
 
 /// The rows of the main README's metrics tables, by metric name.
@@ -1570,7 +1591,10 @@ fn alerts_use_only_metrics_and_label_values_that_exist() {
         );
         for name in &used {
             assert!(is_registered(name), "{alert}: {name} is not registered");
-            assert!(rows.contains_key(name), "{alert}: {name} is not in the README");
+            assert!(
+                rows.contains_key(name),
+                "{alert}: {name} is not in the README"
+            );
         }
         let (matchers, groupings) = matchers_and_groupings(expr);
         for (name, label, value) in matchers {
@@ -1593,7 +1617,10 @@ fn alerts_use_only_metrics_and_label_values_that_exist() {
     }
     // The up-based alerts name the jobs of the chart's own monitors.
     let exprs: Vec<&str> = rules.iter().filter_map(|r| r["expr"].as_str()).collect();
-    assert!(exprs.contains(&r#"up{job="ferry-system/ferry-forwarders"} == 0"#), "{exprs:?}");
+    assert!(
+        exprs.contains(&r#"up{job="ferry-system/ferry-forwarders"} == 0"#),
+        "{exprs:?}"
+    );
     assert!(
         exprs.contains(&r#"up{job="ferry-operator-metrics", namespace="ferry-system"} == 0"#),
         "{exprs:?}"
@@ -1645,7 +1672,8 @@ fn check_balanced(alert: &str, expr: &str) {
 /// Copies the chart to a temp dir as version 0.1.1, with a short name added to the
 /// ForwardingRule CRD: the next chart, whose CRD changed.
 fn next_chart() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("chart-next-{}", std::process::id()));
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("chart-next-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let out = run(
         {
@@ -1714,13 +1742,20 @@ fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
         let path = format!("{{.metadata.labels.{}}}", label.replace('.', r"\."));
         assert_eq!(crd(&path), value, "label {label}");
     }
-    assert_eq!(crd(r"{.metadata.annotations.helm\.sh/resource-policy}"), "keep");
+    assert_eq!(
+        crd(r"{.metadata.annotations.helm\.sh/resource-policy}"),
+        "keep"
+    );
     assert_eq!(crd("{.spec.names.shortNames}"), r#"["fr"]"#);
     // Discovery may lag the new CRDs by a moment.
-    wait_for("a connection and a rule applied", Duration::from_secs(30), || {
-        cp.run_kubectl_with_stdin(["apply", "-f", "-"], &connection_in("plant", true))
-            .is_ok()
-    });
+    wait_for(
+        "a connection and a rule applied",
+        Duration::from_secs(30),
+        || {
+            cp.run_kubectl_with_stdin(["apply", "-f", "-"], &connection_in("plant", true))
+                .is_ok()
+        },
+    );
 
     // helm upgrade to a chart whose CRD changed: the API server serves the new CRD.
     let out = helm_in("upgrade", &next_chart());
@@ -1735,8 +1770,16 @@ fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
     // helm uninstall keeps the CRDs and so the objects; installing again takes them over.
     let uninstall = || {
         let out = helm_in("uninstall", Path::new(CHART));
-        assert!(out.status.success(), "helm uninstall: {}", output_text(&out));
-        assert_eq!(crd("{.metadata.name}"), "forwardingrules.ferry.dev", "CRD kept");
+        assert!(
+            out.status.success(),
+            "helm uninstall: {}",
+            output_text(&out)
+        );
+        assert_eq!(
+            crd("{.metadata.name}"),
+            "forwardingrules.ferry.dev",
+            "CRD kept"
+        );
         let objects = cp
             .run_kubectl(["get", "bc,fr", "-n", "plant", "-o", "name"])
             .unwrap_or_default();
@@ -1748,7 +1791,11 @@ fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
     };
     uninstall();
     let out = helm_in("install", Path::new(CHART));
-    assert!(out.status.success(), "install after uninstall: {}", output_text(&out));
+    assert!(
+        out.status.success(),
+        "install after uninstall: {}",
+        output_text(&out)
+    );
     uninstall();
 
     // CRDs Helm did not create (as a chart with crds/ left them): Helm refuses to take them
@@ -1772,8 +1819,14 @@ fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
         output_text(&out)
     );
     for name in ["brokerconnections.ferry.dev", "forwardingrules.ferry.dev"] {
-        cp.run_kubectl(["label", "crd", name, "app.kubernetes.io/managed-by=Helm", "--overwrite"])
-            .expect("label");
+        cp.run_kubectl([
+            "label",
+            "crd",
+            name,
+            "app.kubernetes.io/managed-by=Helm",
+            "--overwrite",
+        ])
+        .expect("label");
         cp.run_kubectl([
             "annotate",
             "crd",
@@ -1785,7 +1838,11 @@ fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
         .expect("annotate");
     }
     let out = helm_in("install", Path::new(CHART));
-    assert!(out.status.success(), "install after the takeover: {}", output_text(&out));
+    assert!(
+        out.status.success(),
+        "install after the takeover: {}",
+        output_text(&out)
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ fn run(check: bool) -> Result<(), String> {
         serde_saphyr::from_str(&values_yaml).map_err(|e| format!("values.yaml: {e}"))?;
     let schema: serde_json::Value = serde_json::from_str(&read("values.schema.json")?)
         .map_err(|e| format!("values.schema.json: {e}"))?;
-    let drift = valuesdoc::schema_drift(&values, &schema);
+    let drift = valuesdoc::schema_drift(&values, &schema, &valuesdoc::documented(&values_yaml));
     if !drift.is_empty() {
         return Err(format!(
             "values.yaml and values.schema.json disagree:\n  {}",
