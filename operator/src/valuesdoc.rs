@@ -336,7 +336,7 @@ ports:
 
     #[test]
     fn an_undocumented_value_is_an_error() {
-        let yaml = SAMPLE.replace("# -- Pull policy | case.\n", "");
+        let yaml = SAMPLE.replace("  # -- Pull policy | case.\n", "");
         assert_eq!(
             table(&yaml),
             Err(Error::Undocumented("image.pullPolicy".to_owned()))
