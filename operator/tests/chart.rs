@@ -1796,19 +1796,30 @@ fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
         "install after uninstall: {}",
         output_text(&out)
     );
+    // Helm updates what it takes over to the chart's CRDs.
+    assert_eq!(crd(r"{.metadata.labels.helm\.sh/chart}"), "ferry-0.1.0");
+    assert_eq!(crd("{.spec.names.shortNames}"), r#"["fr"]"#);
     uninstall();
 
     // CRDs Helm did not create (as a chart with crds/ left them): Helm refuses to take them
     // over until they carry the release's ownership, which the README's commands add.
     for name in ["brokerconnections.ferry.dev", "forwardingrules.ferry.dev"] {
-        cp.run_kubectl(["label", "crd", name, "app.kubernetes.io/managed-by-"])
-            .expect("unlabel");
+        cp.run_kubectl([
+            "label",
+            "crd",
+            name,
+            "app.kubernetes.io/managed-by-",
+            "app.kubernetes.io/instance-",
+            "helm.sh/chart-",
+        ])
+        .expect("unlabel");
         cp.run_kubectl([
             "annotate",
             "crd",
             name,
             "meta.helm.sh/release-name-",
             "meta.helm.sh/release-namespace-",
+            "helm.sh/resource-policy-",
         ])
         .expect("unannotate");
     }
@@ -1842,6 +1853,16 @@ fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
         out.status.success(),
         "install after the takeover: {}",
         output_text(&out)
+    );
+    // And updates them to the chart's: its labels and the keep annotation are back.
+    assert_eq!(
+        crd(r"{.metadata.labels.app\.kubernetes\.io/instance}"),
+        RELEASE
+    );
+    assert_eq!(crd(r"{.metadata.labels.helm\.sh/chart}"), "ferry-0.1.0");
+    assert_eq!(
+        crd(r"{.metadata.annotations.helm\.sh/resource-policy}"),
+        "keep"
     );
 }
 
