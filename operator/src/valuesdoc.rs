@@ -211,63 +211,59 @@ pub fn update_readme(readme: &str, table: &str) -> Result<String, Error> {
 /// values.yaml lacks. A documented value is compared as a whole: the schema may describe more
 /// of it (e.g. every field of `resources`) than its default sets.
 pub fn schema_drift(values: &Value, schema: &Value, documented: &[Documented]) -> Vec<String> {
-    let mut problems = Vec::new();
-    let walk = Walk {
+    let mut drift = Drift {
         root: schema,
         documented,
+        problems: Vec::new(),
     };
-    walk.node(schema, "", values, &mut problems);
-    problems
+    drift.section(schema, "", values);
+    drift.problems
 }
 
-struct Walk<'a> {
+/// The walk of `schema_drift` over the schema and the values side by side.
+struct Drift<'a> {
     root: &'a Value,
     documented: &'a [Documented],
+    problems: Vec<String>,
 }
 
-impl Walk<'_> {
-    fn node(&self, node: &Value, prefix: &str, values: &Value, out: &mut Vec<String>) {
+impl Drift<'_> {
+    /// Compares the keys of the section at `prefix` (nothing below a documented value).
+    fn section(&mut self, node: &Value, prefix: &str, values: &Value) {
         if self.documented.iter().any(|d| d.key == prefix) {
             return;
         }
-        walk_schema(self, node, prefix, values, out);
-    }
-}
-
-fn walk_schema(walk: &Walk, node: &Value, prefix: &str, values: &Value, out: &mut Vec<String>) {
-    let node = resolve(walk.root, node);
-    let Some(props) = node.get("properties").and_then(Value::as_object) else {
-        return;
-    };
-    let Some(map) = values.as_object() else {
-        out.push(format!(
-            "`{prefix}`: the schema lists keys, values.yaml has none"
-        ));
-        return;
-    };
-    for (key, sub) in props {
-        let path = if prefix.is_empty() {
-            key.clone()
-        } else {
-            format!("{prefix}.{key}")
+        let node = resolve(self.root, node);
+        let Some(props) = node.get("properties").and_then(Value::as_object) else {
+            return;
         };
-        match map.get(key) {
-            Some(v) => walk.node(sub, &path, v, out),
-            None if path == "global" => {}
-            None => out.push(format!(
-                "`{path}`: in values.schema.json, not in values.yaml"
-            )),
-        }
-    }
-    for key in map.keys() {
-        if !props.contains_key(key) {
-            let path = if prefix.is_empty() {
-                key.clone()
+        let Some(map) = values.as_object() else {
+            self.problems.push(format!(
+                "`{prefix}`: the schema lists keys, values.yaml has none"
+            ));
+            return;
+        };
+        let path = |key: &str| {
+            if prefix.is_empty() {
+                key.to_owned()
             } else {
                 format!("{prefix}.{key}")
-            };
-            out.push(format!(
-                "`{path}`: in values.yaml, not in values.schema.json"
+            }
+        };
+        for (key, sub) in props {
+            match map.get(key) {
+                Some(v) => self.section(sub, &path(key), v),
+                None if path(key) == "global" => {}
+                None => self.problems.push(format!(
+                    "`{}`: in values.schema.json, not in values.yaml",
+                    path(key)
+                )),
+            }
+        }
+        for key in map.keys().filter(|k| !props.contains_key(*k)) {
+            self.problems.push(format!(
+                "`{}`: in values.yaml, not in values.schema.json",
+                path(key)
             ));
         }
     }
