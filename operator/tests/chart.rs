@@ -1575,45 +1575,8 @@ fn alerts_use_only_metrics_and_label_values_that_exist() {
         assert!(names.contains(&promised), "{promised} in {names:?}");
     }
     let rows = readme_metric_rows();
-    let target_labels = ["namespace", "pod", "job"];
     for rule in &rules {
-        let alert = rule["alert"].as_str().expect("alert name");
-        let expr = rule["expr"].as_str().expect("expr");
-        assert!(
-            ["critical", "warning"].contains(&rule["labels"]["severity"].as_str().unwrap_or("")),
-            "{alert}: severity"
-        );
-        check_balanced(alert, expr);
-        let used = ferry_metrics_in(expr);
-        assert!(
-            !used.is_empty() || expr.starts_with("up{"),
-            "{alert} uses no Ferry metric: {expr}"
-        );
-        for name in &used {
-            assert!(is_registered(name), "{alert}: {name} is not registered");
-            assert!(
-                rows.contains_key(name),
-                "{alert}: {name} is not in the README"
-            );
-        }
-        let (matchers, groupings) = matchers_and_groupings(expr);
-        for (name, label, value) in matchers {
-            if target_labels.contains(&label.as_str()) {
-                continue;
-            }
-            let row = &rows[&name];
-            assert!(
-                row.contains(&format!("`{label}`")) && row.contains(&format!("`{value}`")),
-                "{alert}: {name}{{{label}=\"{value}\"}}: not a label value the README lists:\n{row}"
-            );
-        }
-        for label in groupings {
-            assert!(
-                target_labels.contains(&label.as_str())
-                    || used.iter().any(|n| rows[n].contains(&format!("`{label}`"))),
-                "{alert}: by ({label}): no metric of the expression has that label"
-            );
-        }
+        check_alert(rule, &rows);
     }
     // The up-based alerts name the jobs of the chart's own monitors.
     let exprs: Vec<&str> = rules.iter().filter_map(|r| r["expr"].as_str()).collect();
@@ -1639,6 +1602,49 @@ fn alerts_use_only_metrics_and_label_values_that_exist() {
         !kinds(&documents(&template(&[]))).contains(&"PrometheusRule".to_owned()),
         "no PrometheusRule by default"
     );
+}
+
+/// One alerting rule: a severity, a balanced expression, and only metrics, label names and
+/// label values that exist (the README's rows, or the target labels the monitors add).
+fn check_alert(rule: &Value, rows: &BTreeMap<String, String>) {
+    let target_labels = ["namespace", "pod", "job"];
+    let alert = rule["alert"].as_str().expect("alert name");
+    let expr = rule["expr"].as_str().expect("expr");
+    assert!(
+        ["critical", "warning"].contains(&rule["labels"]["severity"].as_str().unwrap_or("")),
+        "{alert}: severity"
+    );
+    check_balanced(alert, expr);
+    let used = ferry_metrics_in(expr);
+    assert!(
+        !used.is_empty() || expr.starts_with("up{"),
+        "{alert} uses no Ferry metric: {expr}"
+    );
+    for name in &used {
+        assert!(is_registered(name), "{alert}: {name} is not registered");
+        assert!(
+            rows.contains_key(name),
+            "{alert}: {name} is not in the README"
+        );
+    }
+    let (matchers, groupings) = matchers_and_groupings(expr);
+    for (name, label, value) in matchers {
+        if target_labels.contains(&label.as_str()) {
+            continue;
+        }
+        let row = &rows[&name];
+        assert!(
+            row.contains(&format!("`{label}`")) && row.contains(&format!("`{value}`")),
+            "{alert}: {name}{{{label}=\"{value}\"}}: not a label value the README lists:\n{row}"
+        );
+    }
+    for label in groupings {
+        assert!(
+            target_labels.contains(&label.as_str())
+                || used.iter().any(|n| rows[n].contains(&format!("`{label}`"))),
+            "{alert}: by ({label}): no metric of the expression has that label"
+        );
+    }
 }
 
 /// Parentheses, braces and brackets nest and quotes pair (no PromQL parser here: promtool is
@@ -1699,6 +1705,75 @@ fn next_chart() -> PathBuf {
     dir
 }
 
+/// Release `ferry` in a control plane: helm verbs and the ForwardingRule CRD as served.
+struct Release<'a> {
+    cp: &'a ControlPlane,
+    kubeconfig: String,
+}
+
+impl Release<'_> {
+    /// `helm VERB ferry [CHART] --namespace ferry-system`, which must succeed.
+    fn helm(&self, verb: &str, chart: &Path) {
+        let out = self.try_helm(verb, chart);
+        assert!(out.status.success(), "helm {verb}: {}", output_text(&out));
+    }
+
+    fn try_helm(&self, verb: &str, chart: &Path) -> Output {
+        let chart = chart.display().to_string();
+        let mut args = vec![verb, RELEASE];
+        if verb != "uninstall" {
+            args.push(&chart);
+        }
+        args.extend(["--kubeconfig", &self.kubeconfig, "--namespace", NAMESPACE]);
+        let out = helm(&args, None);
+        eprintln!("helm {verb}: {}", output_text(&out));
+        out
+    }
+
+    /// A JSONPath of the ForwardingRule CRD; empty if there is none.
+    fn crd(&self, path: &str) -> String {
+        self.cp
+            .run_kubectl([
+                "get",
+                "crd",
+                "forwardingrules.ferry.dev",
+                "-o",
+                &format!("jsonpath={path}"),
+            ])
+            .unwrap_or_default()
+    }
+
+    fn crd_label(&self, label: &str) -> String {
+        self.crd(&format!(
+            "{{.metadata.labels.{}}}",
+            label.replace('.', r"\.")
+        ))
+    }
+
+    fn crd_kept(&self) -> bool {
+        self.crd(r"{.metadata.annotations.helm\.sh/resource-policy}") == "keep"
+    }
+
+    /// `helm uninstall`, which leaves the CRDs and the connection and rule in `plant`.
+    fn uninstall_keeping_the_crds(&self) {
+        self.helm("uninstall", Path::new(CHART));
+        assert_eq!(
+            self.crd("{.metadata.name}"),
+            "forwardingrules.ferry.dev",
+            "CRD kept"
+        );
+        let objects = self
+            .cp
+            .run_kubectl(["get", "bc,fr", "-n", "plant", "-o", "name"])
+            .unwrap_or_default();
+        assert!(
+            objects.contains("brokerconnection.ferry.dev/plant")
+                && objects.contains("forwardingrule.ferry.dev/telemetry"),
+            "the connection and the rule outlive the release: {objects:?}"
+        );
+    }
+}
+
 #[test]
 fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
     let cp = ControlPlane::start().expect("control plane (run `bash e2e/k8s/build.sh` once)");
@@ -1706,32 +1781,13 @@ fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
         cp.run_kubectl(["create", "namespace", ns])
             .expect("namespace");
     }
-    let kubeconfig = cp.kubeconfig_path().display().to_string();
-    let helm_in = |verb: &str, chart: &Path| {
-        let chart = chart.display().to_string();
-        let mut args = vec![verb, RELEASE];
-        if verb != "uninstall" {
-            args.push(&chart);
-        }
-        args.extend(["--kubeconfig", &kubeconfig, "--namespace", NAMESPACE]);
-        let out = helm(&args, None);
-        eprintln!("helm {verb}: {}", output_text(&out));
-        out
-    };
-    let crd = |path: &str| {
-        cp.run_kubectl([
-            "get",
-            "crd",
-            "forwardingrules.ferry.dev",
-            "-o",
-            &format!("jsonpath={path}"),
-        ])
-        .unwrap_or_default()
+    let release = Release {
+        cp: &cp,
+        kubeconfig: cp.kubeconfig_path().display().to_string(),
     };
 
     // A fresh install: the CRDs with the chart's labels and the keep annotation.
-    let out = helm_in("install", Path::new(CHART));
-    assert!(out.status.success(), "helm install: {}", output_text(&out));
+    release.helm("install", Path::new(CHART));
     for (label, value) in [
         ("helm.sh/chart", "ferry-0.1.0"),
         ("app.kubernetes.io/name", "ferry"),
@@ -1739,14 +1795,10 @@ fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
         ("app.kubernetes.io/version", "0.1.0"),
         ("app.kubernetes.io/managed-by", "Helm"),
     ] {
-        let path = format!("{{.metadata.labels.{}}}", label.replace('.', r"\."));
-        assert_eq!(crd(&path), value, "label {label}");
+        assert_eq!(release.crd_label(label), value, "label {label}");
     }
-    assert_eq!(
-        crd(r"{.metadata.annotations.helm\.sh/resource-policy}"),
-        "keep"
-    );
-    assert_eq!(crd("{.spec.names.shortNames}"), r#"["fr"]"#);
+    assert!(release.crd_kept(), "crds.keep by default");
+    assert_eq!(release.crd("{.spec.names.shortNames}"), r#"["fr"]"#);
     // Discovery may lag the new CRDs by a moment.
     wait_for(
         "a connection and a rule applied",
@@ -1758,112 +1810,81 @@ fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
     );
 
     // helm upgrade to a chart whose CRD changed: the API server serves the new CRD.
-    let out = helm_in("upgrade", &next_chart());
-    assert!(out.status.success(), "helm upgrade: {}", output_text(&out));
-    assert_eq!(crd(r"{.metadata.labels.helm\.sh/chart}"), "ferry-0.1.1");
-    assert_eq!(crd("{.spec.names.shortNames}"), r#"["fr","ferryrule"]"#);
+    release.helm("upgrade", &next_chart());
+    assert_eq!(release.crd_label("helm.sh/chart"), "ferry-0.1.1");
+    assert_eq!(
+        release.crd("{.spec.names.shortNames}"),
+        r#"["fr","ferryrule"]"#
+    );
     wait_for("the new short name served", Duration::from_secs(30), || {
         cp.run_kubectl(["get", "ferryrule", "telemetry", "-n", "plant", "-o", "name"])
             .is_ok_and(|o| o.trim() == "forwardingrule.ferry.dev/telemetry")
     });
 
-    // helm uninstall keeps the CRDs and so the objects; installing again takes them over.
-    let uninstall = || {
-        let out = helm_in("uninstall", Path::new(CHART));
-        assert!(
-            out.status.success(),
-            "helm uninstall: {}",
-            output_text(&out)
-        );
-        assert_eq!(
-            crd("{.metadata.name}"),
-            "forwardingrules.ferry.dev",
-            "CRD kept"
-        );
-        let objects = cp
-            .run_kubectl(["get", "bc,fr", "-n", "plant", "-o", "name"])
-            .unwrap_or_default();
-        assert!(
-            objects.contains("brokerconnection.ferry.dev/plant")
-                && objects.contains("forwardingrule.ferry.dev/telemetry"),
-            "the connection and the rule outlive the release: {objects:?}"
-        );
-    };
-    uninstall();
-    let out = helm_in("install", Path::new(CHART));
-    assert!(
-        out.status.success(),
-        "install after uninstall: {}",
-        output_text(&out)
-    );
-    // Helm updates what it takes over to the chart's CRDs.
-    assert_eq!(crd(r"{.metadata.labels.helm\.sh/chart}"), "ferry-0.1.0");
-    assert_eq!(crd("{.spec.names.shortNames}"), r#"["fr"]"#);
-    uninstall();
+    // helm uninstall keeps the CRDs and so the objects; installing again takes them over and
+    // updates them to the chart's.
+    release.uninstall_keeping_the_crds();
+    release.helm("install", Path::new(CHART));
+    assert_eq!(release.crd_label("helm.sh/chart"), "ferry-0.1.0");
+    assert_eq!(release.crd("{.spec.names.shortNames}"), r#"["fr"]"#);
+    release.uninstall_keeping_the_crds();
 
-    // CRDs Helm did not create (as a chart with crds/ left them): Helm refuses to take them
-    // over until they carry the release's ownership, which the README's commands add.
-    for name in ["brokerconnections.ferry.dev", "forwardingrules.ferry.dev"] {
-        cp.run_kubectl([
+    take_over_crds_helm_did_not_create(&release);
+}
+
+/// CRDs Helm did not create (as a chart with crds/ left them): Helm refuses to take them over
+/// until they carry the release's ownership, which the chart README's commands add.
+fn take_over_crds_helm_did_not_create(release: &Release) {
+    let crds = ["brokerconnections.ferry.dev", "forwardingrules.ferry.dev"];
+    let kubectl = |args: &[&str]| {
+        release
+            .cp
+            .run_kubectl(args)
+            .unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"));
+    };
+    for name in crds {
+        kubectl(&["label", "crd", name, "app.kubernetes.io/managed-by-"]);
+        kubectl(&[
             "label",
             "crd",
             name,
-            "app.kubernetes.io/managed-by-",
             "app.kubernetes.io/instance-",
             "helm.sh/chart-",
-        ])
-        .expect("unlabel");
-        cp.run_kubectl([
-            "annotate",
-            "crd",
-            name,
-            "meta.helm.sh/release-name-",
-            "meta.helm.sh/release-namespace-",
-            "helm.sh/resource-policy-",
-        ])
-        .expect("unannotate");
+        ]);
+        kubectl(&["annotate", "crd", name, "meta.helm.sh/release-name-"]);
+        kubectl(&["annotate", "crd", name, "meta.helm.sh/release-namespace-"]);
+        kubectl(&["annotate", "crd", name, "helm.sh/resource-policy-"]);
     }
-    let out = helm_in("install", Path::new(CHART));
+    let out = release.try_helm("install", Path::new(CHART));
     assert!(
         !out.status.success() && output_text(&out).contains("invalid ownership metadata"),
         "helm install over CRDs it did not create: {}",
         output_text(&out)
     );
-    for name in ["brokerconnections.ferry.dev", "forwardingrules.ferry.dev"] {
-        cp.run_kubectl([
+    let release_name = format!("meta.helm.sh/release-name={RELEASE}");
+    let release_namespace = format!("meta.helm.sh/release-namespace={NAMESPACE}");
+    for name in crds {
+        kubectl(&[
             "label",
             "crd",
             name,
             "app.kubernetes.io/managed-by=Helm",
             "--overwrite",
-        ])
-        .expect("label");
-        cp.run_kubectl([
+        ]);
+        kubectl(&[
             "annotate",
             "crd",
             name,
-            &format!("meta.helm.sh/release-name={RELEASE}"),
-            &format!("meta.helm.sh/release-namespace={NAMESPACE}"),
+            &release_name,
+            &release_namespace,
             "--overwrite",
-        ])
-        .expect("annotate");
+        ]);
     }
-    let out = helm_in("install", Path::new(CHART));
-    assert!(
-        out.status.success(),
-        "install after the takeover: {}",
-        output_text(&out)
-    );
-    // And updates them to the chart's: its labels and the keep annotation are back.
-    assert_eq!(
-        crd(r"{.metadata.labels.app\.kubernetes\.io/instance}"),
-        RELEASE
-    );
-    assert_eq!(crd(r"{.metadata.labels.helm\.sh/chart}"), "ferry-0.1.0");
-    assert_eq!(
-        crd(r"{.metadata.annotations.helm\.sh/resource-policy}"),
-        "keep"
-    );
+    release.helm("install", Path::new(CHART));
+    // Helm updates what it took over to the chart's CRDs: labels and keep annotation are back.
+    assert_eq!(release.crd_label("app.kubernetes.io/instance"), RELEASE);
+    assert_eq!(release.crd_label("helm.sh/chart"), "ferry-0.1.0");
+    assert!(release.crd_kept(), "the keep annotation after the takeover");
 }
 
 // ---------------------------------------------------------------------------------------------
