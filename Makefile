@@ -5,7 +5,7 @@ FERRY_CACHE ?= $(HOME)/.cache/ferry
 export FERRY_CACHE
 export CARGO_TARGET_DIR ?= $(FERRY_CACHE)/target
 
-.PHONY: all deps k8s tools build release images test lint unit demo demo-local bench soak crds clean-cache
+.PHONY: all deps k8s tools build release images test lint unit demo demo-local bench soak crds chart-docs chart-docs-check clean-cache
 
 all: build
 
@@ -48,9 +48,17 @@ test: deps k8s tools lint images
 unit:
 	cargo test --workspace --lib --test cli
 
-# Regenerates crds/ and charts/ferry/crds/ from api/src/crd.rs (tests fail when they differ).
+# Regenerates crds/ and charts/ferry/crd-files/ from api/src/crd.rs (tests fail when they differ).
 crds:
 	cargo run -q -p ferry-operator --bin crdgen
+
+# Regenerates the values table of charts/ferry/README.md from the `# --` comments of
+# charts/ferry/values.yaml (a test fails when they differ); `chart-docs-check` only compares.
+chart-docs:
+	cargo run -q -p ferry-operator --bin valuesdoc
+
+chart-docs-check:
+	cargo run -q -p ferry-operator --bin valuesdoc -- --check
 
 # Benchmarks (release build): the forwarder against its brokers' and client libraries' limits,
 # and the operator at 1,000 rules. Writes bench/results/ (markdown, JSON, PNG plots); about

@@ -18,7 +18,8 @@
 #   bin/helm, bin/kubeconform, bin/ferry-openapi2jsonschema
 #   schemas/v<k8s>-standalone-strict/<kind>-<group>-<version>.json (and -standalone/)
 #   schemas/crds/<group>/<kind>_<version>.json
-#   crds/monitoring.coreos.com_{servicemonitors,podmonitors}.yaml (the CRDs themselves)
+#   crds/monitoring.coreos.com_{servicemonitors,podmonitors,prometheusrules}.yaml (the CRDs
+#   themselves)
 # Validate offline with:
 #   kubeconform -strict -summary -kubernetes-version <k8s without v> \
 #     -schema-location "$S/{{.NormalizedKubernetesVersion}}-standalone{{.StrictSuffix}}/{{.ResourceKind}}{{.KindSuffix}}.json" \
@@ -58,6 +59,7 @@ complete() {
   [ -f "$schemas/$k8s_version-standalone-strict/deployment-apps-v1.json" ] &&
     [ -f "$schemas/crds/monitoring.coreos.com/servicemonitor_v1.json" ] &&
     [ -f "$root/crds/monitoring.coreos.com_podmonitors.yaml" ] &&
+    [ -f "$root/crds/monitoring.coreos.com_prometheusrules.yaml" ] &&
     [ -f "$root/crds/argoproj.io_applications.yaml" ] &&
     [ -f "$root/crds/kustomize.toolkit.fluxcd.io_kustomizations.yaml" ]
 }
@@ -473,10 +475,10 @@ mkdir -p "$schemas.tmp/crds"
   -crds "$schemas.tmp/crds" "${promop_crds[@]}" "${gitops_crds[@]}" | sed "s|$schemas.tmp|$schemas|; s/^/ferry: tools:   /"
 rm -rf "$schemas"
 mv "$schemas.tmp" "$schemas"
-# The two Prometheus Operator CRDs the chart can use, for tests that install it into a real API
-# server with its monitors on.
+# The Prometheus Operator CRDs the chart can use, for tests that install it into a real API
+# server with its monitors and alerts on.
 mkdir -p "$root/crds"
-for kind in servicemonitors podmonitors; do
+for kind in servicemonitors podmonitors prometheusrules; do
   cp -f "$promop_dir/example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml" "$root/crds/"
 done
 # And the GitOps ones, for the test that applies examples/gitops.

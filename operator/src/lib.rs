@@ -14,3 +14,4 @@ pub mod scope;
 pub mod sessions;
 pub mod status;
 pub mod validate;
+pub mod valuesdoc;

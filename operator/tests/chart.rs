@@ -1,4 +1,7 @@
-//! The Helm chart `charts/ferry`: its CRDs are the generated ones, `helm lint --strict` passes,
+//! The Helm chart `charts/ferry`: its CRDs are the generated ones (rendered as templates, with
+//! the chart's labels, upgraded by `helm upgrade` and kept by `helm uninstall`), its README's
+//! values table is the one `values.yaml` documents, its alerts use only metrics that exist,
+//! `helm lint --strict` passes,
 //! what it renders is valid Kubernetes for the version the tests run (kubeconform, strict, with
 //! schemas generated offline by `e2e/tools/build.sh`), its values schema refuses bad values by
 //! name, and, installed into a real API server, its ServiceAccount may do what the operator
@@ -60,6 +63,8 @@ networkPolicy:
   apiServer: { cidrs: [10.0.0.1/32, "fd00::1/128"], ports: [443, 6443] }
   extraEgress: [{ to: [{ ipBlock: { cidr: 192.0.2.0/24 } }], ports: [{ port: 4318, protocol: TCP }] }]
 dashboard: { namespace: monitoring, labels: { grafana_dashboard: "1", team: iot }, annotations: { grafana_folder: Ferry } }
+crds: { keep: false }
+prometheusRule: { enabled: true, namespace: monitoring, labels: { release: prometheus }, alertLabels: { team: iot } }
 "#;
 
 // ---------------------------------------------------------------------------------------------
@@ -67,28 +72,93 @@ dashboard: { namespace: monitoring, labels: { grafana_dashboard: "1", team: iot 
 
 #[test]
 fn chart_crds_are_the_generated_ones() {
-    let dir = Path::new(CHART).join("crds");
+    let dir = Path::new(CHART).join("crd-files");
     let mut expected = Vec::new();
     for (name, yaml) in ferry_operator::crdgen::render().expect("render") {
         let shipped = std::fs::read_to_string(dir.join(name)).unwrap_or_default();
         assert!(
             shipped == yaml,
-            "charts/ferry/crds/{name} differs from what api/src/crd.rs generates: run \
-             `cargo run -p ferry-operator --bin crdgen charts/ferry/crds` (and the same without \
-             the argument for crds/) and commit the result"
+            "charts/ferry/crd-files/{name} differs from what api/src/crd.rs generates: run \
+             `make crds` (it writes crds/ and charts/ferry/crd-files/) and commit the result"
         );
         expected.push(name.to_owned());
     }
     let mut present: Vec<String> = std::fs::read_dir(&dir)
-        .expect("charts/ferry/crds")
+        .expect("charts/ferry/crd-files")
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
         .collect();
     present.sort();
     expected.sort();
     assert_eq!(
         present, expected,
-        "charts/ferry/crds holds exactly the generated CRDs"
+        "charts/ferry/crd-files holds exactly the generated CRDs"
     );
+    assert!(
+        !Path::new(CHART).join("crds").exists(),
+        "charts/ferry/crds/ is back: Helm would install those CRDs once and never upgrade them"
+    );
+}
+
+/// The CRDs `helm template` renders: exactly the generated ones plus the chart's labels and,
+/// with `crds.keep`, the keep annotation; none with `crds.enabled=false`.
+#[test]
+fn rendered_crds_are_the_generated_ones_labelled_and_kept() {
+    let generated: BTreeMap<String, Value> = ferry_operator::crdgen::crds()
+        .into_iter()
+        .map(|(_, crd)| {
+            let json = serde_json::to_value(&crd).expect("CRD as JSON");
+            (
+                json["metadata"]["name"].as_str().expect("name").to_owned(),
+                json,
+            )
+        })
+        .collect();
+    for (values, keep) in [(&[][..], true), (&["--set", "crds.keep=false"][..], false)] {
+        let rendered = template(values);
+        let docs = documents(&rendered);
+        let crds: Vec<&Value> = docs
+            .iter()
+            .filter(|d| d["kind"] == "CustomResourceDefinition")
+            .collect();
+        assert_eq!(crds.len(), generated.len(), "{values:?}");
+        for crd in crds {
+            let name = crd["metadata"]["name"].as_str().expect("name");
+            let mut bare = crd.clone();
+            let meta = bare["metadata"].as_object_mut().expect("metadata");
+            let labels = meta.remove("labels").unwrap_or_default();
+            let annotations = meta.remove("annotations").unwrap_or_default();
+            assert_eq!(
+                &bare, &generated[name],
+                "{name} as rendered, without labels"
+            );
+            for (label, value) in [
+                ("app.kubernetes.io/name", "ferry"),
+                ("app.kubernetes.io/instance", RELEASE),
+                ("app.kubernetes.io/version", "0.1.0"),
+                ("app.kubernetes.io/managed-by", "Helm"),
+                ("helm.sh/chart", "ferry-0.1.0"),
+            ] {
+                assert_eq!(labels[label], value, "{name}: label {label}");
+            }
+            let policy = &annotations["helm.sh/resource-policy"];
+            if keep {
+                assert_eq!(policy, "keep", "{name} with crds.keep");
+            } else {
+                assert!(
+                    policy.is_null(),
+                    "{name} with crds.keep=false: {annotations}"
+                );
+            }
+        }
+    }
+    let without = documents(&template(&["--set", "crds.enabled=false"]));
+    assert!(
+        !kinds(&without).contains(&"CustomResourceDefinition".to_owned()),
+        "crds.enabled=false renders no CRD"
+    );
+    // The rendered CRDs are valid for the API server's own schema of a CRD.
+    let rendered = template(&[]);
+    kubeconform(&rendered, documents(&rendered).len());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -129,7 +199,7 @@ fn helm_lint_strict_passes_with_defaults_and_with_every_option() {
 
 #[test]
 fn default_render_is_strictly_valid_and_least_privileged() {
-    let rendered = template(&["--include-crds"]);
+    let rendered = template(&[]);
     let docs = documents(&rendered);
     assert_eq!(
         kinds(&docs),
@@ -290,6 +360,8 @@ fn render_with_every_option_is_strictly_valid() {
     for kind in [
         "ServiceMonitor",
         "PodMonitor",
+        "PrometheusRule",
+        "CustomResourceDefinition",
         "NetworkPolicy",
         "Deployment",
         "ConfigMap",
@@ -306,6 +378,20 @@ fn render_with_every_option_is_strictly_valid() {
     );
     let dashboard = find(&docs, "ConfigMap", "ferry-dashboard");
     assert_eq!(dashboard["metadata"]["namespace"], "monitoring");
+    let rule = find(&docs, "PrometheusRule", "ferry");
+    assert_eq!(rule["metadata"]["namespace"], "monitoring");
+    assert_eq!(rule["metadata"]["labels"]["release"], "prometheus");
+    let alerts = alert_rules(&docs);
+    assert!(
+        alerts.iter().all(|a| a["labels"]["team"] == "iot"),
+        "alertLabels on every alert: {alerts:?}"
+    );
+    assert!(
+        docs.iter()
+            .filter(|d| d["kind"] == "CustomResourceDefinition")
+            .all(|d| d["metadata"]["annotations"]["helm.sh/resource-policy"].is_null()),
+        "crds.keep=false"
+    );
     let pod_monitor = find(&docs, "PodMonitor", "ferry-forwarders");
     assert_eq!(
         pod_monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/name"],
@@ -353,6 +439,8 @@ fn watch_namespaces_renders_a_role_per_namespace_instead_of_the_cluster_role() {
         kinds(&docs),
         [
             "ConfigMap",
+            "CustomResourceDefinition",
+            "CustomResourceDefinition",
             "Deployment",
             "PodMonitor",
             "Role",
@@ -744,7 +832,15 @@ fn installed_chart_gives_the_operator_exactly_the_rights_it_uses() {
             "monitoring.coreos.com_podmonitors.yaml",
             "podmonitors.monitoring.coreos.com",
         ),
+        (
+            "monitoring.coreos.com_prometheusrules.yaml",
+            "prometheusrules.monitoring.coreos.com",
+        ),
     ] {
+        assert!(
+            monitoring_crds.join(file).is_file(),
+            "{file} is missing: run `bash e2e/tools/build.sh`"
+        );
         cp.install_crds(&monitoring_crds.join(file), &[name])
             .unwrap_or_else(|e| panic!("install {file}: {e}"));
     }
@@ -766,6 +862,7 @@ fn installed_chart_gives_the_operator_exactly_the_rights_it_uses() {
     let values = values_file(
         "installed",
         "metrics: { serviceMonitor: { enabled: true }, podMonitor: { enabled: true } }\n\
+         prometheusRule: { enabled: true }\n\
          networkPolicy: { enabled: true }\n\
          dashboard: { namespace: monitoring }\n",
     );
@@ -800,6 +897,7 @@ fn installed_chart_gives_the_operator_exactly_the_rights_it_uses() {
     for (kind, ns, name) in [
         ("servicemonitor", NAMESPACE, OPERATOR),
         ("podmonitor", NAMESPACE, "ferry-forwarders"),
+        ("prometheusrule", NAMESPACE, "ferry"),
         ("networkpolicy", NAMESPACE, OPERATOR),
         ("configmap", "monitoring", "ferry-dashboard"),
     ] {
@@ -1121,7 +1219,7 @@ fn apply_rbac(cp: &ControlPlane, docs: &[Value]) {
 fn watch_namespaces_confines_the_operator_and_its_rights_to_those_namespaces() {
     let cp = ControlPlane::start().expect("control plane (run `bash e2e/k8s/build.sh` once)");
     cp.install_crds(
-        &Path::new(CHART).join("crds"),
+        &Path::new(CHART).join("crd-files"),
         &["forwardingrules.ferry.dev", "brokerconnections.ferry.dev"],
     )
     .expect("CRDs");
@@ -1365,6 +1463,432 @@ fn watch_namespaces_confines_the_operator_and_its_rights_to_those_namespaces() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// (h) The values table and the alerts
+
+/// The README's values table is what `valuesdoc` makes of values.yaml's `# --` comments, every
+/// value is documented, and values.schema.json knows exactly the keys values.yaml has.
+#[test]
+fn readme_values_table_is_generated_from_values_yaml() {
+    let chart = Path::new(CHART);
+    let values_yaml = std::fs::read_to_string(chart.join("values.yaml")).expect("values.yaml");
+    let table = ferry_operator::valuesdoc::table(&values_yaml)
+        .unwrap_or_else(|e| panic!("{e}: document it with a `# --` comment above the key"));
+    let readme = std::fs::read_to_string(chart.join("README.md")).expect("README.md");
+    let updated = ferry_operator::valuesdoc::update_readme(&readme, &table).expect("markers");
+    assert!(
+        updated == readme,
+        "charts/ferry/README.md's values table differs from values.yaml: run `make chart-docs` \
+         and commit the result"
+    );
+    let rows = table.lines().count() - 2;
+    assert!(rows >= 60, "{rows} values documented:\n{table}");
+    for key in [
+        "crds.enabled",
+        "crds.keep",
+        "prometheusRule.enabled",
+        "image.digest",
+    ] {
+        assert!(
+            table.contains(&format!("| `{key}` |")),
+            "{key} in:\n{table}"
+        );
+    }
+
+    let values: Value = serde_saphyr::from_str(&values_yaml).expect("values.yaml");
+    let schema: Value = serde_json::from_str(
+        &std::fs::read_to_string(chart.join("values.schema.json")).expect("schema"),
+    )
+    .expect("values.schema.json is JSON");
+    let documented = ferry_operator::valuesdoc::documented(&values_yaml);
+    let drift = ferry_operator::valuesdoc::schema_drift(&values, &schema, &documented);
+    assert!(
+        drift.is_empty(),
+        "values.yaml vs values.schema.json: {drift:#?}"
+    );
+}
+
+/// The rows of the main README's metrics tables, by metric name.
+fn readme_metric_rows() -> BTreeMap<String, String> {
+    let readme = include_str!("../../README.md");
+    let mut rows = BTreeMap::new();
+    for line in readme.lines().map(str::trim) {
+        let Some(first) = line.strip_prefix("| `").and_then(|l| l.split(" |").next()) else {
+            continue;
+        };
+        for name in first.split(", ").map(|n| n.trim_matches('`')) {
+            if name.starts_with("ferry_") {
+                rows.insert(name.to_owned(), line.to_owned());
+            }
+        }
+    }
+    rows
+}
+
+/// The `label="value"` matchers right after each `ferry_*` name of `expr`, and the labels of
+/// its `by (...)` clauses.
+fn matchers_and_groupings(expr: &str) -> (Vec<(String, String, String)>, Vec<String>) {
+    let mut matchers = Vec::new();
+    for name in ferry_metrics_in(expr) {
+        let Some(start) = expr.find(&format!("{name}{{")) else {
+            continue;
+        };
+        let inside = &expr[start + name.len() + 1..];
+        let inside = &inside[..inside.find('}').expect("closing brace")];
+        for m in inside.split(',').filter(|m| !m.trim().is_empty()) {
+            let (label, value) = m.split_once('=').expect("label=value");
+            let value = value.trim_start_matches('~').trim().trim_matches('"');
+            matchers.push((name.clone(), label.trim().to_owned(), value.to_owned()));
+        }
+    }
+    let mut groupings = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("by (") {
+        let list = &rest[i + 4..];
+        let end = list.find(')').expect("by (...)");
+        groupings.extend(list[..end].split(',').map(|l| l.trim().to_owned()));
+        rest = &list[end..];
+    }
+    (matchers, groupings)
+}
+
+/// Every metric an alert uses is one the forwarder or the operator registers and the README
+/// documents, with label names and values from its row (or target labels the monitors add).
+#[test]
+fn alerts_use_only_metrics_and_label_values_that_exist() {
+    let values = values_file(
+        "alerts",
+        "prometheusRule: { enabled: true }\n\
+         metrics: { serviceMonitor: { enabled: true }, podMonitor: { enabled: true } }\n",
+    );
+    let rendered = template(&["--values", &values.display().to_string()]);
+    let docs = documents(&rendered);
+    kubeconform(&rendered, docs.len());
+    let rules = alert_rules(&docs);
+    let names: Vec<&str> = rules.iter().filter_map(|r| r["alert"].as_str()).collect();
+    for promised in [
+        "FerryRuleStalled",
+        "FerryRecordsWaiting",
+        "FerryKafkaUnreachable",
+        "FerryMessagesDeadLettered",
+        "FerryForwarderDown",
+        "FerryOperatorNotLeading",
+    ] {
+        assert!(names.contains(&promised), "{promised} in {names:?}");
+    }
+    let rows = readme_metric_rows();
+    for rule in &rules {
+        check_alert(rule, &rows);
+    }
+    // The up-based alerts name the jobs of the chart's own monitors.
+    let exprs: Vec<&str> = rules.iter().filter_map(|r| r["expr"].as_str()).collect();
+    assert!(
+        exprs.contains(&r#"up{job="ferry-system/ferry-forwarders"} == 0"#),
+        "{exprs:?}"
+    );
+    assert!(
+        exprs.contains(&r#"up{job="ferry-operator-metrics", namespace="ferry-system"} == 0"#),
+        "{exprs:?}"
+    );
+    // Without the monitors there is no job to name: those two alerts are left out.
+    let plain = documents(&template(&["--set", "prometheusRule.enabled=true"]));
+    let plain_names: Vec<String> = alert_rules(&plain)
+        .iter()
+        .filter_map(|r| r["alert"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        !plain_names.iter().any(|n| n.ends_with("Down")),
+        "{plain_names:?}"
+    );
+    assert!(
+        !kinds(&documents(&template(&[]))).contains(&"PrometheusRule".to_owned()),
+        "no PrometheusRule by default"
+    );
+}
+
+/// One alerting rule: a severity, a balanced expression, and only metrics, label names and
+/// label values that exist (the README's rows, or the target labels the monitors add).
+fn check_alert(rule: &Value, rows: &BTreeMap<String, String>) {
+    let target_labels = ["namespace", "pod", "job"];
+    let alert = rule["alert"].as_str().expect("alert name");
+    let expr = rule["expr"].as_str().expect("expr");
+    assert!(
+        ["critical", "warning"].contains(&rule["labels"]["severity"].as_str().unwrap_or("")),
+        "{alert}: severity"
+    );
+    check_balanced(alert, expr);
+    let used = ferry_metrics_in(expr);
+    assert!(
+        !used.is_empty() || expr.starts_with("up{"),
+        "{alert} uses no Ferry metric: {expr}"
+    );
+    for name in &used {
+        assert!(is_registered(name), "{alert}: {name} is not registered");
+        assert!(
+            rows.contains_key(name),
+            "{alert}: {name} is not in the README"
+        );
+    }
+    let (matchers, groupings) = matchers_and_groupings(expr);
+    for (name, label, value) in matchers {
+        if target_labels.contains(&label.as_str()) {
+            continue;
+        }
+        let row = &rows[&name];
+        assert!(
+            row.contains(&format!("`{label}`")) && row.contains(&format!("`{value}`")),
+            "{alert}: {name}{{{label}=\"{value}\"}}: not a label value the README lists:\n{row}"
+        );
+    }
+    for label in groupings {
+        assert!(
+            target_labels.contains(&label.as_str())
+                || used.iter().any(|n| rows[n].contains(&format!("`{label}`"))),
+            "{alert}: by ({label}): no metric of the expression has that label"
+        );
+    }
+}
+
+/// Parentheses, braces and brackets nest and quotes pair (no PromQL parser here: promtool is
+/// not among the test tools).
+fn check_balanced(alert: &str, expr: &str) {
+    let mut stack = Vec::new();
+    let mut quoted = false;
+    for c in expr.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            _ if quoted => {}
+            '(' | '{' | '[' => stack.push(c),
+            ')' | '}' | ']' => {
+                let open = stack.pop();
+                let want = match c {
+                    ')' => '(',
+                    '}' => '{',
+                    _ => '[',
+                };
+                assert_eq!(open, Some(want), "{alert}: unbalanced {c} in {expr}");
+            }
+            _ => {}
+        }
+    }
+    assert!(stack.is_empty() && !quoted, "{alert}: unclosed in {expr}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// (i) CRD upgrades on a real API server
+
+/// Copies the chart to a temp dir as version 0.1.1, with a short name added to the
+/// ForwardingRule CRD: the next chart, whose CRD changed.
+fn next_chart() -> PathBuf {
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("chart-next-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = run(
+        {
+            let mut cmd = Command::new("cp");
+            cmd.arg("-r").arg(CHART).arg(&dir);
+            cmd
+        },
+        None,
+    );
+    assert!(out.status.success(), "cp: {}", output_text(&out));
+    let edit = |file: &str, from: &str, to: &str| {
+        let path = dir.join(file);
+        let text = std::fs::read_to_string(&path).expect(file);
+        assert!(text.contains(from), "{file} has no {from:?}");
+        std::fs::write(&path, text.replacen(from, to, 1)).expect(file);
+    };
+    edit("Chart.yaml", "version: 0.1.0", "version: 0.1.1");
+    edit(
+        "crd-files/forwardingrules.ferry.dev.yaml",
+        "    shortNames:\n    - fr\n",
+        "    shortNames:\n    - fr\n    - ferryrule\n",
+    );
+    dir
+}
+
+/// Release `ferry` in a control plane: helm verbs and the ForwardingRule CRD as served.
+struct Release<'a> {
+    cp: &'a ControlPlane,
+    kubeconfig: String,
+}
+
+impl Release<'_> {
+    /// `helm VERB ferry [CHART] --namespace ferry-system`, which must succeed.
+    fn helm(&self, verb: &str, chart: &Path) {
+        let out = self.try_helm(verb, chart);
+        assert!(out.status.success(), "helm {verb}: {}", output_text(&out));
+    }
+
+    fn try_helm(&self, verb: &str, chart: &Path) -> Output {
+        let chart = chart.display().to_string();
+        let mut args = vec![verb, RELEASE];
+        if verb != "uninstall" {
+            args.push(&chart);
+        }
+        args.extend(["--kubeconfig", &self.kubeconfig, "--namespace", NAMESPACE]);
+        let out = helm(&args, None);
+        eprintln!("helm {verb}: {}", output_text(&out));
+        out
+    }
+
+    /// A JSONPath of the ForwardingRule CRD; empty if there is none.
+    fn crd(&self, path: &str) -> String {
+        self.cp
+            .run_kubectl([
+                "get",
+                "crd",
+                "forwardingrules.ferry.dev",
+                "-o",
+                &format!("jsonpath={path}"),
+            ])
+            .unwrap_or_default()
+    }
+
+    fn crd_label(&self, label: &str) -> String {
+        self.crd(&format!(
+            "{{.metadata.labels.{}}}",
+            label.replace('.', r"\.")
+        ))
+    }
+
+    fn crd_kept(&self) -> bool {
+        self.crd(r"{.metadata.annotations.helm\.sh/resource-policy}") == "keep"
+    }
+
+    /// `helm uninstall`, which leaves the CRDs and the connection and rule in `plant`.
+    fn uninstall_keeping_the_crds(&self) {
+        self.helm("uninstall", Path::new(CHART));
+        assert_eq!(
+            self.crd("{.metadata.name}"),
+            "forwardingrules.ferry.dev",
+            "CRD kept"
+        );
+        let objects = self
+            .cp
+            .run_kubectl(["get", "bc,fr", "-n", "plant", "-o", "name"])
+            .unwrap_or_default();
+        assert!(
+            objects.contains("brokerconnection.ferry.dev/plant")
+                && objects.contains("forwardingrule.ferry.dev/telemetry"),
+            "the connection and the rule outlive the release: {objects:?}"
+        );
+    }
+}
+
+#[test]
+fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
+    let cp = ControlPlane::start().expect("control plane (run `bash e2e/k8s/build.sh` once)");
+    for ns in [NAMESPACE, "plant"] {
+        cp.run_kubectl(["create", "namespace", ns])
+            .expect("namespace");
+    }
+    let release = Release {
+        cp: &cp,
+        kubeconfig: cp.kubeconfig_path().display().to_string(),
+    };
+
+    // A fresh install: the CRDs with the chart's labels and the keep annotation.
+    release.helm("install", Path::new(CHART));
+    for (label, value) in [
+        ("helm.sh/chart", "ferry-0.1.0"),
+        ("app.kubernetes.io/name", "ferry"),
+        ("app.kubernetes.io/instance", RELEASE),
+        ("app.kubernetes.io/version", "0.1.0"),
+        ("app.kubernetes.io/managed-by", "Helm"),
+    ] {
+        assert_eq!(release.crd_label(label), value, "label {label}");
+    }
+    assert!(release.crd_kept(), "crds.keep by default");
+    assert_eq!(release.crd("{.spec.names.shortNames}"), r#"["fr"]"#);
+    // Discovery may lag the new CRDs by a moment.
+    wait_for(
+        "a connection and a rule applied",
+        Duration::from_secs(30),
+        || {
+            cp.run_kubectl_with_stdin(["apply", "-f", "-"], &connection_in("plant", true))
+                .is_ok()
+        },
+    );
+
+    // helm upgrade to a chart whose CRD changed: the API server serves the new CRD.
+    release.helm("upgrade", &next_chart());
+    assert_eq!(release.crd_label("helm.sh/chart"), "ferry-0.1.1");
+    assert_eq!(
+        release.crd("{.spec.names.shortNames}"),
+        r#"["fr","ferryrule"]"#
+    );
+    wait_for("the new short name served", Duration::from_secs(30), || {
+        cp.run_kubectl(["get", "ferryrule", "telemetry", "-n", "plant", "-o", "name"])
+            .is_ok_and(|o| o.trim() == "forwardingrule.ferry.dev/telemetry")
+    });
+
+    // helm uninstall keeps the CRDs and so the objects; installing again takes them over and
+    // updates them to the chart's.
+    release.uninstall_keeping_the_crds();
+    release.helm("install", Path::new(CHART));
+    assert_eq!(release.crd_label("helm.sh/chart"), "ferry-0.1.0");
+    assert_eq!(release.crd("{.spec.names.shortNames}"), r#"["fr"]"#);
+    release.uninstall_keeping_the_crds();
+
+    take_over_crds_helm_did_not_create(&release);
+}
+
+/// CRDs Helm did not create (as a chart with crds/ left them): Helm refuses to take them over
+/// until they carry the release's ownership, which the chart README's commands add.
+fn take_over_crds_helm_did_not_create(release: &Release) {
+    let crds = ["brokerconnections.ferry.dev", "forwardingrules.ferry.dev"];
+    let kubectl = |args: &[&str]| {
+        release
+            .cp
+            .run_kubectl(args)
+            .unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"));
+    };
+    for name in crds {
+        kubectl(&["label", "crd", name, "app.kubernetes.io/managed-by-"]);
+        kubectl(&[
+            "label",
+            "crd",
+            name,
+            "app.kubernetes.io/instance-",
+            "helm.sh/chart-",
+        ]);
+        kubectl(&["annotate", "crd", name, "meta.helm.sh/release-name-"]);
+        kubectl(&["annotate", "crd", name, "meta.helm.sh/release-namespace-"]);
+        kubectl(&["annotate", "crd", name, "helm.sh/resource-policy-"]);
+    }
+    let out = release.try_helm("install", Path::new(CHART));
+    assert!(
+        !out.status.success() && output_text(&out).contains("invalid ownership metadata"),
+        "helm install over CRDs it did not create: {}",
+        output_text(&out)
+    );
+    let release_name = format!("meta.helm.sh/release-name={RELEASE}");
+    let release_namespace = format!("meta.helm.sh/release-namespace={NAMESPACE}");
+    for name in crds {
+        kubectl(&[
+            "label",
+            "crd",
+            name,
+            "app.kubernetes.io/managed-by=Helm",
+            "--overwrite",
+        ]);
+        kubectl(&[
+            "annotate",
+            "crd",
+            name,
+            &release_name,
+            &release_namespace,
+            "--overwrite",
+        ]);
+    }
+    release.helm("install", Path::new(CHART));
+    // Helm updates what it took over to the chart's CRDs: labels and keep annotation are back.
+    assert_eq!(release.crd_label("app.kubernetes.io/instance"), RELEASE);
+    assert_eq!(release.crd_label("helm.sh/chart"), "ferry-0.1.0");
+    assert!(release.crd_kept(), "the keep annotation after the takeover");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Helpers
 
 fn tools_dir() -> PathBuf {
@@ -1533,37 +2057,17 @@ fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
 /// Each metric a dashboard query uses is one the forwarder or the operator registers, and the
 /// panels cover what the chart promises.
 fn check_dashboard_metrics(dashboard: &Value) {
-    let forwarder = include_str!("../../forwarder/src/metrics.rs");
-    let operator = include_str!("../src/metrics.rs");
     let mut exprs = Vec::new();
     for panel in dashboard["panels"].as_array().expect("panels") {
         for target in panel["targets"].as_array().into_iter().flatten() {
             exprs.push(target["expr"].as_str().expect("expr").to_owned());
         }
     }
-    let mut used = std::collections::BTreeSet::new();
-    for expr in &exprs {
-        let mut rest = expr.as_str();
-        while let Some(i) = rest.find("ferry_") {
-            let name: String = rest[i..]
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                .collect();
-            rest = &rest[i + name.len()..];
-            used.insert(name);
-        }
-    }
+    let used: std::collections::BTreeSet<String> =
+        exprs.iter().flat_map(|e| ferry_metrics_in(e)).collect();
     for name in &used {
-        let base = ["_total", "_bucket", "_sum", "_count"]
-            .iter()
-            .find_map(|s| name.strip_suffix(s))
-            .unwrap_or(name);
-        let registered = match base.strip_prefix("ferry_operator_") {
-            Some(op) => operator.contains(&format!("\"{op}\"")),
-            None => forwarder.contains(&format!("\"{}\"", &base["ferry_".len()..])),
-        };
         assert!(
-            registered,
+            is_registered(name),
             "the dashboard uses {name}, which nothing registers"
         );
     }
@@ -1585,6 +2089,52 @@ fn check_dashboard_metrics(dashboard: &Value) {
             "no dashboard panel shows {promised}"
         );
     }
+}
+
+/// The `ferry_*` metric names in a PromQL expression.
+fn ferry_metrics_in(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = expr;
+    while let Some(i) = rest.find("ferry_") {
+        let name: String = rest[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        rest = &rest[i + name.len()..];
+        names.push(name);
+    }
+    names
+}
+
+/// Whether the forwarder (forwarder/src/metrics.rs) or the operator (src/metrics.rs) registers
+/// this metric (a counter's `_total`, a histogram's series taken off).
+fn is_registered(name: &str) -> bool {
+    let forwarder = include_str!("../../forwarder/src/metrics.rs");
+    let operator = include_str!("../src/metrics.rs");
+    let base = ["_total", "_bucket", "_sum", "_count"]
+        .iter()
+        .find_map(|s| name.strip_suffix(s))
+        .unwrap_or(name);
+    match base.strip_prefix("ferry_operator_") {
+        Some(op) => operator.contains(&format!("\"{op}\"")),
+        None => base
+            .strip_prefix("ferry_")
+            .is_some_and(|f| forwarder.contains(&format!("\"{f}\""))),
+    }
+}
+
+/// The alerting rules of the rendered PrometheusRule.
+fn alert_rules(docs: &[Value]) -> Vec<Value> {
+    let rule = docs
+        .iter()
+        .find(|d| d["kind"] == "PrometheusRule")
+        .expect("a PrometheusRule rendered");
+    rule["spec"]["groups"]
+        .as_array()
+        .expect("groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_array().expect("rules").clone())
+        .collect()
 }
 
 fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {

@@ -7,7 +7,7 @@ fn committed_crds_match_the_types() {
         let committed = std::fs::read_to_string(format!("{dir}{name}")).unwrap_or_default();
         assert!(
             committed == yaml,
-            "crds/{name} is out of date with api/src/crd.rs: run `make crds` (it also writes charts/ferry/crds/) and commit the result"
+            "crds/{name} is out of date with api/src/crd.rs: run `make crds` (it also writes charts/ferry/crd-files/) and commit the result"
         );
     }
 }

@@ -86,3 +86,14 @@ Called with a list: (image values, default tag).
 {{- define "ferry.forwarderSelectorLabels" -}}
 app.kubernetes.io/name: ferry-forwarder
 {{- end -}}
+
+{{/* Labels of the CRDs: the chart's, with the API's version (appVersion), not the image tag. */}}
+{{- define "ferry.crdLabels" -}}
+helm.sh/chart: {{ include "ferry.chart" . }}
+app.kubernetes.io/name: {{ include "ferry.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: ferry
+app.kubernetes.io/component: crds
+{{- end -}}

@@ -1,5 +1,5 @@
-//! Writes the CRDs to `crds/` and `charts/ferry/crds/` (or to each directory given as an
-//! argument).
+//! Writes the CRDs to `crds/` and `charts/ferry/crd-files/` (the chart renders them from there
+//! in `templates/crds.yaml`), or to each directory given as an argument.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -8,7 +8,7 @@ fn main() -> ExitCode {
     let args: Vec<PathBuf> = std::env::args_os().skip(1).map(PathBuf::from).collect();
     let dirs = if args.is_empty() {
         let root = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
-        vec![root.join("crds"), root.join("charts/ferry/crds")]
+        vec![root.join("crds"), root.join("charts/ferry/crd-files")]
     } else {
         args
     };
