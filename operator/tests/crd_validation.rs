@@ -206,7 +206,7 @@ fn refused_kafka_settings() -> Vec<(&'static str, String, &'static str)> {
         (
             "a consumer property",
             config("group.id: ferry"),
-            "config group.id cannot be used: it is a consumer property",
+            "cannot be used: it is a consumer property",
         ),
         (
             "not a property name",
