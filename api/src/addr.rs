@@ -8,8 +8,7 @@ use std::net::Ipv6Addr;
 /// A DNS name (or an IPv4 address, which has the same shape): dot-separated labels of 1–63
 /// letters, digits, '-' or '_', not starting or ending with '-'. Underscores are allowed
 /// because container platforms hand out such names (`my_broker`) and resolvers accept them.
-pub const DNS_NAME_RE: &str =
-    "[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?([.][A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*";
+pub const DNS_NAME_RE: &str = "[A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?([.][A-Za-z0-9_]([A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?)*";
 
 /// An IPv6 address in its text forms with hexadecimal groups (RFC 4291 §2.2 forms 1 and 2);
 /// the form with an embedded IPv4 address and zone ids are not accepted.

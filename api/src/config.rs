@@ -15,8 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::addr;
 use crate::credentials;
-use crate::kafka_props;
 use crate::env;
+use crate::kafka_props;
 use crate::legacy;
 use crate::topic::{TopicFilter, TopicTemplate, is_valid_share_group, validate_kafka_topic};
 
@@ -1182,16 +1182,30 @@ rules:
     fn weaker_kafka_settings_need_the_opt_out() {
         for (entry, path, expected) in [
             ("acks: 1", "kafka.config.acks", "all (or -1)"),
-            ("request.required.acks: 0", "kafka.config.request.required.acks", "all (or -1)"),
-            ("message.timeout.ms: 30000", "kafka.config.message.timeout.ms", "0 (never time out)"),
-            ("delivery.timeout.ms: 5000", "kafka.config.delivery.timeout.ms", "0 (never time out)"),
+            (
+                "request.required.acks: 0",
+                "kafka.config.request.required.acks",
+                "all (or -1)",
+            ),
+            (
+                "message.timeout.ms: 30000",
+                "kafka.config.message.timeout.ms",
+                "0 (never time out)",
+            ),
+            (
+                "delivery.timeout.ms: 5000",
+                "kafka.config.delivery.timeout.ms",
+                "0 (never time out)",
+            ),
         ] {
             let text = with_kafka_config(&format!("    {entry}\n"));
             let problems = problems_of(&text);
             assert_eq!(problems.len(), 1, "{entry}: {problems:?}");
             assert_eq!(problems[0].path, path);
             assert!(
-                problems[0].message.contains(&format!("it must be {expected}"))
+                problems[0]
+                    .message
+                    .contains(&format!("it must be {expected}"))
                     && problems[0]
                         .message
                         .contains("set kafka.allow_weaker_delivery: true to accept that"),
@@ -1207,7 +1221,13 @@ rules:
         }
         let off = FERRY.replace("enable.idempotence: true", "enable.idempotence: false");
         assert_eq!(problems_of(&off)[0].path, "kafka.config.enable.idempotence");
-        for safe in ["acks: all", "acks: \"-1\"", "acks: ALL", "message.timeout.ms: 0", "enable.gapless.guarantee: true"] {
+        for safe in [
+            "acks: all",
+            "acks: \"-1\"",
+            "acks: ALL",
+            "message.timeout.ms: 0",
+            "enable.gapless.guarantee: true",
+        ] {
             let text = with_kafka_config(&format!("    {safe}\n"));
             assert!(load_str(&text, no_env).is_ok(), "{safe}");
         }
@@ -1216,9 +1236,21 @@ rules:
     #[test]
     fn unsupported_kafka_settings_are_refused_even_with_the_opt_out() {
         for (entry, path, why) in [
-            ("transactional.id: ferry", "kafka.config.transactional.id", "the forwarder runs no transactions"),
-            ("delivery.report.only.error: true", "kafka.config.delivery.report.only.error", "nothing would ever be acknowledged"),
-            ("group.id: ferry", "kafka.config.group.id", "is a consumer property"),
+            (
+                "transactional.id: ferry",
+                "kafka.config.transactional.id",
+                "the forwarder runs no transactions",
+            ),
+            (
+                "delivery.report.only.error: true",
+                "kafka.config.delivery.report.only.error",
+                "nothing would ever be acknowledged",
+            ),
+            (
+                "group.id: ferry",
+                "kafka.config.group.id",
+                "is a consumer property",
+            ),
         ] {
             let text = with_kafka_config(&format!("    {entry}\n")).replace(
                 "  bootstrap_servers: localhost:9092\n",
@@ -1232,10 +1264,18 @@ rules:
 
     #[test]
     fn the_producer_queue_must_hold_the_window() {
-        let queue = |n: &str| with_kafka_config(&format!("    queue.buffering.max.messages: {n}\n"));
+        let queue =
+            |n: &str| with_kafka_config(&format!("    queue.buffering.max.messages: {n}\n"));
         let problems = problems_of(&queue("999"));
-        assert_eq!(problems[0].path, "kafka.config.queue.buffering.max.messages");
-        assert!(problems[0].message.contains("smaller than the in-flight window (1000)"));
+        assert_eq!(
+            problems[0].path,
+            "kafka.config.queue.buffering.max.messages"
+        );
+        assert!(
+            problems[0]
+                .message
+                .contains("smaller than the in-flight window (1000)")
+        );
         assert!(load_str(&queue("1000"), no_env).is_ok());
         assert!(load_str(&queue("0"), no_env).is_ok());
     }

@@ -15,8 +15,8 @@ use kube::{CustomResource, KubeSchema};
 use schemars::json_schema;
 use serde::{Deserialize, Serialize};
 
-pub use crate::config::SaslMechanism;
 use crate::addr::{DNS_NAME_RE, IPV6_RE};
+pub use crate::config::SaslMechanism;
 use crate::kafka_props::{self, Weaker};
 use kube::core::{Message, Rule};
 

@@ -113,9 +113,9 @@ pub fn unsupported(key: &str) -> Option<&'static str> {
 
 /// The guard a `key = value` breaks, if any.
 pub fn weakens(key: &str, value: &str) -> Option<&'static Weaker> {
-    WEAKER.iter().find(|w| {
-        w.keys.contains(&key) && !w.safe.iter().any(|s| s.eq_ignore_ascii_case(value))
-    })
+    WEAKER
+        .iter()
+        .find(|w| w.keys.contains(&key) && !w.safe.iter().any(|s| s.eq_ignore_ascii_case(value)))
 }
 
 /// `queue.buffering.max.messages` below the in-flight window: the window alone would fill the
@@ -148,7 +148,10 @@ mod tests {
         assert_eq!(weakens("acks", "-1"), None);
         assert_eq!(weakens("enable.idempotence", "false"), Some(&IDEMPOTENCE));
         assert_eq!(weakens("enable.idempotence", "True"), None);
-        assert_eq!(weakens("delivery.timeout.ms", "30000"), Some(&MESSAGE_TIMEOUT));
+        assert_eq!(
+            weakens("delivery.timeout.ms", "30000"),
+            Some(&MESSAGE_TIMEOUT)
+        );
         assert_eq!(weakens("message.timeout.ms", "0"), None);
         assert_eq!(weakens("linger.ms", "0"), None);
     }

@@ -125,7 +125,10 @@ fn kafka_settings_that_weaken_the_guarantee_exit_2_unless_allowed() {
         "kafka.config.transactional.id: cannot be used: it makes a transactional producer",
         "set kafka.allow_weaker_delivery: true to accept that",
     ] {
-        assert!(stderr.contains(expected), "missing {expected:?} in:\n{stderr}");
+        assert!(
+            stderr.contains(expected),
+            "missing {expected:?} in:\n{stderr}"
+        );
     }
     let (code, stderr) = check(&with_kafka(
         "allow_weaker_delivery: true, config: { acks: 1, enable.idempotence: false, message.timeout.ms: 30000 }",
@@ -138,12 +141,17 @@ fn a_property_librdkafka_refuses_exits_2_naming_it() {
     let (code, stderr) = check(&with_kafka("config: { lingr.ms: 5 }"));
     assert_eq!(code, Some(2), "{stderr}");
     assert!(
-        stderr.contains("kafka.config.lingr.ms: librdkafka refuses it: No such configuration property"),
+        stderr.contains(
+            "kafka.config.lingr.ms: librdkafka refuses it: No such configuration property"
+        ),
         "{stderr}"
     );
     let (code, stderr) = check(&with_kafka("config: { linger.ms: soon }"));
     assert_eq!(code, Some(2), "{stderr}");
-    assert!(stderr.contains("kafka.config.linger.ms: librdkafka refuses it"), "{stderr}");
+    assert!(
+        stderr.contains("kafka.config.linger.ms: librdkafka refuses it"),
+        "{stderr}"
+    );
 }
 
 #[test]

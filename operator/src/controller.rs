@@ -538,9 +538,10 @@ fn connection_refused(connection: &BrokerConnection) -> Result<Option<String>, E
         .iter()
         .filter(|p| p.path.starts_with("mqtt.") || p.path.starts_with("kafka."))
         .map(|p| {
-            let message = p
-                .message
-                .replace("kafka.allow_weaker_delivery", "spec.kafka.allowWeakerDelivery");
+            let message = p.message.replace(
+                "kafka.allow_weaker_delivery",
+                "spec.kafka.allowWeakerDelivery",
+            );
             format!("{}: {message}", spec_field(&p.path))
         })
         .collect();
@@ -558,7 +559,10 @@ fn spec_field(path: &str) -> String {
         ("mqtt.session_expiry_secs", "spec.mqtt.sessionExpirySeconds"),
         ("mqtt.max_inflight", "spec.mqtt.maxInflight"),
         ("kafka.bootstrap_servers", "spec.kafka.bootstrapServers"),
-        ("kafka.allow_weaker_delivery", "spec.kafka.allowWeakerDelivery"),
+        (
+            "kafka.allow_weaker_delivery",
+            "spec.kafka.allowWeakerDelivery",
+        ),
     ];
     FIELDS
         .iter()
@@ -869,9 +873,7 @@ mod tests {
     fn what_cel_let_through_is_refused_naming_the_spec_fields() {
         // An apiserver still serving older CRDs (Helm never upgrades them) admits these.
         let bad = connection("\"mqtt://b\"", "[\"k:0\"]", "{ acks: \"1\" }");
-        let message = connection_refused(&bad)
-            .expect("renders")
-            .expect("refused");
+        let message = connection_refused(&bad).expect("renders").expect("refused");
         for expected in [
             "spec.mqtt.host: \"mqtt://b\" is not a host name",
             "spec.kafka.bootstrapServers: \"k:0\" has a port outside 1-65535",

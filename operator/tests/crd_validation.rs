@@ -166,7 +166,10 @@ fn invalid_objects() -> Vec<(&'static str, String, &'static str)> {
         ),
         (
             "session expiry above MQTT 5's largest",
-            conn("sessionExpirySeconds: 3600", "sessionExpirySeconds: 4294967296"),
+            conn(
+                "sessionExpirySeconds: 3600",
+                "sessionExpirySeconds: 4294967296",
+            ),
             "sessionExpirySeconds must be between 0 and 4294967295",
         ),
         (
@@ -178,7 +181,11 @@ fn invalid_objects() -> Vec<(&'static str, String, &'static str)> {
 }
 
 fn config(entries: &str) -> String {
-    CONNECTION.replacen("config: { linger.ms: \"10\" }", &format!("config: {{ {entries} }}"), 1)
+    CONNECTION.replacen(
+        "config: { linger.ms: \"10\" }",
+        &format!("config: {{ {entries} }}"),
+        1,
+    )
 }
 
 /// librdkafka settings the forwarder or the guarantee cannot live with (`ferry_api::kafka_props`).
@@ -189,10 +196,26 @@ fn refused_kafka_settings() -> Vec<(&'static str, String, &'static str)> {
     let queue = "kafka.config queue.buffering.max.messages must be 0 (no limit) or a whole number at least mqtt.maxInflight";
     vec![
         ("acks 1", config("acks: \"1\""), acks),
-        ("acks 0 by its alias", config("request.required.acks: \"0\""), acks),
-        ("idempotence off", config("enable.idempotence: \"false\""), idempotence),
-        ("a message timeout", config("message.timeout.ms: \"30000\""), timeout),
-        ("a delivery timeout", config("delivery.timeout.ms: \"5000\""), timeout),
+        (
+            "acks 0 by its alias",
+            config("request.required.acks: \"0\""),
+            acks,
+        ),
+        (
+            "idempotence off",
+            config("enable.idempotence: \"false\""),
+            idempotence,
+        ),
+        (
+            "a message timeout",
+            config("message.timeout.ms: \"30000\""),
+            timeout,
+        ),
+        (
+            "a delivery timeout",
+            config("delivery.timeout.ms: \"5000\""),
+            timeout,
+        ),
         (
             "transactional.id",
             config("transactional.id: ferry"),
@@ -213,8 +236,16 @@ fn refused_kafka_settings() -> Vec<(&'static str, String, &'static str)> {
             config("Linger.MS: \"5\""),
             "config keys are librdkafka property names",
         ),
-        ("a queue smaller than the window", config("queue.buffering.max.messages: \"999\""), queue),
-        ("a queue of no number", config("queue.buffering.max.messages: lots"), queue),
+        (
+            "a queue smaller than the window",
+            config("queue.buffering.max.messages: \"999\""),
+            queue,
+        ),
+        (
+            "a queue of no number",
+            config("queue.buffering.max.messages: lots"),
+            queue,
+        ),
     ]
 }
 
@@ -239,7 +270,11 @@ fn refused_vectors() -> Vec<(String, String, &'static str)> {
     for (filter, error) in FILTER_VECTORS {
         if let Some(e) = error {
             let topics = format!("[{filter:?}]");
-            cases.push((format!("filter {filter:?}"), RULE.replacen(TOPICS, &topics, 1), filter_message(e)));
+            cases.push((
+                format!("filter {filter:?}"),
+                RULE.replacen(TOPICS, &topics, 1),
+                filter_message(e),
+            ));
         }
     }
     for (host, ok) in HOST_VECTORS.iter().filter(|(_, ok)| !ok) {
@@ -293,22 +328,42 @@ fn accepted_objects() -> Vec<(String, String)> {
         ),
     ));
     for (what, entries) in [
-        ("the safe values", "acks: all, enable.idempotence: \"true\", message.timeout.ms: \"0\""),
-        ("the safe values, other spellings", "request.required.acks: \"-1\", acks: ALL, enable.idempotence: \"True\""),
-        ("a queue of the window", "queue.buffering.max.messages: \"1000\""),
+        (
+            "the safe values",
+            "acks: all, enable.idempotence: \"true\", message.timeout.ms: \"0\"",
+        ),
+        (
+            "the safe values, other spellings",
+            "request.required.acks: \"-1\", acks: ALL, enable.idempotence: \"True\"",
+        ),
+        (
+            "a queue of the window",
+            "queue.buffering.max.messages: \"1000\"",
+        ),
         ("an unlimited queue", "queue.buffering.max.messages: \"0\""),
-        ("other librdkafka settings", "linger.ms: \"5\", compression.type: zstd, socket.keepalive.enable: \"true\""),
+        (
+            "other librdkafka settings",
+            "linger.ms: \"5\", compression.type: zstd, socket.keepalive.enable: \"true\"",
+        ),
     ] {
         cases.push((what.to_owned(), config(entries)));
     }
     cases.push((
         "weaker settings with the opt-out".to_owned(),
         config("acks: \"1\", enable.idempotence: \"false\", message.timeout.ms: \"30000\"")
-            .replacen("    tls: { useSystemRoots: true }\n", "    tls: { useSystemRoots: true }\n    allowWeakerDelivery: true\n", 1),
+            .replacen(
+                "    tls: { useSystemRoots: true }\n",
+                "    tls: { useSystemRoots: true }\n    allowWeakerDelivery: true\n",
+                1,
+            ),
     ));
     cases.push((
         "the largest session expiry".to_owned(),
-        CONNECTION.replacen("sessionExpirySeconds: 3600", "sessionExpirySeconds: 4294967295", 1),
+        CONNECTION.replacen(
+            "sessionExpirySeconds: 3600",
+            "sessionExpirySeconds: 4294967295",
+            1,
+        ),
     ));
     cases
 }
@@ -317,13 +372,25 @@ fn accepted_objects() -> Vec<(String, String)> {
 fn shared_vectors_agree_with_the_forwarder() {
     // The apiserver test below relies on these being the forwarder's verdicts.
     for (filter, error) in FILTER_VECTORS {
-        assert_eq!(ferry_api::TopicFilter::parse(filter).err(), error.clone(), "{filter:?}");
+        assert_eq!(
+            ferry_api::TopicFilter::parse(filter).err(),
+            error.clone(),
+            "{filter:?}"
+        );
     }
     for (host, ok) in HOST_VECTORS {
-        assert_eq!(ferry_api::addr::host_problem(host).is_none(), *ok, "{host:?}");
+        assert_eq!(
+            ferry_api::addr::host_problem(host).is_none(),
+            *ok,
+            "{host:?}"
+        );
     }
     for (server, ok) in SERVER_VECTORS {
-        assert_eq!(ferry_api::addr::server_problem(server).is_none(), *ok, "{server:?}");
+        assert_eq!(
+            ferry_api::addr::server_problem(server).is_none(),
+            *ok,
+            "{server:?}"
+        );
     }
 }
 
@@ -331,7 +398,10 @@ fn shared_vectors_agree_with_the_forwarder() {
 fn admission_refuses_what_the_forwarder_refuses_and_accepts_its_edge_cases() {
     let cp = common::control_plane_with_crds("ferry");
     // Once these are in, discovery knows both kinds; the cases below are all creates.
-    common::apply(&cp, &CONNECTION.replacen("name: plant", "name: discovery", 1));
+    common::apply(
+        &cp,
+        &CONNECTION.replacen("name: plant", "name: discovery", 1),
+    );
     common::apply(&cp, &RULE.replacen("name: telemetry", "name: discovery", 1));
     let accepted = accepted_objects();
     for (what, object) in &accepted {
@@ -351,7 +421,10 @@ fn admission_refuses_what_the_forwarder_refuses_and_accepts_its_edge_cases() {
             .run_kubectl_with_stdin(["apply", "--dry-run=server", "-f", "-"], object)
             .expect_err(what)
             .to_string();
-        assert!(err.contains(message), "{what}: expected {message:?} in:\n{err}");
+        assert!(
+            err.contains(message),
+            "{what}: expected {message:?} in:\n{err}"
+        );
     }
     eprintln!(
         "{} edge cases accepted, {} shared vectors and librdkafka settings refused with their messages",
