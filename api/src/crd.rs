@@ -429,7 +429,8 @@ pub struct RuleKafka {
     /// A topic name, or a template with MQTT topic levels counted from 0 (`telemetry.{1}`).
     #[x_kube(
         validation = Rule::new("size(self) >= 1 && size(self) <= 249").message("the Kafka topic must be 1 to 249 characters"),
-        validation = Rule::new("self.matches('^([A-Za-z0-9._-]|\\\\{[0-9]+\\\\})+$')").message("the Kafka topic may contain only letters, digits, '.', '_', '-' and {N} placeholders for MQTT topic levels"),
+        // At most 3 digits: the forwarder refuses a level that does not fit a usize.
+        validation = Rule::new("self.matches('^([A-Za-z0-9._-]|\\\\{[0-9]{1,3}\\\\})+$')").message("the Kafka topic may contain only letters, digits, '.', '_', '-' and {N} placeholders for MQTT topic levels (N from 0 to 999)"),
         validation = Rule::new("self != '.' && self != '..'").message("the Kafka topic may not be '.' or '..'")
     )]
     pub topic: String,
@@ -490,6 +491,8 @@ pub struct Headers {
     /// Prefix of the metadata headers; default `mqtt.`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
+    // As the forwarder: `char::is_control` is Unicode category Cc.
+    #[x_kube(validation = Rule::new("!self.matches('\\\\p{Cc}')").message("headers.prefix must not contain control characters"))]
     pub prefix: Option<String>,
 }
 

@@ -173,6 +173,19 @@ fn invalid_objects() -> Vec<(&'static str, String, &'static str)> {
             "sessionExpirySeconds must be between 0 and 4294967295",
         ),
         (
+            "a placeholder of 4 digits",
+            rule("telemetry.{1}", "t.{1000}"),
+            chars,
+        ),
+        (
+            "a control character in the header prefix",
+            rule(
+                "userProperties: true }",
+                "userProperties: true, prefix: \"mqtt\\t\" }",
+            ),
+            "headers.prefix must not contain control characters",
+        ),
+        (
             "topic filter longer than 1024 characters",
             rule("plant/+/telemetry", &"t".repeat(1025)),
             "1024",
@@ -310,6 +323,14 @@ fn accepted_objects() -> Vec<(String, String)> {
         "every valid filter".to_owned(),
         RULE.replacen(TOPICS, &format!("[{}]", valid_filters.join(", ")), 1),
     )];
+    cases.push((
+        "a 3-digit placeholder and a header prefix".to_owned(),
+        RULE.replacen("telemetry.{1}", "t.{999}", 1).replacen(
+            "userProperties: true }",
+            "userProperties: true, prefix: \"ferry-\" }",
+            1,
+        ),
+    ));
     for (host, _) in HOST_VECTORS.iter().filter(|(_, ok)| *ok) {
         let object = CONNECTION.replacen("host: mqtt.example", &format!("host: {host:?}"), 1);
         cases.push((format!("host {host:?}"), object));
