@@ -259,6 +259,11 @@ fn refused_kafka_settings() -> Vec<(&'static str, String, &'static str)> {
             config("queue.buffering.max.messages: lots"),
             queue,
         ),
+        (
+            "a value longer than 4096 characters",
+            config(&format!("client.id: {}", "x".repeat(4097))),
+            "4096",
+        ),
     ]
 }
 
