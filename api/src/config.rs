@@ -13,8 +13,10 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
+use crate::addr;
 use crate::credentials;
 use crate::env;
+use crate::kafka_props;
 use crate::legacy;
 use crate::topic::{TopicFilter, TopicTemplate, is_valid_share_group, validate_kafka_topic};
 
@@ -221,9 +223,14 @@ pub struct KafkaConfig {
     pub tls: Option<Tls>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sasl: Option<Sasl>,
-    /// librdkafka producer properties, passed through; they override Ferry's defaults.
+    /// librdkafka producer properties, passed through; they override Ferry's defaults. Some
+    /// are refused (see [`crate::kafka_props`]).
     #[serde(default, deserialize_with = "scalar_map")]
     pub config: BTreeMap<String, String>,
+    /// Accept `config` settings that weaken at-least-once or in-order delivery
+    /// ([`crate::kafka_props::WEAKER`]): the explicit opt-out, off by default.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_weaker_delivery: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -518,7 +525,19 @@ pub fn load_str_reading(
                     "environment variable {name} is not set; substituted an empty string"
                 ));
             }
-            parse::<legacy::LegacyConfig>(&substituted.text)?.into_ferry()
+            let mut config = parse::<legacy::LegacyConfig>(&substituted.text)?.into_ferry();
+            // The replaced forwarder's files are accepted unchanged, so settings that weaken
+            // the guarantee are allowed there, and said loudly.
+            config.kafka.allow_weaker_delivery = true;
+            for (key, value) in &config.kafka.config {
+                if let Some(w) = kafka_props::weakens(key, value) {
+                    warnings.push(format!(
+                        "kafka.config.{key}: {value:?} weakens the delivery guarantee ({}); Ferry's default is {}",
+                        w.why, w.expected
+                    ));
+                }
+            }
+            config
         }
     };
     let mut config = config;
@@ -592,8 +611,8 @@ impl ForwarderConfig {
     pub fn validate(&self) -> Vec<Problem> {
         let mut p = Problems::default();
         let m = &self.mqtt;
-        if m.host.trim().is_empty() {
-            p.add("mqtt.host", "must not be empty");
+        if let Some(problem) = addr::host_problem(&m.host) {
+            p.add("mqtt.host", format!("{:?} {problem}", m.host));
         }
         if m.port == 0 {
             p.add("mqtt.port", "must be between 1 and 65535");
@@ -652,40 +671,16 @@ impl ForwarderConfig {
             );
         }
 
-        let servers: Vec<&str> = self
-            .kafka
-            .bootstrap_servers
-            .split(',')
-            .map(str::trim)
-            .collect();
         if self.kafka.bootstrap_servers.trim().is_empty() {
             p.add("kafka.bootstrap_servers", "must not be empty");
         } else {
-            for s in servers {
-                let ok = s.rsplit_once(':').is_some_and(|(host, port)| {
-                    !host.is_empty() && port.parse::<u16>().is_ok_and(|n| n > 0)
-                });
-                if !ok {
-                    p.add("kafka.bootstrap_servers", format!("{s:?} is not host:port"));
+            for s in self.kafka.bootstrap_servers.split(',').map(str::trim) {
+                if let Some(problem) = addr::server_problem(s) {
+                    p.add("kafka.bootstrap_servers", format!("{s:?} {problem}"));
                 }
             }
         }
-        for key in self.kafka.config.keys() {
-            if key == "bootstrap.servers" {
-                p.add(
-                    "kafka.config.bootstrap.servers",
-                    "set kafka.bootstrap_servers instead",
-                );
-            }
-            let managed =
-                key == "security.protocol" || key.starts_with("ssl.") || key.starts_with("sasl.");
-            if managed && (self.kafka.tls.is_some() || self.kafka.sasl.is_some()) {
-                p.add(
-                    format!("kafka.config.{key}"),
-                    "is set from kafka.tls / kafka.sasl; set it there, not in both",
-                );
-            }
-        }
+        check_kafka_properties(&mut p, &self.kafka, m.max_inflight);
         if let Some(tls) = &self.kafka.tls {
             check_tls(&mut p, "kafka.tls", tls);
         }
@@ -841,6 +836,40 @@ fn check_tls(p: &mut Problems, at: &str, tls: &Tls) {
     ] {
         if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
             p.add(format!("{at}.{field}"), "must not be empty when set");
+        }
+    }
+}
+
+/// `kafka.config` against [`kafka_props`]: managed, unsupported and weakening properties.
+fn check_kafka_properties(p: &mut Problems, kafka: &KafkaConfig, max_inflight: u16) {
+    for (key, value) in &kafka.config {
+        let at = format!("kafka.config.{key}");
+        if key == "bootstrap.servers" {
+            p.add(&at, "set kafka.bootstrap_servers instead");
+        } else if kafka_props::is_managed(key) && (kafka.tls.is_some() || kafka.sasl.is_some()) {
+            p.add(
+                &at,
+                "is set from kafka.tls / kafka.sasl; set it there, not in both",
+            );
+        }
+        if let Some(why) = kafka_props::unsupported(key) {
+            p.add(&at, format!("cannot be used: it {why}"));
+        }
+        if let Some(w) = kafka_props::weakens(key, value)
+            && !kafka.allow_weaker_delivery
+        {
+            p.add(
+                &at,
+                format!(
+                    "{value:?} weakens the delivery guarantee: it must be {}, because {}; set kafka.allow_weaker_delivery: true to accept that",
+                    w.expected, w.why
+                ),
+            );
+        }
+        if key == kafka_props::QUEUE_MAX_MESSAGES
+            && let Some(problem) = kafka_props::queue_too_small(value, max_inflight)
+        {
+            p.add(&at, problem);
         }
     }
 }
@@ -1112,6 +1141,158 @@ rules:
             no_env,
         );
         assert!(matches!(bad, Err(ConfigError::Invalid(p)) if p[0].path == "mqtt.protocol"));
+    }
+
+    fn problems_of(text: &str) -> Vec<Problem> {
+        match load_str(text, no_env) {
+            Err(ConfigError::Invalid(problems)) => problems,
+            other => panic!("expected invalid, got {other:?}"),
+        }
+    }
+
+    fn with_kafka_config(entries: &str) -> String {
+        FERRY.replace(
+            "    enable.idempotence: true\n",
+            &format!("    enable.idempotence: true\n{entries}"),
+        )
+    }
+
+    #[test]
+    fn hosts_and_bootstrap_servers_are_checked() {
+        for (host, ok) in crate::addr::HOST_VECTORS {
+            let text = FERRY.replace("host: localhost", &format!("host: {host:?}"));
+            let result = load_str(&text, no_env);
+            assert_eq!(result.is_ok(), *ok, "{host:?}: {result:?}");
+        }
+        let problems = problems_of(&FERRY.replace("host: localhost", "host: mqtt://broker"));
+        assert_eq!(
+            problems[0].to_string(),
+            r#"mqtt.host: "mqtt://broker" is not a host name or IP address (a DNS name, an IPv4 address or an IPv6 address without brackets; no scheme, port or spaces)"#
+        );
+        let servers = FERRY.replace("localhost:9092", "\"[::1]:9092, kafka:0,kafka:9093\"");
+        let problems = problems_of(&servers);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(
+            problems[0].to_string(),
+            r#"kafka.bootstrap_servers: "kafka:0" has a port outside 1-65535"#
+        );
+    }
+
+    #[test]
+    fn weaker_kafka_settings_need_the_opt_out() {
+        for (entry, path, expected) in [
+            ("acks: 1", "kafka.config.acks", "all (or -1)"),
+            (
+                "request.required.acks: 0",
+                "kafka.config.request.required.acks",
+                "all (or -1)",
+            ),
+            (
+                "message.timeout.ms: 30000",
+                "kafka.config.message.timeout.ms",
+                "0 (never time out)",
+            ),
+            (
+                "delivery.timeout.ms: 5000",
+                "kafka.config.delivery.timeout.ms",
+                "0 (never time out)",
+            ),
+        ] {
+            let text = with_kafka_config(&format!("    {entry}\n"));
+            let problems = problems_of(&text);
+            assert_eq!(problems.len(), 1, "{entry}: {problems:?}");
+            assert_eq!(problems[0].path, path);
+            assert!(
+                problems[0]
+                    .message
+                    .contains(&format!("it must be {expected}"))
+                    && problems[0]
+                        .message
+                        .contains("set kafka.allow_weaker_delivery: true to accept that"),
+                "{}",
+                problems[0]
+            );
+            let allowed = text.replace(
+                "  bootstrap_servers: localhost:9092\n",
+                "  bootstrap_servers: localhost:9092\n  allow_weaker_delivery: true\n",
+            );
+            let loaded = load_str(&allowed, no_env).unwrap_or_else(|e| panic!("{entry}: {e}"));
+            assert!(loaded.config.kafka.allow_weaker_delivery);
+        }
+        let off = FERRY.replace("enable.idempotence: true", "enable.idempotence: false");
+        assert_eq!(problems_of(&off)[0].path, "kafka.config.enable.idempotence");
+        for safe in [
+            "acks: all",
+            "acks: \"-1\"",
+            "acks: ALL",
+            "message.timeout.ms: 0",
+            "enable.gapless.guarantee: true",
+        ] {
+            let text = with_kafka_config(&format!("    {safe}\n"));
+            assert!(load_str(&text, no_env).is_ok(), "{safe}");
+        }
+    }
+
+    #[test]
+    fn unsupported_kafka_settings_are_refused_even_with_the_opt_out() {
+        for (entry, path, why) in [
+            (
+                "transactional.id: ferry",
+                "kafka.config.transactional.id",
+                "the forwarder runs no transactions",
+            ),
+            (
+                "delivery.report.only.error: true",
+                "kafka.config.delivery.report.only.error",
+                "nothing would ever be acknowledged",
+            ),
+            (
+                "group.id: ferry",
+                "kafka.config.group.id",
+                "is a consumer property",
+            ),
+        ] {
+            let text = with_kafka_config(&format!("    {entry}\n")).replace(
+                "  bootstrap_servers: localhost:9092\n",
+                "  bootstrap_servers: localhost:9092\n  allow_weaker_delivery: true\n",
+            );
+            let problems = problems_of(&text);
+            assert_eq!(problems[0].path, path, "{problems:?}");
+            assert!(problems[0].message.contains(why), "{}", problems[0]);
+        }
+    }
+
+    #[test]
+    fn the_producer_queue_must_hold_the_window() {
+        let queue =
+            |n: &str| with_kafka_config(&format!("    queue.buffering.max.messages: {n}\n"));
+        let problems = problems_of(&queue("999"));
+        assert_eq!(
+            problems[0].path,
+            "kafka.config.queue.buffering.max.messages"
+        );
+        assert!(
+            problems[0]
+                .message
+                .contains("smaller than the in-flight window (1000)")
+        );
+        assert!(load_str(&queue("1000"), no_env).is_ok());
+        assert!(load_str(&queue("0"), no_env).is_ok());
+    }
+
+    #[test]
+    fn legacy_files_keep_weaker_settings_with_a_warning() {
+        let text = "mqtt: { host: h, port: 1883, client_id: c }\nkafka: { bootstrap_server: k, port: 9092, config: { acks: \"1\" } }\nforwarding:\n  - { name: f, mqtt: { topic: a }, kafka: { topic: a } }\n";
+        let loaded = load_str(text, no_env).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(loaded.format, SourceFormat::Legacy);
+        assert!(
+            loaded
+                .warnings
+                .iter()
+                .any(|w| w.starts_with("kafka.config.acks: \"1\" weakens the delivery guarantee")),
+            "{:?}",
+            loaded.warnings
+        );
     }
 
     #[test]

@@ -15,7 +15,10 @@ use kube::{CustomResource, KubeSchema};
 use schemars::json_schema;
 use serde::{Deserialize, Serialize};
 
+use crate::addr::{DNS_NAME_RE, IPV6_RE};
 pub use crate::config::SaslMechanism;
+use crate::kafka_props::{self, Weaker};
+use kube::core::{Message, Rule};
 
 pub const GROUP: &str = "ferry.dev";
 pub const VERSION: &str = "v1alpha1";
@@ -53,6 +56,7 @@ pub const VERSION: &str = "v1alpha1";
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = queue_rule())]
 pub struct BrokerConnectionSpec {
     /// The MQTT broker the forwarders subscribe to.
     pub mqtt: MqttEndpoint,
@@ -68,8 +72,10 @@ pub struct BrokerConnectionSpec {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.sessionExpirySeconds) || self.protocol == '5'").message("sessionExpirySeconds is an MQTT 5 setting: set protocol: \"5\" or remove it"))]
 pub struct MqttEndpoint {
-    /// Host name or address of the broker (also the name checked against its TLS certificate).
+    /// Host name or address of the broker (also the name checked against its TLS certificate):
+    /// a DNS name, an IPv4 address or an IPv6 address without brackets; no scheme or port.
     #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = host_rule())]
     pub host: String,
     /// TCP port.
     #[serde(default = "default_mqtt_port")]
@@ -87,7 +93,7 @@ pub struct MqttEndpoint {
     /// MQTT 5: how long the broker keeps a forwarder's session, and queues its messages, after
     /// it disconnected. Unset: 86400 (one day); 4294967295: never expires.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self >= 0").message("sessionExpirySeconds must not be negative"))]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 4294967295").message("sessionExpirySeconds must be between 0 and 4294967295 (MQTT 5's largest session expiry interval)"))]
     pub session_expiry_seconds: Option<i64>,
     /// The in-flight window per forwarder: messages received and not yet acknowledged (MQTT 5:
     /// announced as Receive Maximum).
@@ -110,11 +116,17 @@ pub enum MqttProtocolVersion {
 /// Kafka.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(self.sasl) || self.sasl.mechanism != 'PLAIN' || has(self.tls)").message("SASL PLAIN sends the password in clear text: it needs tls"))]
+#[x_kube(
+    validation = Rule::new("!has(self.sasl) || self.sasl.mechanism != 'PLAIN' || has(self.tls)").message("SASL PLAIN sends the password in clear text: it needs tls"),
+    validation = weaker_rule(&kafka_props::ACKS),
+    validation = weaker_rule(&kafka_props::IDEMPOTENCE),
+    validation = weaker_rule(&kafka_props::MESSAGE_TIMEOUT)
+)]
 pub struct KafkaEndpoint {
-    /// `host:port` of one or more brokers.
+    /// `host:port` of one or more brokers: a DNS name or IPv4 address, or an IPv6 address in
+    /// brackets (`[::1]:9092`), and a port from 1 to 65535.
     #[schemars(length(min = 1, max = 32))]
-    #[x_kube(validation = Rule::new("self.all(s, s.matches('^[^:/ ]+:[0-9]{1,5}$'))").message("every bootstrap server must be host:port"))]
+    #[x_kube(validation = bootstrap_rule())]
     pub bootstrap_servers: Vec<BoundedString>,
     /// TLS to the brokers; their certificates are always verified.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -123,16 +135,36 @@ pub struct KafkaEndpoint {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sasl: Option<Sasl>,
     /// librdkafka producer properties, passed through (they override Ferry's defaults).
+    /// Settings that weaken at-least-once or in-order delivery (`acks` other than `all`,
+    /// `enable.idempotence` other than `true`, `message.timeout.ms` other than `0`) need
+    /// `allowWeakerDelivery`; some (`transactional.id`, `delivery.report.only.error`,
+    /// consumer properties) are never accepted.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    #[schemars(extend("maxProperties" = 64))]
-    #[x_kube(validation = Rule::new("self.all(k, k != 'bootstrap.servers' && k != 'security.protocol' && !k.startsWith('ssl.') && !k.startsWith('sasl.'))").message("bootstrap.servers, security.protocol, ssl.* and sasl.* are set from bootstrapServers, tls and sasl"))]
+    #[schemars(schema_with = "kafka_config_schema")]
+    #[x_kube(
+        validation = Rule::new("self.all(k, k != 'bootstrap.servers' && k != 'security.protocol' && !k.startsWith('ssl.') && !k.startsWith('sasl.'))").message("bootstrap.servers, security.protocol, ssl.* and sasl.* are set from bootstrapServers, tls and sasl"),
+        validation = Rule::new("self.all(k, k.matches('^[a-z][a-z0-9._]*$'))").message("config keys are librdkafka property names: lower-case letters, digits, '.' and '_'"),
+        validation = unsupported_rule(&["transactional.id"]),
+        validation = unsupported_rule(&["delivery.report.only.error"]),
+        validation = unsupported_rule(&["group.id", "group.instance.id", "enable.auto.commit", "auto.offset.reset", "isolation.level"])
+    )]
     pub config: BTreeMap<String, String>,
+    /// Accept `config` settings that weaken the delivery guarantee (see `config`): Kafka may
+    /// then lose or reorder records the forwarder already acknowledged to MQTT.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_weaker_delivery: bool,
 }
 
 /// A string of at most 253 characters (keeps CEL rules over it cheap).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(transparent)]
 pub struct BoundedString(#[schemars(length(min = 1, max = 253))] pub String);
+
+// Bounded by `crate::topic::CRD_MAX_FILTER_CHARS` (a test keeps the two equal).
+/// An MQTT topic filter of 1 to 1024 characters.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(transparent)]
+pub struct TopicFilterText(#[schemars(length(min = 1, max = 1024))] pub String);
 
 /// Certificates in Secrets, as PEM.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
@@ -379,13 +411,17 @@ pub struct ForwardingRuleSpec {
 /// What to read from MQTT.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub struct RuleMqtt {
-    /// MQTT topic filters: `+` matches one level, `#` the rest.
+    /// MQTT topic filters: `+` matches one level, `#` the rest; `$share/<group>/<filter>` for a
+    /// shared subscription. At most 1024 characters each (the protocol allows 65535 bytes; the
+    /// bound keeps validation cheap).
     #[schemars(length(min = 1, max = 32))]
     #[x_kube(
         validation = Rule::new("self.all(t, !t.contains('#') || (t.indexOf('#') == size(t) - 1 && (size(t) == 1 || t.endsWith('/#'))))").message("'#' may only be the last level of a topic filter, standing alone (like a/#)"),
-        validation = Rule::new("self.all(t, t.split('/').all(l, !l.contains('+') || l == '+'))").message("'+' must be a whole level of a topic filter (like a/+/c)")
+        validation = Rule::new("self.all(t, !t.matches('[^/][+]|[+][^/]'))").message("'+' must be a whole level of a topic filter (like a/+/c)"),
+        validation = Rule::new("self.all(t, !t.contains('\\u0000'))").message("a topic filter may not contain the NUL character (U+0000)"),
+        validation = Rule::new("self.all(t, !t.startsWith('$share/') || (t.matches('^[$]share/[^/+#]+/') && !t.matches('^[$]share/[^/+#]+/$')))").message("a shared subscription must be $share/<group>/<filter>: the group not empty and without '/', '+' or '#', and a filter after it")
     )]
-    pub topics: Vec<BoundedString>,
+    pub topics: Vec<TopicFilterText>,
     /// Subscription QoS: 0, 1 or 2.
     #[serde(default = "default_qos")]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 2").message("qos must be 0, 1 or 2"))]
@@ -398,7 +434,8 @@ pub struct RuleKafka {
     /// A topic name, or a template with MQTT topic levels counted from 0 (`telemetry.{1}`).
     #[x_kube(
         validation = Rule::new("size(self) >= 1 && size(self) <= 249").message("the Kafka topic must be 1 to 249 characters"),
-        validation = Rule::new("self.matches('^([A-Za-z0-9._-]|\\\\{[0-9]+\\\\})+$')").message("the Kafka topic may contain only letters, digits, '.', '_', '-' and {N} placeholders for MQTT topic levels"),
+        // At most 3 digits: the forwarder refuses a level that does not fit a usize.
+        validation = Rule::new("self.matches('^([A-Za-z0-9._-]|\\\\{[0-9]{1,3}\\\\})+$')").message("the Kafka topic may contain only letters, digits, '.', '_', '-' and {N} placeholders for MQTT topic levels (N from 0 to 999)"),
         validation = Rule::new("self != '.' && self != '..'").message("the Kafka topic may not be '.' or '..'")
     )]
     pub topic: String,
@@ -459,6 +496,8 @@ pub struct Headers {
     /// Prefix of the metadata headers; default `mqtt.`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 64))]
+    // As the forwarder: `char::is_control` is Unicode category Cc.
+    #[x_kube(validation = Rule::new("!self.matches('\\\\p{Cc}')").message("headers.prefix must not contain control characters"))]
     pub prefix: Option<String>,
 }
 
@@ -541,6 +580,16 @@ fn conditions_schema(generator: &mut schemars::generate::SchemaGenerator) -> sch
     })
 }
 
+/// At most 64 properties, values of at most 4096 characters: bounds that keep the CEL rules
+/// over them within the apiserver's cost budget.
+fn kafka_config_schema(_: &mut schemars::generate::SchemaGenerator) -> schemars::Schema {
+    json_schema!({
+        "type": "object",
+        "maxProperties": 64,
+        "additionalProperties": { "type": "string", "maxLength": 4096 }
+    })
+}
+
 /// A timestamp without the generic description of `Time` (the field's own doc applies).
 fn time_schema(_: &mut schemars::generate::SchemaGenerator) -> schemars::Schema {
     json_schema!({ "type": "string", "format": "date-time" })
@@ -566,4 +615,107 @@ fn default_username_key() -> String {
 }
 fn default_password_key() -> String {
     "password".into()
+}
+
+/// `spec.mqtt.host`: [`crate::addr::host_problem`] in CEL.
+fn host_rule() -> Rule {
+    Rule::new(format!(
+        "self.matches('^{DNS_NAME_RE}$') || self.matches('^{IPV6_RE}$')"
+    ))
+    .message("host must be a DNS name, an IPv4 address or an IPv6 address without brackets (no scheme, port or spaces)")
+}
+
+/// `spec.kafka.bootstrapServers`: [`crate::addr::server_problem`] in CEL.
+fn bootstrap_rule() -> Rule {
+    Rule::new(format!(
+        "self.all(s, s.matches('^({DNS_NAME_RE}|\\\\[{IPV6_RE}\\\\]):[0-9]{{1,5}}$') && int(s.substring(s.lastIndexOf(':') + 1)) >= 1 && int(s.substring(s.lastIndexOf(':') + 1)) <= 65535)"
+    ))
+    .message("every bootstrap server must be host:port: a DNS name or IPv4 address, or an IPv6 address in brackets, and a port from 1 to 65535 (no scheme)")
+}
+
+/// A CEL list literal of strings.
+fn cel_list(items: impl IntoIterator<Item = &'static str>) -> String {
+    let quoted: Vec<String> = items.into_iter().map(|i| format!("'{i}'")).collect();
+    format!("[{}]", quoted.join(", "))
+}
+
+/// `spec.kafka`: one [`Weaker`] setting, refused unless `allowWeakerDelivery` is true.
+fn weaker_rule(w: &Weaker) -> Rule {
+    let safe = cel_list(w.safe.iter().copied());
+    // A lookup per key, not a walk over the map: CEL's cost estimate of a walk exceeds the
+    // apiserver's budget.
+    let checks: Vec<String> = w
+        .keys
+        .iter()
+        .map(|k| format!("(!('{k}' in self.config) || self.config['{k}'].lowerAscii() in {safe})"))
+        .collect();
+    Rule::new(format!(
+        "(has(self.allowWeakerDelivery) && self.allowWeakerDelivery) || !has(self.config) || ({})",
+        checks.join(" && ")
+    ))
+    .message(Message::Message(format!(
+        "config {} must be {}: {}; set allowWeakerDelivery: true to accept that",
+        w.keys.join(" / "),
+        w.expected,
+        w.why
+    )))
+}
+
+/// `spec.kafka.config`: [`kafka_props::UNSUPPORTED`] keys sharing one reason, refused with it.
+/// (One rule per reason with a fixed message: a message expression naming the key exceeds the
+/// apiserver's cost budget.)
+fn unsupported_rule(keys: &[&str]) -> Rule {
+    let absent: Vec<String> = keys.iter().map(|k| format!("!('{k}' in self)")).collect();
+    let why = keys
+        .first()
+        .and_then(|k| kafka_props::unsupported(k))
+        .unwrap_or_default();
+    Rule::new(absent.join(" && ")).message(Message::Message(format!(
+        "config {} cannot be used: it {why}",
+        keys.join(", ")
+    )))
+}
+
+/// `spec`: `kafka.config`'s `queue.buffering.max.messages` against `mqtt.maxInflight`
+/// ([`kafka_props::queue_too_small`]).
+fn queue_rule() -> Rule {
+    let key = kafka_props::QUEUE_MAX_MESSAGES;
+    let value = format!("self.kafka.config['{key}']");
+    Rule::new(format!(
+        "!has(self.kafka.config) || !('{key}' in self.kafka.config) || ({value}.matches('^[0-9]{{1,10}}$') && (int({value}) == 0 || int({value}) >= self.mqtt.maxInflight))"
+    ))
+    .message(Message::Message(format!(
+        "kafka.config {key} must be 0 (no limit) or a whole number at least mqtt.maxInflight: a smaller producer queue makes messages wait on it"
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    #[test]
+    fn every_guarded_librdkafka_setting_has_its_cel_rule() {
+        let crd = serde_json::to_string(&BrokerConnection::crd()).unwrap_or_default();
+        for w in kafka_props::WEAKER {
+            for key in w.keys {
+                assert!(crd.contains(&format!("'{key}'")), "{key}");
+            }
+        }
+        for u in kafka_props::UNSUPPORTED {
+            assert!(crd.contains(&format!("'{}'", u.key)), "{}", u.key);
+            assert!(!u.why.contains('\''), "a quote would end the CEL string");
+        }
+    }
+
+    #[test]
+    fn the_filter_bound_is_the_documented_one() {
+        let crd = serde_json::to_value(ForwardingRule::crd()).unwrap_or_default();
+        let items = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["mqtt"]["properties"]["topics"]["items"];
+        assert_eq!(
+            items["maxLength"].as_u64(),
+            Some(crate::topic::CRD_MAX_FILTER_CHARS as u64)
+        );
+    }
 }

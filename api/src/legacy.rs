@@ -105,6 +105,7 @@ impl LegacyConfig {
                 tls: None,
                 sasl: None,
                 config: self.kafka.config.unwrap_or_default(),
+                allow_weaker_delivery: false,
             },
             rules: self
                 .forwarding

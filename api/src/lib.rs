@@ -2,11 +2,13 @@
 //! Kubernetes client code: the forwarder's config contract, its status contract, and topic
 //! rules.
 
+pub mod addr;
 pub mod config;
 #[cfg(feature = "crd")]
 pub mod crd;
 pub mod credentials;
 pub mod env;
+pub mod kafka_props;
 mod legacy;
 #[cfg(feature = "metrics")]
 pub mod metrics;

@@ -158,6 +158,46 @@ impl fmt::Display for TopicFilter {
     }
 }
 
+/// The longest topic filter the CRD accepts, in characters. The protocol allows 65535 UTF-8
+/// bytes (and so does the forwarder); the CRD is bounded lower to keep its CEL rules cheap.
+pub const CRD_MAX_FILTER_CHARS: usize = 1024;
+
+/// Topic filters and how [`TopicFilter::parse`] judges them. Shared with the CRD's tests on a
+/// real apiserver (`operator/tests/crd_validation.rs`), so the forwarder and admission agree.
+pub const FILTER_VECTORS: &[(&str, Option<FilterError>)] = &[
+    ("#", None),
+    ("+", None),
+    ("/", None),
+    ("a/b", None),
+    ("a//b", None),
+    ("a/+/c", None),
+    ("+/+", None),
+    ("a/#", None),
+    ("+/#", None),
+    ("$SYS/#", None),
+    ("$share", None),
+    ("$sharefoo/x", None),
+    ("$share/g/#", None),
+    ("$share/g/+", None),
+    ("$share/group.1/plant/+/t", None),
+    ("spaces are allowed/+", None),
+    ("\u{65e5}\u{672c}/+/\u{6e29}\u{5ea6}", None),
+    ("", Some(FilterError::Empty)),
+    ("a/#/b", Some(FilterError::MultiLevelMisplaced)),
+    ("a/b#", Some(FilterError::MultiLevelMisplaced)),
+    ("#/a", Some(FilterError::MultiLevelMisplaced)),
+    ("a/##", Some(FilterError::MultiLevelMisplaced)),
+    ("a/b+/c", Some(FilterError::SingleLevelMisplaced)),
+    ("+a", Some(FilterError::SingleLevelMisplaced)),
+    ("a/++", Some(FilterError::SingleLevelMisplaced)),
+    ("a\0b", Some(FilterError::Nul)),
+    ("$share/g", Some(FilterError::BadShare)),
+    ("$share/g/", Some(FilterError::BadShare)),
+    ("$share//a", Some(FilterError::BadShare)),
+    ("$share/a+b/x", Some(FilterError::BadShare)),
+    ("$share/a#b/x", Some(FilterError::BadShare)),
+];
+
 /// A shared-subscription group name: non-empty, without `/`, `+` or `#`.
 pub fn is_valid_share_group(group: &str) -> bool {
     !group.is_empty() && !group.contains(['/', '+', '#'])
@@ -386,6 +426,26 @@ mod tests {
             Err(FilterError::SingleLevelMisplaced)
         );
         assert_eq!(TopicFilter::parse("a\0"), Err(FilterError::Nul));
+    }
+
+    #[test]
+    fn filters_follow_the_shared_vectors() {
+        for (filter, expected) in FILTER_VECTORS {
+            assert_eq!(
+                TopicFilter::parse(filter).err(),
+                expected.clone(),
+                "{filter:?}"
+            );
+        }
+        assert_eq!(
+            TopicFilter::parse(&"a".repeat(65535)).err(),
+            None,
+            "the protocol's limit"
+        );
+        assert_eq!(
+            TopicFilter::parse(&"a".repeat(65536)),
+            Err(FilterError::TooLong)
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_api::config::KafkaConfig;
+use ferry_api::config::{KafkaConfig, Problem};
 use rdkafka::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -77,6 +77,24 @@ pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
         RDKafkaLogLevel::Warning
     });
     cc
+}
+
+/// What librdkafka itself refuses in `kafka.config` (an unknown property, a value out of
+/// range), found by configuring a client without creating it: connects to nothing. Without
+/// this, such a config passed `--check` and failed only when the producer was created.
+pub fn config_problem(kafka: &KafkaConfig) -> Option<Problem> {
+    match client_config(kafka).create_native_config() {
+        Ok(_) => None,
+        // The value is left out: it may be a credential.
+        Err(KafkaError::ClientConfig(_, description, key, _)) => Some(Problem {
+            path: format!("kafka.config.{key}"),
+            message: format!("librdkafka refuses it: {description}"),
+        }),
+        Err(other) => Some(Problem {
+            path: "kafka.config".into(),
+            message: format!("librdkafka refuses it: {other}"),
+        }),
+    }
 }
 
 /// One delivery report: which (message, target) it is for, and how it went.
@@ -291,6 +309,7 @@ mod tests {
             tls: None,
             sasl: None,
             config: Default::default(),
+            allow_weaker_delivery: false,
         };
         kafka.config.insert("linger.ms".into(), "50".into());
         let cc = client_config(&kafka);
@@ -318,6 +337,7 @@ mod tests {
                 password_file: None,
             }),
             config: Default::default(),
+            allow_weaker_delivery: false,
         };
         let cc = client_config(&kafka);
         assert_eq!(cc.get("security.protocol"), Some("sasl_ssl"));
@@ -374,12 +394,34 @@ mod tests {
     }
 
     #[test]
+    fn librdkafka_refusals_name_the_property() {
+        let mut kafka = KafkaConfig {
+            bootstrap_servers: "k:9092".into(),
+            tls: None,
+            sasl: None,
+            config: Default::default(),
+            allow_weaker_delivery: false,
+        };
+        assert_eq!(config_problem(&kafka), None);
+        kafka.config.insert("linger.ms".into(), "10".into());
+        assert_eq!(config_problem(&kafka), None);
+        kafka.config.insert("lingr.ms".into(), "10".into());
+        let problem = config_problem(&kafka).expect("unknown property");
+        assert_eq!(problem.path, "kafka.config.lingr.ms", "{problem}");
+        kafka.config.remove("lingr.ms");
+        kafka.config.insert("linger.ms".into(), "soon".into());
+        let problem = config_problem(&kafka).expect("bad value");
+        assert_eq!(problem.path, "kafka.config.linger.ms", "{problem}");
+    }
+
+    #[test]
     fn kafka_config_debug_turns_on_librdkafka_debug_logs() {
         let mut kafka = KafkaConfig {
             bootstrap_servers: "k:9092".into(),
             tls: None,
             sasl: None,
             config: Default::default(),
+            allow_weaker_delivery: false,
         };
         assert!(matches!(
             client_config(&kafka).log_level,

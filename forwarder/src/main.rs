@@ -85,6 +85,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(problem) = ferry_forwarder::kafka::config_problem(&loaded.config.kafka) {
+        eprintln!(
+            "ferry-forwarder: invalid config {}: config has 1 problem(s):\n  - {problem}",
+            path.display()
+        );
+        return ExitCode::from(2);
+    }
     for w in &loaded.warnings {
         warn!(config = %path.display(), "{w}");
     }

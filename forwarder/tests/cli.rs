@@ -90,6 +90,70 @@ fn check_flag_validates_without_connecting() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("valid (1 rules)"));
 }
 
+fn check(text: &str) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, text).expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_ferry-forwarder"))
+        .arg("--check")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .expect("run");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn with_kafka(kafka: &str) -> String {
+    format!(
+        "mqtt: {{ host: 192.0.2.1, client_id: c }}\nkafka: {{ bootstrap_servers: \"192.0.2.1:9092\", {kafka} }}\nrules:\n  - name: r\n    mqtt: {{ topics: [t] }}\n    kafka: {{ topic: t }}\n"
+    )
+}
+
+#[test]
+fn kafka_settings_that_weaken_the_guarantee_exit_2_unless_allowed() {
+    let (code, stderr) = check(&with_kafka(
+        "config: { acks: 1, enable.idempotence: false, message.timeout.ms: 30000, transactional.id: x }",
+    ));
+    assert_eq!(code, Some(2), "{stderr}");
+    for expected in [
+        "kafka.config.acks: \"1\" weakens the delivery guarantee: it must be all (or -1)",
+        "kafka.config.enable.idempotence: \"false\" weakens the delivery guarantee: it must be true",
+        "kafka.config.message.timeout.ms: \"30000\" weakens the delivery guarantee: it must be 0 (never time out)",
+        "kafka.config.transactional.id: cannot be used: it makes a transactional producer",
+        "set kafka.allow_weaker_delivery: true to accept that",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "missing {expected:?} in:\n{stderr}"
+        );
+    }
+    let (code, stderr) = check(&with_kafka(
+        "allow_weaker_delivery: true, config: { acks: 1, enable.idempotence: false, message.timeout.ms: 30000 }",
+    ));
+    assert_eq!(code, Some(0), "the opt-out: {stderr}");
+}
+
+#[test]
+fn a_property_librdkafka_refuses_exits_2_naming_it() {
+    let (code, stderr) = check(&with_kafka("config: { lingr.ms: 5 }"));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "kafka.config.lingr.ms: librdkafka refuses it: No such configuration property"
+        ),
+        "{stderr}"
+    );
+    let (code, stderr) = check(&with_kafka("config: { linger.ms: soon }"));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("kafka.config.linger.ms: librdkafka refuses it"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn shipped_examples_are_valid() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/");

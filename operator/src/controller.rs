@@ -379,6 +379,12 @@ async fn reconcile_connection(
             return Ok(Action::requeue(RESYNC));
         }
     };
+    if let Some(message) = connection_refused(connection)? {
+        warn!(connection = %name, namespace = %ns, error = %message, "invalid connection");
+        report_invalid_spec(&ctx, &guarded, &ns, message).await?;
+        succeeded(&ctx, &*guarded, Kind::BrokerConnection, started);
+        return Ok(Action::requeue(RESYNC));
+    }
     let client = &ctx.client;
 
     // Dereference.
@@ -787,6 +793,54 @@ async fn report_invalid_spec(
     Ok(())
 }
 
+/// What the forwarder would say about the connection's own settings (what CEL cannot judge,
+/// such as a value librdkafka or Rust's address parser refuses), each named by its spec field.
+/// What already runs keeps running: nothing is rendered from a refused spec.
+fn connection_refused(connection: &BrokerConnection) -> Result<Option<String>, Error> {
+    let alone = render(&Group {
+        connection,
+        name: "default",
+        rules: Vec::new(),
+    })?;
+    let problems: Vec<String> = alone
+        .config
+        .validate()
+        .iter()
+        .filter(|p| p.path.starts_with("mqtt.") || p.path.starts_with("kafka."))
+        .map(|p| {
+            let message = p.message.replace(
+                "kafka.allow_weaker_delivery",
+                "spec.kafka.allowWeakerDelivery",
+            );
+            format!("{}: {message}", spec_field(&p.path))
+        })
+        .collect();
+    Ok((!problems.is_empty()).then(|| {
+        format!(
+            "the forwarder would refuse this connection: {}",
+            problems.join("; ")
+        )
+    }))
+}
+
+/// The BrokerConnection field a forwarder config path comes from.
+fn spec_field(path: &str) -> String {
+    const FIELDS: &[(&str, &str)] = &[
+        ("mqtt.session_expiry_secs", "spec.mqtt.sessionExpirySeconds"),
+        ("mqtt.max_inflight", "spec.mqtt.maxInflight"),
+        ("kafka.bootstrap_servers", "spec.kafka.bootstrapServers"),
+        (
+            "kafka.allow_weaker_delivery",
+            "spec.kafka.allowWeakerDelivery",
+        ),
+    ];
+    FIELDS
+        .iter()
+        .find(|(from, _)| path == *from)
+        .map(|(_, to)| (*to).to_owned())
+        .unwrap_or_else(|| format!("spec.{path}"))
+}
+
 /// What the forwarder would say about this rule alone (a problem CEL cannot see, such as a
 /// template level deeper than the rule's filters), so one bad rule cannot take its group down.
 fn forwarder_refuses(
@@ -1071,4 +1125,33 @@ where
         }
     }
     Ok(pruned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn connection(host: &str, servers: &str, config: &str) -> BrokerConnection {
+        serde_saphyr::from_str(&format!(
+            "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\nmetadata: {{ name: c, namespace: n }}\n\
+             spec:\n  mqtt: {{ host: {host} }}\n  kafka: {{ bootstrapServers: {servers}, config: {config} }}\n"
+        ))
+        .expect("connection")
+    }
+
+    #[test]
+    fn what_cel_let_through_is_refused_naming_the_spec_fields() {
+        // An apiserver still serving older CRDs (Helm never upgrades them) admits these.
+        let bad = connection("\"mqtt://b\"", "[\"k:0\"]", "{ acks: \"1\" }");
+        let message = connection_refused(&bad).expect("renders").expect("refused");
+        for expected in [
+            "spec.mqtt.host: \"mqtt://b\" is not a host name",
+            "spec.kafka.bootstrapServers: \"k:0\" has a port outside 1-65535",
+            "spec.kafka.config.acks: \"1\" weakens the delivery guarantee",
+        ] {
+            assert!(message.contains(expected), "{expected:?} in {message}");
+        }
+        let good = connection("mqtt", "[\"k:9092\"]", "{ acks: all }");
+        assert_eq!(connection_refused(&good).expect("renders"), None);
+    }
 }

@@ -164,6 +164,7 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
             password_file: Some(credential_file(keys::KAFKA_PASSWORD)),
         }),
         config: spec.kafka.config.clone(),
+        allow_weaker_delivery: spec.kafka.allow_weaker_delivery,
     };
     let mut rules: Vec<&ForwardingRule> = group
         .rules

@@ -3,6 +3,9 @@
 
 use std::time::{Duration, Instant};
 
+use ferry_api::addr::{HOST_VECTORS, SERVER_VECTORS};
+use ferry_api::topic::{FILTER_VECTORS, FilterError};
+
 mod common;
 
 const CONNECTION: &str = r#"
@@ -161,7 +164,299 @@ fn invalid_objects() -> Vec<(&'static str, String, &'static str)> {
             conn("imagePullPolicy: Always", "imagePullPolicy: Sometimes"),
             "supported values: \"Always\", \"IfNotPresent\", \"Never\"",
         ),
+        (
+            "session expiry above MQTT 5's largest",
+            conn(
+                "sessionExpirySeconds: 3600",
+                "sessionExpirySeconds: 4294967296",
+            ),
+            "sessionExpirySeconds must be between 0 and 4294967295",
+        ),
+        (
+            "a placeholder of 4 digits",
+            rule("telemetry.{1}", "t.{1000}"),
+            chars,
+        ),
+        (
+            "a control character in the header prefix",
+            rule(
+                "userProperties: true }",
+                "userProperties: true, prefix: \"mqtt\\t\" }",
+            ),
+            "headers.prefix must not contain control characters",
+        ),
+        (
+            "topic filter longer than 1024 characters",
+            rule("plant/+/telemetry", &"t".repeat(1025)),
+            "1024",
+        ),
     ]
+}
+
+fn config(entries: &str) -> String {
+    CONNECTION.replacen(
+        "config: { linger.ms: \"10\" }",
+        &format!("config: {{ {entries} }}"),
+        1,
+    )
+}
+
+/// librdkafka settings the forwarder or the guarantee cannot live with (`ferry_api::kafka_props`).
+fn refused_kafka_settings() -> Vec<(&'static str, String, &'static str)> {
+    let acks = "config acks / request.required.acks must be all (or -1)";
+    let idempotence = "config enable.idempotence must be true";
+    let timeout = "config message.timeout.ms / delivery.timeout.ms must be 0 (never time out)";
+    let queue = "kafka.config queue.buffering.max.messages must be 0 (no limit) or a whole number at least mqtt.maxInflight";
+    vec![
+        ("acks 1", config("acks: \"1\""), acks),
+        (
+            "acks 0 by its alias",
+            config("request.required.acks: \"0\""),
+            acks,
+        ),
+        (
+            "idempotence off",
+            config("enable.idempotence: \"false\""),
+            idempotence,
+        ),
+        (
+            "a message timeout",
+            config("message.timeout.ms: \"30000\""),
+            timeout,
+        ),
+        (
+            "a delivery timeout",
+            config("delivery.timeout.ms: \"5000\""),
+            timeout,
+        ),
+        (
+            "transactional.id",
+            config("transactional.id: ferry"),
+            "config transactional.id cannot be used: it makes a transactional producer",
+        ),
+        (
+            "only error reports",
+            config("delivery.report.only.error: \"true\""),
+            "config delivery.report.only.error cannot be used: it stops the delivery reports",
+        ),
+        (
+            "a consumer property",
+            config("group.id: ferry"),
+            "cannot be used: it is a consumer property",
+        ),
+        (
+            "not a property name",
+            config("Linger.MS: \"5\""),
+            "config keys are librdkafka property names",
+        ),
+        (
+            "a queue smaller than the window",
+            config("queue.buffering.max.messages: \"999\""),
+            queue,
+        ),
+        (
+            "a queue of no number",
+            config("queue.buffering.max.messages: lots"),
+            queue,
+        ),
+        (
+            "a value longer than 4096 characters",
+            config(&format!("client.id: {}", "x".repeat(4097))),
+            "4096",
+        ),
+    ]
+}
+
+/// The CEL message for each way `TopicFilter::parse` refuses a filter.
+fn filter_message(e: &FilterError) -> &'static str {
+    match e {
+        FilterError::Empty => "should be at least 1 chars long",
+        FilterError::TooLong => "1024",
+        FilterError::Nul => "a topic filter may not contain the NUL character",
+        FilterError::MultiLevelMisplaced => "'#' may only be the last level of a topic filter",
+        FilterError::SingleLevelMisplaced => "'+' must be a whole level of a topic filter",
+        FilterError::BadShare => "a shared subscription must be $share/<group>/<filter>",
+    }
+}
+
+const TOPICS: &str = "[\"plant/+/telemetry\", \"plant/+/alarm/#\", \"$share/g/x/#\"]";
+
+/// The shared vectors (`ferry_api::topic::FILTER_VECTORS`, `ferry_api::addr::*_VECTORS`):
+/// each one the forwarder refuses, with the message the apiserver must refuse it with.
+fn refused_vectors() -> Vec<(String, String, &'static str)> {
+    let mut cases = Vec::new();
+    for (filter, error) in FILTER_VECTORS {
+        if let Some(e) = error {
+            let topics = format!("[{filter:?}]");
+            cases.push((
+                format!("filter {filter:?}"),
+                RULE.replacen(TOPICS, &topics, 1),
+                filter_message(e),
+            ));
+        }
+    }
+    for (host, ok) in HOST_VECTORS.iter().filter(|(_, ok)| !ok) {
+        let message = if host.is_empty() {
+            "should be at least 1 chars long"
+        } else {
+            "host must be a DNS name, an IPv4 address or an IPv6 address without brackets"
+        };
+        let _ = ok;
+        let object = CONNECTION.replacen("host: mqtt.example", &format!("host: {host:?}"), 1);
+        cases.push((format!("host {host:?}"), object, message));
+    }
+    for (server, _) in SERVER_VECTORS.iter().filter(|(_, ok)| !ok) {
+        let object = CONNECTION.replacen("\"kafka-0.kafka:9093\"", &format!("{server:?}"), 1);
+        cases.push((
+            format!("bootstrap server {server:?}"),
+            object,
+            "every bootstrap server must be host:port",
+        ));
+    }
+    cases
+}
+
+/// Edge cases that must be accepted: every valid shared vector, the limits, and the opt-out.
+fn accepted_objects() -> Vec<(String, String)> {
+    let valid_filters: Vec<String> = FILTER_VECTORS
+        .iter()
+        .filter(|(_, e)| e.is_none())
+        .map(|(f, _)| format!("{f:?}"))
+        .chain([format!("{:?}", "t".repeat(1024))])
+        .collect();
+    let mut cases = vec![(
+        "every valid filter".to_owned(),
+        RULE.replacen(TOPICS, &format!("[{}]", valid_filters.join(", ")), 1),
+    )];
+    cases.push((
+        "a 3-digit placeholder and a header prefix".to_owned(),
+        RULE.replacen("telemetry.{1}", "t.{999}", 1).replacen(
+            "userProperties: true }",
+            "userProperties: true, prefix: \"ferry-\" }",
+            1,
+        ),
+    ));
+    for (host, _) in HOST_VECTORS.iter().filter(|(_, ok)| *ok) {
+        let object = CONNECTION.replacen("host: mqtt.example", &format!("host: {host:?}"), 1);
+        cases.push((format!("host {host:?}"), object));
+    }
+    let servers: Vec<String> = SERVER_VECTORS
+        .iter()
+        .filter(|(_, ok)| *ok)
+        .map(|(s, _)| format!("{s:?}"))
+        .collect();
+    cases.push((
+        "every valid bootstrap server".to_owned(),
+        CONNECTION.replacen(
+            "[\"kafka-0.kafka:9093\", \"kafka-1.kafka:9093\"]",
+            &format!("[{}]", servers.join(", ")),
+            1,
+        ),
+    ));
+    for (what, entries) in [
+        (
+            "the safe values",
+            "acks: all, enable.idempotence: \"true\", message.timeout.ms: \"0\"",
+        ),
+        (
+            "the safe values, other spellings",
+            "request.required.acks: \"-1\", acks: ALL, enable.idempotence: \"True\"",
+        ),
+        (
+            "a queue of the window",
+            "queue.buffering.max.messages: \"1000\"",
+        ),
+        ("an unlimited queue", "queue.buffering.max.messages: \"0\""),
+        (
+            "other librdkafka settings",
+            "linger.ms: \"5\", compression.type: zstd, socket.keepalive.enable: \"true\"",
+        ),
+    ] {
+        cases.push((what.to_owned(), config(entries)));
+    }
+    cases.push((
+        "weaker settings with the opt-out".to_owned(),
+        config("acks: \"1\", enable.idempotence: \"false\", message.timeout.ms: \"30000\"")
+            .replacen(
+                "    tls: { useSystemRoots: true }\n",
+                "    tls: { useSystemRoots: true }\n    allowWeakerDelivery: true\n",
+                1,
+            ),
+    ));
+    cases.push((
+        "the largest session expiry".to_owned(),
+        CONNECTION.replacen(
+            "sessionExpirySeconds: 3600",
+            "sessionExpirySeconds: 4294967295",
+            1,
+        ),
+    ));
+    cases
+}
+
+#[test]
+fn shared_vectors_agree_with_the_forwarder() {
+    // The apiserver test below relies on these being the forwarder's verdicts.
+    for (filter, error) in FILTER_VECTORS {
+        assert_eq!(
+            ferry_api::TopicFilter::parse(filter).err(),
+            error.clone(),
+            "{filter:?}"
+        );
+    }
+    for (host, ok) in HOST_VECTORS {
+        assert_eq!(
+            ferry_api::addr::host_problem(host).is_none(),
+            *ok,
+            "{host:?}"
+        );
+    }
+    for (server, ok) in SERVER_VECTORS {
+        assert_eq!(
+            ferry_api::addr::server_problem(server).is_none(),
+            *ok,
+            "{server:?}"
+        );
+    }
+}
+
+#[test]
+fn admission_refuses_what_the_forwarder_refuses_and_accepts_its_edge_cases() {
+    let cp = common::control_plane_with_crds("ferry");
+    // Once these are in, discovery knows both kinds; the cases below are all creates.
+    common::apply(
+        &cp,
+        &CONNECTION.replacen("name: plant", "name: discovery", 1),
+    );
+    common::apply(&cp, &RULE.replacen("name: telemetry", "name: discovery", 1));
+    let accepted = accepted_objects();
+    for (what, object) in &accepted {
+        cp.run_kubectl_with_stdin(["apply", "--dry-run=server", "-f", "-"], object)
+            .unwrap_or_else(|e| panic!("{what}: refused: {e}\n{object}"));
+    }
+    let refused: Vec<(String, String, &str)> = refused_vectors()
+        .into_iter()
+        .chain(
+            refused_kafka_settings()
+                .into_iter()
+                .map(|(w, o, m)| (w.to_owned(), o, m)),
+        )
+        .collect();
+    for (what, object, message) in &refused {
+        let err = cp
+            .run_kubectl_with_stdin(["apply", "--dry-run=server", "-f", "-"], object)
+            .expect_err(what)
+            .to_string();
+        assert!(
+            err.contains(message),
+            "{what}: expected {message:?} in:\n{err}"
+        );
+    }
+    eprintln!(
+        "{} edge cases accepted, {} shared vectors and librdkafka settings refused with their messages",
+        accepted.len(),
+        refused.len()
+    );
 }
 
 #[test]
