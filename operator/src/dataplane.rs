@@ -25,11 +25,12 @@ use kube::{Resource, ResourceExt};
 use tracing::{debug, warn};
 
 use crate::children::{LABEL_CONNECTION, LABEL_GROUP, SELECTOR};
-use crate::controller::{Context, STATUS_FIELD_MANAGER, publish, wait_listed, write_status};
+use crate::context::{Context, wait_listed};
 use crate::metrics::Kind;
 use crate::render::{HTTP_PORT, rule_name};
 use crate::scope::Scope;
 use crate::status::{self, ACCEPTED};
+use crate::writer::{STATUS_FIELD_MANAGER, publish, write_status};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// A `/status` body is a few KiB; anything far larger is not a forwarder.

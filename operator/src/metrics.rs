@@ -2,7 +2,7 @@
 //! process serves), `/readyz` (it reached the API server: leading or standing by).
 //!
 //! Label values are lower-case snake_case words, the vocabulary the README documents (alerts
-//! are written from there): `kind` is [`Kind::label`], `reason` [`crate::controller::Error`]'s,
+//! are written from there): `kind` is [`Kind::label`], `reason` the reconcile error's,
 //! `result` `ok` or `error`.
 
 use std::sync::Arc;

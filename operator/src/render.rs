@@ -40,6 +40,11 @@ pub mod keys {
     pub const KAFKA_KEY: &str = "kafka-tls.key";
 }
 
+/// MQTT 5 session expiry of operator-managed forwarders when the connection sets none: long
+/// enough to ride out a node outage or a paused group over a night, short enough that a
+/// session the operator could not end (see [`crate::sessions`]) does not queue for ever.
+pub const DEFAULT_SESSION_EXPIRY_SECS: u32 = 86_400;
+
 /// The forwarder's HTTP port (probes, metrics, `/status`).
 pub const HTTP_PORT: u16 = 8080;
 /// Longest forwarder rule name (it is a metric label).
@@ -121,7 +126,7 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
             MqttProtocolVersion::V5 => Some(
                 spec.mqtt
                     .session_expiry_seconds
-                    .map_or(crate::sessions::DEFAULT_SESSION_EXPIRY_SECS, |s| {
+                    .map_or(DEFAULT_SESSION_EXPIRY_SECS, |s| {
                         u32::try_from(s).unwrap_or(u32::MAX)
                     }),
             ),

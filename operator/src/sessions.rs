@@ -23,12 +23,6 @@ use crate::render::keys;
 /// On the BrokerConnection while its forwarders may hold sessions at the broker.
 pub const FINALIZER: &str = "ferry.dev/mqtt-sessions";
 
-/// MQTT 5 session expiry of operator-managed forwarders when the connection sets none: long
-/// enough to ride out a node outage or a paused group over a night, short enough that a
-/// session the operator could not end (broker unreachable while its connection was deleted)
-/// does not queue for ever.
-pub const DEFAULT_SESSION_EXPIRY_SECS: u32 = 86_400;
-
 /// The longest one session's ending may take (connect, CONNACK, DISCONNECT).
 const END_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -3,7 +3,7 @@
 //! same Kafka topic from overlapping filters? Pure functions over what the reconciler read;
 //! each problem names the object and field a human has to fix.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use ferry_api::TopicFilter;
@@ -167,6 +167,29 @@ pub fn conflicts(rules: &[&ForwardingRule]) -> BTreeMap<String, String> {
         }
     }
     refused
+}
+
+/// The names of the Secrets a connection references.
+pub fn referenced_secrets(c: &BrokerConnection) -> BTreeSet<String> {
+    let s = &c.spec;
+    let mut names = BTreeSet::new();
+    names.extend(
+        s.mqtt
+            .credentials_secret_ref
+            .as_ref()
+            .map(|r| r.name.clone()),
+    );
+    names.extend(
+        s.kafka
+            .sasl
+            .as_ref()
+            .map(|r| r.credentials_secret_ref.name.clone()),
+    );
+    for tls in [&s.mqtt.tls, &s.kafka.tls].into_iter().flatten() {
+        names.extend(tls.ca_secret_ref.as_ref().map(|r| r.name.clone()));
+        names.extend(tls.client_cert_secret_ref.as_ref().map(|r| r.name.clone()));
+    }
+    names
 }
 
 #[cfg(test)]

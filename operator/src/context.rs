@@ -1,0 +1,135 @@
+//! What every loop of the operator shares: the API client, metrics, the Event recorder, the
+//! connection store, the backoff bookkeeping, and the queue through which the data-plane
+//! poller asks for a connection's reconcile. Also the one error type of the reconcilers.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use ferry_api::crd::BrokerConnection;
+use futures::{Stream, StreamExt};
+use kube::Client;
+use kube::core::DeserializeGuard;
+use kube::runtime::events::Recorder;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use tokio::sync::{mpsc, watch};
+use tracing::warn;
+
+use crate::image::ForwarderImage;
+use crate::metrics::Metrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("{0}")]
+    Render(#[from] crate::render::RenderError),
+    #[error("{kind} has no namespace")]
+    NoNamespace { kind: &'static str },
+    #[error("status of {name}: {source}")]
+    Status {
+        name: String,
+        source: serde_json::Error,
+    },
+}
+
+impl Error {
+    pub(crate) fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube(_) => "api",
+            Error::Render(_) => "render",
+            Error::NoNamespace { .. } => "invalid",
+            Error::Status { .. } => "status",
+        }
+    }
+}
+
+pub struct Context {
+    pub client: Client,
+    pub metrics: Arc<Metrics>,
+    pub(crate) recorder: Recorder,
+    pub(crate) connections: Store<DeserializeGuard<BrokerConnection>>,
+    /// True once `connections` holds the whole first list (see [`listed`]).
+    pub(crate) connections_listed: watch::Receiver<bool>,
+    /// The forwarder image of connections that name none (the operator's flags).
+    pub(crate) forwarder_image: ForwarderImage,
+    /// Consecutive failures per object, for its backoff.
+    pub(crate) failures: Mutex<HashMap<String, u32>>,
+    /// Connections to reconcile because the data plane changed whether one of their rules is
+    /// `Ready` (a status-only change, which the watches do not treat as a trigger).
+    ready_changes: mpsc::Sender<ObjectRef<DeserializeGuard<BrokerConnection>>>,
+}
+
+impl Context {
+    /// The context, and the stream of connections the data-plane poller asks to reconcile
+    /// (for the connection controller's `reconcile_on`).
+    pub fn new(
+        client: Client,
+        metrics: Arc<Metrics>,
+        recorder: Recorder,
+        connections: Store<DeserializeGuard<BrokerConnection>>,
+        connections_listed: watch::Receiver<bool>,
+        forwarder_image: ForwarderImage,
+    ) -> (
+        Context,
+        impl Stream<Item = ObjectRef<DeserializeGuard<BrokerConnection>>> + Send + 'static,
+    ) {
+        let (ready_changes, ready_changes_rx) = mpsc::channel(READY_CHANGES_QUEUE);
+        let ctx = Context {
+            client,
+            metrics,
+            recorder,
+            connections,
+            connections_listed,
+            forwarder_image,
+            failures: Mutex::new(HashMap::new()),
+            ready_changes,
+        };
+        let requests = futures::stream::unfold(ready_changes_rx, |mut rx| async move {
+            rx.recv().await.map(|target| (target, rx))
+        });
+        (ctx, requests)
+    }
+
+    /// Asks for `connection`'s reconcile: the data plane changed whether one of its rules
+    /// forwards. A full queue only delays it until the next change or resync.
+    pub(crate) fn data_plane_changed(&self, namespace: &str, connection: &str) {
+        let target = ObjectRef::new(connection).within(namespace);
+        if self.ready_changes.try_send(target).is_err() {
+            warn!(connection = %connection, namespace = %namespace, "reconcile queue full: Ready waits for the next change");
+        }
+    }
+}
+
+/// Room for one poll's transitions of many rules at once.
+const READY_CHANGES_QUEUE: usize = 4096;
+
+/// The events as they are, and a flag that turns true once the store they fill holds the
+/// whole first list.
+///
+/// Tasks other than the controller itself wait on this rather than on
+/// `Store::wait_until_ready`: the store's readiness keeps one waker, so of several tasks waiting
+/// at once all but one can sleep forever (it hung every rule's reconcile while the controller's
+/// own applier, waiting on the same store, was woken).
+pub(crate) fn listed<K>(
+    events: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+) -> (
+    impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    watch::Receiver<bool>,
+)
+where
+    K: Send + 'static,
+{
+    let (tx, rx) = watch::channel(false);
+    let events = events.inspect(move |event| {
+        if matches!(event, Ok(watcher::Event::InitDone)) {
+            tx.send_replace(true);
+        }
+    });
+    (events, rx)
+}
+
+/// Whether `listed` (from [`listed`]) says the first list is in; waits for it.
+pub(crate) async fn wait_listed(listed: &watch::Receiver<bool>) -> bool {
+    listed.clone().wait_for(|done| *done).await.is_ok()
+}

@@ -1,0 +1,413 @@
+//! Build, for a whole connection: from what the dereference step read (its rules, the Secrets
+//! it references) to every group's children and every rule's fate, without touching the API.
+//! The reconciler then applies all of it, prunes, and writes the status once.
+
+use std::collections::BTreeMap;
+
+use ferry_api::crd::{BrokerConnection, ForwardingRule};
+use k8s_openapi::ByteString;
+use kube::ResourceExt;
+
+use crate::children::{self, Children};
+use crate::image::ForwarderImage;
+use crate::render::{Group, RenderError, render};
+use crate::status::{RuleOutcome, Workload};
+use crate::validate::{self, Secrets};
+
+/// What reconciling a connection should make of it.
+#[derive(Debug)]
+pub struct ConnectionPlan<'a> {
+    /// One entry per group that has rules, in name order: the children to apply.
+    pub groups: Vec<GroupPlan>,
+    /// The referenced Secrets and keys that do not resolve. When any is missing, nothing is
+    /// applied (what runs keeps the credentials it has) and `groups` is empty.
+    pub missing_secrets: Vec<String>,
+    /// The credentials and certificates copied from the referenced Secrets, when they resolve.
+    pub secret_data: Option<BTreeMap<String, ByteString>>,
+    /// Every rule of the connection, in the order they were listed, with its fate.
+    pub rules: Vec<(&'a ForwardingRule, RulePlan)>,
+}
+
+/// One group's forwarder workload.
+#[derive(Debug)]
+pub struct GroupPlan {
+    pub name: String,
+    pub children: Children,
+}
+
+/// A rule's fate before anything is applied.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RulePlan {
+    /// Not rendered, for this reason.
+    Refused(RuleOutcome),
+    /// Rendered into this group's config (paused rules too: they stay listed, unsubscribed).
+    Served { group: String },
+}
+
+impl RulePlan {
+    /// The outcome once the groups' StatefulSets are applied (`workloads` by group name).
+    pub fn outcome(
+        &self,
+        rule: &ForwardingRule,
+        workloads: &BTreeMap<String, Workload>,
+    ) -> RuleOutcome {
+        match self {
+            RulePlan::Refused(outcome) => outcome.clone(),
+            RulePlan::Served { group } => match workloads.get(group) {
+                Some(workload) => RuleOutcome::Rendered {
+                    workload: workload.clone(),
+                    paused: rule.spec.paused,
+                },
+                // Only if the caller skipped a group of the plan.
+                None => RuleOutcome::Invalid(format!("group {group:?} was not applied")),
+            },
+        }
+    }
+}
+
+/// The plan for `connection` and its `rules` (those whose `connectionRef` names it), with the
+/// data of the Secrets it references and the forwarder image it runs.
+pub fn connection<'a>(
+    connection: &'a BrokerConnection,
+    rules: &[&'a ForwardingRule],
+    secrets: &Secrets,
+    image: &ForwarderImage,
+) -> Result<ConnectionPlan<'a>, RenderError> {
+    let secret_data = match validate::resolve_secrets(connection, secrets) {
+        Ok(data) => data,
+        Err(missing) => {
+            let missing: Vec<String> = missing.iter().map(ToString::to_string).collect();
+            let message = format!(
+                "BrokerConnection {:?} cannot be rendered: {}",
+                connection.name_any(),
+                missing.join("; ")
+            );
+            return Ok(ConnectionPlan {
+                groups: Vec::new(),
+                missing_secrets: missing,
+                secret_data: None,
+                rules: rules
+                    .iter()
+                    .map(|r| {
+                        (
+                            *r,
+                            RulePlan::Refused(RuleOutcome::SecretMissing(message.clone())),
+                        )
+                    })
+                    .collect(),
+            });
+        }
+    };
+    let mut by_group: BTreeMap<&str, Vec<&ForwardingRule>> = BTreeMap::new();
+    for r in rules {
+        by_group.entry(r.spec.group.as_str()).or_default().push(r);
+    }
+    let mut fates: BTreeMap<String, RulePlan> = BTreeMap::new();
+    let mut groups = Vec::new();
+    for (group, members) in &by_group {
+        let refused = refused_in_group(connection, group, members)?;
+        let accepted: Vec<&ForwardingRule> = members
+            .iter()
+            .copied()
+            .filter(|r| !refused.contains_key(&r.name_any()))
+            .collect();
+        let rendered = render(&Group {
+            connection,
+            name: group,
+            rules: accepted,
+        })?;
+        groups.push(GroupPlan {
+            name: (*group).to_owned(),
+            children: children::build(connection, group, &rendered, secret_data.clone(), image),
+        });
+        for r in members {
+            let fate = match refused.get(&r.name_any()) {
+                Some(outcome) => RulePlan::Refused(outcome.clone()),
+                None => RulePlan::Served {
+                    group: (*group).to_owned(),
+                },
+            };
+            fates.insert(r.name_any(), fate);
+        }
+    }
+    Ok(ConnectionPlan {
+        groups,
+        missing_secrets: Vec::new(),
+        secret_data: Some(secret_data),
+        rules: rules
+            .iter()
+            .filter_map(|r| Some((*r, fates.remove(&r.name_any())?)))
+            .collect(),
+    })
+}
+
+/// The rules of one group that are not rendered, by name: conflicts first (the older rule
+/// keeps the topic), then what the forwarder would refuse of a rule alone.
+fn refused_in_group(
+    connection: &BrokerConnection,
+    group: &str,
+    members: &[&ForwardingRule],
+) -> Result<BTreeMap<String, RuleOutcome>, RenderError> {
+    let mut refused: BTreeMap<String, RuleOutcome> = validate::conflicts(members)
+        .into_iter()
+        .map(|(rule, reason)| (rule, RuleOutcome::Conflict(reason)))
+        .collect();
+    for r in members {
+        if refused.contains_key(&r.name_any()) {
+            continue;
+        }
+        if let Some(problem) = forwarder_refuses(connection, group, r)? {
+            refused.insert(r.name_any(), RuleOutcome::Invalid(problem));
+        }
+    }
+    Ok(refused)
+}
+
+/// What the forwarder would say about the connection's own settings (what CEL cannot judge,
+/// such as a value librdkafka or Rust's address parser refuses), each named by its spec field.
+/// What already runs keeps running: nothing is rendered from a refused spec.
+pub fn connection_refused(connection: &BrokerConnection) -> Result<Option<String>, RenderError> {
+    let alone = render(&Group {
+        connection,
+        name: "default",
+        rules: Vec::new(),
+    })?;
+    let problems: Vec<String> = alone
+        .config
+        .validate()
+        .iter()
+        .filter(|p| p.path.starts_with("mqtt.") || p.path.starts_with("kafka."))
+        .map(|p| {
+            let message = p.message.replace(
+                "kafka.allow_weaker_delivery",
+                "spec.kafka.allowWeakerDelivery",
+            );
+            format!("{}: {message}", spec_field(&p.path))
+        })
+        .collect();
+    Ok((!problems.is_empty()).then(|| {
+        format!(
+            "the forwarder would refuse this connection: {}",
+            problems.join("; ")
+        )
+    }))
+}
+
+/// The BrokerConnection field a forwarder config path comes from.
+fn spec_field(path: &str) -> String {
+    const FIELDS: &[(&str, &str)] = &[
+        ("mqtt.session_expiry_secs", "spec.mqtt.sessionExpirySeconds"),
+        ("mqtt.max_inflight", "spec.mqtt.maxInflight"),
+        ("kafka.bootstrap_servers", "spec.kafka.bootstrapServers"),
+        (
+            "kafka.allow_weaker_delivery",
+            "spec.kafka.allowWeakerDelivery",
+        ),
+    ];
+    FIELDS
+        .iter()
+        .find(|(from, _)| path == *from)
+        .map(|(_, to)| (*to).to_owned())
+        .unwrap_or_else(|| format!("spec.{path}"))
+}
+
+/// What the forwarder would say about this rule alone (a problem CEL cannot see, such as a
+/// template level deeper than the rule's filters), so one bad rule cannot take its group down.
+fn forwarder_refuses(
+    connection: &BrokerConnection,
+    group: &str,
+    rule: &ForwardingRule,
+) -> Result<Option<String>, RenderError> {
+    if rule.spec.paused {
+        return Ok(None);
+    }
+    let alone = render(&Group {
+        connection,
+        name: group,
+        rules: vec![rule],
+    })?;
+    let problems: Vec<String> = alone
+        .config
+        .validate()
+        .iter()
+        .filter(|p| p.path.starts_with("rules") || p.path.starts_with("dead_letter"))
+        .map(|p| format!("the forwarder refuses it: {p}"))
+        .collect();
+    Ok((!problems.is_empty()).then(|| problems.join("; ")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::children::keys;
+
+    fn connection(host: &str, servers: &str, config: &str) -> BrokerConnection {
+        serde_saphyr::from_str(&format!(
+            "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\nmetadata: {{ name: c, namespace: n }}\n\
+             spec:\n  mqtt: {{ host: {host}, credentialsSecretRef: {{ name: creds }} }}\n  kafka: {{ bootstrapServers: {servers}, config: {config} }}\n"
+        ))
+        .expect("connection")
+    }
+
+    fn rule(name: &str, group: &str, filter: &str, topic: &str, created: &str) -> ForwardingRule {
+        serde_saphyr::from_str(&format!(
+            "apiVersion: ferry.dev/v1alpha1\nkind: ForwardingRule\n\
+             metadata: {{ name: {name}, namespace: n, creationTimestamp: \"{created}\" }}\n\
+             spec:\n  connectionRef: {{ name: c }}\n  group: {group}\n  mqtt: {{ topics: [\"{filter}\"] }}\n  kafka: {{ topic: \"{topic}\" }}\n"
+        ))
+        .expect("rule")
+    }
+
+    fn secrets() -> Secrets {
+        let data = |v: &str| ByteString(v.as_bytes().to_vec());
+        BTreeMap::from([(
+            "creds".to_owned(),
+            BTreeMap::from([
+                ("username".to_owned(), data("ferry")),
+                ("password".to_owned(), data("pw")),
+            ]),
+        )])
+    }
+
+    fn fate<'a>(plan: &'a ConnectionPlan<'_>, name: &str) -> &'a RulePlan {
+        &plan
+            .rules
+            .iter()
+            .find(|(r, _)| r.name_any() == name)
+            .expect("every rule has a fate")
+            .1
+    }
+
+    #[test]
+    fn every_group_gets_its_children_and_every_rule_its_fate() {
+        let conn = connection("mqtt", "[\"k:9092\"]", "{}");
+        let rules = [
+            rule(
+                "temps",
+                "default",
+                "plant/+/temp",
+                "temps",
+                "2026-01-01T00:00:00Z",
+            ),
+            // Same topic from an overlapping filter, created later: refused, the older keeps it.
+            rule(
+                "late",
+                "default",
+                "plant/#",
+                "temps",
+                "2026-01-02T00:00:00Z",
+            ),
+            // A template level deeper than the filter: the forwarder would refuse it.
+            rule(
+                "deep",
+                "default",
+                "plant/+",
+                "t.{5}",
+                "2026-01-01T00:00:00Z",
+            ),
+            rule("bulk", "bulk", "bulk/#", "bulk", "2026-01-01T00:00:00Z"),
+        ];
+        let refs: Vec<&ForwardingRule> = rules.iter().collect();
+        let plan = connection_plan(&conn, &refs);
+        let names: Vec<&str> = plan.groups.iter().map(|g| g.name.as_str()).collect();
+        assert_eq!(names, ["bulk", "default"]);
+        assert!(plan.missing_secrets.is_empty());
+        let secret = plan.secret_data.as_ref().expect("resolved");
+        assert_eq!(
+            secret.get(keys::MQTT_PASSWORD),
+            Some(&ByteString(b"pw".to_vec()))
+        );
+        let config = |group: &str| {
+            let g = plan.groups.iter().find(|g| g.name == group).expect("group");
+            g.children
+                .config_map
+                .data
+                .as_ref()
+                .and_then(|d| d.values().next().cloned())
+                .unwrap_or_default()
+        };
+        assert!(config("default").contains("name: temps"));
+        assert!(
+            !config("default").contains("name: late") && !config("default").contains("name: deep")
+        );
+        assert!(config("bulk").contains("name: bulk"));
+        assert_eq!(
+            fate(&plan, "temps"),
+            &RulePlan::Served {
+                group: "default".into()
+            }
+        );
+        assert!(
+            matches!(fate(&plan, "late"), RulePlan::Refused(RuleOutcome::Conflict(m)) if m.contains("temps"))
+        );
+        assert!(
+            matches!(fate(&plan, "deep"), RulePlan::Refused(RuleOutcome::Invalid(m)) if m.contains("kafka.topic"))
+        );
+        assert_eq!(plan.rules.len(), rules.len(), "in the order listed");
+        assert_eq!(plan.rules[0].0.name_any(), "temps");
+    }
+
+    fn connection_plan<'a>(
+        conn: &'a BrokerConnection,
+        rules: &[&'a ForwardingRule],
+    ) -> ConnectionPlan<'a> {
+        super::connection(conn, rules, &secrets(), &ForwarderImage::default()).expect("plan")
+    }
+
+    #[test]
+    fn a_missing_secret_renders_nothing_and_names_it_on_every_rule() {
+        let conn = connection("mqtt", "[\"k:9092\"]", "{}");
+        let rules = [rule(
+            "temps",
+            "default",
+            "a/#",
+            "temps",
+            "2026-01-01T00:00:00Z",
+        )];
+        let refs: Vec<&ForwardingRule> = rules.iter().collect();
+        let plan = super::connection(&conn, &refs, &BTreeMap::new(), &ForwarderImage::default())
+            .expect("plan");
+        assert!(plan.groups.is_empty() && plan.secret_data.is_none());
+        assert_eq!(plan.missing_secrets.len(), 1);
+        assert!(
+            matches!(fate(&plan, "temps"), RulePlan::Refused(RuleOutcome::SecretMissing(m)) if m.contains("creds"))
+        );
+    }
+
+    #[test]
+    fn a_served_rule_takes_its_groups_workload_once_applied() {
+        let r = rule("temps", "default", "a/#", "temps", "2026-01-01T00:00:00Z");
+        let workload = Workload {
+            name: "c-default".into(),
+            wanted: 2,
+            ready: 1,
+        };
+        let workloads = BTreeMap::from([("default".to_owned(), workload.clone())]);
+        let served = RulePlan::Served {
+            group: "default".into(),
+        };
+        assert_eq!(
+            served.outcome(&r, &workloads),
+            RuleOutcome::Rendered {
+                workload,
+                paused: false
+            }
+        );
+    }
+
+    #[test]
+    fn what_cel_let_through_is_refused_naming_the_spec_fields() {
+        // An apiserver still serving older CRDs admits these.
+        let bad = connection("\"mqtt://b\"", "[\"k:0\"]", "{ acks: \"1\" }");
+        let message = connection_refused(&bad).expect("renders").expect("refused");
+        for expected in [
+            "spec.mqtt.host: \"mqtt://b\" is not a host name",
+            "spec.kafka.bootstrapServers: \"k:0\" has a port outside 1-65535",
+            "spec.kafka.config.acks: \"1\" weakens the delivery guarantee",
+        ] {
+            assert!(message.contains(expected), "{expected:?} in {message}");
+        }
+        let good = connection("mqtt", "[\"k:9092\"]", "{ acks: all }");
+        assert_eq!(connection_refused(&good).expect("renders"), None);
+    }
+}

@@ -1,0 +1,120 @@
+//! Writing what the operator observed: status through server-side apply (each writer under its
+//! own field manager, so one never erases the other's fields) and Events for transitions.
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Client, Resource};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tracing::warn;
+
+use crate::conditions::{FALSE, Transition};
+use crate::context::{Context, Error};
+
+/// Field manager of children, connection status and the rules' `Accepted`/`Ready`.
+pub const FIELD_MANAGER: &str = "ferry-operator";
+/// Field manager of the rules' data-plane status (see `dataplane`).
+pub const STATUS_FIELD_MANAGER: &str = "ferry-operator-status";
+
+/// The status of an object whose spec this operator cannot read.
+pub(crate) async fn current_status<K, S>(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> Result<Option<S>, Error>
+where
+    K: Resource<DynamicType = ()>,
+    S: DeserializeOwned,
+{
+    let api =
+        Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ApiResource::erase::<K>(&()));
+    let Some(object) = api.get_opt(name).await? else {
+        return Ok(None);
+    };
+    match object.data.get("status") {
+        None => Ok(None),
+        Some(s) => serde_json::from_value(s.clone())
+            .map(Some)
+            .map_err(|source| Error::Status {
+                name: name.to_owned(),
+                source,
+            }),
+    }
+}
+
+pub(crate) async fn write_status<K, S>(
+    api: &Api<K>,
+    name: &str,
+    manager: &str,
+    status: &S,
+) -> Result<(), Error>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
+    S: Serialize,
+{
+    let patch = serde_json::json!({
+        "apiVersion": K::api_version(&()),
+        "kind": K::kind(&()),
+        "status": status,
+    });
+    api.patch_status(
+        name,
+        &PatchParams::apply(manager).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    Ok(())
+}
+
+pub(crate) async fn publish(
+    ctx: &Context,
+    reference: &ObjectReference,
+    transitions: &[Transition],
+) {
+    publish_with(&ctx.recorder, reference, transitions).await;
+}
+
+pub(crate) async fn publish_with(
+    recorder: &Recorder,
+    reference: &ObjectReference,
+    transitions: &[Transition],
+) {
+    for t in transitions.iter().filter(|t| t.noteworthy()) {
+        let event = Event {
+            type_: if t.status == FALSE {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: t.reason.clone(),
+            note: Some(format!("{} is {}: {}", t.type_, t.status, t.message)),
+            action: format!("Set{}", t.type_),
+            secondary: None,
+        };
+        // An Event is a courtesy: failing to record one must not fail the reconcile.
+        if let Err(e) = recorder.publish(&event, reference).await {
+            warn!(error = %e, "cannot record Event");
+        }
+    }
+}
+
+/// A Warning Event that is not a condition's transition.
+pub(crate) async fn warn_event(
+    ctx: &Context,
+    reference: &ObjectReference,
+    reason: &str,
+    note: String,
+) {
+    let event = Event {
+        type_: EventType::Warning,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "EndSessions".to_owned(),
+        secondary: None,
+    };
+    // An Event is a courtesy: failing to record one must not fail the reconcile.
+    if let Err(e) = ctx.recorder.publish(&event, reference).await {
+        warn!(error = %e, "cannot record Event");
+    }
+}
