@@ -97,6 +97,28 @@ fn run_pod(cp: &ControlPlane, workload: &str, name: &str, ip: Ipv4Addr) -> Pod {
     Pod { child, log }
 }
 
+/// Reports the pods Ready or NotReady, as their kubelet would from the readiness probe.
+fn set_ready(cp: &ferry_e2e::kube::ControlPlane, names: &[&str], ready: bool) {
+    let patch = format!(
+        r#"{{"status":{{"conditions":[{{"type":"Ready","status":"{}"}}]}}}}"#,
+        if ready { "True" } else { "False" }
+    );
+    for name in names {
+        cp.run_kubectl([
+            "patch",
+            "pod",
+            name,
+            "-n",
+            NS,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &patch,
+        ])
+        .expect("report the pod's readiness");
+    }
+}
+
 /// Publishes to both rules' topics, 20 messages a second, until `stop`; returns how many.
 fn steady_traffic(
     port: u16,
@@ -345,20 +367,7 @@ spec:
 
     // A forwarder that (re)starts while Kafka is down never becomes Ready; the operator keeps
     // reading such pods, so the rule keeps saying why instead of falling back to NoReport.
-    for name in names {
-        cp.run_kubectl([
-            "patch",
-            "pod",
-            name,
-            "-n",
-            NS,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            r#"{"status":{"conditions":[{"type":"Ready","status":"False"}]}}"#,
-        ])
-        .expect("report the pod NotReady");
-    }
+    set_ready(&cp, &names, false);
     // Three polls after the pods' change is in the operator's pod store.
     std::thread::sleep(Duration::from_secs(5));
     let (status, reason, message) = cond("fr", "temps", "Forwarding");
@@ -370,20 +379,7 @@ spec:
 
     // Kafka back: the rule forwards and is Ready again.
     kafka.resume().expect("restart kafka");
-    for name in names {
-        cp.run_kubectl([
-            "patch",
-            "pod",
-            name,
-            "-n",
-            NS,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            r#"{"status":{"conditions":[{"type":"Ready","status":"True"}]}}"#,
-        ])
-        .expect("report the pod Ready");
-    }
+    set_ready(&cp, &names, true);
     op.wait_for("Ready True once Kafka is back", WAIT, || {
         cond("fr", "temps", "Ready").0 == "True" && cond("fr", "temps", "Forwarding").0 == "True"
     });

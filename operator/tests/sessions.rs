@@ -117,6 +117,20 @@ fn mark_running(cp: &ferry_e2e::kube::ControlPlane, pod: &str) {
     }
 }
 
+fn scale_to_one(cp: &ferry_e2e::kube::ControlPlane) {
+    cp.run_kubectl([
+        "patch",
+        "brokerconnection",
+        "plant",
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"forwarder":{"replicas":1}}}"#,
+    ])
+    .expect("scale down");
+}
+
 fn recorded(cp: &ferry_e2e::kube::ControlPlane) -> String {
     jsonpath(
         cp,
@@ -186,17 +200,7 @@ fn sessions_of_removed_pods_groups_and_connections_are_ended_at_the_broker() {
     .expect("publish");
 
     // 3 → 1 replicas: ordinals 1 and 2 of both groups are gone for good.
-    cp.run_kubectl([
-        "patch",
-        "brokerconnection",
-        "plant",
-        "-n",
-        NS,
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"forwarder":{"replicas":1}}}"#,
-    ])
-    .expect("scale down");
+    scale_to_one(&cp);
     wait_recorded(&op, &cp, &["plant-bulk-0", "plant-default-0"]);
     for pod in [
         "plant-default-1",
@@ -282,17 +286,7 @@ fn mqtt_311_sessions_of_scaled_down_pods_are_ended() {
         rt.block_on(leave_session_311(port, pod));
     }
     wait_recorded(&op, &cp, &pods);
-    cp.run_kubectl([
-        "patch",
-        "brokerconnection",
-        "plant",
-        "-n",
-        NS,
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"forwarder":{"replicas":1}}}"#,
-    ])
-    .expect("scale down");
+    scale_to_one(&cp);
     wait_recorded(&op, &cp, &["plant-default-0"]);
     assert!(
         !rt.block_on(session_present_311(port, "plant-default-1")),
