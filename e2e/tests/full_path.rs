@@ -24,7 +24,7 @@
 //!    API object goes at once and the replacement starts while the old container is killed):
 //!    nothing lost either;
 //! 9. deleting the rules and the connection removes everything they owned, and the operator
-//!    ends the forwarders' MQTT sessions before it releases the connection;
+//!    ends the forwarders' MQTT sessions (the broker holds none for them afterwards);
 //! 10. `helm uninstall` leaves nothing of the release but the CRDs (and, printed as a NOTE, not
 //!     failed on, the leader-election Lease the operator created at run time).
 //!
@@ -207,6 +207,34 @@ fn create_mqtt_credentials(c: &Cluster) -> Result<()> {
         &format!("--from-file=password={}", password.display()),
     ])?;
     Ok(())
+}
+
+/// Whether the broker holds a session for `client_id` (MQTT 5 CONNACK's session present when
+/// connecting without a clean start; expiry 0, so the probe leaves none behind).
+async fn session_present(broker: &MqttEndpoint, client_id: &str) -> Result<bool> {
+    use rumqttc::v5::mqttbytes::v5::Packet;
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+    let mut options = MqttOptions::new(client_id, broker.host.to_string(), broker.port);
+    options.set_clean_start(false);
+    options.set_session_expiry_interval(Some(0));
+    if let Some((user, password)) = &broker.login {
+        options.set_credentials(user, password);
+    }
+    let (client, mut events) = AsyncClient::new(options, 10);
+    let present = loop {
+        match tokio::time::timeout(Duration::from_secs(10), events.poll()).await {
+            Ok(Ok(Event::Incoming(Packet::ConnAck(ack)))) => break ack.session_present,
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(anyhow!("probing {client_id}'s session: {e}")),
+            Err(_) => return Err(anyhow!("probing {client_id}'s session: no CONNACK in 10 s")),
+        }
+    };
+    client.disconnect().await?;
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while events.poll().await.is_ok() {}
+    })
+    .await;
+    Ok(present)
 }
 
 /// The rule's `Ready` condition: (status, reason).
@@ -955,6 +983,31 @@ fn run(
         "rules and connection deleted; their children gone {:.1?} later; left in {NS}:\n{left}",
         t.elapsed()
     ));
+    // The forwarders are gone for good: the operator (from its pod) ended their sessions with a
+    // clean start, so the broker holds none for them and queues nothing.
+    let mqtt_log = fs::read_to_string(mqtt.dir().join("mosquitto.log"))?;
+    for pod in [format!("{STS}-0"), format!("{STS}-1")] {
+        let client_id = format!("ferry.{NS}.{pod}");
+        let last_connect = mqtt_log
+            .lines()
+            .rev()
+            .find(|l| {
+                l.contains("New client connected") && l.contains(&format!(" as {client_id} "))
+            })
+            .unwrap_or_default();
+        ensure!(
+            last_connect.contains("(p5, c1,"),
+            "{client_id}'s last connect should be the operator's clean start: {last_connect:?}"
+        );
+        ensure!(
+            !rt.block_on(session_present(
+                &publisher_endpoint(c.node_ip(), mqtt),
+                &client_id
+            ))?,
+            "the broker still holds a session for {client_id}"
+        );
+    }
+    log("the forwarders' MQTT sessions were ended by the operator: none left at the broker".into());
     // The user's own Secret stays: the operator only copied from it.
     let theirs = ["configmap/kube-root-ca.crt", "secret/mqtt-credentials"];
     ensure!(
