@@ -331,7 +331,9 @@ impl Sample {
             if code != 200 {
                 bail!("forwarder {} /metrics answered {code}", pod.addr);
             }
-            forwarded += metric_sum(&body, "ferry_rule_acked_messages_total", &[]);
+            // The forwarder's own count: the per-rule counters credit every rule of a shared
+            // Kafka target with each of its messages (the rules here share one topic per group).
+            forwarded += metric_sum(&body, "ferry_mqtt_acked_messages_total", &[]);
         }
         Ok(Self {
             at: Instant::now(),
