@@ -609,6 +609,20 @@ fn merge(out: &Path, ran: Report, only: &[String]) -> Result<Report> {
             other => bail!("--only {other}: not a section"),
         }
     }
+    let when = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let sections = only.join(", ");
+    merged
+        .rerun
+        .retain(|note| !note.starts_with(&format!("{sections} ")));
+    merged.rerun.push(format!(
+        "{sections} ({when}, {:.0} s, `ferry-bench --only {}`)",
+        ran.took_seconds,
+        only.join(",")
+    ));
     Ok(merged)
 }
 

@@ -379,6 +379,7 @@ fn steady(
     std::thread::sleep(window);
     let s1 = Sample::take(cp, port, pid, pods)?;
     let seconds = s1.at.duration_since(s0.at).as_secs_f64();
+    let end = crate::procs::usage(pid)?;
     Ok(OperatorFigures {
         rules,
         groups: GROUPS,
@@ -396,7 +397,8 @@ fn steady(
         operator_cpu_seconds: s1.cpu_seconds - s0.cpu_seconds,
         messages_forwarded: s1.forwarded - s0.forwarded,
         rules_forwarding_after: rules_with(cp, "Forwarding")?,
-        peak_rss_mib: crate::procs::usage(pid)?.peak_rss_mib,
+        peak_rss_mib: end.peak_rss_mib,
+        rss_end_mib: end.rss_mib,
         ..OperatorFigures::default()
     })
 }
@@ -429,8 +431,11 @@ pub fn measure(
     let (operator, port) = start_operator(&cp, operator_bin)?;
     let (apply_seconds, all_accepted_seconds) =
         create_rules(&cp, rules, mqtt.port(), &kafka.bootstrap())?;
+    // Where the peak comes from: the rules alone, or the data-plane status on top.
+    let accepted_usage = crate::procs::usage(operator.0.id())?;
     println!(
-        "operator: {rules} rules Accepted and rendered {all_accepted_seconds:.1} s after the first create; starting {GROUPS} forwarders"
+        "operator: {rules} rules Accepted and rendered {all_accepted_seconds:.1} s after the first create (peak RSS {:.1} MiB); starting {GROUPS} forwarders",
+        accepted_usage.peak_rss_mib
     );
     let pods: Vec<Pod> = (0..GROUPS)
         .map(|g| run_pod(&cp, forwarder_bin, g))
@@ -456,5 +461,6 @@ pub fn measure(
     figures.all_accepted_seconds = all_accepted_seconds;
     figures.after_last_create_seconds = all_accepted_seconds - apply_seconds;
     figures.messages_published = sent;
+    figures.peak_rss_accepted_mib = accepted_usage.peak_rss_mib;
     Ok(figures)
 }

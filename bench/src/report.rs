@@ -154,6 +154,10 @@ pub struct OperatorFigures {
     /// Rules with Forwarding True after the window.
     pub rules_forwarding_after: usize,
     pub peak_rss_mib: f64,
+    /// The peak once every rule was Accepted, before any forwarder reported.
+    pub peak_rss_accepted_mib: f64,
+    /// Resident at the end of the steady window.
+    pub rss_end_mib: f64,
 }
 
 impl OperatorFigures {
@@ -290,10 +294,12 @@ impl OperatorFigures {
         }
         let _ = writeln!(
             s,
-            "\nOperator CPU over the window {:.1} % of a core ({:.2} s); peak RSS {:.1} MiB.",
+            "\nOperator CPU over the window {:.1} % of a core ({:.2} s); peak RSS {:.1} MiB ({:.1} MiB once the rules were Accepted, before any forwarder reported; {:.1} MiB resident at the end).",
             self.cpu_percent(),
             self.operator_cpu_seconds,
-            self.peak_rss_mib
+            self.peak_rss_mib,
+            self.peak_rss_accepted_mib,
+            self.rss_end_mib
         );
     }
 
@@ -345,6 +351,9 @@ pub struct Report {
     pub replicas: Vec<Drain>,
     pub latencies: Vec<Latency>,
     pub operator: Option<OperatorFigures>,
+    /// Sections measured again alone (`--only`) after the whole run, with when and how long.
+    #[serde(default)]
+    pub rerun: Vec<String>,
 }
 
 fn verdict(met: bool) -> &'static str {
@@ -363,6 +372,9 @@ impl Report {
             "Machine: {}. {} messages per drain; whole run {:.0} s.\n",
             self.machine, self.messages, self.took_seconds
         );
+        for note in &self.rerun {
+            let _ = writeln!(s, "Measured again alone since: {note}.\n");
+        }
         let _ = writeln!(s, "### Targets\n");
         let _ = writeln!(s, "| target | measured | |\n|---|---|---|");
         if let (Some(d), Some(l)) = (
