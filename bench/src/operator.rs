@@ -318,7 +318,7 @@ struct Sample {
     poll_errors: f64,
     apiserver: f64,
     apiserver_rule_status: f64,
-    cpu_seconds: f64,
+    operator: crate::procs::Usage,
     forwarded: f64,
 }
 
@@ -350,7 +350,7 @@ impl Sample {
             )?,
             apiserver,
             apiserver_rule_status,
-            cpu_seconds: crate::procs::usage(pid)?.cpu_seconds,
+            operator: crate::procs::usage(pid)?,
             forwarded,
         })
     }
@@ -379,7 +379,6 @@ fn steady(
     std::thread::sleep(window);
     let s1 = Sample::take(cp, port, pid, pods)?;
     let seconds = s1.at.duration_since(s0.at).as_secs_f64();
-    let end = crate::procs::usage(pid)?;
     Ok(OperatorFigures {
         rules,
         groups: GROUPS,
@@ -394,11 +393,12 @@ fn steady(
         steady_poll_errors: s1.poll_errors - s0.poll_errors,
         apiserver_requests: s1.apiserver - s0.apiserver,
         apiserver_rule_status_requests: s1.apiserver_rule_status - s0.apiserver_rule_status,
-        operator_cpu_seconds: s1.cpu_seconds - s0.cpu_seconds,
+        operator_cpu_seconds: s1.operator.cpu_seconds - s0.operator.cpu_seconds,
         messages_forwarded: s1.forwarded - s0.forwarded,
         rules_forwarding_after: rules_with(cp, "Forwarding")?,
-        peak_rss_mib: end.peak_rss_mib,
-        rss_end_mib: end.rss_mib,
+        peak_rss_mib: s1.operator.peak_rss_mib,
+        rss_window_start_mib: s0.operator.rss_mib,
+        rss_end_mib: s1.operator.rss_mib,
         ..OperatorFigures::default()
     })
 }

@@ -156,7 +156,8 @@ pub struct OperatorFigures {
     pub peak_rss_mib: f64,
     /// The peak once every rule was Accepted, before any forwarder reported.
     pub peak_rss_accepted_mib: f64,
-    /// Resident at the end of the steady window.
+    /// Resident at the start and the end of the steady window: growth there is not a peak.
+    pub rss_window_start_mib: f64,
     pub rss_end_mib: f64,
 }
 
@@ -294,11 +295,12 @@ impl OperatorFigures {
         }
         let _ = writeln!(
             s,
-            "\nOperator CPU over the window {:.1} % of a core ({:.2} s); peak RSS {:.1} MiB ({:.1} MiB once the rules were Accepted, before any forwarder reported; {:.1} MiB resident at the end).",
+            "\nOperator CPU over the window {:.1} % of a core ({:.2} s); peak RSS {:.1} MiB ({:.1} MiB once the rules were Accepted, before any forwarder reported; resident {:.1} MiB at the start of the window, {:.1} MiB at its end).",
             self.cpu_percent(),
             self.operator_cpu_seconds,
             self.peak_rss_mib,
             self.peak_rss_accepted_mib,
+            self.rss_window_start_mib,
             self.rss_end_mib
         );
     }
