@@ -18,7 +18,7 @@ use anyhow::{Context as _, Result, bail};
 use ferry_e2e::kube::ControlPlane;
 use ferry_e2e::{Kafka, Mosquitto, free_port, http_get};
 
-use crate::report::OperatorFigures;
+use crate::report::{NoBudget, OperatorFigures};
 
 const NS: &str = "bench";
 const GROUPS: usize = 10;
@@ -148,9 +148,15 @@ fn rules_with(cp: &ControlPlane, type_: &str) -> Result<usize> {
     Ok(out.lines().filter(|l| *l == "True").count())
 }
 
-fn start_operator(cp: &ControlPlane, bin: &Path) -> Result<(Operator, u16)> {
+/// The operator with status write interval `write_interval`, logging to `<log>.log`.
+fn start_operator(
+    cp: &ControlPlane,
+    bin: &Path,
+    write_interval: u64,
+    log: &str,
+) -> Result<(Operator, u16)> {
     let port = free_port()?;
-    let log = std::fs::File::create(cp.dir().join("operator.log"))?;
+    let log = std::fs::File::create(cp.dir().join(format!("{log}.log")))?;
     let child = Command::new(bin)
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--leader-elect", "false", "--log-format", "json"])
@@ -158,7 +164,7 @@ fn start_operator(cp: &ControlPlane, bin: &Path) -> Result<(Operator, u16)> {
             "--status-interval-seconds",
             &STATUS_INTERVAL_SECONDS.to_string(),
             "--status-write-interval-seconds",
-            &WRITE_INTERVAL_SECONDS.to_string(),
+            &write_interval.to_string(),
         ])
         .env("KUBECONFIG", cp.kubeconfig_path())
         .env("FERRY_LOG", "warn")
@@ -403,6 +409,33 @@ fn steady(
     })
 }
 
+/// The same steady state under an operator started with `--status-write-interval-seconds 0`:
+/// every rule whose counters moved is written at every poll.
+fn without_budget(
+    cp: &ControlPlane,
+    bin: &Path,
+    pods: &[Pod],
+    window: Duration,
+) -> Result<NoBudget> {
+    println!("operator: again without the write budget (interval 0), {window:?}");
+    let (operator, port) = start_operator(cp, bin, 0, "operator-no-budget")?;
+    let pid = operator.0.id();
+    // Its start: a reconcile of every object and the first polls.
+    std::thread::sleep(SETTLE + Duration::from_secs(STATUS_INTERVAL_SECONDS));
+    let s0 = Sample::take(cp, port, pid, pods)?;
+    std::thread::sleep(window);
+    let s1 = Sample::take(cp, port, pid, pods)?;
+    Ok(NoBudget {
+        seconds: s1.at.duration_since(s0.at).as_secs_f64(),
+        status_writes: s1.rule_writes - s0.rule_writes,
+        reconciles: s1.reconciles - s0.reconciles,
+        apiserver_requests: s1.apiserver - s0.apiserver,
+        apiserver_rule_status_requests: s1.apiserver_rule_status - s0.apiserver_rule_status,
+        operator_cpu_seconds: s1.operator.cpu_seconds - s0.operator.cpu_seconds,
+        peak_rss_mib: s1.operator.peak_rss_mib,
+    })
+}
+
 /// Brokers, control plane, operator, `rules` rules in [`GROUPS`] groups; one forwarder per
 /// group; steady traffic on every rule; `window` of measurement.
 pub fn measure(
@@ -428,7 +461,7 @@ pub fn measure(
         &["forwardingrules.ferry.dev", "brokerconnections.ferry.dev"],
     )?;
     cp.run_kubectl(["create", "namespace", NS])?;
-    let (operator, port) = start_operator(&cp, operator_bin)?;
+    let (operator, port) = start_operator(&cp, operator_bin, WRITE_INTERVAL_SECONDS, "operator")?;
     let (apply_seconds, all_accepted_seconds) =
         create_rules(&cp, rules, mqtt.port(), &kafka.bootstrap())?;
     // Where the peak comes from: the rules alone, or the data-plane status on top.
@@ -453,7 +486,12 @@ pub fn measure(
     println!(
         "operator: {rate} msg/s over {rules} MQTT topics (one per rule); measuring {window:?} of steady state"
     );
-    let measured = steady(&cp, port, operator.0.id(), &pods, rules, window);
+    let measured = steady(&cp, port, operator.0.id(), &pods, rules, window).and_then(|mut f| {
+        // One operator writes at a time, as with leader election.
+        drop(operator);
+        f.no_budget = Some(without_budget(&cp, operator_bin, &pods, window / 2)?);
+        Ok(f)
+    });
     stop.store(true, Ordering::Relaxed);
     let sent = rt.block_on(traffic)??;
     let mut figures = measured?;
