@@ -304,7 +304,7 @@ impl OperatorFigures {
             ),
             ("reconciles", self.steady_reconciles, n.reconciles),
             (
-                "operator CPU, % of a core",
+                "CPU of the operator, % of a core",
                 self.operator_cpu_seconds / 60.0 * 100.0,
                 n.operator_cpu_seconds / 60.0 * 100.0,
             ),
@@ -334,6 +334,13 @@ impl OperatorFigures {
             self.rss_window_start_mib,
             self.rss_end_mib
         );
+        if let Some(n) = &self.no_budget {
+            let _ = writeln!(
+                s,
+                "The restarted operator (the rules there already, forwarders reporting, no budget) peaked at {:.1} MiB.",
+                n.peak_rss_mib
+            );
+        }
     }
 
     pub fn line(&self) -> String {
