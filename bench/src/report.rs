@@ -285,6 +285,28 @@ impl OperatorFigures {
             self.rules_forwarding_after,
             self.rules,
         );
+        self.comparison(s);
+        let _ = writeln!(
+            s,
+            "\nOperator CPU over the window {:.1} % of a core ({:.2} s); peak RSS {:.1} MiB ({:.1} MiB once the rules were Accepted, before any forwarder reported; resident {:.1} MiB at the start of the window, {:.1} MiB at its end).",
+            self.cpu_percent(),
+            self.operator_cpu_seconds,
+            self.peak_rss_mib,
+            self.peak_rss_accepted_mib,
+            self.rss_window_start_mib,
+            self.rss_end_mib
+        );
+        if let Some(n) = &self.no_budget {
+            let _ = writeln!(
+                s,
+                "The restarted operator (the rules there already, forwarders reporting, no budget) peaked at {:.1} MiB.",
+                n.peak_rss_mib
+            );
+        }
+    }
+
+    /// Per-minute figures of the steady window, beside those without the budget if measured.
+    fn comparison(&self, s: &mut String) {
         let n = self.no_budget.clone().unwrap_or_default();
         let rows = [
             (
@@ -323,23 +345,6 @@ impl OperatorFigures {
                 String::new()
             };
             let _ = writeln!(s, "| {what} | {:.1} | {none} |", self.per_minute(budget));
-        }
-        let _ = writeln!(
-            s,
-            "\nOperator CPU over the window {:.1} % of a core ({:.2} s); peak RSS {:.1} MiB ({:.1} MiB once the rules were Accepted, before any forwarder reported; resident {:.1} MiB at the start of the window, {:.1} MiB at its end).",
-            self.cpu_percent(),
-            self.operator_cpu_seconds,
-            self.peak_rss_mib,
-            self.peak_rss_accepted_mib,
-            self.rss_window_start_mib,
-            self.rss_end_mib
-        );
-        if let Some(n) = &self.no_budget {
-            let _ = writeln!(
-                s,
-                "The restarted operator (the rules there already, forwarders reporting, no budget) peaked at {:.1} MiB.",
-                n.peak_rss_mib
-            );
         }
     }
 
