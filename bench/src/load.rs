@@ -86,6 +86,27 @@ pub async fn publish_at_rate(
     size: usize,
     topics: u64,
 ) -> Result<u64> {
+    let until = Arc::new(AtomicBool::new(false));
+    let stopper = until.clone();
+    let timer = tokio::spawn(async move {
+        tokio::time::sleep(duration).await;
+        stopper.store(true, Ordering::Relaxed);
+    });
+    let sent = publish_until(port, prefix, rate, size, topics, until).await;
+    timer.abort();
+    sent
+}
+
+/// [`publish_at_rate`] until `until` is set, for load that must outlast a measurement whose
+/// length is not known in advance (the operator's warm-up waits on the rules' status).
+pub async fn publish_until(
+    port: u16,
+    prefix: &str,
+    rate: u64,
+    size: usize,
+    topics: u64,
+    until: Arc<AtomicBool>,
+) -> Result<u64> {
     let mut opts = MqttOptions::new(format!("{prefix}-rate-publisher"), "127.0.0.1", port);
     opts.set_keep_alive(Duration::from_secs(30))
         .set_inflight(u16::MAX)
@@ -111,7 +132,7 @@ pub async fn publish_at_rate(
     let mut tick = tokio::time::interval(Duration::from_millis(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut seq = 0u64;
-    while start.elapsed() < duration {
+    while !until.load(Ordering::Relaxed) {
         tick.tick().await;
         // Catch up to where the schedule says we should be.
         let due = (start.elapsed().as_secs_f64() * rate as f64) as u64;
@@ -130,7 +151,10 @@ pub async fn publish_at_rate(
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::Relaxed);
     client.disconnect().await?;
-    let _ = tokio::time::timeout(Duration::from_secs(5), poller).await;
+    // A connection that failed before the stop is a failed run, not a short one.
+    if let Ok(Ok(Err(e))) = tokio::time::timeout(Duration::from_secs(5), poller).await {
+        return Err(e);
+    }
     Ok(seq)
 }
 

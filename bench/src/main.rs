@@ -65,6 +65,10 @@ struct Args {
     /// (`max_inflight_messages 0`) instead of the run's window, to compare (experiments).
     #[arg(long)]
     broker_unbounded: bool,
+    /// Seconds of the operator's steady window (forwarders reporting, traffic on every rule):
+    /// two write intervals by default, so every rule's moving counters are written in it.
+    #[arg(long, default_value_t = 120)]
+    operator_seconds: u64,
     /// Where results go.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
     out: PathBuf,
@@ -362,6 +366,7 @@ fn main() -> Result<()> {
     if args.quick {
         args.messages = args.messages.min(10_000);
         args.latency_seconds = args.latency_seconds.min(3);
+        args.operator_seconds = args.operator_seconds.min(30);
     }
     let here = std::env::current_exe()?;
     let bin_dir = here.parent().context("bench binary has no directory")?;
@@ -375,34 +380,78 @@ fn main() -> Result<()> {
             );
         }
     }
+    const SECTIONS: [&str; 5] = ["drains", "windows", "replicas", "latency", "operator"];
+    if let Some(other) = args.only.iter().find(|o| !SECTIONS.contains(&o.as_str())) {
+        bail!("--only {other}: not one of {SECTIONS:?}");
+    }
     let started = Instant::now();
     let machine = report::machine();
     println!("ferry-bench on {machine}");
     if args.soak {
-        let soak_args = soak::SoakArgs {
-            messages: args.soak_messages,
-            rate: args.soak_rate,
-            every: Duration::from_secs(args.soak_every),
-            window: args.window,
-        };
-        let report = soak::run(&forwarder_bin, machine, &soak_args)?;
-        let md = report.markdown();
-        println!("\n{md}");
-        soak::write(&args.out, &report)?;
-        println!(
-            "soak done in {:.0?}; results in {}",
-            started.elapsed(),
-            args.out.display()
-        );
-        if report.lost > 0 || report.out_of_order > 0 {
-            bail!(
-                "the soak lost or reordered messages: {} lost, {} out of order",
-                report.lost,
-                report.out_of_order
-            );
-        }
-        return Ok(());
+        return soak(&args, &forwarder_bin, machine, started);
     }
+    let mut report = Report {
+        machine,
+        messages: args.messages,
+        ..Report::default()
+    };
+    let wanted = |section: &str| args.only.is_empty() || args.only.iter().any(|o| o == section);
+    // Their brokers are not started when only the operator runs: it starts its own.
+    if ["drains", "windows", "replicas", "latency"]
+        .iter()
+        .any(|s| wanted(s))
+    {
+        forwarder_sections(&args, forwarder_bin.clone(), &mut report)?;
+    }
+    if !args.no_operator && wanted("operator") {
+        println!("\n== Operator");
+        let rules = if args.quick { 100 } else { 1000 };
+        let window = Duration::from_secs(args.operator_seconds);
+        let figures: OperatorFigures =
+            operator::measure(&operator_bin, &forwarder_bin, rules, window)?;
+        println!("{}", figures.line());
+        report.operator = Some(figures);
+    }
+    report.took_seconds = started.elapsed().as_secs_f64();
+    if args.only.is_empty() {
+        write_results(&args.out, &report, true)?;
+    } else {
+        // A partial run replaces only its own sections of the results there.
+        let merged = merge(&args.out, report, &args.only)?;
+        write_results(&args.out, &merged, false)?;
+    }
+    Ok(())
+}
+
+fn soak(args: &Args, forwarder_bin: &Path, machine: String, started: Instant) -> Result<()> {
+    let soak_args = soak::SoakArgs {
+        messages: args.soak_messages,
+        rate: args.soak_rate,
+        every: Duration::from_secs(args.soak_every),
+        window: args.window,
+    };
+    let report = soak::run(forwarder_bin, machine, &soak_args)?;
+    let md = report.markdown();
+    println!("\n{md}");
+    soak::write(&args.out, &report)?;
+    println!(
+        "soak done in {:.0?}; results in {}",
+        started.elapsed(),
+        args.out.display()
+    );
+    if report.lost > 0 || report.out_of_order > 0 {
+        bail!(
+            "the soak lost or reordered messages: {} lost, {} out of order",
+            report.lost,
+            report.out_of_order
+        );
+    }
+    Ok(())
+}
+
+/// The forwarder against its brokers' and libraries' limits: drains, window sweep, replicas,
+/// fixed-rate latency (those of `--only`, all without it).
+fn forwarder_sections(args: &Args, forwarder_bin: PathBuf, report: &mut Report) -> Result<()> {
     let mqtt = start_mosquitto(args.window)?;
     let kafka = Kafka::start()?;
     println!(
@@ -444,18 +493,39 @@ fn main() -> Result<()> {
         })?;
     }
     let window = args.window;
-    let mut report = Report {
-        machine,
-        messages: args.messages,
-        ..Report::default()
-    };
-
     if wanted("drains") {
-        println!(
-            "\n== Drains: QoS x size, window {window}, 1 replica; and the limits for the same backlog"
-        );
+        drains(&mut bench, window, report)?;
     }
-    for size in [300, 1024].into_iter().filter(|_| wanted("drains")) {
+    if wanted("windows") {
+        println!("\n== Window sweep: QoS 1, 300 B");
+        for window in [10, 50, 100, 250, 500, 1000, 2000, 5000] {
+            report.windows.push(bench.drain(DrainSpec {
+                qos: 1,
+                size: 300,
+                window,
+                replicas: 1,
+            })?);
+        }
+    }
+    if wanted("replicas") {
+        replicas(&mut bench, window, report)?;
+    }
+    if wanted("latency") {
+        println!("\n== Latency at a fixed rate: QoS 1, 300 B, 1 replica, window {window}");
+        for rate in [1_000, 10_000] {
+            report
+                .latencies
+                .push(bench.latency(rate, args.latency_seconds, window)?);
+        }
+    }
+    Ok(())
+}
+
+fn drains(bench: &mut Bench, window: u32, report: &mut Report) -> Result<()> {
+    println!(
+        "\n== Drains: QoS x size, window {window}, 1 replica; and the limits for the same backlog"
+    );
+    for size in [300, 1024] {
         for qos in [0u8, 1, 2] {
             report.limits.push(bench.limits(qos, size)?);
             report.drains.push(bench.drain(DrainSpec {
@@ -466,30 +536,16 @@ fn main() -> Result<()> {
             })?);
         }
     }
-    if wanted("windows") {
-        println!("\n== Window sweep: QoS 1, 300 B");
-    }
-    for window in [10, 50, 100, 250, 500, 1000, 2000, 5000]
-        .into_iter()
-        .filter(|_| wanted("windows"))
-    {
-        report.windows.push(bench.drain(DrainSpec {
-            qos: 1,
-            size: 300,
-            window,
-            replicas: 1,
-        })?);
-    }
+    Ok(())
+}
+
+fn replicas(bench: &mut Bench, window: u32, report: &mut Report) -> Result<()> {
     // At window 250 one forwarder is bound by its own window (well below what the machine
     // can carry), which is where adding replicas can show; at the default window one
     // forwarder already takes the 2 cores that brokers and forwarders share.
     let replica_windows = [REPLICA_WINDOW, window];
-    if wanted("replicas") {
-        println!(
-            "\n== Replicas on a shared subscription: QoS 1, 300 B, windows {replica_windows:?}"
-        );
-    }
-    for w in replica_windows.into_iter().filter(|_| wanted("replicas")) {
+    println!("\n== Replicas on a shared subscription: QoS 1, 300 B, windows {replica_windows:?}");
+    for w in replica_windows {
         for replicas in [1, 2, 4] {
             report.replicas.push(bench.drain(DrainSpec {
                 qos: 1,
@@ -499,26 +555,6 @@ fn main() -> Result<()> {
             })?);
         }
     }
-    if wanted("latency") {
-        println!("\n== Latency at a fixed rate: QoS 1, 300 B, 1 replica, window {window}");
-    }
-    for rate in [1_000, 10_000].into_iter().filter(|_| wanted("latency")) {
-        report
-            .latencies
-            .push(bench.latency(rate, args.latency_seconds, window)?);
-    }
-    drop(bench);
-
-    if !args.no_operator && wanted("operator") {
-        println!("\n== Operator");
-        let rules = if args.quick { 100 } else { 1000 };
-        let steady = if args.quick { 10 } else { 60 };
-        let figures: OperatorFigures = operator::measure(&operator_bin, rules, steady)?;
-        println!("{}", figures.line());
-        report.operator = Some(figures);
-    }
-    report.took_seconds = started.elapsed().as_secs_f64();
-    write_results(&args.out, &report)?;
     Ok(())
 }
 
@@ -548,7 +584,51 @@ fn kafka_config(pairs: &[String]) -> Result<String> {
     Ok(block)
 }
 
-fn write_results(out: &Path, report: &Report) -> Result<()> {
+/// The results in `out/results.json` with the sections of `only` taken from `ran`. The whole
+/// run's time and machine stay those of the full run the other figures come from.
+fn merge(out: &Path, ran: Report, only: &[String]) -> Result<Report> {
+    let path = out.join("results.json");
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "--only merges into {}: run a full bench first",
+            path.display()
+        )
+    })?;
+    let mut merged: Report =
+        serde_json::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
+    for section in only {
+        match section.as_str() {
+            "drains" => {
+                merged.drains = ran.drains.clone();
+                merged.limits = ran.limits.clone();
+            }
+            "windows" => merged.windows = ran.windows.clone(),
+            "replicas" => merged.replicas = ran.replicas.clone(),
+            "latency" => merged.latencies = ran.latencies.clone(),
+            "operator" => merged.operator = ran.operator.clone(),
+            other => bail!("--only {other}: not a section"),
+        }
+    }
+    let when = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let sections = only.join(", ");
+    merged
+        .rerun
+        .retain(|note| !note.starts_with(&format!("{sections} ")));
+    merged.rerun.push(format!(
+        "{sections} ({when}, {:.0} s, `ferry-bench --only {}`)",
+        ran.took_seconds,
+        only.join(",")
+    ));
+    Ok(merged)
+}
+
+/// Writes the markdown and JSON, and the plots when `plots` (a merged report has no latency
+/// samples to plot: they are not in the JSON).
+fn write_results(out: &Path, report: &Report, plots: bool) -> Result<()> {
     std::fs::create_dir_all(out)?;
     let md = report.markdown();
     std::fs::write(out.join("results.md"), &md)?;
@@ -556,12 +636,19 @@ fn write_results(out: &Path, report: &Report) -> Result<()> {
         out.join("results.json"),
         serde_json::to_string_pretty(report)?,
     )?;
-    plot::throughput_vs_window(&out.join("throughput-vs-window.png"), &report.windows)?;
-    plot::latency_cdf(&out.join("latency-cdf.png"), &report.latencies)?;
+    if plots {
+        plot::throughput_vs_window(&out.join("throughput-vs-window.png"), &report.windows)?;
+        plot::latency_cdf(&out.join("latency-cdf.png"), &report.latencies)?;
+    }
     println!("\n{md}");
     println!(
-        "wrote {}/results.md, results.json, throughput-vs-window.png, latency-cdf.png",
-        out.display()
+        "wrote {}/results.md, results.json{}",
+        out.display(),
+        if plots {
+            ", throughput-vs-window.png, latency-cdf.png"
+        } else {
+            " (plots kept: a partial run)"
+        }
     );
     Ok(())
 }

@@ -1,22 +1,38 @@
-//! The operator at scale: how long until N ForwardingRules are Accepted and rendered, how
-//! many reconciles it runs per minute afterwards, and its peak memory.
+//! The operator at scale: how long until N ForwardingRules are Accepted and rendered, then
+//! what it costs while real forwarders report on every rule under steady traffic: rule status
+//! writes, API server requests and reconciles per minute, the operator's CPU and peak memory.
 //!
-//! No kubelet runs here (issue 5 brings one), so "Ready" in the pod sense cannot be reached:
-//! the figure is the time until every rule is `Accepted` and rendered into its group's
-//! forwarder config, which is all the operator itself does before the pods start.
+//! No kubelet runs here, so the bench does its part for the pods the StatefulSet controller
+//! created (as `operator/tests/dataplane.rs` does): it runs the release `ferry-forwarder` with
+//! the group's rendered config and the pod's environment, on a loopback address of its own
+//! (the operator polls `<podIP>:8080`), and reports the pod Running and Ready with that IP.
 
-use std::path::Path;
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use ferry_e2e::kube::ControlPlane;
-use ferry_e2e::{free_port, http_get};
+use ferry_e2e::{Kafka, Mosquitto, free_port, http_get};
 
-use crate::report::OperatorFigures;
+use crate::report::{NoBudget, OperatorFigures};
 
 const NS: &str = "bench";
 const GROUPS: usize = 10;
+/// The operator's defaults, passed explicitly so the report says what was measured.
+pub const STATUS_INTERVAL_SECONDS: u64 = 10;
+pub const WRITE_INTERVAL_SECONDS: u64 = 60;
+/// Every rule's topic gets a message this often: more than once per poll, so every rule's
+/// counters move at every poll (the case the write budget is for), at a total rate (250 msg/s
+/// for 1,000 rules) far below what would load the 2 cores the brokers share with the operator.
+const TRAFFIC_PERIOD_SECONDS: u64 = 4;
+/// After every rule is Forwarding and Ready: lets the reconciles those flips asked for finish.
+const SETTLE: Duration = Duration::from_secs(15);
+/// The forwarders' pod IPs: 127.88.0.<group + 1>, away from the tests' 127.77.0.x.
+const POD_NET: [u8; 3] = [127, 88, 0];
 
 struct Operator(Child);
 
@@ -27,28 +43,129 @@ impl Drop for Operator {
     }
 }
 
-fn metric(port: u16, name: &str) -> Option<f64> {
-    let (_, body) = http_get(port, "/metrics")?;
-    Some(
-        body.lines()
-            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum(),
-    )
+/// A forwarder process standing in for one pod; killed on drop.
+struct Pod {
+    child: Child,
+    addr: SocketAddr,
+    log: PathBuf,
 }
 
-pub fn measure(bin: &Path, rules: usize, steady_seconds: u64) -> Result<OperatorFigures> {
-    let cp = ControlPlane::start().context("control plane (run e2e/k8s/build.sh once)")?;
-    cp.install_crds(
-        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/")),
-        &["forwardingrules.ferry.dev", "brokerconnections.ferry.dev"],
-    )?;
-    cp.run_kubectl(["create", "namespace", NS])?;
+impl Drop for Pod {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Pod {
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+}
+
+/// The sum of `name`'s samples whose labels contain every one of `labels` (`key="value"`).
+fn metric_sum(body: &str, name: &str, labels: &[&str]) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// A metric of the operator; fails when `/metrics` does not answer 200 (never a silent 0).
+fn operator_metric(port: u16, name: &str, labels: &[&str]) -> Result<f64> {
+    match http_get(port, "/metrics") {
+        Some((200, body)) => Ok(metric_sum(&body, name, labels)),
+        Some((code, _)) => bail!("the operator's /metrics answered {code}"),
+        None => bail!("the operator's /metrics on port {port} does not answer"),
+    }
+}
+
+/// A minimal HTTP/1.0 GET to `addr` (a pod IP, not only 127.0.0.1): (status, body).
+fn get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    use std::io::{Read as _, Write as _};
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .with_context(|| format!("connect {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    let status = buf
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .with_context(|| format!("no HTTP status from {addr}{path}"))?;
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    Ok((status, body.to_owned()))
+}
+
+/// `apiserver_request_total` from the API server's own `/metrics`: every request, and those
+/// on `forwardingrules/status` (the operator's data-plane writes; it reads through watches).
+fn apiserver_requests(cp: &ControlPlane) -> Result<(f64, f64)> {
+    let body = cp.run_kubectl(["get", "--raw", "/metrics", "--request-timeout=10s"])?;
+    if !body.contains("apiserver_request_total{") {
+        bail!("the API server's /metrics has no apiserver_request_total");
+    }
+    let all = metric_sum(&body, "apiserver_request_total", &[]);
+    let rule_status = metric_sum(
+        &body,
+        "apiserver_request_total",
+        &["resource=\"forwardingrules\"", "subresource=\"status\""],
+    );
+    Ok((all, rule_status))
+}
+
+fn kafka_topic(group: usize) -> String {
+    format!("bench.g{group}")
+}
+
+/// Polls `ready` every 250 ms until it holds, failing after `timeout` with `what`.
+fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> Result<bool>) -> Result<()> {
+    let start = Instant::now();
+    while !ready()? {
+        if start.elapsed() > timeout {
+            bail!("{what}: not after {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    Ok(())
+}
+
+/// How many rules have condition `type_` True.
+fn rules_with(cp: &ControlPlane, type_: &str) -> Result<usize> {
+    let out = cp.run_kubectl([
+        "get",
+        "fr",
+        "-n",
+        NS,
+        "-o",
+        &format!(
+            "jsonpath={{range .items[*]}}{{.status.conditions[?(@.type==\"{type_}\")].status}}{{\"\\n\"}}{{end}}"
+        ),
+    ])?;
+    Ok(out.lines().filter(|l| *l == "True").count())
+}
+
+/// The operator with status write interval `write_interval`, logging to `<log>.log`.
+fn start_operator(
+    cp: &ControlPlane,
+    bin: &Path,
+    write_interval: u64,
+    log: &str,
+) -> Result<(Operator, u16)> {
     let port = free_port()?;
-    let log = std::fs::File::create(cp.dir().join("operator.log"))?;
+    let log = std::fs::File::create(cp.dir().join(format!("{log}.log")))?;
     let child = Command::new(bin)
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .args(["--leader-elect", "false", "--log-format", "json"])
+        .args([
+            "--status-interval-seconds",
+            &STATUS_INTERVAL_SECONDS.to_string(),
+            "--status-write-interval-seconds",
+            &write_interval.to_string(),
+        ])
         .env("KUBECONFIG", cp.kubeconfig_path())
         .env("FERRY_LOG", "warn")
         .stdin(Stdio::null())
@@ -57,24 +174,27 @@ pub fn measure(bin: &Path, rules: usize, steady_seconds: u64) -> Result<Operator
         .spawn()
         .with_context(|| format!("start {}", bin.display()))?;
     let operator = Operator(child);
-    let pid = operator.0.id();
-    let start = Instant::now();
-    while metric(port, "ferry_operator_reconciles_total").is_none() {
-        if start.elapsed() > Duration::from_secs(30) {
-            bail!("the operator never served /metrics");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for(
+        "the operator serving /metrics",
+        Duration::from_secs(30),
+        || Ok(operator_metric(port, "ferry_operator_reconciles_total", &[]).is_ok()),
+    )?;
+    Ok((operator, port))
+}
 
+/// What creating the rules took: (all created, all Accepted and rendered), seconds from the
+/// first create.
+fn create_rules(cp: &ControlPlane, rules: usize, mqtt: u16, kafka: &str) -> Result<(f64, f64)> {
     cp.run_kubectl_with_stdin(
         ["create", "-f", "-"],
         &format!(
             "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\nmetadata: {{ name: plant, namespace: {NS} }}\n\
-             spec:\n  mqtt: {{ host: mqtt.example }}\n  kafka: {{ bootstrapServers: [\"kafka.example:9092\"] }}\n"
+             spec:\n  mqtt: {{ host: 127.0.0.1, port: {mqtt} }}\n  kafka: {{ bootstrapServers: [\"{kafka}\"] }}\n"
         ),
     )?;
     // One manifest per group, created by as many kubectl processes at once: kubectl sends one
     // request per object, and one process alone would measure kubectl, not the operator.
+    // Rule i forwards MQTT topic plant/t<i> (where the traffic goes) to its group's topic.
     let manifests: Vec<String> = (0..GROUPS)
         .map(|g| {
             (0..rules)
@@ -82,7 +202,8 @@ pub fn measure(bin: &Path, rules: usize, steady_seconds: u64) -> Result<Operator
                 .map(|i| {
                     format!(
                         "---\napiVersion: ferry.dev/v1alpha1\nkind: ForwardingRule\nmetadata: {{ name: rule-{i}, namespace: {NS} }}\n\
-                         spec:\n  connectionRef: {{ name: plant }}\n  group: g{g}\n  mqtt: {{ topics: [\"plant/{i}/#\"] }}\n  kafka: {{ topic: t{i} }}\n"
+                         spec:\n  connectionRef: {{ name: plant }}\n  group: g{g}\n  mqtt: {{ topics: [\"plant/t{i}\"] }}\n  kafka: {{ topic: {} }}\n",
+                        kafka_topic(g)
                     )
                 })
                 .collect()
@@ -101,30 +222,10 @@ pub fn measure(bin: &Path, rules: usize, steady_seconds: u64) -> Result<Operator
         Ok(())
     })?;
     let apply_seconds = applied.elapsed().as_secs_f64();
-    let accepted = || -> Result<usize> {
-        let out = cp.run_kubectl([
-            "get",
-            "fr",
-            "-n",
-            NS,
-            "-o",
-            "jsonpath={range .items[*]}{.status.conditions[?(@.type==\"Accepted\")].status}{\"\\n\"}{end}",
-        ])?;
-        Ok(out.lines().filter(|l| *l == "True").count())
-    };
-    let deadline = Duration::from_secs(300);
-    loop {
-        let n = accepted()?;
-        if n >= rules {
-            break;
-        }
-        if applied.elapsed() > deadline {
-            bail!("only {n} of {rules} rules Accepted after {deadline:?}");
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
+    wait_for("every rule Accepted", Duration::from_secs(300), || {
+        Ok(rules_with(cp, "Accepted")? >= rules)
+    })?;
     let all_accepted_seconds = applied.elapsed().as_secs_f64();
-    let after_last_create_seconds = all_accepted_seconds - apply_seconds;
     // Rendered too: every group's config holds its rules.
     let configs = cp.run_kubectl([
         "get",
@@ -140,35 +241,264 @@ pub fn measure(bin: &Path, rules: usize, steady_seconds: u64) -> Result<Operator
     if rendered != rules {
         bail!("{rendered} of {rules} rules rendered into forwarder configs");
     }
+    Ok((apply_seconds, all_accepted_seconds))
+}
 
-    // Let the last triggers settle (the data-plane poller writes each new rule's first
-    // `Forwarding` once, 1,000 writes spread over its next polls), then count what happens
-    // when nothing changes.
-    let settle = Instant::now();
-    let mut last = metric(port, "ferry_operator_status_writes_total");
-    loop {
-        std::thread::sleep(Duration::from_secs(12));
-        let now = metric(port, "ferry_operator_status_writes_total");
-        if now == last || settle.elapsed() > Duration::from_secs(120) {
-            break;
-        }
-        last = now;
+/// Runs pod 0 of group `g`'s StatefulSet as a forwarder on its own loopback IP, waits until it
+/// is ready (subscribed, Kafka reached), and reports the pod Running and Ready with that IP.
+fn run_pod(cp: &ControlPlane, bin: &Path, g: usize) -> Result<Pod> {
+    let workload = format!("plant-g{g}");
+    let name = format!("{workload}-0");
+    let ip = Ipv4Addr::new(POD_NET[0], POD_NET[1], POD_NET[2], g as u8 + 1);
+    let addr = SocketAddr::from((ip, 8080));
+    if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+        bail!("something else listens on {addr}, the address of pod {name}");
     }
-    let r0 = metric(port, "ferry_operator_reconciles_total").unwrap_or(f64::NAN);
-    let w0 = metric(port, "ferry_operator_status_writes_total").unwrap_or(f64::NAN);
-    std::thread::sleep(Duration::from_secs(steady_seconds));
-    let r1 = metric(port, "ferry_operator_reconciles_total").unwrap_or(f64::NAN);
-    let w1 = metric(port, "ferry_operator_status_writes_total").unwrap_or(f64::NAN);
-    let usage = crate::procs::usage(pid)?;
+    wait_for(
+        &format!("pod {name} created"),
+        Duration::from_secs(60),
+        || Ok(cp.run_kubectl(["get", "pod", &name, "-n", NS]).is_ok()),
+    )?;
+    let config = cp.run_kubectl([
+        "get",
+        "configmap",
+        &workload,
+        "-n",
+        NS,
+        "-o",
+        "jsonpath={.data.config\\.yaml}",
+    ])?;
+    if config.is_empty() {
+        bail!("ConfigMap {workload} has no config.yaml");
+    }
+    let dir = cp.dir().join(&name);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("config.yaml"), config)?;
+    let log = dir.join("forwarder.log");
+    let out = std::fs::File::create(&log)?;
+    let child = Command::new(bin)
+        .arg("--config")
+        .arg(dir.join("config.yaml"))
+        .args(["--http-listen", &addr.to_string()])
+        // What the pod template's fieldRefs give the container.
+        .env("POD_NAME", &name)
+        .env("POD_NAMESPACE", NS)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()
+        .with_context(|| format!("start {}", bin.display()))?;
+    let mut pod = Pod { child, addr, log };
+    wait_for(
+        &format!("forwarder {name} ready"),
+        Duration::from_secs(60),
+        || {
+            if let Some(status) = pod.child.try_wait()? {
+                bail!("forwarder {name} exited with {status}: {}", pod.log_tail());
+            }
+            Ok(get(addr, "/readyz").is_ok_and(|(code, _)| code == 200))
+        },
+    )?;
+    let patch = format!(
+        r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}],"conditions":[{{"type":"Ready","status":"True"}}]}}}}"#
+    );
+    cp.run_kubectl([
+        "patch",
+        "pod",
+        &name,
+        "-n",
+        NS,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &patch,
+    ])?;
+    Ok(pod)
+}
+
+/// Counters read at both ends of the steady window.
+struct Sample {
+    at: Instant,
+    rule_writes: f64,
+    reconciles: f64,
+    poll_errors: f64,
+    apiserver: f64,
+    apiserver_rule_status: f64,
+    operator: crate::procs::Usage,
+    forwarded: f64,
+}
+
+impl Sample {
+    fn take(cp: &ControlPlane, port: u16, pid: u32, pods: &[Pod]) -> Result<Self> {
+        let (apiserver, apiserver_rule_status) = apiserver_requests(cp)?;
+        let mut forwarded = 0.0;
+        for pod in pods {
+            let (code, body) = get(pod.addr, "/metrics")?;
+            if code != 200 {
+                bail!("forwarder {} /metrics answered {code}", pod.addr);
+            }
+            // The forwarder's own count: the per-rule counters credit every rule of a shared
+            // Kafka target with each of its messages (the rules here share one topic per group).
+            forwarded += metric_sum(&body, "ferry_mqtt_acked_messages_total", &[]);
+        }
+        Ok(Self {
+            at: Instant::now(),
+            rule_writes: operator_metric(
+                port,
+                "ferry_operator_status_writes_total",
+                &["kind=\"forwarding_rule\""],
+            )?,
+            reconciles: operator_metric(port, "ferry_operator_reconciles_total", &[])?,
+            poll_errors: operator_metric(
+                port,
+                "ferry_operator_forwarder_status_polls_total",
+                &["result=\"error\""],
+            )?,
+            apiserver,
+            apiserver_rule_status,
+            operator: crate::procs::usage(pid)?,
+            forwarded,
+        })
+    }
+}
+
+/// The steady window's figures (the caller fills in the creation phase).
+fn steady(
+    cp: &ControlPlane,
+    port: u16,
+    pid: u32,
+    pods: &[Pod],
+    rules: usize,
+    window: Duration,
+) -> Result<OperatorFigures> {
+    let warm = Instant::now();
+    // The first report of each rule is a condition change (Forwarding True), written at once;
+    // Ready follows within a reconcile of the connection.
+    wait_for(
+        "every rule Forwarding and Ready",
+        Duration::from_secs(180),
+        || Ok(rules_with(cp, "Forwarding")? >= rules && rules_with(cp, "Ready")? >= rules),
+    )?;
+    let warmup_seconds = warm.elapsed().as_secs_f64();
+    std::thread::sleep(SETTLE);
+    let s0 = Sample::take(cp, port, pid, pods)?;
+    std::thread::sleep(window);
+    let s1 = Sample::take(cp, port, pid, pods)?;
+    let seconds = s1.at.duration_since(s0.at).as_secs_f64();
     Ok(OperatorFigures {
         rules,
         groups: GROUPS,
-        apply_seconds,
-        all_accepted_seconds,
-        after_last_create_seconds,
-        steady_seconds,
-        steady_reconciles: r1 - r0,
-        steady_status_writes: w1 - w0,
-        peak_rss_mib: usage.peak_rss_mib,
+        forwarders: pods.len(),
+        status_interval_seconds: STATUS_INTERVAL_SECONDS,
+        write_interval_seconds: WRITE_INTERVAL_SECONDS,
+        traffic_msgs_per_sec: rules as f64 / TRAFFIC_PERIOD_SECONDS as f64,
+        warmup_seconds,
+        steady_seconds: seconds,
+        steady_reconciles: s1.reconciles - s0.reconciles,
+        steady_status_writes: s1.rule_writes - s0.rule_writes,
+        steady_poll_errors: s1.poll_errors - s0.poll_errors,
+        apiserver_requests: s1.apiserver - s0.apiserver,
+        apiserver_rule_status_requests: s1.apiserver_rule_status - s0.apiserver_rule_status,
+        operator_cpu_seconds: s1.operator.cpu_seconds - s0.operator.cpu_seconds,
+        messages_forwarded: s1.forwarded - s0.forwarded,
+        rules_forwarding_after: rules_with(cp, "Forwarding")?,
+        peak_rss_mib: s1.operator.peak_rss_mib,
+        rss_window_start_mib: s0.operator.rss_mib,
+        rss_end_mib: s1.operator.rss_mib,
+        ..OperatorFigures::default()
     })
+}
+
+/// The same steady state under an operator started with `--status-write-interval-seconds 0`:
+/// every rule whose counters moved is written at every poll.
+fn without_budget(
+    cp: &ControlPlane,
+    bin: &Path,
+    pods: &[Pod],
+    window: Duration,
+) -> Result<NoBudget> {
+    println!("operator: again without the write budget (interval 0), {window:?}");
+    let (operator, port) = start_operator(cp, bin, 0, "operator-no-budget")?;
+    let pid = operator.0.id();
+    // Its start: a reconcile of every object and the first polls.
+    std::thread::sleep(SETTLE + Duration::from_secs(STATUS_INTERVAL_SECONDS));
+    let s0 = Sample::take(cp, port, pid, pods)?;
+    std::thread::sleep(window);
+    let s1 = Sample::take(cp, port, pid, pods)?;
+    Ok(NoBudget {
+        seconds: s1.at.duration_since(s0.at).as_secs_f64(),
+        status_writes: s1.rule_writes - s0.rule_writes,
+        reconciles: s1.reconciles - s0.reconciles,
+        apiserver_requests: s1.apiserver - s0.apiserver,
+        apiserver_rule_status_requests: s1.apiserver_rule_status - s0.apiserver_rule_status,
+        operator_cpu_seconds: s1.operator.cpu_seconds - s0.operator.cpu_seconds,
+        peak_rss_mib: s1.operator.peak_rss_mib,
+    })
+}
+
+/// Brokers, control plane, operator, `rules` rules in [`GROUPS`] groups; one forwarder per
+/// group; steady traffic on every rule; `window` of measurement.
+pub fn measure(
+    operator_bin: &Path,
+    forwarder_bin: &Path,
+    rules: usize,
+    window: Duration,
+) -> Result<OperatorFigures> {
+    // The brokers first: the connection points at them from its creation, so the rendered
+    // configs are the ones the forwarders run. Kafka does not create topics by itself here.
+    let mqtt = Mosquitto::start()?;
+    let kafka = Kafka::start()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    for g in 0..GROUPS {
+        rt.block_on(kafka.create_topic(&kafka_topic(g), 1))?;
+    }
+    let cp = ControlPlane::start().context("control plane (run e2e/k8s/build.sh once)")?;
+    cp.install_crds(
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../crds/")),
+        &["forwardingrules.ferry.dev", "brokerconnections.ferry.dev"],
+    )?;
+    cp.run_kubectl(["create", "namespace", NS])?;
+    let (operator, port) = start_operator(&cp, operator_bin, WRITE_INTERVAL_SECONDS, "operator")?;
+    let (apply_seconds, all_accepted_seconds) =
+        create_rules(&cp, rules, mqtt.port(), &kafka.bootstrap())?;
+    // Where the peak comes from: the rules alone, or the data-plane status on top.
+    let accepted_usage = crate::procs::usage(operator.0.id())?;
+    println!(
+        "operator: {rules} rules Accepted and rendered {all_accepted_seconds:.1} s after the first create (peak RSS {:.1} MiB); starting {GROUPS} forwarders",
+        accepted_usage.peak_rss_mib
+    );
+    let pods: Vec<Pod> = (0..GROUPS)
+        .map(|g| run_pod(&cp, forwarder_bin, g))
+        .collect::<Result<_>>()?;
+    let stop = Arc::new(AtomicBool::new(false));
+    let rate = (rules as u64 / TRAFFIC_PERIOD_SECONDS).max(1);
+    let traffic = rt.spawn(crate::load::publish_until(
+        mqtt.port(),
+        "plant",
+        rate,
+        100,
+        rules as u64,
+        stop.clone(),
+    ));
+    println!(
+        "operator: {rate} msg/s over {rules} MQTT topics (one per rule); measuring {window:?} of steady state"
+    );
+    let measured = steady(&cp, port, operator.0.id(), &pods, rules, window).and_then(|mut f| {
+        // One operator writes at a time, as with leader election.
+        drop(operator);
+        f.no_budget = Some(without_budget(&cp, operator_bin, &pods, window / 2)?);
+        Ok(f)
+    });
+    stop.store(true, Ordering::Relaxed);
+    let sent = rt.block_on(traffic)??;
+    let mut figures = measured?;
+    figures.apply_seconds = apply_seconds;
+    figures.all_accepted_seconds = all_accepted_seconds;
+    figures.after_last_create_seconds = all_accepted_seconds - apply_seconds;
+    figures.messages_published = sent;
+    figures.peak_rss_accepted_mib = accepted_usage.peak_rss_mib;
+    Ok(figures)
 }

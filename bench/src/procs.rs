@@ -12,6 +12,8 @@ use ferry_e2e::{free_port, http_get};
 pub struct Usage {
     pub cpu_seconds: f64,
     pub peak_rss_mib: f64,
+    /// Resident now (`VmRSS`).
+    pub rss_mib: f64,
 }
 
 pub fn usage(pid: u32) -> Result<Usage> {
@@ -32,14 +34,17 @@ pub fn usage(pid: u32) -> Result<Usage> {
     // SAFETY: sysconf(3) has no preconditions.
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as f64;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let hwm_kib: f64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .context("no VmHWM in /proc/PID/status")?;
+    let kib = |field: &str| -> Result<f64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .with_context(|| format!("no {field} in /proc/PID/status"))
+    };
     Ok(Usage {
         cpu_seconds: ticks as f64 / hz,
-        peak_rss_mib: hwm_kib / 1024.0,
+        peak_rss_mib: kib("VmHWM:")? / 1024.0,
+        rss_mib: kib("VmRSS:")? / 1024.0,
     })
 }
 
