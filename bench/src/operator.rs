@@ -299,20 +299,7 @@ fn run_pod(cp: &ControlPlane, bin: &Path, g: usize) -> Result<Pod> {
             Ok(get(addr, "/readyz").is_ok_and(|(code, _)| code == 200))
         },
     )?;
-    let patch = format!(
-        r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}],"conditions":[{{"type":"Ready","status":"True"}}]}}}}"#
-    );
-    cp.run_kubectl([
-        "patch",
-        "pod",
-        &name,
-        "-n",
-        NS,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &patch,
-    ])?;
+    cp.report_pod(NS, &name, Some("Running"), Some(ip.into()), true)?;
     Ok(pod)
 }
 

@@ -362,6 +362,41 @@ impl ControlPlane {
         self.run_kubectl_with_stdin(args, "")
     }
 
+    /// Sets a pod's status as its kubelet would (no kubelet runs here): `phase` if given,
+    /// `ip` as its pod IP if given, and its `Ready` condition.
+    pub fn report_pod(
+        &self,
+        ns: &str,
+        pod: &str,
+        phase: Option<&str>,
+        ip: Option<std::net::IpAddr>,
+        ready: bool,
+    ) -> Result<()> {
+        let mut status = serde_json::json!({
+            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+        });
+        if let Some(phase) = phase {
+            status["phase"] = phase.into();
+        }
+        if let Some(ip) = ip {
+            status["podIP"] = ip.to_string().into();
+            status["podIPs"] = serde_json::json!([{ "ip": ip.to_string() }]);
+        }
+        let patch = serde_json::json!({ "status": status }).to_string();
+        self.run_kubectl([
+            "patch",
+            "pod",
+            pod,
+            "-n",
+            ns,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            &patch,
+        ])
+        .map(drop)
+    }
+
     /// Applies the CRDs in `dir` (server-side) and waits until `names` are established.
     pub fn install_crds(&self, dir: &Path, names: &[&str]) -> Result<()> {
         self.run_kubectl([

@@ -1083,6 +1083,48 @@ pub async fn disconnect(
     Ok(())
 }
 
+/// What an MQTT 5 broker holds for `client_id`: connects without a clean start and returns
+/// CONNACK's session present and how many queued messages the broker then delivered (it sends
+/// them right after the CONNACK; 3 s of quiet ends the count). `keep`: leave the session in
+/// place (expiry 1 h) rather than let it end with this connection (expiry 0).
+pub async fn probe_session(
+    host: IpAddr,
+    port: u16,
+    login: Option<(&str, &str)>,
+    client_id: &str,
+    keep: bool,
+) -> Result<(bool, usize)> {
+    use rumqttc::v5::mqttbytes::v5::Packet;
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
+    let mut options = MqttOptions::new(client_id, host.to_string(), port);
+    options.set_clean_start(false);
+    options.set_session_expiry_interval(Some(if keep { 3600 } else { 0 }));
+    if let Some((user, password)) = login {
+        options.set_credentials(user, password);
+    }
+    let (client, mut events) = AsyncClient::new(options, 10);
+    let mut present = None;
+    let mut delivered = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
+    loop {
+        match tokio::time::timeout_at(deadline, events.poll()).await {
+            Ok(Ok(Event::Incoming(Packet::ConnAck(ack)))) => present = Some(ack.session_present),
+            Ok(Ok(Event::Incoming(Packet::Publish(_)))) => delivered += 1,
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => bail!("probing {client_id}'s session at {host}:{port}: {e}"),
+            Err(_) => break,
+        }
+    }
+    let present =
+        present.ok_or_else(|| anyhow!("probing {client_id}'s session: no CONNACK in 3 s"))?;
+    client.disconnect().await?;
+    let _ = tokio::time::timeout(Duration::from_secs(2), async {
+        while events.poll().await.is_ok() {}
+    })
+    .await;
+    Ok((present, delivered))
+}
+
 /// A minimal HTTP/1.0 GET on loopback: (status, body). Enough for `/readyz` and `/metrics`.
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     use std::io::Read as _;

@@ -209,34 +209,6 @@ fn create_mqtt_credentials(c: &Cluster) -> Result<()> {
     Ok(())
 }
 
-/// Whether the broker holds a session for `client_id` (MQTT 5 CONNACK's session present when
-/// connecting without a clean start; expiry 0, so the probe leaves none behind).
-async fn session_present(broker: &MqttEndpoint, client_id: &str) -> Result<bool> {
-    use rumqttc::v5::mqttbytes::v5::Packet;
-    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
-    let mut options = MqttOptions::new(client_id, broker.host.to_string(), broker.port);
-    options.set_clean_start(false);
-    options.set_session_expiry_interval(Some(0));
-    if let Some((user, password)) = &broker.login {
-        options.set_credentials(user, password);
-    }
-    let (client, mut events) = AsyncClient::new(options, 10);
-    let present = loop {
-        match tokio::time::timeout(Duration::from_secs(10), events.poll()).await {
-            Ok(Ok(Event::Incoming(Packet::ConnAck(ack)))) => break ack.session_present,
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(anyhow!("probing {client_id}'s session: {e}")),
-            Err(_) => return Err(anyhow!("probing {client_id}'s session: no CONNACK in 10 s")),
-        }
-    };
-    client.disconnect().await?;
-    let _ = tokio::time::timeout(Duration::from_secs(2), async {
-        while events.poll().await.is_ok() {}
-    })
-    .await;
-    Ok(present)
-}
-
 /// The rule's `Ready` condition: (status, reason).
 fn ready_condition(c: &Cluster, rule: &str) -> Result<(String, String)> {
     let out = c.kubectl(&[
@@ -999,13 +971,14 @@ fn run(
             last_connect.contains("(p5, c1,"),
             "{client_id}'s last connect should be the operator's clean start: {last_connect:?}"
         );
-        ensure!(
-            !rt.block_on(session_present(
-                &publisher_endpoint(c.node_ip(), mqtt),
-                &client_id
-            ))?,
-            "the broker still holds a session for {client_id}"
-        );
+        let (present, _) = rt.block_on(ferry_e2e::probe_session(
+            c.node_ip(),
+            mqtt.port(),
+            Some(PUBLISHER),
+            &client_id,
+            false,
+        ))?;
+        ensure!(!present, "the broker still holds a session for {client_id}");
     }
     log("the forwarders' MQTT sessions were ended by the operator: none left at the broker".into());
     // The user's own Secret stays: the operator only copied from it.

@@ -302,15 +302,19 @@ fn log_librdkafka(level: RDKafkaLogLevel, fac: &str, message: &str) {
 mod tests {
     use super::*;
 
-    #[test]
-    fn user_config_overrides_defaults() {
-        let mut kafka = KafkaConfig {
+    fn plain_kafka() -> KafkaConfig {
+        KafkaConfig {
             bootstrap_servers: "k:9092".into(),
             tls: None,
             sasl: None,
             config: Default::default(),
             allow_weaker_delivery: false,
-        };
+        }
+    }
+
+    #[test]
+    fn user_config_overrides_defaults() {
+        let mut kafka = plain_kafka();
         kafka.config.insert("linger.ms".into(), "50".into());
         let cc = client_config(&kafka);
         assert_eq!(cc.get("linger.ms"), Some("50"));
@@ -395,13 +399,7 @@ mod tests {
 
     #[test]
     fn librdkafka_refusals_name_the_property() {
-        let mut kafka = KafkaConfig {
-            bootstrap_servers: "k:9092".into(),
-            tls: None,
-            sasl: None,
-            config: Default::default(),
-            allow_weaker_delivery: false,
-        };
+        let mut kafka = plain_kafka();
         assert_eq!(config_problem(&kafka), None);
         kafka.config.insert("linger.ms".into(), "10".into());
         assert_eq!(config_problem(&kafka), None);
@@ -416,13 +414,7 @@ mod tests {
 
     #[test]
     fn kafka_config_debug_turns_on_librdkafka_debug_logs() {
-        let mut kafka = KafkaConfig {
-            bootstrap_servers: "k:9092".into(),
-            tls: None,
-            sasl: None,
-            config: Default::default(),
-            allow_weaker_delivery: false,
-        };
+        let mut kafka = plain_kafka();
         assert!(matches!(
             client_config(&kafka).log_level,
             RDKafkaLogLevel::Warning

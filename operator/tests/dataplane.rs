@@ -79,43 +79,16 @@ fn run_pod(cp: &ControlPlane, workload: &str, name: &str, ip: Ipv4Addr) -> Pod {
         assert!(start.elapsed() < WAIT, "forwarder {name} never listened");
         std::thread::sleep(Duration::from_millis(100));
     }
-    let patch = format!(
-        r#"{{"status":{{"phase":"Running","podIP":"{ip}","podIPs":[{{"ip":"{ip}"}}],"conditions":[{{"type":"Ready","status":"True"}}]}}}}"#
-    );
-    cp.run_kubectl([
-        "patch",
-        "pod",
-        name,
-        "-n",
-        NS,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        &patch,
-    ])
-    .expect("report the pod Ready");
+    cp.report_pod(NS, name, Some("Running"), Some(ip.into()), true)
+        .expect("report the pod Ready");
     Pod { child, log }
 }
 
 /// Reports the pods Ready or NotReady, as their kubelet would from the readiness probe.
 fn set_ready(cp: &ferry_e2e::kube::ControlPlane, names: &[&str], ready: bool) {
-    let patch = format!(
-        r#"{{"status":{{"conditions":[{{"type":"Ready","status":"{}"}}]}}}}"#,
-        if ready { "True" } else { "False" }
-    );
     for name in names {
-        cp.run_kubectl([
-            "patch",
-            "pod",
-            name,
-            "-n",
-            NS,
-            "--subresource=status",
-            "--type=merge",
-            "-p",
-            &patch,
-        ])
-        .expect("report the pod's readiness");
+        cp.report_pod(NS, name, None, None, ready)
+            .expect("report the pod's readiness");
     }
 }
 

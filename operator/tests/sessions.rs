@@ -43,34 +43,17 @@ fn client_id(pod: &str) -> String {
     format!("ferry.{NS}.{pod}")
 }
 
-/// Connects as `client_id` without a clean start and says whether the broker still held a
-/// session for it (CONNACK's session present) and how many queued messages it then delivered.
-/// `keep`: leave the session in place (expiry 1 h) rather than let it end with this connection.
+/// What the broker holds for `client_id` (see [`ferry_e2e::probe_session`]).
 async fn probe_session(port: u16, client_id: &str, keep: bool) -> (bool, usize) {
-    let mut options = MqttOptions::new(client_id, "127.0.0.1", port);
-    options.set_clean_start(false);
-    options.set_session_expiry_interval(Some(if keep { 3600 } else { 0 }));
-    let (client, mut events) = AsyncClient::new(options, 10);
-    let mut present = None;
-    let mut delivered = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(3);
-    loop {
-        match tokio::time::timeout_at(deadline, events.poll()).await {
-            Ok(Ok(Event::Incoming(Packet::ConnAck(ack)))) => present = Some(ack.session_present),
-            Ok(Ok(Event::Incoming(Packet::Publish(_)))) => delivered += 1,
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => panic!("probing {client_id} at the broker: {e}"),
-            // Queued messages arrive right after the CONNACK; 3 s of quiet means no more.
-            Err(_) => break,
-        }
-    }
-    let present = present.unwrap_or_else(|| panic!("no CONNACK for {client_id}"));
-    client.disconnect().await.expect("disconnect");
-    let _ = tokio::time::timeout(Duration::from_secs(2), async {
-        while events.poll().await.is_ok() {}
-    })
-    .await;
-    (present, delivered)
+    ferry_e2e::probe_session(
+        std::net::IpAddr::from([127, 0, 0, 1]),
+        port,
+        None,
+        client_id,
+        keep,
+    )
+    .await
+    .expect("probe the broker")
 }
 
 /// What a forwarder in pod `pod` leaves at the broker: a persistent session subscribed to
@@ -101,17 +84,7 @@ async fn leave_session(port: u16, pod: &str) {
 /// Marks `pod` Running and Ready, as its kubelet would once the forwarder started.
 fn mark_running(cp: &ferry_e2e::kube::ControlPlane, pod: &str) {
     let start = Instant::now();
-    while let Err(e) = cp.run_kubectl([
-        "patch",
-        "pod",
-        pod,
-        "-n",
-        NS,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        r#"{"status":{"phase":"Running","conditions":[{"type":"Ready","status":"True"}]}}"#,
-    ]) {
+    while let Err(e) = cp.report_pod(NS, pod, Some("Running"), None, true) {
         assert!(start.elapsed() < WAIT, "pod {pod} never appeared: {e}");
         std::thread::sleep(Duration::from_millis(250));
     }
