@@ -35,9 +35,10 @@ release: deps
 images: release
 	@FERRY_IMAGES_SKIP_BUILD=1 bash e2e/images/build.sh
 
-lint: deps
+lint: deps tools
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	bash e2e/tools/vet.sh
 
 # Unit tests plus every integration test against real Mosquitto and Kafka. The broker tests
 # each start their own brokers; they run one at a time so timings stay meaningful on 2 cores.
