@@ -16,6 +16,8 @@ if [ "$(id -u)" -ne 0 ]; then exec sudo -E "$0" "$@"; fi
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=lib.sh
 . "$here/lib.sh"
+# shellcheck source=../k8s/control-plane.sh
+. "$e2e_dir/k8s/control-plane.sh"
 t0=$SECONDS
 
 mkdir -p "$(dirname "$dir")"
@@ -138,9 +140,13 @@ for cidr in "$net.0/24" "$pod_cidr"; do
     die "$cidr is already routed or assigned on this host (another cluster? set FERRY_CLUSTER_NET / FERRY_CLUSTER_POD_NET)"
   fi
 done
-mkdir -p "$dir" "$logs" "$pids" "$dir/pki" "$dir/etcd" "$dir/containerd" "$dir/cni/net.d" \
-  "$dir/cni/networks" "$dir/kubelet" "$dir/pod-logs"
-chmod 700 "$dir/pki" "$dir/etcd"
+mkdir -p "$dir" "$logs" "$pids" "$dir/containerd" "$dir/cni/net.d" "$dir/cni/networks" \
+  "$dir/kubelet" "$dir/pod-logs"
+# The control plane's settings for e2e/k8s/control-plane.sh (its flags, keys and certificates).
+export CP_DIR=$dir CP_ETCD_PORT=$etcd_port CP_ETCD_PEER_PORT=$etcd_peer_port CP_API_BIND=0.0.0.0 \
+  CP_API_ADVERTISE=$node_ip CP_API_PORT=$api_port CP_SERVICE_CIDR=$svc_cidr \
+  CP_KUBECONFIG=$kubeconfig CP_KCM_PORT=$kcm_port CP_SCHED_PORT=$sched_port
+cp_prepare
 cat > "$dir/cluster.env" <<EOF
 netns=$netns
 nspath=$nspath
@@ -160,7 +166,6 @@ busybox_image=$busybox_image
 k8s_version=$k8s_version
 EOF
 
-openssl genrsa -out "$dir/pki/service-account.key" 2048 2>/dev/null
 admin_token=$(openssl rand -hex 16)
 node_token=$(openssl rand -hex 16)
 printf '%s,ferry-admin,ferry-admin,"system:masters"\n%s,system:node:%s,system:node:%s,"system:nodes"\n' \
@@ -292,6 +297,14 @@ start() {
   echo "$! $exe" > "$pids/$name"
 }
 
+# start_component NAME: a control-plane component, with the flags control-plane.sh gives it.
+start_component() {
+  local args
+  mapfile -d '' args < <(cp_args "$1")
+  [ ${#args[@]} -gt 0 ] || fail "control-plane.sh gave no arguments for $1"
+  start "$1" "$k8s_bin/$1" "${args[@]}"
+}
+
 fail_hook=
 fail() { # MESSAGE [COMPONENT]
   echo "ferry: cluster $netns: $1" >&2
@@ -319,59 +332,17 @@ wait_for() {
 ns_get() { [ "$(in_ns curl -fsS --max-time 2 "$@" 2>/dev/null)" = ok ]; }
 etcd_ok() { in_ns curl -fsS --max-time 2 "http://127.0.0.1:$etcd_port/health" 2>/dev/null | grep -q '"health":"true"'; }
 readyz_ok() { [ "$(kc get --raw /readyz --request-timeout=3s 2>/dev/null)" = ok ]; }
-cert_ok() { [ "$(grep -c -- '-----END CERTIFICATE-----' "$dir/pki/apiserver/apiserver.crt" 2>/dev/null)" -ge 2 ]; }
-
-write_kubeconfig() { # FILE USER TOKEN
-  cat > "$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: $netns
-  cluster:
-    server: https://$node_ip:$api_port
-    certificate-authority-data: $(base64 -w0 < "$dir/pki/ca.crt")
-users:
-- name: $2
-  user:
-    token: $3
-contexts:
-- name: $netns
-  context:
-    cluster: $netns
-    user: $2
-    namespace: default
-current-context: $netns
-EOF
-  chmod 600 "$1"
-}
 
 say "starting etcd and containerd"
-start etcd "$k8s_bin/etcd" --name=ferry --data-dir="$dir/etcd" \
-  --listen-client-urls="http://127.0.0.1:$etcd_port" --advertise-client-urls="http://127.0.0.1:$etcd_port" \
-  --listen-peer-urls="http://127.0.0.1:$etcd_peer_port" --initial-advertise-peer-urls="http://127.0.0.1:$etcd_peer_port" \
-  --initial-cluster="ferry=http://127.0.0.1:$etcd_peer_port" --unsafe-no-fsync --log-level=warn
+start_component etcd
 start containerd "$(command -v containerd)" --config "$dir/containerd/config.toml"
 wait_for 30 "etcd /health" etcd etcd_ok
 
 say "starting kube-apiserver on https://$node_ip:$api_port"
-start kube-apiserver "$k8s_bin/kube-apiserver" \
-  --etcd-servers="http://127.0.0.1:$etcd_port" \
-  --bind-address=0.0.0.0 --advertise-address="$node_ip" --secure-port="$api_port" \
-  --cert-dir="$dir/pki/apiserver" \
-  --token-auth-file="$dir/pki/tokens.csv" \
-  --authorization-mode=Node,RBAC \
-  --allow-privileged=true \
-  --service-account-key-file="$dir/pki/service-account.key" \
-  --service-account-signing-key-file="$dir/pki/service-account.key" \
-  --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-  --service-cluster-ip-range="$svc_cidr" \
-  --kubelet-preferred-address-types=InternalIP \
-  --profiling=false
-wait_for 60 "kube-apiserver serving certificate" kube-apiserver cert_ok
-# The self-signed serving certificate is "leaf, then its CA"; the kubeconfigs trust that CA.
-awk '/-----BEGIN CERTIFICATE-----/ { n++ } n == 2' "$dir/pki/apiserver/apiserver.crt" > "$dir/pki/ca.crt"
-write_kubeconfig "$kubeconfig" ferry-admin "$admin_token"
-write_kubeconfig "$dir/kubelet.kubeconfig" "system:node:$node_name" "$node_token"
+start_component kube-apiserver
+wait_for 60 "kube-apiserver serving certificate" kube-apiserver cp_extract_ca
+CP_TOKEN=$admin_token cp_kubeconfig "$kubeconfig" "$netns" ferry-admin
+CP_TOKEN=$node_token cp_kubeconfig "$dir/kubelet.kubeconfig" "$netns" "system:node:$node_name"
 
 wait_for 30 "containerd" containerd ctr_ version
 for tar in "$pause_tar" "$busybox_tar"; do
@@ -383,17 +354,8 @@ done
 wait_for 90 "kube-apiserver /readyz (from the host, through $veth_host)" kube-apiserver readyz_ok
 
 say "starting kube-controller-manager, kube-scheduler and kubelet"
-# No --authentication-kubeconfig (see e2e/src/kube.rs): /healthz is then served anonymously.
-start kube-controller-manager "$k8s_bin/kube-controller-manager" \
-  --kubeconfig="$kubeconfig" \
-  --bind-address=127.0.0.1 --secure-port="$kcm_port" --cert-dir="$dir/pki/kcm" \
-  --controllers='*' --use-service-account-credentials=false --leader-elect=false \
-  --service-account-private-key-file="$dir/pki/service-account.key" \
-  --root-ca-file="$dir/pki/ca.crt" \
-  --service-cluster-ip-range="$svc_cidr" --profiling=false
-start kube-scheduler "$k8s_bin/kube-scheduler" \
-  --kubeconfig="$kubeconfig" --leader-elect=false \
-  --bind-address=127.0.0.1 --secure-port="$sched_port" --cert-dir="$dir/pki/scheduler" --profiling=false
+start_component kube-controller-manager
+start_component kube-scheduler
 start kubelet "$k8s_bin/kubelet" \
   --config="$dir/kubelet-config.yaml" --kubeconfig="$dir/kubelet.kubeconfig" \
   --root-dir="$dir/kubelet" --hostname-override="$node_name" --node-ip="$node_ip"

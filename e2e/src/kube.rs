@@ -14,6 +14,7 @@
 use std::ffi::OsStr;
 use std::fs;
 use std::io::{Read as _, Write as _};
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -37,9 +38,16 @@ pub fn k8s_bin_dir() -> PathBuf {
 const BINARIES: [&str; 3] = ["etcd", "kube-apiserver", "kube-controller-manager"];
 
 /// The cluster IP range given to the API server (and the controller manager).
-pub const SERVICE_CLUSTER_IP_RANGE: &str = "10.0.0.0/24";
-/// The service-account token issuer (`--service-account-issuer`).
-pub const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
+const SERVICE_CIDR: &str = "10.0.0.0/24";
+/// How every component is started (flags, keys, certificates): shared with `e2e/cluster/up.sh`.
+const CONTROL_PLANE_SH: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/k8s/control-plane.sh");
+
+/// The loopback ports of the components other than the API server.
+struct Ports {
+    etcd: u16,
+    etcd_peer: u16,
+    kcm: u16,
+}
 /// The user name of [`ControlPlane::token`]; it is in the `system:masters` group.
 pub const ADMIN_USER: &str = "ferry-admin";
 
@@ -50,9 +58,10 @@ pub struct ControlPlane {
     controller_manager: Option<Child>,
     dir: Option<tempfile::TempDir>,
     port: u16,
+    ports: Ports,
     token: String,
     kubeconfig: PathBuf,
-    ca_pem: Option<String>,
+    ca_pem: String,
     kubectl: PathBuf,
     keep: bool,
 }
@@ -93,10 +102,15 @@ impl ControlPlane {
             etcd: None,
             apiserver: None,
             controller_manager: None,
-            port: 0,
+            port: free_port()?,
+            ports: Ports {
+                etcd: free_port()?,
+                etcd_peer: free_port()?,
+                kcm: free_port()?,
+            },
             token: random_hex(16)?,
             kubeconfig: dir.path().join("kubeconfig"),
-            ca_pem: None,
+            ca_pem: String::new(),
             kubectl,
             keep: false,
             dir: Some(dir),
@@ -124,108 +138,108 @@ impl ControlPlane {
         }
     }
 
+    /// Runs `e2e/k8s/control-plane.sh ARGS` with this control plane's settings: the one
+    /// definition of the components' flags, keys and certificates, shared with the kubelet
+    /// cluster's `up.sh`.
+    fn control_plane_sh(&self, args: &[&str], token: &str) -> Result<Vec<u8>> {
+        let ports = &self.ports;
+        let out = Command::new("bash")
+            .arg(CONTROL_PLANE_SH)
+            .args(args)
+            .env("CP_DIR", self.dir())
+            .env("CP_ETCD_PORT", ports.etcd.to_string())
+            .env("CP_ETCD_PEER_PORT", ports.etcd_peer.to_string())
+            .env("CP_API_BIND", "127.0.0.1")
+            .env("CP_API_ADVERTISE", "127.0.0.1")
+            .env("CP_API_PORT", self.port.to_string())
+            .env("CP_SERVICE_CIDR", SERVICE_CIDR)
+            .env("CP_KUBECONFIG", &self.kubeconfig)
+            .env("CP_KCM_PORT", ports.kcm.to_string())
+            .env("CP_SCHED_PORT", "0")
+            .env("CP_TOKEN", token)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("cannot run bash {CONTROL_PLANE_SH}"))?;
+        if !out.status.success() {
+            bail!(
+                "{CONTROL_PLANE_SH} {} failed ({}): {}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(out.stdout)
+    }
+
+    /// `program` with the arguments `control-plane.sh args <name>` gives it.
+    fn component(&self, bin: &Path, name: &str) -> Result<Command> {
+        let args = self.control_plane_sh(&["args", name], "")?;
+        let mut cmd = Command::new(bin.join(name));
+        for arg in args.split(|b| *b == 0).filter(|a| !a.is_empty()) {
+            cmd.arg(OsStr::from_bytes(arg));
+        }
+        Ok(cmd)
+    }
+
     fn boot(&mut self, bin: &Path) -> Result<String> {
-        let dir = self.dir().to_path_buf();
-        let path = |name: &str| dir.join(name);
-
-        // etcd
-        let t = Instant::now();
-        let etcd_port = free_port()?;
-        let peer_port = free_port()?;
-        let etcd_log = path("etcd.log");
-        let mut etcd = spawn_tied(
-            Command::new(bin.join("etcd"))
-                .arg("--name=ferry")
-                .arg(format!("--data-dir={}", path("etcd-data").display()))
-                .arg(format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"))
-                .arg(format!(
-                    "--advertise-client-urls=http://127.0.0.1:{etcd_port}"
-                ))
-                .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"))
-                .arg(format!(
-                    "--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"
-                ))
-                .arg(format!(
-                    "--initial-cluster=ferry=http://127.0.0.1:{peer_port}"
-                ))
-                .arg("--unsafe-no-fsync")
-                .arg("--log-level=warn"),
-            &etcd_log,
-        )?;
-        let ready = wait_for_port(
-            etcd_port,
-            Duration::from_secs(30),
-            &mut etcd,
-            "etcd",
-            &etcd_log,
-        );
-        self.etcd = Some(etcd);
-        ready?;
-        self.wait(Duration::from_secs(30), "etcd /health", &etcd_log, |cp| {
-            cp.check_alive()?;
-            Ok(http_get(etcd_port, "/health")
-                .is_some_and(|(status, body)| status == 200 && body.contains("\"true\"")))
-        })?;
-        let etcd_time = t.elapsed();
-
-        // kube-apiserver
-        let t = Instant::now();
-        let sa_key = path("service-account.key");
-        openssl(&["genrsa", "-out", &sa_key.to_string_lossy(), "2048"])?;
-        let tokens = path("tokens.csv");
+        self.control_plane_sh(&["prepare"], "")?;
         fs::write(
-            &tokens,
+            self.dir().join("pki/tokens.csv"),
             format!(
                 "{},{ADMIN_USER},{ADMIN_USER},\"system:masters\"\n",
                 self.token
             ),
         )?;
-        let cert_dir = path("apiserver-certs");
-        self.port = free_port()?;
-        let api_log = path("kube-apiserver.log");
-        let mut apiserver = spawn_tied(
-            Command::new(bin.join("kube-apiserver"))
-                .arg(format!("--etcd-servers=http://127.0.0.1:{etcd_port}"))
-                .arg("--bind-address=127.0.0.1")
-                .arg("--advertise-address=127.0.0.1")
-                .arg(format!("--secure-port={}", self.port))
-                .arg(format!("--cert-dir={}", cert_dir.display()))
-                .arg(format!("--token-auth-file={}", tokens.display()))
-                .arg("--authorization-mode=Node,RBAC")
-                .arg(format!("--service-account-key-file={}", sa_key.display()))
-                .arg(format!(
-                    "--service-account-signing-key-file={}",
-                    sa_key.display()
-                ))
-                .arg(format!("--service-account-issuer={SERVICE_ACCOUNT_ISSUER}"))
-                .arg(format!(
-                    "--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"
-                ))
-                .arg("--kubelet-preferred-address-types=InternalIP")
-                .arg("--profiling=false"),
-            &api_log,
-        )?;
+        let t = Instant::now();
+        self.boot_etcd(bin)?;
+        let etcd_time = t.elapsed();
+        let t = Instant::now();
+        self.boot_apiserver(bin)?;
+        let api_time = t.elapsed();
+        let t = Instant::now();
+        self.boot_controller_manager(bin)?;
+        Ok(format!(
+            "etcd {etcd_time:.1?}, kube-apiserver {api_time:.1?}, \
+             kube-controller-manager {:.1?}",
+            t.elapsed()
+        ))
+    }
+
+    fn boot_etcd(&mut self, bin: &Path) -> Result<()> {
+        let log = self.dir().join("etcd.log");
+        let mut etcd = spawn_tied(&mut self.component(bin, "etcd")?, &log)?;
+        let port = self.ports.etcd;
+        let ready = wait_for_port(port, Duration::from_secs(30), &mut etcd, "etcd", &log);
+        self.etcd = Some(etcd);
+        ready?;
+        self.wait(Duration::from_secs(30), "etcd /health", &log, |cp| {
+            cp.check_alive()?;
+            Ok(http_get(port, "/health")
+                .is_some_and(|(status, body)| status == 200 && body.contains("\"true\"")))
+        })
+    }
+
+    fn boot_apiserver(&mut self, bin: &Path) -> Result<()> {
+        let log = self.dir().join("kube-apiserver.log");
+        let mut apiserver = spawn_tied(&mut self.component(bin, "kube-apiserver")?, &log)?;
         let ready = wait_for_port(
             self.port,
             Duration::from_secs(60),
             &mut apiserver,
             "kube-apiserver",
-            &api_log,
+            &log,
         );
         self.apiserver = Some(apiserver);
         ready?;
-        // The serving cert it generated is "leaf, then its CA"; trust that CA.
-        self.ca_pem = fs::read_to_string(cert_dir.join("apiserver.crt"))
-            .ok()
-            .and_then(|bundle| pem_blocks(&bundle).into_iter().nth(1));
-        if let Some(ca) = &self.ca_pem {
-            fs::write(path("ca.pem"), ca)?;
-        }
-        fs::write(&self.kubeconfig, self.kubeconfig_yaml())?;
+        // It writes its self-signed certificate before it serves.
+        self.control_plane_sh(&["extract-ca"], "")
+            .context("the API server wrote no self-signed certificate with its CA")?;
+        self.ca_pem = fs::read_to_string(self.ca_file())?;
+        self.write_kubeconfig(&self.kubeconfig, ADMIN_USER, &self.token, "default")?;
         self.wait(
             Duration::from_secs(90),
             "kube-apiserver /readyz",
-            &api_log,
+            &log,
             |cp| {
                 cp.check_alive()?;
                 Ok(cp.get_raw(None, "/readyz").is_ok_and(|body| body == "ok"))
@@ -233,62 +247,47 @@ impl ControlPlane {
         )
         .map_err(|e| match self.get_raw(None, "/readyz?verbose") {
             Ok(v) | Err(v) => e.context(format!("last /readyz?verbose:\n{v}")),
-        })?;
-        let api_time = t.elapsed();
+        })
+    }
 
-        // kube-controller-manager
-        let t = Instant::now();
-        let kcm_port = free_port()?;
-        let kcm_log = path("kube-controller-manager.log");
-        let mut kcm = Command::new(bin.join("kube-controller-manager"));
-        // No --authentication-kubeconfig: the delegated authentication would wait forever
-        // for the kube-system/extension-apiserver-authentication ConfigMap, which this API
-        // server (no client CA) never writes, and fill the log with errors. /healthz is then
-        // served to anonymous requests (it is in --authorization-always-allow-paths).
-        kcm.arg(format!("--kubeconfig={}", self.kubeconfig.display()))
-            .arg("--bind-address=127.0.0.1")
-            .arg(format!("--secure-port={kcm_port}"))
-            .arg(format!("--cert-dir={}", path("kcm-certs").display()))
-            .arg("--controllers=*")
-            .arg("--use-service-account-credentials=false")
-            .arg("--leader-elect=false")
-            .arg(format!(
-                "--service-account-private-key-file={}",
-                sa_key.display()
-            ))
-            .arg(format!(
-                "--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}"
-            ))
-            .arg("--profiling=false");
-        if self.ca_pem.is_some() {
-            kcm.arg(format!("--root-ca-file={}", path("ca.pem").display()));
-        }
-        let mut kcm = spawn_tied(&mut kcm, &kcm_log)?;
+    fn boot_controller_manager(&mut self, bin: &Path) -> Result<()> {
+        let log = self.dir().join("kube-controller-manager.log");
+        let mut kcm = spawn_tied(&mut self.component(bin, "kube-controller-manager")?, &log)?;
+        let port = self.ports.kcm;
         let ready = wait_for_port(
-            kcm_port,
+            port,
             Duration::from_secs(60),
             &mut kcm,
             "kube-controller-manager",
-            &kcm_log,
+            &log,
         );
         self.controller_manager = Some(kcm);
         ready?;
         self.wait(
             Duration::from_secs(60),
             "kube-controller-manager /healthz",
-            &kcm_log,
+            &log,
             |cp| {
                 cp.check_alive()?;
                 Ok(cp
-                    .get_raw(Some(kcm_port), "/healthz")
+                    .get_raw(Some(port), "/healthz")
                     .is_ok_and(|body| body == "ok"))
             },
-        )?;
-        Ok(format!(
-            "etcd {etcd_time:.1?}, kube-apiserver {api_time:.1?}, \
-             kube-controller-manager {:.1?}",
-            t.elapsed()
-        ))
+        )
+    }
+
+    /// Writes a kubeconfig for `user` with its bearer `token` to `path`, trusting the API
+    /// server's CA; `namespace` is its context's namespace.
+    pub fn write_kubeconfig(
+        &self,
+        path: &Path,
+        user: &str,
+        token: &str,
+        namespace: &str,
+    ) -> Result<()> {
+        let file = path.to_string_lossy();
+        self.control_plane_sh(&["kubeconfig", &file, "ferry", user, namespace], token)?;
+        Ok(())
     }
 
     /// `https://127.0.0.1:<port>`, the API server.
@@ -308,10 +307,14 @@ impl ControlPlane {
 
     /// The PEM certificate of the CA that signed the API server's serving certificate (which
     /// is valid for 127.0.0.1). It is in the kubeconfig as `certificate-authority-data`, and in
-    /// the file `ca.pem` of [`ControlPlane::dir`]. `None` only if the API server did not write
-    /// the usual self-signed bundle; the kubeconfig then uses `insecure-skip-tls-verify`.
-    pub fn ca_pem(&self) -> Option<&str> {
-        self.ca_pem.as_deref()
+    /// the file [`ControlPlane::ca_file`].
+    pub fn ca_pem(&self) -> &str {
+        &self.ca_pem
+    }
+
+    /// The file holding [`ControlPlane::ca_pem`].
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir().join("pki/ca.crt")
     }
 
     /// A kubeconfig file (cluster, user and context `ferry`, namespace `default`): the server
@@ -320,8 +323,8 @@ impl ControlPlane {
         &self.kubeconfig
     }
 
-    /// The control plane's temp dir: the kubeconfig, the service-account key, the token file,
-    /// etcd's data, the generated certificates and the logs `etcd.log`,
+    /// The control plane's temp dir: the kubeconfig, `pki/` (the service-account key, the token
+    /// file, the generated certificates), etcd's data in `etcd/` and the logs `etcd.log`,
     /// `kube-apiserver.log`, `kube-controller-manager.log`.
     pub fn dir(&self) -> &Path {
         self.dir
@@ -561,42 +564,13 @@ impl ControlPlane {
         Ok(())
     }
 
-    fn kubeconfig_yaml(&self) -> String {
-        let tls = match &self.ca_pem {
-            Some(ca) => format!("certificate-authority-data: {}", base64(ca.as_bytes())),
-            None => "insecure-skip-tls-verify: true".to_owned(),
-        };
-        format!(
-            "apiVersion: v1\n\
-             kind: Config\n\
-             clusters:\n\
-             - name: ferry\n  \
-               cluster:\n    \
-                 server: {server}\n    \
-                 {tls}\n\
-             users:\n\
-             - name: {ADMIN_USER}\n  \
-               user:\n    \
-                 token: {token}\n\
-             contexts:\n\
-             - name: ferry\n  \
-               context:\n    \
-                 cluster: ferry\n    \
-                 user: {ADMIN_USER}\n    \
-                 namespace: default\n\
-             current-context: ferry\n",
-            server = self.server_url(),
-            token = self.token
-        )
-    }
-
     /// Keeps the temp dir (logs, config) past the drop, minus etcd's data (a preallocated
     /// 64 MB WAL); returns its path.
     fn keep_dir(&mut self) -> PathBuf {
         match self.dir.take() {
             Some(d) => {
                 let path = d.keep();
-                let _ = fs::remove_dir_all(path.join("etcd-data"));
+                let _ = fs::remove_dir_all(path.join("etcd"));
                 path
             }
             None => PathBuf::new(),
@@ -630,95 +604,15 @@ fn log_list(dir: &Path) -> String {
         .join(", ")
 }
 
-fn openssl(args: &[&str]) -> Result<()> {
-    let out = Command::new("openssl")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .context("cannot run openssl (package openssl; run e2e/install.sh)")?;
-    if !out.status.success() {
-        bail!(
-            "openssl {} failed: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(())
-}
-
 fn random_hex(bytes: usize) -> Result<String> {
     let mut buf = vec![0u8; bytes];
     fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// The PEM blocks of `text`, each with its BEGIN and END lines.
-fn pem_blocks(text: &str) -> Vec<String> {
-    let mut blocks = Vec::new();
-    let mut current: Option<String> = None;
-    for line in text.lines() {
-        if line.starts_with("-----BEGIN ") {
-            current = Some(String::new());
-        }
-        if let Some(block) = current.as_mut() {
-            block.push_str(line);
-            block.push('\n');
-            if line.starts_with("-----END ") {
-                blocks.extend(current.take());
-            }
-        }
-    }
-    blocks
-}
-
-fn base64(data: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn base64_matches_rfc4648() {
-        for (input, expected) in [
-            ("", ""),
-            ("f", "Zg=="),
-            ("fo", "Zm8="),
-            ("foo", "Zm9v"),
-            ("foob", "Zm9vYg=="),
-            ("fooba", "Zm9vYmE="),
-            ("foobar", "Zm9vYmFy"),
-        ] {
-            assert_eq!(base64(input.as_bytes()), expected);
-        }
-    }
-
-    #[test]
-    fn pem_blocks_splits_a_bundle() {
-        let bundle = "-----BEGIN CERTIFICATE-----\nAAA\n-----END CERTIFICATE-----\n\
-                      junk\n-----BEGIN CERTIFICATE-----\nBBB\n-----END CERTIFICATE-----\n";
-        let blocks = pem_blocks(bundle);
-        assert_eq!(blocks.len(), 2);
-        assert!(blocks[1].contains("BBB"));
-        assert!(blocks[1].ends_with("-----END CERTIFICATE-----\n"));
-    }
 
     #[test]
     fn version_is_pinned() {

@@ -27,8 +27,11 @@ fn exercise(cp: &ControlPlane, test_start: Instant, start_time: Duration) -> any
         cp.server_url(),
         cp.kubeconfig_path().display()
     );
+    let kubeconfig = std::fs::read_to_string(cp.kubeconfig_path())?;
     assert!(
-        cp.ca_pem().is_some(),
+        cp.ca_pem().starts_with("-----BEGIN CERTIFICATE-----")
+            && kubeconfig.contains("certificate-authority-data:")
+            && !kubeconfig.contains("insecure-skip-tls-verify"),
         "the kubeconfig should trust the API server's own CA, not skip TLS verification"
     );
 

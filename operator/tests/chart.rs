@@ -1002,7 +1002,8 @@ fn installed_chart_gives_the_operator_exactly_the_rights_it_uses() {
         ])
         .expect("token");
     let sa_kubeconfig = cp.dir().join("operator-kubeconfig");
-    std::fs::write(&sa_kubeconfig, token_kubeconfig(&cp, token.trim())).expect("kubeconfig");
+    cp.write_kubeconfig(&sa_kubeconfig, "operator", token.trim(), NAMESPACE)
+        .expect("kubeconfig");
     let port = ferry_e2e::free_port().expect("port");
     let log = cp.dir().join("chart-operator.log");
     let mut operator = ChildGuard(
@@ -1319,7 +1320,8 @@ fn watch_namespaces_confines_the_operator_and_its_rights_to_those_namespaces() {
         ])
         .expect("token");
     let sa_kubeconfig = cp.dir().join("scoped-operator-kubeconfig");
-    std::fs::write(&sa_kubeconfig, token_kubeconfig(&cp, token.trim())).expect("kubeconfig");
+    cp.write_kubeconfig(&sa_kubeconfig, "operator", token.trim(), NAMESPACE)
+        .expect("kubeconfig");
     let port = ferry_e2e::free_port().expect("port");
     let log = cp.dir().join("scoped-operator.log");
     let mut operator = ChildGuard(
@@ -2146,25 +2148,6 @@ fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
         );
         std::thread::sleep(Duration::from_millis(250));
     }
-}
-
-/// A kubeconfig for the control plane with `token` as the user.
-fn token_kubeconfig(cp: &ControlPlane, token: &str) -> String {
-    // ControlPlane writes its CA to ca.pem in its dir when it has one.
-    let tls = match cp.ca_pem() {
-        Some(_) => format!(
-            "certificate-authority: {}",
-            cp.dir().join("ca.pem").display()
-        ),
-        None => "insecure-skip-tls-verify: true".to_owned(),
-    };
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: ferry\n  cluster:\n    server: {}\n    {tls}\n\
-         users:\n- name: operator\n  user:\n    token: {token}\n\
-         contexts:\n- name: ferry\n  context:\n    cluster: ferry\n    user: operator\n    namespace: {NAMESPACE}\n\
-         current-context: ferry\n",
-        cp.server_url()
-    )
 }
 
 /// Kills the child when dropped (also when the test panics).
