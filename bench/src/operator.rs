@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use ferry_e2e::kube::ControlPlane;
-use ferry_e2e::{Kafka, Mosquitto, free_port, http_get};
+use ferry_e2e::{Kafka, Mosquitto, free_port, http_get, http_get_at, http_get_ok, metrics};
 
 use crate::report::{NoBudget, OperatorFigures};
 
@@ -65,40 +65,13 @@ impl Pod {
     }
 }
 
-/// The sum of `name`'s samples whose labels contain every one of `labels` (`key="value"`).
-fn metric_sum(body: &str, name: &str, labels: &[&str]) -> f64 {
-    body.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
 /// A metric of the operator; fails when `/metrics` does not answer 200 (never a silent 0).
 fn operator_metric(port: u16, name: &str, labels: &[&str]) -> Result<f64> {
     match http_get(port, "/metrics") {
-        Some((200, body)) => Ok(metric_sum(&body, name, labels)),
-        Some((code, _)) => bail!("the operator's /metrics answered {code}"),
-        None => bail!("the operator's /metrics on port {port} does not answer"),
+        Ok((200, body)) => Ok(metrics::sum(&body, name, labels)),
+        Ok((code, _)) => bail!("the operator's /metrics answered {code}"),
+        Err(e) => Err(e.context("the operator's /metrics does not answer")),
     }
-}
-
-/// A minimal HTTP/1.0 GET to `addr` (a pod IP, not only 127.0.0.1): (status, body).
-fn get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
-    use std::io::{Read as _, Write as _};
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
-        .with_context(|| format!("connect {addr}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf)?;
-    let status = buf
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .with_context(|| format!("no HTTP status from {addr}{path}"))?;
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-    Ok((status, body.to_owned()))
 }
 
 /// `apiserver_request_total` from the API server's own `/metrics`: every request, and those
@@ -108,8 +81,8 @@ fn apiserver_requests(cp: &ControlPlane) -> Result<(f64, f64)> {
     if !body.contains("apiserver_request_total{") {
         bail!("the API server's /metrics has no apiserver_request_total");
     }
-    let all = metric_sum(&body, "apiserver_request_total", &[]);
-    let rule_status = metric_sum(
+    let all = metrics::sum(&body, "apiserver_request_total", &[]);
+    let rule_status = metrics::sum(
         &body,
         "apiserver_request_total",
         &["resource=\"forwardingrules\"", "subresource=\"status\""],
@@ -296,7 +269,7 @@ fn run_pod(cp: &ControlPlane, bin: &Path, g: usize) -> Result<Pod> {
             if let Some(status) = pod.child.try_wait()? {
                 bail!("forwarder {name} exited with {status}: {}", pod.log_tail());
             }
-            Ok(get(addr, "/readyz").is_ok_and(|(code, _)| code == 200))
+            Ok(http_get_at(addr, "/readyz").is_ok_and(|(code, _)| code == 200))
         },
     )?;
     cp.report_pod(NS, &name, Some("Running"), Some(ip.into()), true)?;
@@ -320,13 +293,10 @@ impl Sample {
         let (apiserver, apiserver_rule_status) = apiserver_requests(cp)?;
         let mut forwarded = 0.0;
         for pod in pods {
-            let (code, body) = get(pod.addr, "/metrics")?;
-            if code != 200 {
-                bail!("forwarder {} /metrics answered {code}", pod.addr);
-            }
+            let body = http_get_ok(pod.addr, "/metrics")?;
             // The forwarder's own count: the per-rule counters credit every rule of a shared
             // Kafka target with each of its messages (the rules here share one topic per group).
-            forwarded += metric_sum(&body, "ferry_mqtt_acked_messages_total", &[]);
+            forwarded += metrics::sum(&body, "ferry_mqtt_acked_messages_total", &[]);
         }
         Ok(Self {
             at: Instant::now(),

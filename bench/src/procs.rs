@@ -90,7 +90,7 @@ impl Forwarder {
     pub fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
         let start = Instant::now();
         loop {
-            if let Some((200, _)) = http_get(self.http_port, "/readyz") {
+            if let Ok((200, _)) = http_get(self.http_port, "/readyz") {
                 return Ok(());
             }
             if let Some(child) = self.child.as_mut()
@@ -107,16 +107,10 @@ impl Forwarder {
 
     /// The sum of a metric's samples (every label set), or `None` when `/metrics` does not answer.
     pub fn metric(&self, name: &str) -> Option<f64> {
-        let (code, body) = http_get(self.http_port, "/metrics")?;
-        if code != 200 {
-            return None;
+        match http_get(self.http_port, "/metrics").ok()? {
+            (200, body) => Some(ferry_e2e::metrics::sum(&body, name, &[])),
+            _ => None,
         }
-        Some(
-            body.lines()
-                .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum(),
-        )
     }
 
     pub fn usage(&self) -> Result<Usage> {

@@ -8,8 +8,8 @@
 //! process both reach them.
 
 use std::fs;
-use std::io::{Read as _, Write as _};
-use std::net::{IpAddr, TcpStream};
+use std::io::Write as _;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -458,25 +458,6 @@ pub fn wait_until<T>(
         }
         std::thread::sleep(Duration::from_millis(500));
     }
-}
-
-/// `GET http://ip:port/path` (HTTP/1.0): the body of a 200 answer.
-pub fn http_get(ip: &str, port: u16, path: &str) -> Result<String> {
-    let addr = format!("{ip}:{port}");
-    let mut s = TcpStream::connect_timeout(&addr.parse()?, Duration::from_secs(3))
-        .with_context(|| format!("connect {addr}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {ip}\r\n\r\n")?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf)?;
-    let (head, body) = buf
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow!("bad answer from {addr}{path}: {buf:?}"))?;
-    ensure!(
-        head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"),
-        "{addr}{path}: {head}"
-    );
-    Ok(body.to_owned())
 }
 
 /// Where a test client reaches Mosquitto, and the user it logs in as.

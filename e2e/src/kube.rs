@@ -215,7 +215,7 @@ impl ControlPlane {
         self.wait(Duration::from_secs(30), "etcd /health", &log, |cp| {
             cp.check_alive()?;
             Ok(http_get(port, "/health")
-                .is_some_and(|(status, body)| status == 200 && body.contains("\"true\"")))
+                .is_ok_and(|(status, body)| status == 200 && body.contains("\"true\"")))
         })
     }
 

@@ -1125,19 +1125,37 @@ pub async fn probe_session(
     Ok((present, delivered))
 }
 
-/// A minimal HTTP/1.0 GET on loopback: (status, body). Enough for `/readyz` and `/metrics`.
-pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+/// A minimal HTTP/1.0 GET to `addr`: (status, body). Fails when nothing answers there, so a
+/// check never passes on an empty body.
+pub fn http_get_at(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
     use std::io::Read as _;
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+        .with_context(|| format!("GET {path}: cannot connect to {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
     let mut buf = String::new();
-    s.read_to_string(&mut buf).ok()?;
-    let status = buf.split(' ').nth(1)?.parse().ok()?;
-    Some((
-        status,
-        buf.split_once("\r\n\r\n")
-            .map(|(_, b)| b.to_owned())
-            .unwrap_or_default(),
-    ))
+    s.read_to_string(&mut buf)
+        .with_context(|| format!("GET {addr}{path}: reading the answer"))?;
+    let (head, body) = buf
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("GET {addr}{path}: not an HTTP answer: {buf:?}"))?;
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .with_context(|| format!("GET {addr}{path}: no status in {head:?}"))?;
+    Ok((status, body.to_owned()))
+}
+
+/// [`http_get_at`] on 127.0.0.1: enough for `/readyz`, `/status` and `/metrics`.
+pub fn http_get(port: u16, path: &str) -> Result<(u16, String)> {
+    http_get_at(SocketAddr::from((Ipv4Addr::LOCALHOST, port)), path)
+}
+
+/// The body of a 200 answer to `GET path` at `addr`; any other status is an error.
+pub fn http_get_ok(addr: SocketAddr, path: &str) -> Result<String> {
+    match http_get_at(addr, path)? {
+        (200, body) => Ok(body),
+        (status, body) => bail!("GET {addr}{path}: {status}\n{body}"),
+    }
 }

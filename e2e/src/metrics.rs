@@ -4,8 +4,18 @@
 
 use std::collections::BTreeSet;
 
-use anyhow::{Result, anyhow, bail};
+use anyhow::{Result, bail};
 pub use prometheus_parse::{Sample, Value};
+
+/// The sum of the samples of the family `name` in a `/metrics` page whose line contains every
+/// one of `labels` (e.g. `rule="a"`); 0 when there are none.
+pub fn sum(body: &str, name: &str, labels: &[&str]) -> f64 {
+    body.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
 
 /// The samples of one scrape of `http://127.0.0.1:<port>/metrics`.
 pub struct Scrape {
@@ -15,8 +25,7 @@ pub struct Scrape {
 
 impl Scrape {
     pub fn get(port: u16) -> Result<Scrape> {
-        let (code, text) = crate::http_get(port, "/metrics")
-            .ok_or_else(|| anyhow!("GET /metrics on port {port} did not answer"))?;
+        let (code, text) = crate::http_get(port, "/metrics")?;
         if code != 200 {
             bail!("GET /metrics on port {port}: {code}\n{text}");
         }

@@ -37,17 +37,16 @@
 //! component logs are then kept and their path printed).
 
 use std::fs;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, ensure};
 use ferry_e2e::cluster::{
-    Cluster, MqttEndpoint, ensure_helm, ensure_root, ferry_images, http_get, publish_paced,
-    wait_until,
+    Cluster, MqttEndpoint, ensure_helm, ensure_root, ferry_images, publish_paced, wait_until,
 };
-use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions, Record};
+use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions, Record, http_get_ok};
 
 const NS: &str = "plant";
 const RELEASE_NS: &str = "ferry-system";
@@ -393,7 +392,7 @@ fn config_generations(c: &Cluster) -> Result<Vec<(String, u64)>> {
     forwarder_pods(c)?
         .into_iter()
         .map(|(name, _, ip, _)| {
-            let body = http_get(&ip, 8080, "/status")?;
+            let body = http_get_ok(SocketAddr::new(ip.parse()?, 8080), "/status")?;
             let v: serde_json::Value = serde_json::from_str(&body)?;
             let generation = v["config"]["generation"]
                 .as_u64()
@@ -468,7 +467,7 @@ fn delete_pod_under_load(
     let v2_refs: Vec<&Record> = v2.iter().collect();
     let (lost_kill, dup_kill) = lost_and_duplicates(&v2_refs, prefix, &kill_sent);
     // The recreated pod has the same name, so the same MQTT client id: check its /status.
-    let status = http_get(&new_ip, 8080, "/status")?;
+    let status = http_get_ok(SocketAddr::new(new_ip.parse()?, 8080), "/status")?;
     let status: serde_json::Value = serde_json::from_str(&status)?;
     log(format!(
         "{how} {victim} under load (200/s): back Ready with a new uid at {new_ip} after \

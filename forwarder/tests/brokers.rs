@@ -328,7 +328,7 @@ fn replaced_forwarders_config_runs_unchanged_with_byte_identical_wrapped_records
         .spawn()
         .expect("spawn");
     let start = Instant::now();
-    while common::http_get(http_port, "/readyz").map(|(s, _)| s) != Some(200) {
+    while common::http_get(http_port, "/readyz").ok().map(|(s, _)| s) != Some(200) {
         assert!(
             start.elapsed() < Duration::from_secs(30),
             "not ready: {}",

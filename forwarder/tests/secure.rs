@@ -127,7 +127,7 @@ fn assert_no_secrets(fwd: &Forwarder, what: &str) {
     let answer = |path| {
         common::http_get(fwd.http_port, path)
             .map(|(_, b)| b)
-            .unwrap_or_else(|| panic!("{what}: {path} did not answer"))
+            .unwrap_or_else(|e| panic!("{what}: {path} did not answer: {e:#}"))
     };
     let log = fwd.log();
     // The check is only worth something if librdkafka's own debugging was really logged.

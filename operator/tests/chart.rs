@@ -1086,9 +1086,8 @@ spec:
     }
     // A few status rounds, so pod polls and Events happen too.
     std::thread::sleep(Duration::from_secs(3));
-    let metrics = ferry_e2e::http_get(port, "/metrics")
-        .map(|(_, body)| body)
-        .unwrap_or_default();
+    let metrics = ferry_e2e::http_get_ok(([127, 0, 0, 1], port).into(), "/metrics")
+        .expect("the operator's /metrics");
     assert!(
         metrics.lines().any(|l| l == "ferry_operator_leader 1"),
         "the operator holds the Lease in {NAMESPACE}:\n{metrics}"
@@ -1444,9 +1443,8 @@ fn watch_namespaces_confines_the_operator_and_its_rights_to_those_namespaces() {
         "",
         "Events in an unwatched namespace"
     );
-    let metrics = ferry_e2e::http_get(port, "/metrics")
-        .map(|(_, body)| body)
-        .unwrap_or_default();
+    let metrics = ferry_e2e::http_get_ok(([127, 0, 0, 1], port).into(), "/metrics")
+        .expect("the operator's /metrics");
     assert!(
         metrics.lines().any(|l| l == "ferry_operator_leader 1"),
         "the operator holds the Lease in {NAMESPACE}:\n{metrics}"

@@ -62,7 +62,7 @@ fn main() -> Result<()> {
         .stderr(log)
         .spawn()?;
     let start = Instant::now();
-    while http_get(http_port, "/readyz").map(|(s, _)| s) != Some(200) {
+    while http_get(http_port, "/readyz").ok().map(|(s, _)| s) != Some(200) {
         if start.elapsed() > Duration::from_secs(30) || forwarder.try_wait()?.is_some() {
             let _ = forwarder.kill();
             bail!(
@@ -136,7 +136,7 @@ fn main() -> Result<()> {
     }
 
     say("The forwarder's own view (GET /metrics, per rule)");
-    if let Some((_, body)) = http_get(http_port, "/metrics") {
+    if let Ok((_, body)) = http_get(http_port, "/metrics") {
         for line in body.lines().filter(|l| {
             l.starts_with("ferry_rule_forwarded")
                 || l.starts_with("ferry_mqtt_acked")
@@ -147,7 +147,7 @@ fn main() -> Result<()> {
     }
 
     say("Per rule, as the operator will read it (GET /status, JSON; summarized)");
-    if let Some((_, body)) = http_get(http_port, "/status")
+    if let Ok((_, body)) = http_get(http_port, "/status")
         && let Ok(status) = serde_json::from_str::<serde_json::Value>(&body)
     {
         println!(

@@ -128,7 +128,7 @@ impl Forwarder {
 
     /// The forwarder's `/status`.
     pub fn status(&self) -> Option<ferry_api::status::ForwarderStatus> {
-        let (code, body) = http_get(self.http_port, ferry_api::status::STATUS_PATH)?;
+        let (code, body) = http_get(self.http_port, ferry_api::status::STATUS_PATH).ok()?;
         assert_eq!(code, 200, "/status: {body}");
         Some(serde_json::from_str(&body).unwrap_or_else(|e| panic!("/status {e}: {body}")))
     }
@@ -174,7 +174,7 @@ impl Forwarder {
                 "forwarder exited while starting:\n{}",
                 self.log()
             );
-            if http_get(self.http_port, "/readyz").is_some_and(|(status, _)| status == 200) {
+            if http_get(self.http_port, "/readyz").is_ok_and(|(status, _)| status == 200) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -183,23 +183,16 @@ impl Forwarder {
     }
 
     pub fn ready_status(&self) -> Option<u16> {
-        http_get(self.http_port, "/readyz").map(|(s, _)| s)
+        http_get(self.http_port, "/readyz").ok().map(|(s, _)| s)
     }
 
     /// Sum of every sample of a metric family (e.g. `ferry_rule_forwarded_messages_total`).
     /// Fails the test when the forwarder does not answer: a check must not pass on nothing.
     pub fn metric(&self, name: &str) -> f64 {
-        let Some((_, body)) = http_get(self.http_port, "/metrics") else {
-            panic!(
-                "/metrics on port {} did not answer; forwarder log:\n{}",
-                self.http_port,
-                self.log()
-            );
-        };
-        body.lines()
-            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        match http_get(self.http_port, "/metrics") {
+            Ok((_, body)) => ferry_e2e::metrics::sum(&body, name, &[]),
+            Err(e) => panic!("{e:#}; forwarder log:\n{}", self.log()),
+        }
     }
 
     pub fn signal(&mut self, sig: i32) {

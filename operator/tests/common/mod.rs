@@ -70,20 +70,10 @@ impl Operator {
 
     /// The sum of a metric's samples whose line contains `filter` (`None`: not served).
     pub fn metric(&self, name: &str, filter: &str) -> Option<f64> {
-        let (code, body) = ferry_e2e::http_get(self.port, "/metrics")?;
-        if code != 200 {
-            return None;
+        match ferry_e2e::http_get(self.port, "/metrics").ok()? {
+            (200, body) => Some(ferry_e2e::metrics::sum(&body, name, &[filter])),
+            _ => None,
         }
-        Some(
-            body.lines()
-                .filter(|l| {
-                    l.starts_with(name)
-                        && l[name.len()..].starts_with(['{', ' '])
-                        && l.contains(filter)
-                })
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum(),
-        )
     }
 
     /// SIGTERM, then wait; returns the exit code.
