@@ -460,6 +460,39 @@ pub fn wait_until<T>(
     }
 }
 
+/// The BrokerConnection `plant` of the demo and the full-path test, in namespace `ns`: MQTT 5
+/// with a persistent session to the Mosquitto at `node:mqtt_port`, Kafka at `node:kafka_port`,
+/// `replicas` forwarder pods, and the MQTT login from the Secret `credentials` if given.
+pub fn plant_connection_yaml(
+    ns: &str,
+    node: IpAddr,
+    (mqtt_port, kafka_port): (u16, u16),
+    replicas: u32,
+    credentials: Option<&str>,
+) -> String {
+    let credentials = credentials
+        .map(|name| format!("\n    credentialsSecretRef: {{ name: {name} }}"))
+        .unwrap_or_default();
+    format!(
+        r#"apiVersion: ferry.dev/v1alpha1
+kind: BrokerConnection
+metadata:
+  name: plant
+  namespace: {ns}
+spec:
+  mqtt:
+    host: "{node}"
+    port: {mqtt_port}
+    protocol: "5"
+    sessionExpirySeconds: 3600     # persistent session: the broker keeps messages while a pod restarts{credentials}
+  kafka:
+    bootstrapServers: ["{node}:{kafka_port}"]
+  forwarder:
+    replicas: {replicas}
+"#
+    )
+}
+
 /// Where a test client reaches Mosquitto, and the user it logs in as.
 #[derive(Debug, Clone)]
 pub struct MqttEndpoint {

@@ -44,7 +44,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, ensure};
 use ferry_e2e::cluster::{
-    Cluster, MqttEndpoint, ensure_helm, ensure_root, ferry_images, publish_paced, wait_until,
+    Cluster, MqttEndpoint, ensure_helm, ensure_root, ferry_images, plant_connection_yaml,
+    publish_paced, wait_until,
 };
 use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions, Record, http_get_ok};
 
@@ -134,24 +135,15 @@ fn n_of(payload: &str) -> usize {
 // Kubernetes objects
 
 fn connection_yaml(node: IpAddr, mqtt_port: u16, kafka_port: u16) -> String {
+    let connection = plant_connection_yaml(
+        NS,
+        node,
+        (mqtt_port, kafka_port),
+        2,
+        Some("mqtt-credentials"),
+    );
     format!(
-        r#"apiVersion: ferry.dev/v1alpha1
-kind: BrokerConnection
-metadata:
-  name: plant
-  namespace: {NS}
-spec:
-  mqtt:
-    host: "{node}"
-    port: {mqtt_port}
-    protocol: "5"
-    sessionExpirySeconds: 3600
-    credentialsSecretRef: {{ name: mqtt-credentials }}
-  kafka:
-    bootstrapServers: ["{node}:{kafka_port}"]
-  forwarder:
-    replicas: 2
----
+        r#"{connection}---
 apiVersion: ferry.dev/v1alpha1
 kind: ForwardingRule
 metadata:
@@ -342,14 +334,6 @@ fn mqtt_outage_is_reported(
 }
 
 /// `kubectl get` of one JSON path.
-fn jsonpath(c: &Cluster, kind: &str, name: &str, ns: &str, path: &str) -> Result<String> {
-    c.jsonpath(kind, name, ns, path)
-}
-
-fn rule_ready(c: &Cluster, rule: &str) -> Result<bool> {
-    c.rule_ready(rule, NS)
-}
-
 /// The forwarder pods: (name, uid, IP, ready).
 fn forwarder_pods(c: &Cluster) -> Result<Vec<(String, String, String, bool)>> {
     let out = c.kubectl(&[
@@ -506,7 +490,7 @@ fn delete_pod_under_load(
         connects.join("\n")
     );
     wait_until(Duration::from_secs(60), "temps readyReplicas 2/2", || {
-        Ok((jsonpath(c, "fr", "temps", NS, ".status.readyReplicas")? == "2/2").then_some(()))
+        Ok((c.jsonpath("fr", "temps", NS, ".status.readyReplicas")? == "2/2").then_some(()))
     })?;
     Ok(())
 }
@@ -610,13 +594,30 @@ fn run(
     rt: &tokio::runtime::Runtime,
     t0: Instant,
 ) -> Result<()> {
-    let node = c.node_ip();
-    let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
     for topic in ["temps", "alarms", "temps.v2"] {
         rt.block_on(kafka.create_topic(topic, 2))?;
     }
+    install_operator(c, t0)?;
+    apply_connection_and_rules(c, mqtt, kafka, t0)?;
+    let (temps_sent, alarms_sent) = publish_and_read_back(c, mqtt, kafka, rt, t0)?;
+    status_shows_forwarded(c, &temps_sent, &alarms_sent, t0)?;
+    // The status tells the truth in broker outages.
+    kafka_outage_is_reported(c, mqtt, kafka, rt, t0)?;
+    mqtt_outage_is_reported(c, mqtt, kafka, rt, t0)?;
+    let (mqtt, kafka): (&Mosquitto, &Kafka) = (mqtt, kafka);
+    live_rule_edit_under_load(c, mqtt, kafka, rt, t0)?;
+    // Delete a forwarder pod under load, then kill one abruptly.
+    delete_pod_under_load(c, mqtt, kafka, rt, t0, &format!("{STS}-0"), false)?;
+    delete_pod_under_load(c, mqtt, kafka, rt, t0, &format!("{STS}-1"), true)?;
+    deleting_the_connection_removes_its_children_and_sessions(c, mqtt, rt, t0)?;
+    helm_uninstall_leaves_only_the_crds(c, t0)?;
+    println!("[{:6.1?}] full path passed", t0.elapsed());
+    Ok(())
+}
 
-    // --- helm install ------------------------------------------------------------------------
+/// `helm install` with `--wait`, then one operator replica holds the Lease.
+fn install_operator(c: &Cluster, t0: Instant) -> Result<()> {
+    let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
     let t = Instant::now();
     c.helm_install_ferry(RELEASE_NS)?;
     let operators = c.kubectl(&[
@@ -646,7 +647,18 @@ fn run(
     })?;
     log(format!("leader: {holder}"));
 
-    // --- connection and rules ----------------------------------------------------------------
+    Ok(())
+}
+
+/// The Secret, the connection and both rules: the rules become Ready with two forwarder pods.
+fn apply_connection_and_rules(
+    c: &Cluster,
+    mqtt: &Mosquitto,
+    kafka: &Kafka,
+    t0: Instant,
+) -> Result<()> {
+    let node = c.node_ip();
+    let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
     c.kubectl(&["create", "namespace", NS])?;
     create_mqtt_credentials(c)?;
     let t = Instant::now();
@@ -655,7 +667,7 @@ fn run(
         Some(&connection_yaml(node, mqtt.port(), kafka.port())),
     )?;
     wait_until(Duration::from_secs(150), "both rules Ready", || {
-        Ok((rule_ready(c, "temps")? && rule_ready(c, "alarms")?).then_some(()))
+        Ok((c.rule_ready("temps", NS)? && c.rule_ready("alarms", NS)?).then_some(()))
     })?;
     let to_ready = t.elapsed();
     let pods = forwarder_pods(c)?;
@@ -673,7 +685,20 @@ fn run(
         "pod names {names:?}"
     );
 
-    // --- publish, read back ------------------------------------------------------------------
+    Ok(())
+}
+
+/// What is published reaches Kafka with the rules' topics and keys, none lost; returns what
+/// was sent (temps, alarms).
+fn publish_and_read_back(
+    c: &Cluster,
+    mqtt: &Mosquitto,
+    kafka: &Kafka,
+    rt: &tokio::runtime::Runtime,
+    t0: Instant,
+) -> Result<(Vec<String>, Vec<String>)> {
+    let node = c.node_ip();
+    let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
     let stop = Arc::new(AtomicBool::new(false));
     let t = Instant::now();
     let temps_sent = rt.block_on(publish_paced(
@@ -744,16 +769,28 @@ fn run(
         );
     }
 
-    // `kubectl get fr` shows Ready and the forwarded counts.
+    Ok((temps_sent, alarms_sent))
+}
+
+/// `kubectl get fr` shows Ready and the forwarded counts.
+fn status_shows_forwarded(
+    c: &Cluster,
+    temps_sent: &[String],
+    alarms_sent: &[String],
+    t0: Instant,
+) -> Result<()> {
+    let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
     let t = Instant::now();
     wait_until(
         Duration::from_secs(60),
         "status.forwarded of both rules",
         || {
-            let ft: u64 = jsonpath(c, "fr", "temps", NS, ".status.forwarded")?
+            let ft: u64 = c
+                .jsonpath("fr", "temps", NS, ".status.forwarded")?
                 .parse()
                 .unwrap_or(0);
-            let fa: u64 = jsonpath(c, "fr", "alarms", NS, ".status.forwarded")?
+            let fa: u64 = c
+                .jsonpath("fr", "alarms", NS, ".status.forwarded")?
                 .parse()
                 .unwrap_or(0);
             Ok((ft >= temps_sent.len() as u64 && fa >= alarms_sent.len() as u64).then_some(()))
@@ -778,12 +815,40 @@ fn run(
         "kubectl get bc,fr should show the connection and both rules Ready:\n{table}"
     );
 
-    // --- broker outages: the status tells the truth -----------------------------------------
-    kafka_outage_is_reported(c, mqtt, kafka, rt, t0)?;
-    mqtt_outage_is_reported(c, mqtt, kafka, rt, t0)?;
-    let (mqtt, kafka): (&Mosquitto, &Kafka) = (mqtt, kafka);
+    Ok(())
+}
 
-    // --- live rule edit under load -----------------------------------------------------------
+/// A rule edited under load: every pod applies it without a restart, nothing is lost, and what
+/// is published afterwards follows the new mapping.
+fn live_rule_edit_under_load(
+    c: &Cluster,
+    mqtt: &Mosquitto,
+    kafka: &Kafka,
+    rt: &tokio::runtime::Runtime,
+    t0: Instant,
+) -> Result<()> {
+    let edit = edit_rule_under_load(c, mqtt, rt)?;
+    edited_rule_lost_nothing_and_follows_the_new_mapping(kafka, &edit, t0)
+}
+
+/// What [`edit_rule_under_load`] published and saw.
+struct RuleEdit {
+    /// Published at 100/s while the edit was applied.
+    during: Vec<String>,
+    /// Published once every pod had applied it.
+    after: Vec<String>,
+    /// How the pods applied it: generations before and after, and how long it took.
+    applied: String,
+}
+
+/// Patches rule `temps` (new Kafka topic and key) while publishing at 100/s, waits until every
+/// forwarder pod applied it (`/status` config.generation) without a restart, then publishes more.
+fn edit_rule_under_load(
+    c: &Cluster,
+    mqtt: &Mosquitto,
+    rt: &tokio::runtime::Runtime,
+) -> Result<RuleEdit> {
+    let node = c.node_ip();
     let gens_before = config_generations(c)?;
     let uids_before: Vec<String> = forwarder_pods(c)?.into_iter().map(|p| p.1).collect();
     let stop = Arc::new(AtomicBool::new(false));
@@ -837,18 +902,37 @@ fn run(
         0,
         Arc::new(AtomicBool::new(false)),
     ))?;
+    Ok(RuleEdit {
+        during: edit_sent,
+        after: after_sent,
+        applied: format!(
+            "rule edit applied by every pod {reload_time:.1?} after kubectl patch \
+             (generations {gens_before:?} -> {gens_after:?}, pods not restarted)"
+        ),
+    })
+}
+
+/// Nothing published during the edit is lost (old or new topic); what came after is all on the
+/// new topic, keyed by the MQTT topic.
+fn edited_rule_lost_nothing_and_follows_the_new_mapping(
+    kafka: &Kafka,
+    edit: &RuleEdit,
+    t0: Instant,
+) -> Result<()> {
+    let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
+    let (edit_sent, after_sent) = (&edit.during, &edit.after);
     read_complete(
         kafka,
         &["temps.v2"],
         "after",
-        &after_sent,
+        after_sent,
         Duration::from_secs(60),
     )?;
     read_complete(
         kafka,
         &["temps", "temps.v2"],
         "edit",
-        &edit_sent,
+        edit_sent,
         Duration::from_secs(60),
     )?;
     let v1 = kafka.read_all("temps", 0, Duration::from_secs(3), Duration::from_secs(30))?;
@@ -859,9 +943,9 @@ fn run(
         Duration::from_secs(30),
     )?;
     let union: Vec<&Record> = v1.iter().chain(&v2).collect();
-    let (lost_edit, dup_edit) = lost_and_duplicates(&union, "edit", &edit_sent);
+    let (lost_edit, dup_edit) = lost_and_duplicates(&union, "edit", edit_sent);
     let v2_refs: Vec<&Record> = v2.iter().collect();
-    let (lost_after, dup_after) = lost_and_duplicates(&v2_refs, "after", &after_sent);
+    let (lost_after, dup_after) = lost_and_duplicates(&v2_refs, "after", after_sent);
     let edit_old = v1
         .iter()
         .filter(|r| r.value_str().starts_with("edit-"))
@@ -875,11 +959,10 @@ fn run(
         .filter(|r| r.value_str().starts_with("after-"))
         .count();
     log(format!(
-        "rule edit applied by every pod {reload_time:.1?} after kubectl patch \
-         (generations {gens_before:?} -> {gens_after:?}, pods not restarted); during the edit \
-         {} published at 100/s: {edit_old} on temps, {edit_new} on temps.v2, lost {}, \
+        "{}; during the edit {} published at 100/s: {edit_old} on temps, {edit_new} on temps.v2, lost {}, \
          duplicates {dup_edit}; afterwards {} published: lost {} on temps.v2, {after_in_old} \
          still on temps, duplicates {dup_after}",
+        edit.applied,
         edit_sent.len(),
         lost_edit.len(),
         after_sent.len(),
@@ -904,11 +987,18 @@ fn run(
         );
     }
 
-    // --- delete a forwarder pod under load, then kill one abruptly ---------------------------
-    delete_pod_under_load(c, mqtt, kafka, rt, t0, &format!("{STS}-0"), false)?;
-    delete_pod_under_load(c, mqtt, kafka, rt, t0, &format!("{STS}-1"), true)?;
+    Ok(())
+}
 
-    // --- delete the rules and the connection -------------------------------------------------
+/// Deleting the rules and the connection removes everything they owned, and the operator ends
+/// the forwarders' MQTT sessions.
+fn deleting_the_connection_removes_its_children_and_sessions(
+    c: &Cluster,
+    mqtt: &Mosquitto,
+    rt: &tokio::runtime::Runtime,
+    t0: Instant,
+) -> Result<()> {
+    let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
     let owned = || -> Result<String> {
         c.kubectl(&[
             "get",
@@ -988,7 +1078,12 @@ fn run(
         "left in namespace {NS}:\n{left}"
     );
 
-    // --- helm uninstall ----------------------------------------------------------------------
+    Ok(())
+}
+
+/// `helm uninstall` leaves nothing of the release but the CRDs.
+fn helm_uninstall_leaves_only_the_crds(c: &Cluster, t0: Instant) -> Result<()> {
+    let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
     let t = Instant::now();
     c.helm(&[
         "uninstall",
@@ -1054,6 +1149,5 @@ fn run(
             leases.trim()
         ));
     }
-    log("full path passed".into());
     Ok(())
 }

@@ -20,7 +20,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
 use ferry_e2e::cluster::{
-    Cluster, e2e_dir, ensure_helm, ensure_root, ferry_images, publish_to, wait_until,
+    Cluster, e2e_dir, ensure_helm, ensure_root, ferry_images, plant_connection_yaml, publish_to,
+    wait_until,
 };
 use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions};
 
@@ -202,24 +203,10 @@ fn wait_for_enter(cluster: &Cluster) {
 }
 
 fn resources_yaml(cluster: &Cluster, mqtt: &Mosquitto, kafka: &Kafka) -> String {
-    let node = cluster.node_ip();
+    let connection =
+        plant_connection_yaml(NS, cluster.node_ip(), (mqtt.port(), kafka.port()), 1, None);
     format!(
-        r#"apiVersion: ferry.dev/v1alpha1
-kind: BrokerConnection
-metadata:
-  name: plant
-  namespace: {NS}
-spec:
-  mqtt:
-    host: "{node}"
-    port: {mqtt_port}
-    protocol: "5"
-    sessionExpirySeconds: 3600     # persistent session: the broker keeps messages while a pod restarts
-  kafka:
-    bootstrapServers: ["{node}:{kafka_port}"]
-  forwarder:
-    replicas: 1
----
+        r#"{connection}---
 apiVersion: ferry.dev/v1alpha1
 kind: ForwardingRule
 metadata:
@@ -245,9 +232,7 @@ spec:
   kafka:
     topic: alarms                       # key: the MQTT topic (the default)
   payload: wrappedJson                  # {{"topic":"plant/2/alarm","payload":"<base64>"}}
-"#,
-        mqtt_port = mqtt.port(),
-        kafka_port = kafka.port()
+"#
     )
 }
 
