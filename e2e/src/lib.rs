@@ -331,6 +331,74 @@ pub fn check_credential(what: &str, value: &str) -> Result<()> {
     Ok(())
 }
 
+/// The TLS listener of Mosquitto's config, with copies of the certificates in `dir`.
+fn write_tls_listener(
+    f: &mut fs::File,
+    dir: &Path,
+    host: IpAddr,
+    tls_port: u16,
+    tls: TlsListener<'_>,
+) -> Result<()> {
+    let pki = tls.pki;
+    let copy = |from: &Path, name: &str| -> Result<PathBuf> {
+        let to = dir.join(name);
+        fs::copy(from, &to).with_context(|| format!("copy {}", from.display()))?;
+        Ok(to)
+    };
+    writeln!(f, "listener {tls_port} {host}")?;
+    writeln!(f, "cafile {}", copy(pki.ca_cert(), "ca.pem")?.display())?;
+    writeln!(
+        f,
+        "certfile {}",
+        copy(pki.server_cert(), "server.pem")?.display()
+    )?;
+    writeln!(
+        f,
+        "keyfile {}",
+        copy(pki.server_key(), "server.key")?.display()
+    )?;
+    writeln!(f, "require_certificate {}", tls.require_client_cert)?;
+    Ok(())
+}
+
+/// Anonymous access, or a password file made by `mosquitto_passwd` for `users`.
+fn write_users(f: &mut fs::File, dir: &Path, users: &[(String, String)]) -> Result<()> {
+    if users.is_empty() {
+        writeln!(f, "allow_anonymous true")?;
+    } else {
+        let passwords = dir.join("passwords");
+        let bin = which("mosquitto_passwd").ok_or_else(|| {
+            anyhow!("mosquitto_passwd not installed (package mosquitto): run e2e/install.sh")
+        })?;
+        // One `-b` call per user: the password is an argument, never a line of the file,
+        // so it may hold any character (`:`, quotes, a newline).
+        for (i, (user, password)) in users.iter().enumerate() {
+            check_credential("mosquitto user name", user)?;
+            check_password("mosquitto password", password)?;
+            let mut cmd = Command::new(&bin);
+            if i == 0 {
+                cmd.arg("-c");
+            }
+            let out = cmd
+                .arg("-b")
+                .arg(&passwords)
+                .arg(user)
+                .arg(password)
+                .output()?;
+            if !out.status.success() {
+                bail!(
+                    "mosquitto_passwd -b failed for user {user}: {}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+        writeln!(f, "allow_anonymous false")?;
+        writeln!(f, "password_file {}", passwords.display())?;
+    }
+    Ok(())
+}
+
 impl Mosquitto {
     /// A broker with one plaintext listener ([`Mosquitto::port`]) and anonymous access.
     pub fn start() -> Result<Self> {
@@ -369,59 +437,9 @@ impl Mosquitto {
         }
         writeln!(f, "listener {port} {host}")?;
         if let (Some(tls), Some(tls_port)) = (options.tls, tls_port) {
-            let pki = tls.pki;
-            let copy = |from: &Path, name: &str| -> Result<PathBuf> {
-                let to = dir.path().join(name);
-                fs::copy(from, &to).with_context(|| format!("copy {}", from.display()))?;
-                Ok(to)
-            };
-            writeln!(f, "listener {tls_port} {host}")?;
-            writeln!(f, "cafile {}", copy(pki.ca_cert(), "ca.pem")?.display())?;
-            writeln!(
-                f,
-                "certfile {}",
-                copy(pki.server_cert(), "server.pem")?.display()
-            )?;
-            writeln!(
-                f,
-                "keyfile {}",
-                copy(pki.server_key(), "server.key")?.display()
-            )?;
-            writeln!(f, "require_certificate {}", tls.require_client_cert)?;
+            write_tls_listener(&mut f, dir.path(), host, tls_port, tls)?;
         }
-        if options.users.is_empty() {
-            writeln!(f, "allow_anonymous true")?;
-        } else {
-            let passwords = dir.path().join("passwords");
-            let bin = which("mosquitto_passwd").ok_or_else(|| {
-                anyhow!("mosquitto_passwd not installed (package mosquitto): run e2e/install.sh")
-            })?;
-            // One `-b` call per user: the password is an argument, never a line of the file,
-            // so it may hold any character (`:`, quotes, a newline).
-            for (i, (user, password)) in options.users.iter().enumerate() {
-                check_credential("mosquitto user name", user)?;
-                check_password("mosquitto password", password)?;
-                let mut cmd = Command::new(&bin);
-                if i == 0 {
-                    cmd.arg("-c");
-                }
-                let out = cmd
-                    .arg("-b")
-                    .arg(&passwords)
-                    .arg(user)
-                    .arg(password)
-                    .output()?;
-                if !out.status.success() {
-                    bail!(
-                        "mosquitto_passwd -b failed for user {user}: {}{}",
-                        String::from_utf8_lossy(&out.stdout),
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                }
-            }
-            writeln!(f, "allow_anonymous false")?;
-            writeln!(f, "password_file {}", passwords.display())?;
-        }
+        write_users(&mut f, dir.path(), &options.users)?;
         if options.persistence {
             writeln!(f, "persistence true")?;
             writeln!(f, "persistence_location {}/", dir.path().display())?;

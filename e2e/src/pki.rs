@@ -60,101 +60,13 @@ impl Pki {
         let dir = tempfile::Builder::new().prefix("ferry-pki-").tempdir()?;
         let d = dir.path();
         fs::write(d.join("req.cnf"), REQ_CONFIG)?;
-        let nonce = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|t| t.as_nanos())
-            .unwrap_or_default();
         let newkey: &[&str] = match key_type {
             KeyType::Rsa => &["-newkey", "rsa:2048"],
             KeyType::Ecdsa => &["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"],
         };
-        let server_key_usage = match key_type {
-            KeyType::Rsa => "digitalSignature,keyEncipherment",
-            KeyType::Ecdsa => "digitalSignature",
-        };
-
-        // The CA: self-signed.
-        openssl(
-            d,
-            &[
-                &["req", "-config", "req.cnf", "-x509", "-new", "-nodes"],
-                newkey,
-                &["-keyout", "ca.key", "-out", "ca.pem", "-days", "30"],
-                &[
-                    "-subj",
-                    &format!("/O=Ferry tests/CN=Ferry Test CA {nonce:x}"),
-                ],
-                &["-addext", "basicConstraints=critical,CA:TRUE"],
-                &["-addext", "keyUsage=critical,keyCertSign,cRLSign"],
-                &["-addext", "subjectKeyIdentifier=hash"],
-            ]
-            .concat(),
-        )?;
-        // Server and client: a key and CSR each, then signed by the CA with explicit extensions.
-        let leaves = [
-            (
-                "server",
-                "/O=Ferry tests/CN=localhost".to_owned(),
-                format!(
-                    "basicConstraints=critical,CA:FALSE\n\
-                     keyUsage=critical,{server_key_usage}\n\
-                     extendedKeyUsage=serverAuth\n\
-                     subjectAltName=DNS:localhost,IP:127.0.0.1\n\
-                     subjectKeyIdentifier=hash\n\
-                     authorityKeyIdentifier=keyid\n"
-                ),
-            ),
-            (
-                "client",
-                format!("/O=Ferry tests/CN={CLIENT_CN}"),
-                "basicConstraints=critical,CA:FALSE\n\
-                 keyUsage=critical,digitalSignature\n\
-                 extendedKeyUsage=clientAuth\n\
-                 subjectKeyIdentifier=hash\n\
-                 authorityKeyIdentifier=keyid\n"
-                    .to_owned(),
-            ),
-        ];
-        for (name, subject, extensions) in &leaves {
-            let (key, csr, cert, ext) = (
-                format!("{name}.key"),
-                format!("{name}.csr"),
-                format!("{name}.pem"),
-                format!("{name}.ext"),
-            );
-            fs::write(d.join(&ext), extensions)?;
-            openssl(
-                d,
-                &[
-                    &["req", "-config", "req.cnf", "-new", "-nodes"],
-                    newkey,
-                    &["-keyout", &key, "-out", &csr, "-subj", subject],
-                ]
-                .concat(),
-            )?;
-            openssl(
-                d,
-                &[
-                    "x509",
-                    "-req",
-                    "-in",
-                    &csr,
-                    "-CA",
-                    "ca.pem",
-                    "-CAkey",
-                    "ca.key",
-                    "-CAserial",
-                    "ca.srl",
-                    "-CAcreateserial",
-                    "-days",
-                    "30",
-                    "-sha256",
-                    "-extfile",
-                    &ext,
-                    "-out",
-                    &cert,
-                ],
-            )?;
+        generate_ca(d, newkey)?;
+        for (name, subject, extensions) in leaves(key_type) {
+            sign_leaf(d, newkey, name, &subject, &extensions)?;
         }
         let pki = Self {
             key_type,
@@ -210,6 +122,105 @@ impl Pki {
     pub fn client_key(&self) -> &Path {
         &self.client_key
     }
+}
+
+/// The CA in `d` (`ca.key`, `ca.pem`): self-signed, with a subject unique to this call.
+fn generate_ca(d: &Path, newkey: &[&str]) -> Result<()> {
+    let nonce = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|t| t.as_nanos())
+        .unwrap_or_default();
+    openssl(
+        d,
+        &[
+            &["req", "-config", "req.cnf", "-x509", "-new", "-nodes"],
+            newkey,
+            &["-keyout", "ca.key", "-out", "ca.pem", "-days", "30"],
+            &[
+                "-subj",
+                &format!("/O=Ferry tests/CN=Ferry Test CA {nonce:x}"),
+            ],
+            &["-addext", "basicConstraints=critical,CA:TRUE"],
+            &["-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+            &["-addext", "subjectKeyIdentifier=hash"],
+        ]
+        .concat(),
+    )
+}
+
+/// The server and client certificates: (file name, subject, extensions).
+fn leaves(key_type: KeyType) -> [(&'static str, String, String); 2] {
+    let server_key_usage = match key_type {
+        KeyType::Rsa => "digitalSignature,keyEncipherment",
+        KeyType::Ecdsa => "digitalSignature",
+    };
+    [
+        (
+            "server",
+            "/O=Ferry tests/CN=localhost".to_owned(),
+            format!(
+                "basicConstraints=critical,CA:FALSE\n\
+                 keyUsage=critical,{server_key_usage}\n\
+                 extendedKeyUsage=serverAuth\n\
+                 subjectAltName=DNS:localhost,IP:127.0.0.1\n\
+                 subjectKeyIdentifier=hash\n\
+                 authorityKeyIdentifier=keyid\n"
+            ),
+        ),
+        (
+            "client",
+            format!("/O=Ferry tests/CN={CLIENT_CN}"),
+            "basicConstraints=critical,CA:FALSE\n\
+             keyUsage=critical,digitalSignature\n\
+             extendedKeyUsage=clientAuth\n\
+             subjectKeyIdentifier=hash\n\
+             authorityKeyIdentifier=keyid\n"
+                .to_owned(),
+        ),
+    ]
+}
+
+/// `name.key` and `name.pem` in `d`: a key and CSR, signed by the CA with explicit extensions.
+fn sign_leaf(d: &Path, newkey: &[&str], name: &str, subject: &str, extensions: &str) -> Result<()> {
+    let (key, csr, cert, ext) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.pem"),
+        format!("{name}.ext"),
+    );
+    fs::write(d.join(&ext), extensions)?;
+    openssl(
+        d,
+        &[
+            &["req", "-config", "req.cnf", "-new", "-nodes"],
+            newkey,
+            &["-keyout", &key, "-out", &csr, "-subj", subject],
+        ]
+        .concat(),
+    )?;
+    openssl(
+        d,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAserial",
+            "ca.srl",
+            "-CAcreateserial",
+            "-days",
+            "30",
+            "-sha256",
+            "-extfile",
+            &ext,
+            "-out",
+            &cert,
+        ],
+    )
 }
 
 fn openssl(dir: &Path, args: &[&str]) -> Result<()> {

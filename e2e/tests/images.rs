@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::io::Write as _;
+use std::io::{Read as _, Write as _};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -736,129 +736,52 @@ struct TarEntry {
     data: Vec<u8>,
 }
 
-/// A ustar/pax/GNU tar reader, enough for image layers (no sparse files, no base-256 numbers).
+/// Every entry of a tar archive (ustar, pax and GNU long names, as the `tar` crate reads them).
 fn parse_tar(bytes: &[u8]) -> Result<Vec<TarEntry>> {
+    let mut archive = tar::Archive::new(bytes);
     let mut entries = Vec::new();
-    let mut pos = 0;
-    let mut pax: BTreeMap<String, String> = BTreeMap::new();
-    let mut long_name = None;
-    let mut long_link = None;
-    while pos + 512 <= bytes.len() {
-        let h = &bytes[pos..pos + 512];
-        if h.iter().all(|&b| b == 0) {
-            return Ok(entries);
-        }
-        let sum: u64 = h
-            .iter()
-            .enumerate()
-            .map(|(i, &b)| {
-                if (148..156).contains(&i) {
-                    32
-                } else {
-                    u64::from(b)
-                }
-            })
-            .sum();
-        ensure!(sum == octal(&h[148..156])?, "bad header checksum at {pos}");
-        let size = match pax.get("size") {
-            Some(s) => s.parse()?,
-            None => octal(&h[124..136])?,
-        } as usize;
-        let start = pos + 512;
-        ensure!(start + size <= bytes.len(), "truncated entry at {pos}");
-        let data = &bytes[start..start + size];
-        pos = start + size.div_ceil(512) * 512;
-        let flag = h[156];
-        match flag {
-            b'x' => {
-                pax = parse_pax(data)?;
-                continue;
-            }
-            b'g' => bail!("global pax header at {}", start - 512),
-            b'L' => {
-                long_name = Some(cstr(data));
-                continue;
-            }
-            b'K' => {
-                long_link = Some(cstr(data));
-                continue;
-            }
-            _ => {}
-        }
-        let mut path = cstr(&h[0..100]);
-        let prefix = cstr(&h[345..500]);
-        if &h[257..262] == b"ustar" && !prefix.is_empty() {
-            path = format!("{prefix}/{path}");
-        }
-        let path = pax.remove("path").or(long_name.take()).unwrap_or(path);
-        let link = pax
-            .remove("linkpath")
-            .or(long_link.take())
-            .unwrap_or_else(|| cstr(&h[157..257]));
-        let number = |key: &str, field: &[u8]| -> Result<u64> {
-            match pax.get(key) {
-                Some(v) => Ok(v.split('.').next().unwrap_or_default().parse()?),
-                None => octal(field),
-            }
+    for entry in archive.entries()? {
+        let mut entry = entry?;
+        let path = entry.path()?.to_string_lossy().into_owned();
+        let kind = match entry.header().entry_type() {
+            tar::EntryType::Regular => Kind::File,
+            tar::EntryType::Directory => Kind::Dir,
+            tar::EntryType::Symlink => Kind::Symlink,
+            other => bail!("unexpected tar entry type {other:?} for {path}"),
         };
-        let entry = TarEntry {
+        let link = entry
+            .link_name()?
+            .map(|l| l.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let header = entry.header();
+        let (mode, uid, gid, mtime) = (
+            header.mode()?,
+            header.uid()?,
+            header.gid()?,
+            header.mtime()?,
+        );
+        let mut data = Vec::new();
+        entry.read_to_end(&mut data)?;
+        entries.push(TarEntry {
             path: path
                 .trim_start_matches("./")
                 .trim_end_matches('/')
                 .to_owned(),
-            kind: match flag {
-                b'0' | 0 => Kind::File,
-                b'5' => Kind::Dir,
-                b'2' => Kind::Symlink,
-                other => bail!("unexpected tar entry type {:?} for {path}", other as char),
-            },
-            mode: octal(&h[100..108])? as u32,
-            uid: number("uid", &h[108..116])?,
-            gid: number("gid", &h[116..124])?,
-            mtime: number("mtime", &h[136..148])?,
+            kind,
+            mode,
+            uid,
+            gid,
+            mtime,
             link,
-            data: data.to_vec(),
-        };
-        pax.clear();
-        entries.push(entry);
+            data,
+        });
     }
-    bail!("tar without end-of-archive blocks")
-}
-
-fn octal(field: &[u8]) -> Result<u64> {
-    ensure!(field[0] & 0x80 == 0, "base-256 number in a tar header");
-    let s = String::from_utf8_lossy(field);
-    let s = s.trim_matches(|c: char| c == '\0' || c == ' ');
-    if s.is_empty() {
-        return Ok(0);
-    }
-    u64::from_str_radix(s, 8).with_context(|| format!("bad octal {s:?}"))
+    Ok(entries)
 }
 
 fn cstr(b: &[u8]) -> String {
     let end = b.iter().position(|&c| c == 0).unwrap_or(b.len());
     String::from_utf8_lossy(&b[..end]).into_owned()
-}
-
-/// Pax records: "<len> <key>=<value>\n".
-fn parse_pax(mut data: &[u8]) -> Result<BTreeMap<String, String>> {
-    let mut records = BTreeMap::new();
-    while !data.is_empty() {
-        let space = data
-            .iter()
-            .position(|&c| c == b' ')
-            .context("bad pax record")?;
-        let len: usize = std::str::from_utf8(&data[..space])?.parse()?;
-        ensure!(
-            len > space + 1 && len <= data.len(),
-            "bad pax record length"
-        );
-        let record = std::str::from_utf8(&data[space + 1..len - 1])?;
-        let (k, v) = record.split_once('=').context("pax record without =")?;
-        records.insert(k.to_owned(), v.to_owned());
-        data = &data[len..];
-    }
-    Ok(records)
 }
 
 /// The path inside the layer that `path` leads to, following the layer's symlinks.
