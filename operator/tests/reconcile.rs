@@ -36,52 +36,100 @@ fn rule(name: &str, group: &str, filter: &str, topic: &str) -> String {
 fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets() {
     let cp = common::control_plane_with_crds("ferry");
     let op = Operator::start(&cp, "operator", &[]);
-    let cond = |kind: &str, name: &str, type_: &str| {
-        condition(&cp, "ferry", kind, name, type_).unwrap_or_default()
-    };
-    let apply = |yaml: &str| common::apply(&cp, yaml);
-    let exists = |kind: &str, name: &str| {
-        cp.run_kubectl(["get", kind, name, "-n", "ferry", "-o", "name"])
-            .is_ok()
-    };
-    let config = |name: &str| {
-        cp.run_kubectl([
-            "get",
-            "configmap",
-            name,
-            "-n",
-            "ferry",
-            "-o",
-            "jsonpath={.data.config\\.yaml}",
-        ])
-        .unwrap_or_default()
-    };
+    let s = Scene { cp: &cp, op: &op };
+    missing_secret_is_a_condition_and_nothing_renders(&s);
+    the_secret_renders_one_forwarder_per_group(&s);
+    let temps_accepted_at = conditions_heal(&s);
+    refused_rules_say_why(&s, &temps_accepted_at);
+    let restart_checksum = an_edit_is_reloaded_live(&s);
+    an_emptied_group_is_pruned(&s);
+    a_rotated_secret_rolls_the_forwarders(&s, &restart_checksum);
+    deleting_the_connection_collects_its_children(&s);
+}
 
-    // The connection names a Secret that does not exist yet: nothing may be rendered.
-    apply(CONNECTION);
-    apply(&rule("temps", "default", "plant/+/temp", "temps"));
-    apply(&rule("alarms", "default", "plant/+/alarm", "alarms"));
-    apply(&rule("audit", "analytics", "plant/#", "audit"));
-    op.wait_for("the missing Secret as a condition", WAIT, || {
-        cond("bc", "plant", "SecretsResolved").0 == "False"
+/// The control plane and operator of one scenario, and what its steps ask of them.
+struct Scene<'a> {
+    cp: &'a ferry_e2e::kube::ControlPlane,
+    op: &'a Operator,
+}
+
+impl Scene<'_> {
+    fn apply(&self, yaml: &str) {
+        common::apply(self.cp, yaml);
+    }
+
+    /// A condition of an object in namespace ferry: (status, reason, message), empty if none.
+    fn cond(&self, kind: &str, name: &str, type_: &str) -> (String, String, String) {
+        condition(self.cp, "ferry", kind, name, type_).unwrap_or_default()
+    }
+
+    fn exists(&self, kind: &str, name: &str) -> bool {
+        self.cp
+            .run_kubectl(["get", kind, name, "-n", "ferry", "-o", "name"])
+            .is_ok()
+    }
+
+    /// `jsonpath` of an object in namespace ferry, empty when absent.
+    fn get(&self, kind: &str, name: &str, path: &str) -> String {
+        jsonpath(self.cp, "ferry", kind, name, path)
+    }
+
+    /// A forwarder group's rendered config.
+    fn config(&self, name: &str) -> String {
+        self.get("configmap", name, "{.data.config\\.yaml}")
+    }
+
+    /// The pod template's restart checksum of group default (never empty).
+    fn restart_checksum(&self) -> String {
+        let checksum = self.get(
+            "statefulset",
+            "plant-default",
+            "{.spec.template.metadata.annotations.ferry\\.dev/restart-checksum}",
+        );
+        assert!(
+            !checksum.is_empty(),
+            "plant-default has no restart checksum"
+        );
+        checksum
+    }
+
+    /// When a rule's Accepted condition last changed.
+    fn accepted_at(&self, rule: &str) -> String {
+        self.get(
+            "fr",
+            rule,
+            "{.status.conditions[?(@.type==\"Accepted\")].lastTransitionTime}",
+        )
+    }
+}
+
+/// The connection names a Secret that does not exist yet: nothing is rendered, and the connection
+/// and its rules say which Secret and field.
+fn missing_secret_is_a_condition_and_nothing_renders(s: &Scene) {
+    s.apply(CONNECTION);
+    s.apply(&rule("temps", "default", "plant/+/temp", "temps"));
+    s.apply(&rule("alarms", "default", "plant/+/alarm", "alarms"));
+    s.apply(&rule("audit", "analytics", "plant/#", "audit"));
+    s.op.wait_for("the missing Secret as a condition", WAIT, || {
+        s.cond("bc", "plant", "SecretsResolved").0 == "False"
     });
-    let (_, reason, message) = cond("bc", "plant", "SecretsResolved");
+    let (_, reason, message) = s.cond("bc", "plant", "SecretsResolved");
     assert_eq!(reason, "SecretMissing");
     assert!(
         message.contains("\"mqtt-credentials\"")
             && message.contains("spec.mqtt.credentialsSecretRef"),
         "the condition names the Secret and the field: {message}"
     );
-    op.wait_for("the rules to say why they are not rendered", WAIT, || {
-        cond("fr", "audit", "Accepted").1 == "SecretMissing"
+    s.op.wait_for("the rules to say why they are not rendered", WAIT, || {
+        s.cond("fr", "audit", "Accepted").1 == "SecretMissing"
     });
     assert!(
-        cond("fr", "temps", "Accepted")
+        s.cond("fr", "temps", "Accepted")
             .2
             .contains("mqtt-credentials")
     );
-    let events = cp
-        .run_kubectl([
+    let events =
+        s.cp.run_kubectl([
             "get",
             "events",
             "-n",
@@ -94,12 +142,16 @@ fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets()
         .expect("events");
     assert!(events.contains("Warning SecretMissing"), "{events}");
     assert!(
-        !exists("statefulset", "plant-default"),
+        !s.exists("statefulset", "plant-default"),
         "rendered without its Secret"
     );
+}
 
+/// Once the Secret exists: one StatefulSet per group, each with its rules; no credentials in the
+/// config.
+fn the_secret_renders_one_forwarder_per_group(s: &Scene) {
     let started = Instant::now();
-    cp.run_kubectl([
+    s.cp.run_kubectl([
         "create",
         "secret",
         "generic",
@@ -110,148 +162,121 @@ fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets()
         "--from-literal=password=s3cret",
     ])
     .expect("secret");
-    op.wait_for("two forwarder StatefulSets", WAIT, || {
-        exists("statefulset", "plant-default") && exists("statefulset", "plant-analytics")
+    s.op.wait_for("two forwarder StatefulSets", WAIT, || {
+        s.exists("statefulset", "plant-default") && s.exists("statefulset", "plant-analytics")
     });
     eprintln!(
         "Secret created → 2 StatefulSets in {:.1?}",
         started.elapsed()
     );
-    let listed = cp
-        .run_kubectl(["get", "statefulsets", "-n", "ferry", "-o", "name"])
-        .expect("list");
+    let listed =
+        s.cp.run_kubectl(["get", "statefulsets", "-n", "ferry", "-o", "name"])
+            .expect("list");
     assert_eq!(listed.lines().count(), 2, "{listed}");
-    let default = config("plant-default");
+    let default = s.config("plant-default");
     assert!(
         default.contains("plant/+/temp")
             && default.contains("plant/+/alarm")
             && !default.contains("plant/#"),
         "{default}"
     );
-    assert!(config("plant-analytics").contains("plant/#"));
+    assert!(s.config("plant-analytics").contains("plant/#"));
     assert!(
         !default.contains("s3cret"),
         "credentials stay in the Secret"
     );
+}
 
-    // Healed: the Secret resolves, every rule is accepted, and (no kubelet runs these pods)
-    // Ready says how many forwarder pods are.
-    op.wait_for("the healed conditions", WAIT, || {
-        cond("bc", "plant", "SecretsResolved").0 == "True"
-            && cond("fr", "temps", "Accepted").0 == "True"
-            && cond("fr", "audit", "Accepted").0 == "True"
+/// Healed: the Secret resolves and every rule is accepted; Ready counts the forwarder pods. Returns
+/// rule temps' Accepted transition time.
+fn conditions_heal(s: &Scene) -> String {
+    s.op.wait_for("the healed conditions", WAIT, || {
+        s.cond("bc", "plant", "SecretsResolved").0 == "True"
+            && s.cond("fr", "temps", "Accepted").0 == "True"
+            && s.cond("fr", "audit", "Accepted").0 == "True"
     });
-    let (status, reason, message) = cond("fr", "temps", "Ready");
+    let (status, reason, message) = s.cond("fr", "temps", "Ready");
     assert_eq!(
         (status.as_str(), reason.as_str()),
         ("False", "ForwarderNotReady")
     );
     assert_eq!(message, "0/1 forwarder pods ready");
-    assert_eq!(
-        jsonpath(&cp, "ferry", "fr", "temps", "{.status.workload}"),
-        "plant-default"
-    );
-    assert_eq!(
-        jsonpath(&cp, "ferry", "fr", "audit", "{.status.readyReplicas}"),
-        "0/1"
-    );
-    assert_eq!(cond("bc", "plant", "Ready").1, "ForwardersNotReady");
-    let accepted_at = || {
-        jsonpath(
-            &cp,
-            "ferry",
-            "fr",
-            "temps",
-            "{.status.conditions[?(@.type==\"Accepted\")].lastTransitionTime}",
-        )
-    };
-    let temps_accepted_at = accepted_at();
+    assert_eq!(s.get("fr", "temps", "{.status.workload}"), "plant-default");
+    assert_eq!(s.get("fr", "audit", "{.status.readyReplicas}"), "0/1");
+    assert_eq!(s.cond("bc", "plant", "Ready").1, "ForwardersNotReady");
+    s.accepted_at("temps")
+}
 
-    // Rules that cannot be served say why; the rest of their group keeps its config.
-    apply(&rule("temps-copy", "default", "plant/+/temp", "temps"));
-    apply(&rule("deep", "default", "plant/x", "t.{5}"));
-    apply(&format!(
+/// Rules that cannot be served say why; the rest of their group keeps its config.
+fn refused_rules_say_why(s: &Scene, temps_accepted_at: &str) {
+    s.apply(&rule("temps-copy", "default", "plant/+/temp", "temps"));
+    s.apply(&rule("deep", "default", "plant/x", "t.{5}"));
+    s.apply(&format!(
         "{}  paused: true\n",
         rule("resting", "quiet", "plant/quiet", "quiet")
     ));
-    apply(&rule("stray", "default", "x/y", "stray").replace("name: plant }", "name: nowhere }"));
-    op.wait_for("the refused rules' conditions", WAIT, || {
-        cond("fr", "temps-copy", "Accepted").1 == "Conflict"
-            && cond("fr", "deep", "Accepted").1 == "Invalid"
-            && cond("fr", "stray", "Accepted").1 == "ConnectionNotFound"
-            && cond("fr", "resting", "Ready").1 == "Paused"
+    s.apply(&rule("stray", "default", "x/y", "stray").replace("name: plant }", "name: nowhere }"));
+    s.op.wait_for("the refused rules' conditions", WAIT, || {
+        s.cond("fr", "temps-copy", "Accepted").1 == "Conflict"
+            && s.cond("fr", "deep", "Accepted").1 == "Invalid"
+            && s.cond("fr", "stray", "Accepted").1 == "ConnectionNotFound"
+            && s.cond("fr", "resting", "Ready").1 == "Paused"
     });
-    let conflict = cond("fr", "temps-copy", "Accepted").2;
+    let conflict = s.cond("fr", "temps-copy", "Accepted").2;
     assert!(
         conflict.contains("temps"),
         "names the rule it conflicts with: {conflict}"
     );
-    let invalid = cond("fr", "deep", "Accepted").2;
+    let invalid = s.cond("fr", "deep", "Accepted").2;
     assert!(
         invalid.contains("kafka.topic"),
         "names the field: {invalid}"
     );
-    assert!(cond("fr", "stray", "Accepted").2.contains("\"nowhere\""));
-    assert_eq!(cond("fr", "deep", "Ready").1, "NotAccepted");
-    let default = config("plant-default");
+    assert!(s.cond("fr", "stray", "Accepted").2.contains("\"nowhere\""));
+    assert_eq!(s.cond("fr", "deep", "Ready").1, "NotAccepted");
+    let default = s.config("plant-default");
     assert!(
         !default.contains("t.{5}") && !default.contains("temps-copy"),
         "{default}"
     );
     // A group whose only rule is paused runs no pods (a forwarder needs a rule).
+    assert_eq!(s.get("statefulset", "plant-quiet", "{.spec.replicas}"), "0");
     assert_eq!(
-        jsonpath(
-            &cp,
-            "ferry",
-            "statefulset",
-            "plant-quiet",
-            "{.spec.replicas}"
-        ),
-        "0"
-    );
-    assert_eq!(
-        accepted_at(),
+        s.accepted_at("temps"),
         temps_accepted_at,
         "a condition that did not change keeps its transition time"
     );
+}
 
-    // An edit changes the config but not the pod template's restart checksum.
-    let checksum = || {
-        cp.run_kubectl([
-            "get",
-            "statefulset",
-            "plant-default",
-            "-n",
-            "ferry",
-            "-o",
-            "jsonpath={.spec.template.metadata.annotations.ferry\\.dev/restart-checksum}",
-        ])
-        .expect("checksum")
-    };
-    let before = checksum();
-    apply(&rule("temps", "default", "plant/+/temp", "temperatures"));
-    op.wait_for("the edited config", WAIT, || {
-        config("plant-default").contains("temperatures")
+/// An edit changes the config, not the restart checksum; returns that checksum.
+fn an_edit_is_reloaded_live(s: &Scene) -> String {
+    let before = s.restart_checksum();
+    s.apply(&rule("temps", "default", "plant/+/temp", "temperatures"));
+    s.op.wait_for("the edited config", WAIT, || {
+        s.config("plant-default").contains("temperatures")
     });
     assert_eq!(
-        checksum(),
+        s.restart_checksum(),
         before,
         "a rule edit is reloaded live, not rolled"
     );
+    before
+}
 
-    // Emptying a group removes its forwarder and everything it owned.
-    cp.run_kubectl(["delete", "fr", "audit", "-n", "ferry"])
+/// Emptying a group removes its forwarder and everything it owned.
+fn an_emptied_group_is_pruned(s: &Scene) {
+    s.cp.run_kubectl(["delete", "fr", "audit", "-n", "ferry"])
         .expect("delete rule");
-    op.wait_for("the emptied group to be pruned", WAIT, || {
-        !exists("statefulset", "plant-analytics") && !exists("configmap", "plant-analytics")
+    s.op.wait_for("the emptied group to be pruned", WAIT, || {
+        !s.exists("statefulset", "plant-analytics") && !s.exists("configmap", "plant-analytics")
     });
-    assert!(exists("statefulset", "plant-default"));
+    assert!(s.exists("statefulset", "plant-default"));
+}
 
-    // A rotated Secret rolls the forwarders that use it: its checksum is on the pod template.
+/// A rotated Secret rolls the forwarders that use it: its checksum is on the pod template.
+fn a_rotated_secret_rolls_the_forwarders(s: &Scene, restart_checksum: &str) {
     let secret_checksum = || {
-        jsonpath(
-            &cp,
-            "ferry",
+        s.get(
             "statefulset",
             "plant-default",
             "{.spec.template.metadata.annotations.ferry\\.dev/secret-checksum}",
@@ -259,7 +284,7 @@ fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets()
     };
     let secret_before = secret_checksum();
     assert!(!secret_before.is_empty());
-    cp.run_kubectl([
+    s.cp.run_kubectl([
         "patch",
         "secret",
         "mqtt-credentials",
@@ -269,27 +294,27 @@ fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets()
         r#"{"stringData":{"password":"rotated"}}"#,
     ])
     .expect("rotate secret");
-    op.wait_for("the rotated Secret to reach the pod template", WAIT, || {
+    s.op.wait_for("the rotated Secret to reach the pod template", WAIT, || {
         secret_checksum() != secret_before
     });
-    assert_eq!(checksum(), before, "connection settings did not change");
     assert_eq!(
-        jsonpath(
-            &cp,
-            "ferry",
-            "secret",
-            "plant-default",
-            "{.data.mqtt-password}"
-        ),
+        s.restart_checksum(),
+        restart_checksum,
+        "connection settings did not change"
+    );
+    assert_eq!(
+        s.get("secret", "plant-default", "{.data.mqtt-password}"),
         "cm90YXRlZA==",
         "the rendered Secret holds the new password (base64 of \"rotated\")"
     );
+}
 
-    // Deleting the connection: the garbage collector removes everything its groups owned.
+/// Deleting the connection: the garbage collector removes everything its groups owned.
+fn deleting_the_connection_collects_its_children(s: &Scene) {
     let started = Instant::now();
-    cp.run_kubectl(["delete", "bc", "plant", "-n", "ferry", "--wait=false"])
+    s.cp.run_kubectl(["delete", "bc", "plant", "-n", "ferry", "--wait=false"])
         .expect("delete connection");
-    op.wait_for("the connection's children to be collected", GC_WAIT, || {
+    s.op.wait_for("the connection's children to be collected", GC_WAIT, || {
         [
             "statefulset",
             "configmap",
@@ -299,7 +324,7 @@ fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets()
         ]
         .iter()
         .all(|kind| {
-            cp.run_kubectl([
+            s.cp.run_kubectl([
                 "get",
                 kind,
                 "-n",
