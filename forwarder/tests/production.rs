@@ -14,9 +14,6 @@ use rumqttc::QoS;
 const SENSORS_TO: &str =
     "  - name: sensors\n    mqtt: { topics: [\"sensors/+/data\"] }\n    kafka: { topic: ";
 
-/// A topic with a broker-side record size limit, so an oversize record is refused by Kafka
-/// itself.
-
 #[test]
 fn mqtt5_headers_topic_templates_and_dead_letters() {
     let brokers = Brokers::start();
@@ -40,15 +37,33 @@ fn mqtt5_headers_topic_templates_and_dead_letters() {
     let mut fwd = Forwarder::start(&config);
     fwd.wait_ready(Duration::from_secs(30));
 
+    let big = incompressible(5000);
+    rt.block_on(publish_v5(brokers.mqtt.port(), "pub-v5", v5_samples(&big)));
+
+    wait_until(&fwd, Duration::from_secs(30), "every message acked", || {
+        fwd.metric("ferry_mqtt_acked_messages_total") >= 9.0
+    });
+    telemetry_carries_the_mqtt5_metadata_as_headers(&brokers);
+    failures_are_dead_lettered_with_their_reason(&brokers, &big);
+    status_counts_each_rule(&fwd);
+}
+
+/// Bytes lz4 cannot shrink, so a size limit applies to them as they are.
+fn incompressible(len: u32) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect()
+}
+
+/// Telemetry from plants a (content type, user properties) and b (none), a topic that makes an
+/// illegal Kafka topic, `big` for the size-limited topic, and two for the rule without a dead
+/// letter topic (one unroutable).
+fn v5_samples(big: &[u8]) -> Vec<V5Message> {
     let props = vec![
         ("device".to_string(), "a1".to_string()),
         ("trace".to_string(), "t1".to_string()),
     ];
     let json = Some("application/json".to_string());
-    // Incompressible, so the size limit applies after lz4.
-    let big: Vec<u8> = (0..5000u32)
-        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
-        .collect();
     let mut msgs: Vec<V5Message> = Vec::new();
     for i in 0..3 {
         msgs.push((
@@ -72,7 +87,7 @@ fn mqtt5_headers_topic_templates_and_dead_letters() {
         None,
         vec![],
     ));
-    msgs.push(("big/1".into(), big.clone(), None, vec![]));
+    msgs.push(("big/1".into(), big.to_vec(), None, vec![]));
     msgs.push((
         "nodlq/bad level".into(),
         b"lost cause".to_vec(),
@@ -80,18 +95,20 @@ fn mqtt5_headers_topic_templates_and_dead_letters() {
         vec![],
     ));
     msgs.push(("nodlq/ok".into(), b"fine".to_vec(), None, vec![]));
-    rt.block_on(publish_v5(brokers.mqtt.port(), "pub-v5", msgs));
+    msgs
+}
 
-    wait_until(&fwd, Duration::from_secs(30), "every message acked", || {
-        fwd.metric("ferry_mqtt_acked_messages_total") >= 9.0
-    });
-    let read = |topic: &str, n: usize| {
-        brokers
-            .kafka
-            .read_all(topic, n, Duration::from_secs(1), Duration::from_secs(20))
-            .expect("read")
-    };
-    let a = read("telemetry.a", 3);
+/// Up to `n` records of `topic` (waits 20 s at most, 1 s of quiet).
+fn read(brokers: &Brokers, topic: &str, n: usize) -> Vec<ferry_e2e::Record> {
+    brokers
+        .kafka
+        .read_all(topic, n, Duration::from_secs(1), Duration::from_secs(20))
+        .expect("read")
+}
+
+/// MQTT 5 metadata and user properties become headers; what was not sent is not invented.
+fn telemetry_carries_the_mqtt5_metadata_as_headers(brokers: &Brokers) {
+    let a = read(brokers, "telemetry.a", 3);
     assert_eq!(a.len(), 3, "{a:?}");
     assert_eq!(a[0].value, b"a0");
     assert_eq!(a[0].key_str(), Some("plant/a/telemetry"));
@@ -105,7 +122,7 @@ fn mqtt5_headers_topic_templates_and_dead_letters() {
     ] {
         assert_eq!(a[2].header(name), Some(want), "header {name} in {:?}", a[2]);
     }
-    let b = read("telemetry.b", 2);
+    let b = read(brokers, "telemetry.b", 2);
     assert_eq!(b.len(), 2);
     assert_eq!(
         b[0].header("mqtt.content_type"),
@@ -113,8 +130,11 @@ fn mqtt5_headers_topic_templates_and_dead_letters() {
         "not sent, not invented"
     );
     assert_eq!(b[0].header("device"), None);
+}
 
-    let dlq = read("dlq", 2);
+/// The unroutable and the oversize message are dead-lettered with the topic, rule and error.
+fn failures_are_dead_lettered_with_their_reason(brokers: &Brokers, big: &[u8]) {
+    let dlq = read(brokers, "dlq", 2);
     assert_eq!(dlq.len(), 2, "{dlq:?}");
     let unroutable = dlq
         .iter()
@@ -147,8 +167,11 @@ fn mqtt5_headers_topic_templates_and_dead_letters() {
         "{:?}",
         oversize.headers
     );
-    assert_eq!(read("x.ok", 1).len(), 1);
+    assert_eq!(read(brokers, "x.ok", 1).len(), 1);
+}
 
+/// `/status` and the metrics count each rule's messages by outcome.
+fn status_counts_each_rule(fwd: &Forwarder) {
     let status = fwd.status().expect("status");
     eprintln!(
         "{}",
