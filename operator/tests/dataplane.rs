@@ -147,12 +147,28 @@ fn rules_report_what_their_forwarder_pods_forward_and_steady_state_reconciles_no
             &write_interval,
         ],
     );
-    let cond = |kind: &str, name: &str, type_: &str| {
-        condition(&cp, NS, kind, name, type_).unwrap_or_default()
-    };
+    let _pods = rules_become_ready_with_their_pods(&cp, &op, &mosquitto, &kafka);
+    forwarded_counts_reach_the_rules_status(&cp, &op, &mosquitto, &kafka, &rt);
+    steady_traffic_reconciles_nothing_and_writes_within_budget(&op, &mosquitto);
+    kafka_outage_is_reported_at_once(&cp, &op, &mut kafka);
+    not_ready_pods_still_report_until_kafka_is_back(&cp, &op, &mut kafka);
+}
 
+/// A condition of an object in {NS}: (status, reason, message), empty while it has none.
+fn cond(cp: &ControlPlane, kind: &str, name: &str, type_: &str) -> (String, String, String) {
+    condition(cp, NS, kind, name, type_).unwrap_or_default()
+}
+
+/// Connection `plant` (2 replicas) with rules temps and alarms; the test runs the pods the
+/// StatefulSet controller creates, and the rules become Ready and Forwarding.
+fn rules_become_ready_with_their_pods(
+    cp: &ControlPlane,
+    op: &Operator,
+    mosquitto: &Mosquitto,
+    kafka: &Kafka,
+) -> Vec<Pod> {
     common::apply(
-        &cp,
+        cp,
         &format!(
             r#"
 apiVersion: ferry.dev/v1alpha1
@@ -190,12 +206,12 @@ spec:
             .iter()
             .all(|p| cp.run_kubectl(["get", "pod", p, "-n", NS]).is_ok())
     });
-    let _pods: Vec<Pod> = names
+    let pods: Vec<Pod> = names
         .iter()
         .enumerate()
         .map(|(i, name)| {
             run_pod(
-                &cp,
+                cp,
                 "plant-default",
                 name,
                 Ipv4Addr::new(127, 77, 0, i as u8 + 1),
@@ -203,14 +219,25 @@ spec:
         })
         .collect();
     op.wait_for("Ready and Forwarding", WAIT, || {
-        cond("fr", "temps", "Ready").0 == "True" && cond("fr", "temps", "Forwarding").0 == "True"
+        cond(cp, "fr", "temps", "Ready").0 == "True"
+            && cond(cp, "fr", "temps", "Forwarding").0 == "True"
     });
     assert_eq!(
-        jsonpath(&cp, NS, "fr", "temps", "{.status.readyReplicas}"),
+        jsonpath(cp, NS, "fr", "temps", "{.status.readyReplicas}"),
         "2/2"
     );
-    assert_eq!(cond("bc", "plant", "Ready").1, "ForwardersReady");
+    assert_eq!(cond(cp, "bc", "plant", "Ready").1, "ForwardersReady");
+    pods
+}
 
+/// What both pods forwarded, summed per rule, reaches the rules' status with a rate.
+fn forwarded_counts_reach_the_rules_status(
+    cp: &ControlPlane,
+    op: &Operator,
+    mosquitto: &Mosquitto,
+    kafka: &Kafka,
+    rt: &tokio::runtime::Runtime,
+) {
     let (temps, alarms) = (3000, 1000);
     let messages: Vec<(String, Vec<u8>)> = (0..temps)
         .map(|i| {
@@ -239,24 +266,29 @@ spec:
     assert_eq!(records.len(), temps);
 
     // Both pods' counters, summed per rule.
-    let forwarded = |rule: &str| jsonpath(&cp, NS, "fr", rule, "{.status.forwarded}");
+    let forwarded = |rule: &str| jsonpath(cp, NS, "fr", rule, "{.status.forwarded}");
     op.wait_for("the forwarded counts in the rules' status", WAIT, || {
         forwarded("temps") == temps.to_string() && forwarded("alarms") == alarms.to_string()
     });
-    let rate: f64 = jsonpath(&cp, NS, "fr", "temps", "{.status.ratePerSecond}")
+    let rate: f64 = jsonpath(cp, NS, "fr", "temps", "{.status.ratePerSecond}")
         .parse()
         .expect("ratePerSecond");
     assert!(rate > 0.0, "a rate over the last minute: {rate}");
-    assert!(!jsonpath(&cp, NS, "fr", "temps", "{.status.lastForwardedAt}").is_empty());
+    assert!(!jsonpath(cp, NS, "fr", "temps", "{.status.lastForwardedAt}").is_empty());
     let shown = cp
         .run_kubectl(["get", "bc,fr", "-n", NS])
         .expect("kubectl get");
     eprintln!("kubectl get bc,fr -n {NS}\n{shown}");
     assert!(shown.contains("True"), "{shown}");
+}
 
-    // Steady traffic: counters and rates move at every 1 s poll, yet each rule's status is
-    // written at most once per write interval (plus one for where the window starts), and
-    // nothing reconciles.
+/// Steady traffic: counters and rates move at every 1 s poll, yet each rule's status is written
+/// at most once per write interval (plus one for where the window starts), and nothing
+/// reconciles.
+fn steady_traffic_reconciles_nothing_and_writes_within_budget(
+    op: &Operator,
+    mosquitto: &Mosquitto,
+) {
     let reconciles = || {
         op.metric("ferry_operator_reconciles_total", "")
             .expect("metrics")
@@ -294,13 +326,16 @@ spec:
         w1 - w0 >= rules,
         "the moving counters are still written, once an interval"
     );
+}
 
-    // Kafka going away is reported on the rule with the pod and the reason, at once: within
-    // the forwarder's probe (every 5 s, 3 s timeout) and a poll, not after the write interval.
+/// Kafka going away is reported on the rule with the pod and the reason, at once: within the
+/// forwarder's probe (every 5 s, 3 s timeout) and a poll, not after the write interval; Ready
+/// follows within one reconcile.
+fn kafka_outage_is_reported_at_once(cp: &ControlPlane, op: &Operator, kafka: &mut Kafka) {
     let stopped = Instant::now();
     kafka.stop();
     op.wait_for("Forwarding False while Kafka is down", WAIT, || {
-        cond("fr", "temps", "Forwarding").1 == "KafkaUnreachable"
+        cond(cp, "fr", "temps", "Forwarding").1 == "KafkaUnreachable"
     });
     let noticed = stopped.elapsed();
     eprintln!("Kafka stopped: KafkaUnreachable on the rule after {noticed:.1?}");
@@ -308,7 +343,7 @@ spec:
         noticed < WRITE_INTERVAL,
         "a condition change waited on the write budget: {noticed:?}"
     );
-    let (_, _, message) = cond("fr", "temps", "Forwarding");
+    let (_, _, message) = cond(cp, "fr", "temps", "Forwarding");
     assert!(
         message.contains("plant-default-"),
         "names the pod: {message}"
@@ -330,20 +365,28 @@ spec:
     // prints): one reconcile after the poller saw it.
     let flipped = Instant::now();
     op.wait_for("Ready False with KafkaUnreachable", READY_FOLLOWS, || {
-        let (status, reason, _) = cond("fr", "temps", "Ready");
+        let (status, reason, _) = cond(cp, "fr", "temps", "Ready");
         status == "False" && reason == "KafkaUnreachable"
     });
     eprintln!(
         "Ready False (KafkaUnreachable) {:.1?} after Forwarding",
         flipped.elapsed()
     );
+}
 
-    // A forwarder that (re)starts while Kafka is down never becomes Ready; the operator keeps
-    // reading such pods, so the rule keeps saying why instead of falling back to NoReport.
-    set_ready(&cp, &names, false);
+/// A forwarder that (re)starts while Kafka is down never becomes Ready; the operator keeps
+/// reading such pods, so the rule keeps saying why instead of falling back to NoReport. Once
+/// Kafka is back the rule forwards and is Ready again.
+fn not_ready_pods_still_report_until_kafka_is_back(
+    cp: &ControlPlane,
+    op: &Operator,
+    kafka: &mut Kafka,
+) {
+    let names = ["plant-default-0", "plant-default-1"];
+    set_ready(cp, &names, false);
     // Three polls after the pods' change is in the operator's pod store.
     std::thread::sleep(Duration::from_secs(5));
-    let (status, reason, message) = cond("fr", "temps", "Forwarding");
+    let (status, reason, message) = cond(cp, "fr", "temps", "Forwarding");
     assert_eq!(
         (status.as_str(), reason.as_str()),
         ("False", "KafkaUnreachable"),
@@ -352,8 +395,9 @@ spec:
 
     // Kafka back: the rule forwards and is Ready again.
     kafka.resume().expect("restart kafka");
-    set_ready(&cp, &names, true);
+    set_ready(cp, &names, true);
     op.wait_for("Ready True once Kafka is back", WAIT, || {
-        cond("fr", "temps", "Ready").0 == "True" && cond("fr", "temps", "Forwarding").0 == "True"
+        cond(cp, "fr", "temps", "Ready").0 == "True"
+            && cond(cp, "fr", "temps", "Forwarding").0 == "True"
     });
 }
