@@ -74,17 +74,9 @@ if ! flock -n 9; then
 fi
 complete && exit 0
 
-go=${GO:-$(command -v go || echo /usr/local/go/bin/go)}
-if [ ! -x "$go" ]; then
-  # Any Go will do: with GOTOOLCHAIN=auto it fetches the release the tools' go.mod ask for.
-  echo "ferry: tools: installing Debian's golang-go"
-  sudo_cmd=(); [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-  "${sudo_cmd[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends golang-go >/dev/null
-  go=$(command -v go)
-fi
-export GOPATH="$cache/go" GOMODCACHE="$cache/go/pkg/mod" GOCACHE="$cache/go/cache"
-export GOFLAGS=-mod=mod GOTOOLCHAIN=auto CGO_ENABLED=0 GO111MODULE=on
+# shellcheck source=../go-env.sh
+. "$here/../go-env.sh"
+ferry_go_env tools
 step() { printf 'ferry: tools: %s\n' "$*"; }
 t0=$SECONDS
 rm -f "$root/.complete"
