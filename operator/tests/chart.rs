@@ -991,44 +991,13 @@ fn installed_chart_gives_the_operator_exactly_the_rights_it_uses() {
 
     // The operator itself, with the ServiceAccount's token and nothing else: it takes the
     // Lease, renders a connection's forwarders and writes statuses without a single refusal.
-    let token = cp
-        .run_kubectl([
-            "create",
-            "token",
-            OPERATOR,
-            "-n",
-            NAMESPACE,
-            "--duration=1h",
-        ])
-        .expect("token");
-    let sa_kubeconfig = cp.dir().join("operator-kubeconfig");
-    cp.write_kubeconfig(&sa_kubeconfig, "operator", token.trim(), NAMESPACE)
-        .expect("kubeconfig");
-    let port = ferry_e2e::free_port().expect("port");
-    let log = cp.dir().join("chart-operator.log");
-    let mut operator = ChildGuard(
-        Command::new(env!("CARGO_BIN_EXE_ferry-operator"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .env("KUBECONFIG", &sa_kubeconfig)
-            .env("POD_NAME", "ferry-operator-test")
-            .env("POD_NAMESPACE", NAMESPACE)
-            .env("FERRY_LEASE_NAME", "ferry-operator")
-            .env("FERRY_STATUS_INTERVAL_SECONDS", "1")
-            .env("FERRY_LOG", "info,ferry_operator=debug")
-            .env("FERRY_LOG_FORMAT", "json")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).expect("log"))
-            .stderr(std::fs::File::create(log.with_extension("stderr")).expect("log"))
-            .spawn()
-            .expect("spawn ferry-operator"),
+    let mut operator = SaOperator::start(
+        &cp,
+        "chart-operator",
+        &[("FERRY_LEASE_NAME", "ferry-operator")],
     );
-    let operator_log = || {
-        format!(
-            "{}{}",
-            std::fs::read_to_string(&log).unwrap_or_default(),
-            std::fs::read_to_string(log.with_extension("stderr")).unwrap_or_default()
-        )
-    };
+    let port = operator.port;
+    let operator_log = operator.log_reader();
     cp.run_kubectl_with_stdin(
         ["apply", "-n", "plant", "-f", "-"],
         r#"
@@ -1068,7 +1037,7 @@ spec:
             "jsonpath={.status.conditions[?(@.type==\"Accepted\")].status}",
         ]) == "True")
     {
-        if let Ok(Some(status)) = operator.0.try_wait() {
+        if let Ok(Some(status)) = operator.child.0.try_wait() {
             panic!("ferry-operator exited ({status}):\n{}", operator_log());
         }
         let so_far = operator_log();
@@ -1308,44 +1277,13 @@ fn watch_namespaces_confines_the_operator_and_its_rights_to_those_namespaces() {
     }
     cp.run_kubectl_with_stdin(["apply", "-f", "-"], &connection_in("plant", false))
         .expect("apply");
-    let token = cp
-        .run_kubectl([
-            "create",
-            "token",
-            OPERATOR,
-            "-n",
-            NAMESPACE,
-            "--duration=1h",
-        ])
-        .expect("token");
-    let sa_kubeconfig = cp.dir().join("scoped-operator-kubeconfig");
-    cp.write_kubeconfig(&sa_kubeconfig, "operator", token.trim(), NAMESPACE)
-        .expect("kubeconfig");
-    let port = ferry_e2e::free_port().expect("port");
-    let log = cp.dir().join("scoped-operator.log");
-    let mut operator = ChildGuard(
-        Command::new(env!("CARGO_BIN_EXE_ferry-operator"))
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .env("KUBECONFIG", &sa_kubeconfig)
-            .env("POD_NAME", "ferry-operator-scoped")
-            .env("POD_NAMESPACE", NAMESPACE)
-            .env("FERRY_WATCH_NAMESPACES", &watch)
-            .env("FERRY_STATUS_INTERVAL_SECONDS", "1")
-            .env("FERRY_LOG", "info,ferry_operator=debug")
-            .env("FERRY_LOG_FORMAT", "json")
-            .stdin(Stdio::null())
-            .stdout(std::fs::File::create(&log).expect("log"))
-            .stderr(std::fs::File::create(log.with_extension("stderr")).expect("log"))
-            .spawn()
-            .expect("spawn ferry-operator"),
+    let mut operator = SaOperator::start(
+        &cp,
+        "scoped-operator",
+        &[("FERRY_WATCH_NAMESPACES", &watch)],
     );
-    let operator_log = || {
-        format!(
-            "{}{}",
-            std::fs::read_to_string(&log).unwrap_or_default(),
-            std::fs::read_to_string(log.with_extension("stderr")).unwrap_or_default()
-        )
-    };
+    let port = operator.port;
+    let operator_log = operator.log_reader();
     let get = |args: &[&str]| cp.run_kubectl(args).unwrap_or_default();
     let status_of = |kind: &str, ns: &str, type_: &str| {
         get(&[
@@ -1384,7 +1322,7 @@ fn watch_namespaces_confines_the_operator_and_its_rights_to_those_namespaces() {
     let mut wait = |what: &str, cond: &dyn Fn() -> bool| {
         let started = Instant::now();
         while !cond() {
-            if let Ok(Some(status)) = operator.0.try_wait() {
+            if let Ok(Some(status)) = operator.child.0.try_wait() {
                 panic!("ferry-operator exited ({status}):\n{}", operator_log());
             }
             assert!(
@@ -2145,6 +2083,67 @@ fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
             "timed out after {timeout:?} waiting for {what}"
         );
         std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The operator binary run with nothing but a token of the chart's ServiceAccount, as its pod
+/// would: every request it makes is checked against the chart's RBAC.
+struct SaOperator {
+    child: ChildGuard,
+    log: PathBuf,
+    port: u16,
+}
+
+impl SaOperator {
+    /// Starts it as pod `name` (logs `<name>.log` and `.stderr` in the control plane's dir)
+    /// with `env` added to the chart's settings.
+    fn start(cp: &ControlPlane, name: &str, env: &[(&str, &str)]) -> Self {
+        let token = cp
+            .run_kubectl([
+                "create",
+                "token",
+                OPERATOR,
+                "-n",
+                NAMESPACE,
+                "--duration=1h",
+            ])
+            .expect("token");
+        let kubeconfig = cp.dir().join(format!("{name}-kubeconfig"));
+        cp.write_kubeconfig(&kubeconfig, "operator", token.trim(), NAMESPACE)
+            .expect("kubeconfig");
+        let port = ferry_e2e::free_port().expect("port");
+        let log = cp.dir().join(format!("{name}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_ferry-operator"))
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .env("KUBECONFIG", &kubeconfig)
+            .env("POD_NAME", format!("ferry-{name}"))
+            .env("POD_NAMESPACE", NAMESPACE)
+            .envs(env.iter().copied())
+            .env("FERRY_STATUS_INTERVAL_SECONDS", "1")
+            .env("FERRY_LOG", "info,ferry_operator=debug")
+            .env("FERRY_LOG_FORMAT", "json")
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).expect("log"))
+            .stderr(std::fs::File::create(log.with_extension("stderr")).expect("log"))
+            .spawn()
+            .expect("spawn ferry-operator");
+        Self {
+            child: ChildGuard(child),
+            log,
+            port,
+        }
+    }
+
+    /// Reads its stdout and stderr so far, without borrowing it (the test still waits on it).
+    fn log_reader(&self) -> impl Fn() -> String + use<> {
+        let log = self.log.clone();
+        move || {
+            format!(
+                "{}{}",
+                std::fs::read_to_string(&log).unwrap_or_default(),
+                std::fs::read_to_string(log.with_extension("stderr")).unwrap_or_default()
+            )
+        }
     }
 }
 
