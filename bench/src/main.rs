@@ -157,77 +157,15 @@ impl Bench {
         let configs: Vec<String> = (0..spec.replicas)
             .map(|i| self.forwarder_config(run, i, spec, shared))
             .collect();
-        // Sessions first (subscribe, leave), so the broker queues the backlog for them.
-        for (i, config) in configs.iter().enumerate() {
-            let mut f = Forwarder::start(
-                &self.forwarder_bin,
-                self.dir.path(),
-                &format!("run{run}-{i}-session"),
-                config,
-            )?;
-            f.wait_ready(Duration::from_secs(30))?;
-            f.stop()?;
-        }
-        self.rt.block_on(load::publish_backlog(
-            self.mqtt.port(),
-            &format!("b{run}"),
-            n,
-            spec.size,
-            TOPICS,
-            spec.qos,
-        ))?;
+        self.queue_backlog(run, spec, n, &configs)?;
         let start = Instant::now();
-        let mut forwarders: Vec<Forwarder> = configs
-            .iter()
-            .enumerate()
-            .map(|(i, config)| {
-                Forwarder::start(
-                    &self.forwarder_bin,
-                    self.dir.path(),
-                    &format!("run{run}-{i}"),
-                    config,
-                )
-            })
-            .collect::<Result<_>>()?;
-        let deadline = Duration::from_secs(60 + n / 1000);
-        // Throughput counts from the first ack seen, so process start, connections and
-        // Kafka metadata (start-up, reported apart) do not dilute it.
-        let mut first: Option<(Instant, u64)> = None;
-        loop {
-            let acked = forwarders
-                .iter()
-                .filter_map(|f| f.metric("ferry_rule_acked_messages_total"))
-                .sum::<f64>() as u64;
-            if acked > 0 && first.is_none() {
-                first = Some((Instant::now(), acked));
-            }
-            if acked >= n {
-                break;
-            }
-            if start.elapsed() > deadline {
-                bail!("drain {spec:?}: {acked} of {n} acked after {deadline:?}");
-            }
-            // Each poll renders /metrics in the forwarder: often enough for ~1 % precision on
-            // a drain of a second, rarely enough to cost it little.
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        let (first_at, first_acked) = first.unwrap_or((start, 0));
+        let mut forwarders = self.start_forwarders(run, &configs)?;
+        let (first_at, first_acked) = wait_all_acked(&forwarders, spec, n, start)?;
         let startup = first_at.duration_since(start);
         let steady = first_at.elapsed().max(Duration::from_millis(1));
         let rate = (n - first_acked.min(n)) as f64 / steady.as_secs_f64();
-        let mean_ms = |metric: &str| {
-            let sum: f64 = forwarders
-                .iter()
-                .filter_map(|f| f.metric(&format!("{metric}_sum")))
-                .sum();
-            let count: f64 = forwarders
-                .iter()
-                .filter_map(|f| f.metric(&format!("{metric}_count")))
-                .sum();
-            sum / count.max(1.0) * 1000.0
-        };
-        let produce_ms = mean_ms("ferry_kafka_produce_latency_seconds");
-        let ack_ms = mean_ms("ferry_message_ack_latency_seconds");
+        let produce_ms = mean_ms(&forwarders, "ferry_kafka_produce_latency_seconds");
+        let ack_ms = mean_ms(&forwarders, "ferry_message_ack_latency_seconds");
         let usage: Vec<Usage> = forwarders
             .iter()
             .map(Forwarder::usage)
@@ -264,6 +202,47 @@ impl Bench {
         };
         println!("{}", d.line());
         Ok(d)
+    }
+
+    /// Makes each forwarder's session and has the broker queue the drain's `n` messages in it
+    /// while the forwarders are away.
+    fn queue_backlog(&self, run: u32, spec: DrainSpec, n: u64, configs: &[String]) -> Result<()> {
+        // Sessions first (subscribe, leave), so the broker queues the backlog for them.
+        for (i, config) in configs.iter().enumerate() {
+            let mut f = Forwarder::start(
+                &self.forwarder_bin,
+                self.dir.path(),
+                &format!("run{run}-{i}-session"),
+                config,
+            )?;
+            f.wait_ready(Duration::from_secs(30))?;
+            f.stop()?;
+        }
+        self.rt.block_on(load::publish_backlog(
+            self.mqtt.port(),
+            &format!("b{run}"),
+            n,
+            spec.size,
+            TOPICS,
+            spec.qos,
+        ))
+    }
+
+    /// The drain's forwarders, one per config, back on the sessions [`Bench::queue_backlog`]
+    /// filled.
+    fn start_forwarders(&self, run: u32, configs: &[String]) -> Result<Vec<Forwarder>> {
+        configs
+            .iter()
+            .enumerate()
+            .map(|(i, config)| {
+                Forwarder::start(
+                    &self.forwarder_bin,
+                    self.dir.path(),
+                    &format!("run{run}-{i}"),
+                    config,
+                )
+            })
+            .collect()
     }
 
     /// A bare rumqttc subscriber draining the same backlog, and librdkafka producing the
@@ -359,6 +338,52 @@ impl Bench {
         println!("{}", l.line());
         Ok(l)
     }
+}
+
+/// Polls the forwarders' metrics until they acked `n` messages in all; returns when the first
+/// ack was seen and how many were acked by then (`start` and 0 when there was nothing to ack).
+fn wait_all_acked(
+    forwarders: &[Forwarder],
+    spec: DrainSpec,
+    n: u64,
+    start: Instant,
+) -> Result<(Instant, u64)> {
+    let deadline = Duration::from_secs(60 + n / 1000);
+    // Throughput counts from the first ack seen, so process start, connections and
+    // Kafka metadata (start-up, reported apart) do not dilute it.
+    let mut first: Option<(Instant, u64)> = None;
+    loop {
+        let acked = forwarders
+            .iter()
+            .filter_map(|f| f.metric("ferry_rule_acked_messages_total"))
+            .sum::<f64>() as u64;
+        if acked > 0 && first.is_none() {
+            first = Some((Instant::now(), acked));
+        }
+        if acked >= n {
+            break;
+        }
+        if start.elapsed() > deadline {
+            bail!("drain {spec:?}: {acked} of {n} acked after {deadline:?}");
+        }
+        // Each poll renders /metrics in the forwarder: often enough for ~1 % precision on
+        // a drain of a second, rarely enough to cost it little.
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(first.unwrap_or((start, 0)))
+}
+
+/// The mean of a forwarder histogram over all `forwarders`, in milliseconds.
+fn mean_ms(forwarders: &[Forwarder], metric: &str) -> f64 {
+    let sum: f64 = forwarders
+        .iter()
+        .filter_map(|f| f.metric(&format!("{metric}_sum")))
+        .sum();
+    let count: f64 = forwarders
+        .iter()
+        .filter_map(|f| f.metric(&format!("{metric}_count")))
+        .sum();
+    sum / count.max(1.0) * 1000.0
 }
 
 fn main() -> Result<()> {

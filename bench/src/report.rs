@@ -410,8 +410,47 @@ impl Report {
         self.limits.iter().find(|l| l.qos == qos && l.size == size)
     }
 
+    /// Throughput of `replicas` forwarders over one, at the same window (both must have run).
+    fn scaling(&self, window: u32, replicas: u32) -> Option<f64> {
+        let one = self
+            .replicas
+            .iter()
+            .find(|d| d.window == window && d.replicas == 1)?;
+        let n = self
+            .replicas
+            .iter()
+            .find(|d| d.window == window && d.replicas == replicas)?;
+        Some(n.msgs_per_sec / one.msgs_per_sec)
+    }
+
+    /// The largest peak RSS of the single-replica runs (drains, window sweep, latency): the
+    /// figure the per-forwarder RSS target is held to.
+    fn forwarder_peak_rss_mib(&self) -> f64 {
+        self.drains
+            .iter()
+            .chain(&self.windows)
+            .filter(|d| d.replicas == 1)
+            .map(|d| d.peak_rss_mib)
+            .chain(self.latencies.iter().map(|l| l.peak_rss_mib))
+            .fold(0.0, f64::max)
+    }
+
     pub fn markdown(&self) -> String {
         let mut s = String::new();
+        self.preamble(&mut s);
+        self.targets(&mut s);
+        self.drain_table(&mut s);
+        self.window_table(&mut s);
+        self.replica_table(&mut s);
+        self.latency_table(&mut s);
+        if let Some(o) = &self.operator {
+            o.section(&mut s);
+        }
+        s
+    }
+
+    /// Where and how the figures were taken, and which sections were measured again since.
+    fn preamble(&self, s: &mut String) {
         let _ = writeln!(
             s,
             "Machine: {}. {} messages per drain; whole run {:.0} s.\n",
@@ -420,6 +459,10 @@ impl Report {
         for note in &self.rerun {
             let _ = writeln!(s, "Measured again alone since: {note}.\n");
         }
+    }
+
+    /// Each target beside its measured figure and verdict; a row whose runs are missing is left out.
+    fn targets(&self, s: &mut String) {
         let _ = writeln!(s, "### Targets\n");
         let _ = writeln!(s, "| target | measured | |\n|---|---|---|");
         if let (Some(d), Some(l)) = (
@@ -450,32 +493,14 @@ impl Report {
                 verdict(l.p99_ms <= 20.0)
             );
         }
-        let peak = self
-            .drains
-            .iter()
-            .chain(&self.windows)
-            .filter(|d| d.replicas == 1)
-            .map(|d| d.peak_rss_mib)
-            .chain(self.latencies.iter().map(|l| l.peak_rss_mib))
-            .fold(0.0, f64::max);
+        let peak = self.forwarder_peak_rss_mib();
         let _ = writeln!(
             s,
             "| forwarder peak RSS ≤ 32 MiB under load | {:.1} MiB (largest of every single-replica run) | {} |",
             peak,
             verdict(peak <= 32.0)
         );
-        let scaling = |window: u32, replicas: u32| {
-            let one = self
-                .replicas
-                .iter()
-                .find(|d| d.window == window && d.replicas == 1)?;
-            let n = self
-                .replicas
-                .iter()
-                .find(|d| d.window == window && d.replicas == replicas)?;
-            Some(n.msgs_per_sec / one.msgs_per_sec)
-        };
-        if let Some(ratio) = scaling(crate::REPLICA_WINDOW, 2) {
+        if let Some(ratio) = self.scaling(crate::REPLICA_WINDOW, 2) {
             let _ = writeln!(
                 s,
                 "| 2 replicas ≥ 1.6× one where the broker is not the limit | {ratio:.2}× (window {}: one replica window-bound) | {} |",
@@ -484,9 +509,12 @@ impl Report {
             );
         }
         if let Some(o) = &self.operator {
-            o.target_rows(&mut s);
+            o.target_rows(s);
         }
+    }
 
+    /// Each drain beside the bare subscriber's and producer's rates for the same backlog.
+    fn drain_table(&self, s: &mut String) {
         let _ = writeln!(
             s,
             "\n### Backlog drains (1 forwarder, window 1000) and the limits for the same backlog\n"
@@ -496,6 +524,7 @@ impl Report {
             "| QoS | size | forwarder msg/s | MB/s | bare subscriber msg/s | bare producer msg/s | of lower limit | msg per CPU-s | peak RSS MiB | lost | dup | out of order |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
         );
         for d in &self.drains {
+            // A drain without its limits (not measured) keeps those three cells empty.
             let (sub, prod, frac) = self
                 .limit(d.qos, d.size)
                 .map(|l| {
@@ -520,6 +549,9 @@ impl Report {
                 d.out_of_order
             );
         }
+    }
+
+    fn window_table(&self, s: &mut String) {
         let _ = writeln!(
             s,
             "\n### In-flight window (QoS 1, 300 B drain)\n\n| window | msg/s | msg per CPU-s | peak RSS MiB | lost | dup |\n|---|---|---|---|---|---|"
@@ -536,6 +568,9 @@ impl Report {
                 d.duplicates
             );
         }
+    }
+
+    fn replica_table(&self, s: &mut String) {
         let _ = writeln!(
             s,
             "\n### Replicas on a shared subscription (QoS 1, 300 B drain, all on the same 2 cores)\n\n| window per replica | replicas | msg/s | × one | CPU s (all) | lost | dup |\n|---|---|---|---|---|---|---|"
@@ -547,12 +582,15 @@ impl Report {
                 d.window,
                 d.replicas,
                 d.msgs_per_sec,
-                scaling(d.window, d.replicas).unwrap_or(f64::NAN),
+                self.scaling(d.window, d.replicas).unwrap_or(f64::NAN),
                 d.cpu_seconds,
                 d.lost,
                 d.duplicates
             );
         }
+    }
+
+    fn latency_table(&self, s: &mut String) {
         let _ = writeln!(
             s,
             "\n### End-to-end latency at a fixed rate (QoS 1, 300 B; publish call → read from Kafka)\n\n| rate | messages | p50 ms | p90 ms | p99 ms | max ms | lost | dup | forwarder CPU s | peak RSS MiB |\n|---|---|---|---|---|---|---|---|---|---|"
@@ -573,10 +611,6 @@ impl Report {
                 l.peak_rss_mib
             );
         }
-        if let Some(o) = &self.operator {
-            o.section(&mut s);
-        }
-        s
     }
 }
 

@@ -14,6 +14,7 @@
 //! Needs root, `make deps k8s tools images` (the Makefile target `demo` runs them).
 
 use std::io::BufRead as _;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -74,8 +75,31 @@ fn main() -> ExitCode {
 
 fn run() -> Result<()> {
     let t0 = Instant::now();
-    // Ctrl-C: this process notes it and tears the cluster down; the commands it runs (and the
-    // brokers) get the terminal's SIGINT and stop, so every step ends quickly.
+    catch_sigint();
+    ensure_root("the demo")?;
+    let images = ferry_images()?;
+    ensure_helm()?;
+    let cluster = own_cluster()?;
+    bring_up(&cluster)?;
+    interrupted()?;
+    let (mqtt, kafka) = start_brokers(&cluster, &images)?;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let result = demo(&cluster, &mqtt, &kafka, &rt);
+    hold_or_diagnose(&cluster, &result);
+    drop(rt);
+    drop(kafka);
+    drop(mqtt);
+    tear_down(cluster, result.is_ok(), t0)?;
+    result
+}
+
+/// Ctrl-C: this process notes it and tears the cluster down; the commands it runs (and the
+/// brokers) get the terminal's SIGINT and stop, so every step ends quickly.
+fn catch_sigint() {
     // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
     unsafe {
         libc::signal(
@@ -83,10 +107,11 @@ fn run() -> Result<()> {
             on_sigint as extern "C" fn(libc::c_int) as libc::sighandler_t,
         );
     }
-    ensure_root("the demo")?;
-    let images = ferry_images()?;
-    ensure_helm()?;
+}
 
+/// The demo's cluster (default settings), refused when one with those settings exists already:
+/// that one belongs to someone else, so it is left alone (disarmed: not torn down on drop).
+fn own_cluster() -> Result<Cluster> {
     let mut cluster = Cluster::default_settings("ferry-demo")?;
     if let Some(what) = cluster.existing() {
         cluster.disarm();
@@ -97,7 +122,11 @@ fn run() -> Result<()> {
             e2e_dir().join("cluster/down.sh").display()
         );
     }
+    Ok(cluster)
+}
 
+/// The single-node cluster up, and its node shown.
+fn bring_up(cluster: &Cluster) -> Result<()> {
     say(&format!(
         "Bringing up a single-node Kubernetes cluster (e2e/cluster/up.sh): etcd, kube-apiserver, \
          controller-manager, scheduler, containerd and a kubelet in the network namespace `{}`, \
@@ -120,8 +149,12 @@ fn run() -> Result<()> {
             .collect::<Vec<_>>()
             .join("\n    ")
     );
-    interrupted()?;
+    Ok(())
+}
 
+/// The Ferry images into the node's containerd, and the brokers on the node address
+/// (the caller keeps them: they stop when dropped).
+fn start_brokers(cluster: &Cluster, images: &[PathBuf]) -> Result<(Mosquitto, Kafka)> {
     say(&format!(
         "Importing the ferry-operator and ferry-forwarder images into the cluster's containerd, \
          and starting a real Mosquitto and a real Apache Kafka inside `{}` on the node address \
@@ -131,11 +164,11 @@ fn run() -> Result<()> {
     ));
     let t = Instant::now();
     let (mqtt, kafka) = cluster.import_images_and_start_brokers(
-        &images,
+        images,
         MosquittoOptions::default(),
         KafkaOptions::default(),
     )?;
-    for image in &images {
+    for image in images {
         println!("    imported {}", image.display());
     }
     println!("    mosquitto  {}:{}", mqtt.host(), mqtt.port());
@@ -145,38 +178,40 @@ fn run() -> Result<()> {
         ferry_e2e::KAFKA_VERSION
     );
     println!("    ready in {:.0?}", t.elapsed());
+    Ok((mqtt, kafka))
+}
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let result = demo(&cluster, &mqtt, &kafka, &rt);
-    match &result {
-        Ok(()) => wait_for_enter(&cluster),
+/// After a success the cluster stays up for the newcomer to look around; after a failure
+/// (other than Ctrl-C) its state is printed while it is still there.
+fn hold_or_diagnose(cluster: &Cluster, result: &Result<()>) {
+    match result {
+        Ok(()) => wait_for_enter(cluster),
         Err(e) if !INTERRUPTED.load(Ordering::SeqCst) => {
             eprintln!("\nferry demo: {e:#}");
             cluster.diagnose(RELEASE_NS, NS, "plant");
         }
         Err(_) => {}
     }
-    drop(rt);
-    drop(kafka);
-    drop(mqtt);
+}
+
+/// The cluster down (the brokers are stopped already). After a failure the cluster's drop
+/// tears it down instead, keeping its component logs and printing their path.
+fn tear_down(mut cluster: Cluster, demo_succeeded: bool, t0: Instant) -> Result<()> {
     say("Tearing down: brokers stopped, cluster down (e2e/cluster/down.sh)");
-    if result.is_ok() {
-        let t = Instant::now();
-        cluster.down(None)?;
-        println!("    down in {:.0?}", t.elapsed());
-        println!(
-            "\nThe demo took {:.0?}. Next: `make test` runs every test (the full path with a rule \
-             edited live and forwarder pods killed under load: e2e/tests/full_path.rs); \
-             README.md has the configuration reference.",
-            t0.elapsed()
-        );
-    } else {
+    if !demo_succeeded {
         drop(cluster);
+        return Ok(());
     }
-    result
+    let t = Instant::now();
+    cluster.down(None)?;
+    println!("    down in {:.0?}", t.elapsed());
+    println!(
+        "\nThe demo took {:.0?}. Next: `make test` runs every test (the full path with a rule \
+         edited live and forwarder pods killed under load: e2e/tests/full_path.rs); \
+         README.md has the configuration reference.",
+        t0.elapsed()
+    );
+    Ok(())
 }
 
 /// With a terminal on stdin: waits for Enter or Ctrl-C. Otherwise returns at once.
@@ -236,12 +271,30 @@ spec:
     )
 }
 
+/// The user's path on the running cluster: topics, the chart, the resources, messages in,
+/// records out, the rules' status.
 fn demo(
     cluster: &Cluster,
     mqtt: &Mosquitto,
     kafka: &Kafka,
     rt: &tokio::runtime::Runtime,
 ) -> Result<()> {
+    create_topics(kafka, rt)?;
+    interrupted()?;
+    install_chart(cluster)?;
+    interrupted()?;
+    apply_resources(cluster, mqtt, kafka)?;
+    publish_samples(mqtt, rt)?;
+    interrupted()?;
+    read_back(kafka)?;
+    show_status(cluster)?;
+    explain();
+    show_where_to_look(cluster, mqtt, kafka);
+    Ok(())
+}
+
+/// The rules' Kafka topics: one per plant for telemetry, one for alarms.
+fn create_topics(kafka: &Kafka, rt: &tokio::runtime::Runtime) -> Result<()> {
     let kafka_topics = [
         ("telemetry.1", 2),
         ("telemetry.2", 2),
@@ -255,8 +308,11 @@ fn demo(
         "    created Kafka topics: telemetry.1, telemetry.2, telemetry.3 (2 partitions each), \
          alarms (1)"
     );
-    interrupted()?;
+    Ok(())
+}
 
+/// `helm install` of the chart, and the operator's pods it started.
+fn install_chart(cluster: &Cluster) -> Result<()> {
     say(&format!(
         "helm install ferry charts/ferry --namespace {RELEASE_NS} --create-namespace --wait \
          (the CRDs, the operator: 2 replicas with leader election, its RBAC)"
@@ -268,8 +324,11 @@ fn demo(
         "{}",
         indent(&cluster.kubectl(&["get", "pods", "-n", RELEASE_NS])?)
     );
-    interrupted()?;
+    Ok(())
+}
 
+/// `kubectl apply` of the BrokerConnection and both rules, until both rules are Ready.
+fn apply_resources(cluster: &Cluster, mqtt: &Mosquitto, kafka: &Kafka) -> Result<()> {
     let yaml = resources_yaml(cluster, mqtt, kafka);
     say(&format!(
         "kubectl apply: a BrokerConnection (the brokers above) and two ForwardingRules, in \
@@ -295,7 +354,11 @@ fn demo(
         "{}",
         indent(&cluster.kubectl(&["get", "pods", "-n", NS, "-o", "wide"])?)
     );
+    Ok(())
+}
 
+/// Two readings per plant, one alarm, and a message no rule subscribes to, at QoS 1.
+fn publish_samples(mqtt: &Mosquitto, rt: &tokio::runtime::Runtime) -> Result<()> {
     say(&format!(
         "Publishing sample MQTT messages (QoS 1) to {}:{}",
         mqtt.host(),
@@ -329,9 +392,11 @@ fn demo(
         mqtt.port(),
         "ferry-demo-publisher",
         messages,
-    ))?;
-    interrupted()?;
+    ))
+}
 
+/// Every record the rules produced, read from Kafka: the six readings and the alarm.
+fn read_back(kafka: &Kafka) -> Result<()> {
     say("Reading the records back from Kafka (topic[partition]@offset, key, value)");
     let mut records = Vec::new();
     for (topic, expect) in [
@@ -360,7 +425,11 @@ fn demo(
         "expected 6 telemetry records and 1 alarm record, read {}",
         records.len()
     );
+    Ok(())
+}
 
+/// The rules' status once the operator has written the forwarded counts into it.
+fn show_status(cluster: &Cluster) -> Result<()> {
     say(&format!(
         "kubectl get bc,fr -n {NS}: the operator writes each rule's Ready, rate and last \
          forwarded time from the forwarder pods' /status"
@@ -392,7 +461,11 @@ fn demo(
              FORWARDED:.status.forwarded",
         ])?)
     );
+    Ok(())
+}
 
+/// What the steps above showed, in words.
+fn explain() {
     say("What happened");
     println!(
         "    Each telemetry reading went to the Kafka topic named after its plant (telemetry.{{1}}),\n    \
@@ -400,7 +473,10 @@ fn demo(
          in order. The alarm was wrapped as JSON with its MQTT topic. The forwarder acknowledged each\n    \
          message to MQTT only after Kafka confirmed it (at least once). office/coffee matched no rule."
     );
+}
 
+/// Commands to look around with while the cluster is up, and where the brokers are.
+fn show_where_to_look(cluster: &Cluster, mqtt: &Mosquitto, kafka: &Kafka) {
     say("Poke around (while the cluster is up)");
     println!("    export KUBECONFIG={}", cluster.kubeconfig().display());
     for (command, what) in [
@@ -437,5 +513,4 @@ fn demo(
         mqtt.port(),
         kafka.bootstrap()
     );
-    Ok(())
 }

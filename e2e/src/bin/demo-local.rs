@@ -1,13 +1,13 @@
 //! `make demo` (first form): real Mosquitto and Kafka on loopback, `ferry-forwarder` on
 //! `examples/forwarder.yaml`, sample messages in, records out, narrated for a newcomer.
 
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use ferry_e2e::rumqttc::QoS;
-use ferry_e2e::{Kafka, Mosquitto, free_port, http_get};
+use ferry_e2e::{Kafka, Mosquitto, Record, free_port, http_get};
 
 fn say(text: &str) {
     println!("\n==> {text}");
@@ -15,15 +15,49 @@ fn say(text: &str) {
 
 fn main() -> Result<()> {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    let forwarder_bin = std::env::current_exe()?
-        .parent()
-        .map(|d| d.join("ferry-forwarder"))
-        .filter(|p| p.is_file())
-        .context("ferry-forwarder binary not found next to the demo (run `make demo`)")?;
+    let forwarder_bin = forwarder_bin()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
 
+    let (mqtt, kafka) = start_brokers(&rt)?;
+    let mut forwarder = start_forwarder(
+        &forwarder_bin,
+        &root.join("examples/forwarder.yaml"),
+        &mqtt,
+        &kafka,
+    )?;
+    publish_samples(&rt, &mqtt)?;
+    let (telemetry, alarms) = read_back(&kafka)?;
+    show_metrics(forwarder.http_port);
+    show_status(forwarder.http_port);
+
+    let status = stop_forwarder(&mut forwarder)?;
+    drop(kafka);
+    drop(mqtt);
+    println!(
+        "    brokers stopped; forwarder log: {}",
+        forwarder.log_path.display()
+    );
+
+    explain(telemetry.len(), alarms.len());
+    if telemetry.len() != 9 || alarms.len() != 1 || !status.success() {
+        bail!("the demo did not see what it expected");
+    }
+    Ok(())
+}
+
+/// `make demo` builds the forwarder into the same directory as this demo.
+fn forwarder_bin() -> Result<PathBuf> {
+    std::env::current_exe()?
+        .parent()
+        .map(|d| d.join("ferry-forwarder"))
+        .filter(|p| p.is_file())
+        .context("ferry-forwarder binary not found next to the demo (run `make demo`)")
+}
+
+/// Mosquitto and Kafka on loopback, with the Kafka topics of `examples/forwarder.yaml`.
+fn start_brokers(rt: &tokio::runtime::Runtime) -> Result<(Mosquitto, Kafka)> {
     say("Starting a real Mosquitto and a real Apache Kafka (KRaft) on free loopback ports");
     let mqtt = Mosquitto::start()?;
     let kafka = Kafka::start()?;
@@ -36,9 +70,25 @@ fn main() -> Result<()> {
     rt.block_on(kafka.create_topic("telemetry", 3))?;
     rt.block_on(kafka.create_topic("alarms", 1))?;
     println!("    created Kafka topics: telemetry (3 partitions), alarms (1 partition)");
+    Ok((mqtt, kafka))
+}
 
+/// The forwarder process of the demo, its HTTP port and where its output goes.
+struct Forwarder {
+    child: Child,
+    http_port: u16,
+    log_path: PathBuf,
+}
+
+/// `ferry-forwarder --config <config>` pointed at the brokers by environment variables (as the
+/// example config expects), its output in a log file; returns once it is ready.
+fn start_forwarder(
+    bin: &Path,
+    config: &Path,
+    mqtt: &Mosquitto,
+    kafka: &Kafka,
+) -> Result<Forwarder> {
     let http_port = free_port()?;
-    let config = root.join("examples/forwarder.yaml");
     say(&format!(
         "Running ferry-forwarder --config {}",
         config.display()
@@ -51,9 +101,9 @@ fn main() -> Result<()> {
     let log_path =
         std::env::temp_dir().join(format!("ferry-demo-forwarder-{}.log", std::process::id()));
     let log = std::fs::File::create(&log_path)?;
-    let mut forwarder = Command::new(&forwarder_bin)
+    let child = Command::new(bin)
         .arg("--config")
-        .arg(&config)
+        .arg(config)
         .env("MQTT_PORT", mqtt.port().to_string())
         .env("KAFKA_BOOTSTRAP", kafka.bootstrap())
         .env("FERRY_HTTP_LISTEN", format!("127.0.0.1:{http_port}"))
@@ -61,13 +111,29 @@ fn main() -> Result<()> {
         .stdout(log.try_clone()?)
         .stderr(log)
         .spawn()?;
+    let mut forwarder = Forwarder {
+        child,
+        http_port,
+        log_path,
+    };
+    wait_ready(&mut forwarder)?;
+    Ok(forwarder)
+}
+
+/// Until `/readyz` answers 200; a forwarder that exits or is not ready within 30 s is killed
+/// and its log shown.
+fn wait_ready(forwarder: &mut Forwarder) -> Result<()> {
     let start = Instant::now();
-    while http_get(http_port, "/readyz").ok().map(|(s, _)| s) != Some(200) {
-        if start.elapsed() > Duration::from_secs(30) || forwarder.try_wait()?.is_some() {
-            let _ = forwarder.kill();
+    while http_get(forwarder.http_port, "/readyz")
+        .ok()
+        .map(|(s, _)| s)
+        != Some(200)
+    {
+        if start.elapsed() > Duration::from_secs(30) || forwarder.child.try_wait()?.is_some() {
+            let _ = forwarder.child.kill();
             bail!(
                 "forwarder did not become ready; its log:\n{}",
-                std::fs::read_to_string(&log_path).unwrap_or_default()
+                std::fs::read_to_string(&forwarder.log_path).unwrap_or_default()
             );
         }
         std::thread::sleep(Duration::from_millis(100));
@@ -76,7 +142,11 @@ fn main() -> Result<()> {
         "    ready after {:.1} s: GET /readyz -> 200 (subscribed to MQTT, Kafka reachable)",
         start.elapsed().as_secs_f64()
     );
+    Ok(())
+}
 
+/// Three readings per plant, one alarm, and a message no rule subscribes to, at QoS 1.
+fn publish_samples(rt: &tokio::runtime::Runtime, mqtt: &Mosquitto) -> Result<()> {
     say("Publishing sample MQTT messages (QoS 1)");
     let mut messages = Vec::new();
     for plant in 1..=3 {
@@ -109,8 +179,11 @@ fn main() -> Result<()> {
         "ferry-demo-publisher",
         QoS::AtLeastOnce,
         messages,
-    ))?;
+    ))
+}
 
+/// The telemetry and alarm records from Kafka, printed; the caller checks their counts.
+fn read_back(kafka: &Kafka) -> Result<(Vec<Record>, Vec<Record>)> {
     say("Reading back from Kafka");
     let telemetry = kafka.read_all(
         "telemetry",
@@ -134,7 +207,12 @@ fn main() -> Result<()> {
             r.value_str()
         );
     }
+    Ok((telemetry, alarms))
+}
 
+/// The forwarder's per-rule and MQTT counters from `/metrics` (best effort: the demo's
+/// verdict rests on the records read back).
+fn show_metrics(http_port: u16) {
     say("The forwarder's own view (GET /metrics, per rule)");
     if let Ok((_, body)) = http_get(http_port, "/metrics") {
         for line in body.lines().filter(|l| {
@@ -145,7 +223,10 @@ fn main() -> Result<()> {
             println!("    {line}");
         }
     }
+}
 
+/// `/status` as a table, one row per rule (best effort, like [`show_metrics`]).
+fn show_status(http_port: u16) {
     say("Per rule, as the operator will read it (GET /status, JSON; summarized)");
     if let Ok((_, body)) = http_get(http_port, "/status")
         && let Ok(status) = serde_json::from_str::<serde_json::Value>(&body)
@@ -167,18 +248,22 @@ fn main() -> Result<()> {
             );
         }
     }
+}
 
+/// SIGTERM, the graceful stop: the forwarder drains what is in flight, acks it and disconnects.
+fn stop_forwarder(forwarder: &mut Forwarder) -> Result<ExitStatus> {
     say("Stopping: SIGTERM to the forwarder (drains in-flight messages, acks, disconnects)");
     // SAFETY: kill(2) on our own child.
     unsafe {
-        libc::kill(forwarder.id() as i32, libc::SIGTERM);
+        libc::kill(forwarder.child.id() as i32, libc::SIGTERM);
     }
-    let status = forwarder.wait()?;
+    let status = forwarder.child.wait()?;
     println!("    ferry-forwarder exited with {status}");
-    drop(kafka);
-    drop(mqtt);
-    println!("    brokers stopped; forwarder log: {}", log_path.display());
+    Ok(status)
+}
 
+/// What the steps above showed, in words, with the counts read back.
+fn explain(telemetry: usize, alarms: usize) {
     say("What happened");
     println!(
         "    {} telemetry records and {} alarm record reached Kafka. Each telemetry record is keyed by its MQTT\n    \
@@ -186,11 +271,6 @@ fn main() -> Result<()> {
          its MQTT topic and keyed by plant id. Every message was acknowledged to MQTT only after Kafka\n    \
          confirmed it. No rule subscribes to office/coffee, so the broker never sent it to the forwarder.\n\n    \
          Next: `make test` runs every test against real brokers; README.md has the configuration reference.",
-        telemetry.len(),
-        alarms.len()
+        telemetry, alarms
     );
-    if telemetry.len() != 9 || alarms.len() != 1 || !status.success() {
-        bail!("the demo did not see what it expected");
-    }
-    Ok(())
 }
