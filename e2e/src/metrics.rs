@@ -57,6 +57,49 @@ impl Scrape {
             })
     }
 
+    /// Checks the standard `process_*` metrics of a process started in the last 10 minutes:
+    /// CPU used, a plausible resident size within the virtual one, open fds within the limit,
+    /// a thread, and the start time. Names the first one that is missing or off.
+    pub fn check_process_metrics(&self) -> Result<()> {
+        let get = |name: &str| {
+            self.value(name, &[])
+                .ok_or_else(|| anyhow::anyhow!("{name} is not served"))
+        };
+        let rss = get("process_resident_memory_bytes")?;
+        let fds = get("process_open_fds")?;
+        let started = get("process_start_time_seconds")?;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_secs_f64();
+        for (ok, what) in [
+            (get("process_cpu_seconds_total")? > 0.0, "CPU seconds > 0"),
+            (
+                (1e6..1e9).contains(&rss),
+                "resident memory between 1 MB and 1 GB",
+            ),
+            (
+                get("process_virtual_memory_bytes")? >= rss,
+                "virtual memory >= resident",
+            ),
+            (
+                fds >= 3.0 && get("process_max_fds")? >= fds,
+                "3 <= open fds <= max fds",
+            ),
+            (get("process_threads")? >= 1.0, "at least one thread"),
+            (
+                (now - 600.0..=now + 1.0).contains(&started),
+                "started in the last 10 minutes",
+            ),
+        ] {
+            if !ok {
+                bail!(
+                    "process metrics: want {what}; rss {rss}, fds {fds}, started {started} (now {now})"
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// What this page serves that `readme` does not document: a metric with no row of its own
     /// in a Markdown table, or a label value that row does not list (as `` `value` ``). Labels
     /// in `free` take any value (rule names, versions); `le` is the histograms' own.
