@@ -1143,6 +1143,28 @@ pub async fn probe_session(
     Ok((present, delivered))
 }
 
+/// `lines` of a JSON log, parsed: each must be one flat object (a top-level `message`, every
+/// value a scalar), which is what log collectors index. Fails naming the first line that is not.
+pub fn flat_json_log<'a>(
+    lines: impl IntoIterator<Item = &'a str>,
+) -> Result<Vec<serde_json::Value>> {
+    lines
+        .into_iter()
+        .map(|line| {
+            let value: serde_json::Value =
+                serde_json::from_str(line).with_context(|| format!("not JSON: {line}"))?;
+            let flat = value.as_object().is_some_and(|o| {
+                o.get("message").is_some_and(serde_json::Value::is_string)
+                    && o.values().all(|v| !v.is_object() && !v.is_array())
+            });
+            if !flat {
+                bail!("not one flat object with a message: {line}");
+            }
+            Ok(value)
+        })
+        .collect()
+}
+
 /// A minimal HTTP/1.0 GET to `addr`: (status, body). Fails when nothing answers there, so a
 /// check never passes on an empty body.
 pub fn http_get_at(addr: SocketAddr, path: &str) -> Result<(u16, String)> {

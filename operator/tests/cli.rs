@@ -98,11 +98,8 @@ fn json_logs_are_one_flat_object_per_line() {
     // No API server: the operator logs why it stops, then exits.
     let (code, stderr) = run(&["--log-format", "json"], &[]);
     assert_eq!(code, Some(1), "{stderr}");
-    let lines: Vec<serde_json::Value> = stderr
-        .lines()
-        .filter(|l| l.starts_with('{'))
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
-        .collect();
+    let lines = ferry_e2e::flat_json_log(stderr.lines().filter(|l| l.starts_with('{')))
+        .unwrap_or_else(|e| panic!("{e:#}\n{stderr}"));
     let stopping = lines
         .iter()
         .find(|l| l["message"] == "stopping")
@@ -116,13 +113,6 @@ fn json_logs_are_one_flat_object_per_line() {
             .is_some_and(|e| e.contains("Kubernetes API")),
         "the event's own field at the top level: {stopping}"
     );
-    for line in &lines {
-        let object = line.as_object().unwrap_or_else(|| panic!("{line}"));
-        assert!(
-            object.values().all(|v| !v.is_object() && !v.is_array()),
-            "not flat: {line}"
-        );
-    }
 }
 
 #[test]
