@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::addr;
 use crate::credentials;
+use crate::defaults;
 use crate::env;
 use crate::kafka_props;
 use crate::legacy;
@@ -352,37 +353,38 @@ pub struct HttpConfig {
 impl Default for HttpConfig {
     fn default() -> Self {
         Self {
-            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            listen: SocketAddr::from(([0, 0, 0, 0], defaults::HTTP_PORT)),
         }
     }
 }
 
+// Serde takes defaults only from functions; the values are in [`crate::defaults`].
 fn default_mqtt_port() -> u16 {
-    1883
+    defaults::MQTT_PORT
 }
 fn default_keep_alive_secs() -> u16 {
-    30
+    defaults::KEEP_ALIVE_SECS
 }
 fn default_max_inflight() -> u16 {
-    1000
+    defaults::MAX_INFLIGHT
 }
 fn default_reconnect_min_ms() -> u64 {
-    100
+    defaults::RECONNECT_MIN_MS
 }
 fn default_reconnect_max_ms() -> u64 {
-    10_000
+    defaults::RECONNECT_MAX_MS
 }
 fn default_qos() -> u8 {
-    1
+    defaults::QOS
 }
 fn default_shutdown_timeout_secs() -> u64 {
-    30
+    defaults::SHUTDOWN_TIMEOUT_SECS
 }
 fn default_log_level() -> String {
-    "info".into()
+    defaults::LOG_LEVEL.into()
 }
 fn default_header_prefix() -> String {
-    "mqtt.".into()
+    defaults::HEADER_PREFIX.into()
 }
 
 /// YAML reads `protocol: 5` as a number and `protocol: 3.1.1` as a string; accept both.

@@ -4,9 +4,9 @@
 //! - the Kafka key is the MQTT topic; `wrap_as_json` wraps the payload;
 //! - `kafka.config` passes through to librdkafka (and still overrides defaults).
 //!
-//! One deliberate change: the original subscribed at QoS 2; Ferry subscribes at QoS 1. Both
-//! give at-least-once into Kafka (the Kafka side can duplicate either way), and QoS 1 needs
-//! half the packets per message.
+//! One deliberate change: the original subscribed at QoS 2; Ferry subscribes at its default,
+//! QoS 1 ([`crate::defaults::QOS`]). Both give at-least-once into Kafka (the Kafka side can
+//! duplicate either way), and QoS 1 needs half the packets per message.
 
 use std::collections::BTreeMap;
 
@@ -16,6 +16,7 @@ use crate::config::{
     ForwarderConfig, Headers, HttpConfig, KafkaConfig, KeyStrategy, LogConfig, MqttConfig,
     MqttProtocol, PayloadFormat, Rule, RuleKafka, RuleMqtt, Secret, Tls,
 };
+use crate::defaults;
 
 #[derive(Debug, Deserialize)]
 pub(crate) struct LegacyConfig {
@@ -66,6 +67,10 @@ struct LegacyTopic {
     topic: String,
 }
 
+/// The legacy mapping has always used a 60 s keep-alive, not Ferry's default: kept, so a
+/// legacy file behaves as it did.
+const KEEP_ALIVE_SECS: u16 = 60;
+
 impl LegacyConfig {
     pub(crate) fn into_ferry(self) -> ForwarderConfig {
         let defaults: MqttConfig = MqttConfig {
@@ -73,8 +78,8 @@ impl LegacyConfig {
             port: self.mqtt.port,
             clean_session: self.mqtt.client_id.is_empty(),
             client_id: self.mqtt.client_id,
-            keep_alive_secs: 60,
-            max_inflight: 1000,
+            keep_alive_secs: KEEP_ALIVE_SECS,
+            max_inflight: defaults::MAX_INFLIGHT,
             username: None,
             username_file: None,
             password: None,
@@ -87,8 +92,8 @@ impl LegacyConfig {
                 cert_file: t.client_cert,
                 key_file: t.client_key,
             }),
-            reconnect_min_ms: 100,
-            reconnect_max_ms: 10_000,
+            reconnect_min_ms: defaults::RECONNECT_MIN_MS,
+            reconnect_max_ms: defaults::RECONNECT_MAX_MS,
         };
         let (username, password) = match self.mqtt.credentials {
             Some(c) => (Some(c.username), Some(c.password)),
@@ -114,7 +119,7 @@ impl LegacyConfig {
                     name: f.name,
                     mqtt: RuleMqtt {
                         topics: vec![f.mqtt.topic],
-                        qos: 1,
+                        qos: defaults::QOS,
                     },
                     kafka: RuleKafka {
                         topic: f.kafka.topic,
@@ -133,7 +138,7 @@ impl LegacyConfig {
                 })
                 .collect(),
             http: HttpConfig::default(),
-            shutdown_timeout_secs: 30,
+            shutdown_timeout_secs: defaults::SHUTDOWN_TIMEOUT_SECS,
             dead_letter: None,
             log: LogConfig::default(),
         }

@@ -7,6 +7,7 @@ pub mod config;
 #[cfg(feature = "crd")]
 pub mod crd;
 pub mod credentials;
+pub mod defaults;
 pub mod env;
 pub mod kafka_props;
 mod legacy;

@@ -15,6 +15,7 @@ use ferry_api::config::{
 use ferry_api::crd::{
     self, BrokerConnection, ForwardingRule, MqttProtocolVersion, Payload, TlsRefs,
 };
+use ferry_api::defaults;
 use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
@@ -45,8 +46,9 @@ pub mod keys {
 /// session the operator could not end (see [`crate::sessions`]) does not queue for ever.
 pub const DEFAULT_SESSION_EXPIRY_SECS: u32 = 86_400;
 
-/// The forwarder's HTTP port (probes, metrics, `/status`).
-pub const HTTP_PORT: u16 = 8080;
+/// The forwarder's HTTP port (probes, metrics, `/status`): its config's default, which the
+/// rendered config keeps.
+pub use ferry_api::defaults::HTTP_PORT;
 /// Longest forwarder rule name (it is a metric label).
 const MAX_RULE_NAME: usize = 63;
 
@@ -113,7 +115,7 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
     let workload = workload_name(&group.connection.name_any(), group.name);
     let mqtt = MqttConfig {
         host: spec.mqtt.host.clone(),
-        port: u16::try_from(spec.mqtt.port).unwrap_or(1883),
+        port: u16::try_from(spec.mqtt.port).unwrap_or(defaults::MQTT_PORT),
         protocol: match spec.mqtt.protocol {
             MqttProtocolVersion::V311 => MqttProtocol::V311,
             MqttProtocolVersion::V5 => MqttProtocol::V5,
@@ -134,8 +136,8 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
         },
         // Always shared, so scaling the replicas never changes the subscriptions.
         shared_group: Some(format!("ferry.{namespace}.{workload}")),
-        keep_alive_secs: 30,
-        max_inflight: u16::try_from(spec.mqtt.max_inflight).unwrap_or(1000),
+        keep_alive_secs: defaults::KEEP_ALIVE_SECS,
+        max_inflight: u16::try_from(spec.mqtt.max_inflight).unwrap_or(defaults::MAX_INFLIGHT),
         username: None,
         username_file: spec
             .mqtt
@@ -149,8 +151,8 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
             .as_ref()
             .map(|_| credential_file(keys::MQTT_PASSWORD)),
         tls: spec.mqtt.tls.as_ref().map(|t| tls_files(t, MQTT_TLS_DIR)),
-        reconnect_min_ms: 100,
-        reconnect_max_ms: 10_000,
+        reconnect_min_ms: defaults::RECONNECT_MIN_MS,
+        reconnect_max_ms: defaults::RECONNECT_MAX_MS,
     };
     let kafka = KafkaConfig {
         bootstrap_servers: spec
@@ -182,14 +184,12 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
         mqtt,
         kafka,
         rules: rules.into_iter().map(rule).collect(),
-        http: HttpConfig {
-            listen: std::net::SocketAddr::from(([0, 0, 0, 0], HTTP_PORT)),
-        },
-        shutdown_timeout_secs: 30,
+        http: HttpConfig::default(),
+        shutdown_timeout_secs: defaults::SHUTDOWN_TIMEOUT_SECS,
         dead_letter: None,
         log: LogConfig {
-            level: "info".into(),
             format: LogFormat::Json,
+            ..LogConfig::default()
         },
     };
     let config_yaml = serde_saphyr::to_string(&config).map_err(|e| RenderError::Yaml {
@@ -211,7 +211,7 @@ fn rule(fr: &ForwardingRule) -> Rule {
         name: rule_name(fr),
         mqtt: RuleMqtt {
             topics: s.mqtt.topics.iter().map(|t| t.0.clone()).collect(),
-            qos: u8::try_from(s.mqtt.qos).unwrap_or(1),
+            qos: u8::try_from(s.mqtt.qos).unwrap_or(defaults::QOS),
         },
         kafka: RuleKafka {
             topic: s.kafka.topic.clone(),
