@@ -408,3 +408,56 @@ impl Problems {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(yaml: &str) -> ForwarderConfig {
+        serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+    }
+
+    const TWO_RULES: &str = r#"
+mqtt: { host: h, client_id: c }
+kafka: { bootstrap_servers: "k:9092" }
+rules:
+  - name: a
+    mqtt: { topics: ["plant/+/temp", "plant/1/#"] }
+    kafka: { topic: "t.{1}" }
+  - name: b
+    mqtt: { topics: ["x"] }
+    kafka: { topic: x }
+"#;
+
+    #[test]
+    fn a_valid_config_carries_each_rules_parsed_topics() {
+        let valid = ValidConfig::new(parsed(TWO_RULES)).unwrap();
+        let topics: Vec<(&str, Vec<&str>, Option<&str>)> = valid
+            .rules_with_topics()
+            .map(|(rule, t)| {
+                let filters = t.filters.iter().map(TopicFilter::as_str).collect();
+                (rule.name.as_str(), filters, t.kafka_topic.as_static())
+            })
+            .collect();
+        assert_eq!(
+            topics,
+            [
+                ("a", vec!["plant/+/temp", "plant/1/#"], None),
+                ("b", vec!["x"], Some("x")),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_invalid_config_is_refused_with_every_problem_validate_lists() {
+        let config = parsed(
+            &TWO_RULES
+                .replace("\"x\"", "\"x/#/y\"")
+                .replace("host: h", "host: \"\""),
+        );
+        let problems = config.validate();
+        let paths: Vec<&str> = problems.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(paths, ["mqtt.host", "rules[1].mqtt.topics[0]"]);
+        assert_eq!(ValidConfig::new(config), Err(problems));
+    }
+}

@@ -48,9 +48,8 @@ rules:
     );
 }
 
-#[test]
-fn production_settings_problems_name_their_fields() {
-    let text = r#"
+/// A production config with a problem in each section.
+const PRODUCTION_PROBLEMS: &str = r#"
 mqtt:
   host: broker
   client_id: ferry-0
@@ -70,6 +69,10 @@ rules:
     mqtt: { topics: ["plant/#"] }
     kafka: { topic: "t.{2" }
 "#;
+
+#[test]
+fn production_settings_problems_name_their_fields() {
+    let text = PRODUCTION_PROBLEMS;
     let Err(ConfigError::Invalid(problems)) = load_str(text, no_env) else {
         panic!("expected invalid")
     };
@@ -96,6 +99,11 @@ rules:
         .find(|p| p.path == "rules[0].kafka.topic")
         .unwrap();
     assert!(level.message.contains("have only 2 level(s)"), "{level}");
+}
+
+#[test]
+fn an_unsupported_mqtt_version_names_its_field() {
+    let text = PRODUCTION_PROBLEMS;
     let bad = load_str(
         &text.replace("shared_group: \"a/b\"", "protocol: 4"),
         no_env,
