@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::addr::{DNS_NAME_RE, IPV6_RE};
 pub use crate::config::SaslMechanism;
+use crate::defaults;
 use crate::kafka_props::{self, Weaker};
 use kube::core::{Message, Rule};
 
@@ -595,17 +596,18 @@ fn time_schema(_: &mut schemars::generate::SchemaGenerator) -> schemars::Schema 
     json_schema!({ "type": "string", "format": "date-time" })
 }
 
+// The forwarder config's defaults ([`crate::defaults`]), as the CRD's integer type.
 fn default_mqtt_port() -> i32 {
-    1883
+    i32::from(defaults::MQTT_PORT)
 }
 fn default_max_inflight() -> i32 {
-    1000
+    i32::from(defaults::MAX_INFLIGHT)
 }
 fn default_replicas() -> i32 {
     1
 }
 fn default_qos() -> i32 {
-    1
+    i32::from(defaults::QOS)
 }
 fn default_group() -> String {
     "default".into()

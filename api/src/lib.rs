@@ -7,16 +7,18 @@ pub mod config;
 #[cfg(feature = "crd")]
 pub mod crd;
 pub mod credentials;
+pub mod defaults;
 pub mod env;
 pub mod kafka_props;
 mod legacy;
+pub mod load;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 pub mod status;
 pub mod topic;
+pub mod validate;
 
-pub use config::{
-    ConfigError, ForwarderConfig, KeyStrategy, PayloadFormat, Problem, Rule, load_str,
-    load_str_reading,
-};
+pub use config::{ConfigError, ForwarderConfig, KeyStrategy, PayloadFormat, Problem, Rule};
+pub use load::{Loaded, SourceFormat, load_str, load_str_reading};
 pub use topic::{TopicFilter, TopicTemplate, validate_kafka_topic};
+pub use validate::ValidConfig;

@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferry_api::ForwarderConfig;
+use ferry_api::ValidConfig;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -60,7 +60,7 @@ pub struct RunSummary {
 /// Forwards until `shutdown` resolves, then drains: stops reading, finishes in-flight messages,
 /// acks them, disconnects. With a `source`, changes to the config file apply while running.
 pub async fn run(
-    config: ForwarderConfig,
+    config: ValidConfig,
     source: Option<ConfigSource>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<RunSummary, RunError> {

@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use clap::Parser;
 use std::sync::Arc;
 
-use ferry_api::config::{ConfigError, LogFormat, SourceFormat};
+use ferry_api::SourceFormat;
+use ferry_api::config::{ConfigError, LogFormat};
 use ferry_forwarder::reload::{ConfigSource, LogLevelSetter};
 use tracing::{error, info, warn};
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -59,7 +60,7 @@ fn main() -> ExitCode {
         }
     };
     if let Some(addr) = cli.http_listen {
-        loaded.config.http.listen = addr;
+        loaded.config.set_http_listen(addr);
     }
     let json = match cli.log_format.as_deref() {
         Some(f) => f == "json",

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_api::ForwarderConfig;
+use ferry_api::{ForwarderConfig, ValidConfig};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
@@ -31,11 +31,11 @@ pub struct ConfigSource {
 }
 
 impl ConfigSource {
-    fn load(&self, text: &str) -> Result<ForwarderConfig, String> {
+    fn load(&self, text: &str) -> Result<ValidConfig, String> {
         let mut loaded = ferry_api::load_str(text, |name| std::env::var(name).ok())
             .map_err(|e| e.to_string())?;
         if let Some(addr) = self.http_listen {
-            loaded.config.http.listen = addr;
+            loaded.config.set_http_listen(addr);
         }
         Ok(loaded.config)
     }
@@ -64,7 +64,7 @@ pub fn restart_required(running: &ForwarderConfig, new: &ForwarderConfig) -> Vec
 
 pub async fn watch(
     source: ConfigSource,
-    started_with: ForwarderConfig,
+    started_with: ValidConfig,
     metrics: Arc<Metrics>,
     to_pipeline: mpsc::Sender<Reload>,
 ) {

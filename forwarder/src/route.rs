@@ -6,7 +6,7 @@ use std::sync::Arc;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use ferry_api::config::{Headers, OnUnwritable};
-use ferry_api::{ForwarderConfig, KeyStrategy, PayloadFormat, TopicFilter, TopicTemplate};
+use ferry_api::{KeyStrategy, PayloadFormat, TopicFilter, TopicTemplate, ValidConfig};
 use rdkafka::message::{Header, OwnedHeaders};
 
 use crate::metrics::{Metrics, RuleStats};
@@ -47,17 +47,14 @@ pub struct Router {
 }
 
 impl Router {
-    /// Builds from a validated config (invalid filters and templates were rejected by
-    /// validation and are skipped here rather than panicking).
-    pub fn new(config: &ForwarderConfig, metrics: &Metrics) -> Self {
+    /// Builds from a validated config, whose filters and templates are already parsed.
+    pub fn new(config: &ValidConfig, metrics: &Metrics) -> Self {
         let names: Vec<String> = config.rules.iter().map(|r| r.name.clone()).collect();
         let rules = metrics.set_rules(&names);
         let mut targets: Vec<Target> = Vec::new();
         let mut filters = Vec::new();
-        for (i, rule) in config.rules.iter().enumerate() {
-            let Ok(topic) = TopicTemplate::parse(&rule.kafka.topic) else {
-                continue;
-            };
+        for (i, (rule, topics)) in config.rules_with_topics().enumerate() {
+            let topic = topics.kafka_topic.clone();
             let dead_letter: Option<Arc<str>> = config
                 .dead_letter_of(rule)
                 .map(|d| Arc::from(d.topic.as_str()));
@@ -90,10 +87,8 @@ impl Router {
                     targets.len() - 1
                 }
             };
-            for f in &rule.mqtt.topics {
-                if let Ok(filter) = TopicFilter::parse(f) {
-                    filters.push((filter, t, i));
-                }
+            for filter in &topics.filters {
+                filters.push((filter.clone(), t, i));
             }
         }
         Self {
@@ -209,7 +204,7 @@ pub fn wrap_json(mqtt_topic: &str, payload: &[u8]) -> Vec<u8> {
 mod tests {
     use super::*;
 
-    fn config(yaml: &str) -> ForwarderConfig {
+    fn config(yaml: &str) -> ValidConfig {
         ferry_api::load_str(yaml, |_| None)
             .map(|l| l.config)
             .unwrap_or_else(|e| panic!("{e}"))

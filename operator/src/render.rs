@@ -15,6 +15,7 @@ use ferry_api::config::{
 use ferry_api::crd::{
     self, BrokerConnection, ForwardingRule, MqttProtocolVersion, Payload, TlsRefs,
 };
+use ferry_api::defaults;
 use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
@@ -45,8 +46,9 @@ pub mod keys {
 /// session the operator could not end (see [`crate::sessions`]) does not queue for ever.
 pub const DEFAULT_SESSION_EXPIRY_SECS: u32 = 86_400;
 
-/// The forwarder's HTTP port (probes, metrics, `/status`).
-pub const HTTP_PORT: u16 = 8080;
+/// The forwarder's HTTP port (probes, metrics, `/status`): its config's default, which the
+/// rendered config keeps.
+pub use ferry_api::defaults::HTTP_PORT;
 /// Longest forwarder rule name (it is a metric label).
 const MAX_RULE_NAME: usize = 63;
 
@@ -107,70 +109,12 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// The group's forwarder config, as the pods will read it; paused rules are left out and the
+/// others sorted by name, so the output does not depend on listing order.
 pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
     let spec = &group.connection.spec;
     let namespace = group.connection.namespace().unwrap_or_default();
     let workload = workload_name(&group.connection.name_any(), group.name);
-    let mqtt = MqttConfig {
-        host: spec.mqtt.host.clone(),
-        port: u16::try_from(spec.mqtt.port).unwrap_or(1883),
-        protocol: match spec.mqtt.protocol {
-            MqttProtocolVersion::V311 => MqttProtocol::V311,
-            MqttProtocolVersion::V5 => MqttProtocol::V5,
-        },
-        // Unique per pod and stable across its restarts (a StatefulSet's ordinal names), so
-        // each replica resumes its own persistent session.
-        client_id: format!("ferry.${{{ENV_POD_NAMESPACE}}}.${{{ENV_POD_NAME}}}"),
-        clean_session: false,
-        session_expiry_secs: match spec.mqtt.protocol {
-            MqttProtocolVersion::V5 => Some(
-                spec.mqtt
-                    .session_expiry_seconds
-                    .map_or(DEFAULT_SESSION_EXPIRY_SECS, |s| {
-                        u32::try_from(s).unwrap_or(u32::MAX)
-                    }),
-            ),
-            MqttProtocolVersion::V311 => None,
-        },
-        // Always shared, so scaling the replicas never changes the subscriptions.
-        shared_group: Some(format!("ferry.{namespace}.{workload}")),
-        keep_alive_secs: 30,
-        max_inflight: u16::try_from(spec.mqtt.max_inflight).unwrap_or(1000),
-        username: None,
-        username_file: spec
-            .mqtt
-            .credentials_secret_ref
-            .as_ref()
-            .map(|_| credential_file(keys::MQTT_USERNAME)),
-        password: None,
-        password_file: spec
-            .mqtt
-            .credentials_secret_ref
-            .as_ref()
-            .map(|_| credential_file(keys::MQTT_PASSWORD)),
-        tls: spec.mqtt.tls.as_ref().map(|t| tls_files(t, MQTT_TLS_DIR)),
-        reconnect_min_ms: 100,
-        reconnect_max_ms: 10_000,
-    };
-    let kafka = KafkaConfig {
-        bootstrap_servers: spec
-            .kafka
-            .bootstrap_servers
-            .iter()
-            .map(|s| s.0.as_str())
-            .collect::<Vec<_>>()
-            .join(","),
-        tls: spec.kafka.tls.as_ref().map(|t| tls_files(t, KAFKA_TLS_DIR)),
-        sasl: spec.kafka.sasl.as_ref().map(|s| Sasl {
-            mechanism: s.mechanism,
-            username: String::new(),
-            username_file: Some(credential_file(keys::KAFKA_USERNAME)),
-            password: Secret::default(),
-            password_file: Some(credential_file(keys::KAFKA_PASSWORD)),
-        }),
-        config: spec.kafka.config.clone(),
-        allow_weaker_delivery: spec.kafka.allow_weaker_delivery,
-    };
     let mut rules: Vec<&ForwardingRule> = group
         .rules
         .iter()
@@ -179,17 +123,16 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
         .collect();
     rules.sort_by_key(|r| r.name_any());
     let config = ForwarderConfig {
-        mqtt,
-        kafka,
+        // Always shared, so scaling the replicas never changes the subscriptions.
+        mqtt: mqtt_config(&spec.mqtt, format!("ferry.{namespace}.{workload}")),
+        kafka: kafka_config(&spec.kafka),
         rules: rules.into_iter().map(rule).collect(),
-        http: HttpConfig {
-            listen: std::net::SocketAddr::from(([0, 0, 0, 0], HTTP_PORT)),
-        },
-        shutdown_timeout_secs: 30,
+        http: HttpConfig::default(),
+        shutdown_timeout_secs: defaults::SHUTDOWN_TIMEOUT_SECS,
         dead_letter: None,
         log: LogConfig {
-            level: "info".into(),
             format: LogFormat::Json,
+            ..LogConfig::default()
         },
     };
     let config_yaml = serde_saphyr::to_string(&config).map_err(|e| RenderError::Yaml {
@@ -205,13 +148,75 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
     })
 }
 
+/// The connection's MQTT side; every replica subscribes as a member of `shared_group`.
+fn mqtt_config(m: &crd::MqttEndpoint, shared_group: String) -> MqttConfig {
+    // Credential files exist only when the connection references a Secret.
+    let credentials = |key| {
+        m.credentials_secret_ref
+            .as_ref()
+            .map(|_| credential_file(key))
+    };
+    MqttConfig {
+        host: m.host.clone(),
+        port: u16::try_from(m.port).unwrap_or(defaults::MQTT_PORT),
+        protocol: match m.protocol {
+            MqttProtocolVersion::V311 => MqttProtocol::V311,
+            MqttProtocolVersion::V5 => MqttProtocol::V5,
+        },
+        // Unique per pod and stable across its restarts (a StatefulSet's ordinal names), so
+        // each replica resumes its own persistent session.
+        client_id: format!("ferry.${{{ENV_POD_NAMESPACE}}}.${{{ENV_POD_NAME}}}"),
+        clean_session: false,
+        session_expiry_secs: match m.protocol {
+            MqttProtocolVersion::V5 => Some(
+                m.session_expiry_seconds
+                    .map_or(DEFAULT_SESSION_EXPIRY_SECS, |s| {
+                        u32::try_from(s).unwrap_or(u32::MAX)
+                    }),
+            ),
+            MqttProtocolVersion::V311 => None,
+        },
+        shared_group: Some(shared_group),
+        keep_alive_secs: defaults::KEEP_ALIVE_SECS,
+        max_inflight: u16::try_from(m.max_inflight).unwrap_or(defaults::MAX_INFLIGHT),
+        username: None,
+        username_file: credentials(keys::MQTT_USERNAME),
+        password: None,
+        password_file: credentials(keys::MQTT_PASSWORD),
+        tls: m.tls.as_ref().map(|t| tls_files(t, MQTT_TLS_DIR)),
+        reconnect_min_ms: defaults::RECONNECT_MIN_MS,
+        reconnect_max_ms: defaults::RECONNECT_MAX_MS,
+    }
+}
+
+fn kafka_config(k: &crd::KafkaEndpoint) -> KafkaConfig {
+    KafkaConfig {
+        bootstrap_servers: k
+            .bootstrap_servers
+            .iter()
+            .map(|s| s.0.as_str())
+            .collect::<Vec<_>>()
+            .join(","),
+        tls: k.tls.as_ref().map(|t| tls_files(t, KAFKA_TLS_DIR)),
+        sasl: k.sasl.as_ref().map(|s| Sasl {
+            mechanism: s.mechanism,
+            username: String::new(),
+            username_file: Some(credential_file(keys::KAFKA_USERNAME)),
+            password: Secret::default(),
+            password_file: Some(credential_file(keys::KAFKA_PASSWORD)),
+        }),
+        config: k.config.clone(),
+        allow_weaker_delivery: k.allow_weaker_delivery,
+    }
+}
+
 fn rule(fr: &ForwardingRule) -> Rule {
     let s = &fr.spec;
     Rule {
         name: rule_name(fr),
         mqtt: RuleMqtt {
             topics: s.mqtt.topics.iter().map(|t| t.0.clone()).collect(),
-            qos: u8::try_from(s.mqtt.qos).unwrap_or(1),
+            qos: u8::try_from(s.mqtt.qos).unwrap_or(defaults::QOS),
         },
         kafka: RuleKafka {
             topic: s.kafka.topic.clone(),

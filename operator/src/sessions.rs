@@ -160,7 +160,7 @@ impl Broker {
         };
         Ok(Broker {
             host: mqtt.host.clone(),
-            port: u16::try_from(mqtt.port).unwrap_or(1883),
+            port: u16::try_from(mqtt.port).unwrap_or(ferry_api::defaults::MQTT_PORT),
             protocol: mqtt.protocol,
             credentials,
             tls,

@@ -1,0 +1,24 @@
+//! The forwarder config's defaults, each written once. Serde fills them into a Ferry-format file,
+//! the legacy mapping and the operator's renderer use them too, so changing one here changes it
+//! everywhere (and the README's table of defaults must follow).
+
+/// `mqtt.port`.
+pub const MQTT_PORT: u16 = 1883;
+/// `mqtt.keep_alive_secs`.
+pub const KEEP_ALIVE_SECS: u16 = 30;
+/// `mqtt.max_inflight`: the in-flight window.
+pub const MAX_INFLIGHT: u16 = 1000;
+/// `mqtt.reconnect_min_ms`.
+pub const RECONNECT_MIN_MS: u64 = 100;
+/// `mqtt.reconnect_max_ms`.
+pub const RECONNECT_MAX_MS: u64 = 10_000;
+/// `rules[].mqtt.qos`.
+pub const QOS: u8 = 1;
+/// `rules[].kafka.headers.prefix`.
+pub const HEADER_PREFIX: &str = "mqtt.";
+/// `shutdown_timeout_secs`.
+pub const SHUTDOWN_TIMEOUT_SECS: u64 = 30;
+/// `log.level`.
+pub const LOG_LEVEL: &str = "info";
+/// The port of `http.listen` (`0.0.0.0:8080`): probes, metrics, `/status`.
+pub const HTTP_PORT: u16 = 8080;

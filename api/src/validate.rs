@@ -1,0 +1,463 @@
+//! Semantic validation of a [`ForwarderConfig`], one function per section. Validation never
+//! stops at the first problem: every invalid field is reported with its path, in file order
+//! (mqtt, kafka, dead_letter, rules), so one run of `--check` lists everything to fix.
+//!
+//! A config that passes becomes a [`ValidConfig`], which nothing else can make: code that takes
+//! one (the forwarder's router) relies on it instead of checking again, and gets the topic
+//! filters and templates already parsed.
+
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::ops::Deref;
+
+use crate::addr;
+use crate::config::{
+    DeadLetter, ForwarderConfig, KafkaConfig, MAX_RULES, MqttConfig, MqttProtocol, Problem, Rule,
+    Sasl, SaslMechanism, Tls,
+};
+use crate::kafka_props;
+use crate::topic::{TopicFilter, TopicTemplate, is_valid_share_group, validate_kafka_topic};
+
+/// A config that passed [`ValidConfig::new`]. Reads as a [`ForwarderConfig`] through `Deref`;
+/// it cannot be changed in ways validation would have to see again.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidConfig {
+    config: ForwarderConfig,
+    /// One per rule, in rule order.
+    topics: Vec<RuleTopics>,
+}
+
+/// A rule's topics as validation parsed them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuleTopics {
+    /// `mqtt.topics`, in order.
+    pub filters: Vec<TopicFilter>,
+    /// `kafka.topic`.
+    pub kafka_topic: TopicTemplate,
+}
+
+impl ValidConfig {
+    /// The config, if it has no problems; otherwise every problem, as
+    /// [`ForwarderConfig::validate`] lists them.
+    pub fn new(config: ForwarderConfig) -> Result<Self, Vec<Problem>> {
+        let (problems, topics) = check(&config);
+        match topics {
+            Some(topics) if problems.is_empty() => Ok(Self { config, topics }),
+            // A rule's topics are missing only when a problem says why, so `problems` is
+            // never empty here.
+            _ => Err(problems),
+        }
+    }
+
+    /// Each rule with its parsed topics.
+    pub fn rules_with_topics(&self) -> impl Iterator<Item = (&Rule, &RuleTopics)> {
+        self.config.rules.iter().zip(&self.topics)
+    }
+
+    /// Overrides `http.listen` (the command line's `--http-listen`); any address is valid.
+    pub fn set_http_listen(&mut self, listen: SocketAddr) {
+        self.config.http.listen = listen;
+    }
+
+    pub fn into_inner(self) -> ForwarderConfig {
+        self.config
+    }
+}
+
+impl Deref for ValidConfig {
+    type Target = ForwarderConfig;
+
+    fn deref(&self) -> &ForwarderConfig {
+        &self.config
+    }
+}
+
+impl ForwarderConfig {
+    /// Every semantic problem, with its field path. Empty means valid.
+    pub fn validate(&self) -> Vec<Problem> {
+        check(self).0
+    }
+}
+
+/// Every problem, and the rules' parsed topics when all of them parsed.
+fn check(config: &ForwarderConfig) -> (Vec<Problem>, Option<Vec<RuleTopics>>) {
+    let mut p = Problems::default();
+    check_mqtt(&mut p, &config.mqtt);
+    check_kafka(&mut p, &config.kafka, config.mqtt.max_inflight);
+    if let Some(dl) = &config.dead_letter {
+        check_dead_letter(&mut p, "dead_letter.topic", dl);
+    }
+    let topics = check_rules(&mut p, &config.rules);
+    (p.0, topics)
+}
+
+fn check_mqtt(p: &mut Problems, m: &MqttConfig) {
+    if let Some(problem) = addr::host_problem(&m.host) {
+        p.add("mqtt.host", format!("{:?} {problem}", m.host));
+    }
+    if m.port == 0 {
+        p.add("mqtt.port", "must be between 1 and 65535");
+    }
+    check_client_id(p, m);
+    if m.max_inflight == 0 {
+        p.add("mqtt.max_inflight", "must be at least 1");
+    }
+    if m.keep_alive_secs != 0 && m.keep_alive_secs < 5 {
+        p.add("mqtt.keep_alive_secs", "must be 0 (off) or at least 5");
+    }
+    if m.password.is_some() && m.username.is_none() {
+        p.add(
+            "mqtt.password",
+            "is set but mqtt.username (or mqtt.username_file) is not",
+        );
+    }
+    if let Some(tls) = &m.tls {
+        check_tls(p, "mqtt.tls", tls);
+    }
+    check_session(p, m);
+    if m.reconnect_min_ms == 0 || m.reconnect_min_ms > m.reconnect_max_ms {
+        p.add(
+            "mqtt.reconnect_min_ms",
+            "must be at least 1 and not above mqtt.reconnect_max_ms",
+        );
+    }
+}
+
+fn check_client_id(p: &mut Problems, m: &MqttConfig) {
+    if m.client_id.is_empty() && !m.clean_session {
+        p.add(
+            "mqtt.client_id",
+            "must be set unless clean_session is true: a persistent session needs a stable client id",
+        );
+    }
+    if m.client_id
+        .chars()
+        .any(|c| c.is_whitespace() || c.is_control())
+    {
+        p.add(
+            "mqtt.client_id",
+            format!(
+                "{:?} contains whitespace or control characters",
+                m.client_id
+            ),
+        );
+    }
+}
+
+/// Session expiry and shared subscriptions.
+fn check_session(p: &mut Problems, m: &MqttConfig) {
+    if m.protocol == MqttProtocol::V311 && m.session_expiry_secs.is_some() {
+        p.add(
+            "mqtt.session_expiry_secs",
+            "is an MQTT 5 setting; set mqtt.protocol: 5 or remove it (3.1.1 sessions follow clean_session)",
+        );
+    }
+    if let Some(group) = &m.shared_group
+        && !is_valid_share_group(group)
+    {
+        p.add(
+            "mqtt.shared_group",
+            format!("{group:?} must be non-empty and contain no '/', '+' or '#'"),
+        );
+    }
+}
+
+/// `max_inflight` is the MQTT window the producer queue must hold.
+fn check_kafka(p: &mut Problems, kafka: &KafkaConfig, max_inflight: u16) {
+    if kafka.bootstrap_servers.trim().is_empty() {
+        p.add("kafka.bootstrap_servers", "must not be empty");
+    } else {
+        for s in kafka.bootstrap_servers.split(',').map(str::trim) {
+            if let Some(problem) = addr::server_problem(s) {
+                p.add("kafka.bootstrap_servers", format!("{s:?} {problem}"));
+            }
+        }
+    }
+    check_kafka_properties(p, kafka, max_inflight);
+    if let Some(tls) = &kafka.tls {
+        check_tls(p, "kafka.tls", tls);
+    }
+    if let Some(sasl) = &kafka.sasl {
+        check_sasl(p, sasl, kafka.tls.is_some());
+    }
+}
+
+fn check_sasl(p: &mut Problems, sasl: &Sasl, over_tls: bool) {
+    if sasl.username.is_empty() && sasl.username_file.is_none() {
+        p.add(
+            "kafka.sasl.username",
+            "must not be empty (set username or username_file)",
+        );
+    }
+    if sasl.password.is_empty() && sasl.password_file.is_none() {
+        p.add(
+            "kafka.sasl.password",
+            "must not be empty (set password or password_file)",
+        );
+    }
+    if !over_tls && sasl.mechanism == SaslMechanism::Plain {
+        p.add(
+            "kafka.sasl.mechanism",
+            "PLAIN sends the password in clear text; use it only with kafka.tls",
+        );
+    }
+}
+
+fn check_tls(p: &mut Problems, at: &str, tls: &Tls) {
+    if tls.cert_file.is_some() != tls.key_file.is_some() {
+        p.add(
+            format!("{at}.key_file"),
+            "cert_file and key_file go together: set both for a client certificate, or neither",
+        );
+    }
+    for (field, value) in [
+        ("ca_file", &tls.ca_file),
+        ("cert_file", &tls.cert_file),
+        ("key_file", &tls.key_file),
+    ] {
+        if value.as_deref().is_some_and(|v| v.trim().is_empty()) {
+            p.add(format!("{at}.{field}"), "must not be empty when set");
+        }
+    }
+}
+
+/// `kafka.config` against [`kafka_props`]: managed, unsupported and weakening properties.
+fn check_kafka_properties(p: &mut Problems, kafka: &KafkaConfig, max_inflight: u16) {
+    for (key, value) in &kafka.config {
+        let at = format!("kafka.config.{key}");
+        if key == "bootstrap.servers" {
+            p.add(&at, "set kafka.bootstrap_servers instead");
+        } else if kafka_props::is_managed(key) && (kafka.tls.is_some() || kafka.sasl.is_some()) {
+            p.add(
+                &at,
+                "is set from kafka.tls / kafka.sasl; set it there, not in both",
+            );
+        }
+        if let Some(why) = kafka_props::unsupported(key) {
+            p.add(&at, format!("cannot be used: it {why}"));
+        }
+        if let Some(w) = kafka_props::weakens(key, value)
+            && !kafka.allow_weaker_delivery
+        {
+            p.add(
+                &at,
+                format!(
+                    "{value:?} weakens the delivery guarantee: it must be {}, because {}; set kafka.allow_weaker_delivery: true to accept that",
+                    w.expected, w.why
+                ),
+            );
+        }
+        if key == kafka_props::QUEUE_MAX_MESSAGES
+            && let Some(problem) = kafka_props::queue_too_small(value, max_inflight)
+        {
+            p.add(&at, problem);
+        }
+    }
+}
+
+fn check_dead_letter(p: &mut Problems, at: &str, dl: &DeadLetter) {
+    if let Err(e) = validate_kafka_topic(&dl.topic) {
+        p.add(
+            at,
+            format!("{:?} is not a valid Kafka topic name: it {e}", dl.topic),
+        );
+    }
+}
+
+/// The rules' parsed topics come back only when every rule's topics parsed.
+fn check_rules(p: &mut Problems, rules: &[Rule]) -> Option<Vec<RuleTopics>> {
+    if rules.is_empty() {
+        p.add("rules", "must contain at least one rule");
+    }
+    if rules.len() > MAX_RULES {
+        p.add(
+            "rules",
+            format!(
+                "has {} rules; at most {MAX_RULES} are supported",
+                rules.len()
+            ),
+        );
+    }
+    let mut names = BTreeSet::new();
+    let mut topics = Vec::with_capacity(rules.len());
+    for (i, rule) in rules.iter().enumerate() {
+        let at = |field: &str| format!("rules[{i}].{field}");
+        check_rule_name(p, &at("name"), &rule.name, &mut names);
+        let parsed = check_rule_topics(p, &at, rule);
+        if rule.kafka.headers.prefix.chars().any(char::is_control) {
+            p.add(
+                at("kafka.headers.prefix"),
+                "must not contain control characters",
+            );
+        }
+        if let Some(dl) = &rule.dead_letter {
+            check_dead_letter(p, &at("dead_letter.topic"), dl);
+        }
+        topics.push(parsed);
+    }
+    topics.into_iter().collect()
+}
+
+/// `seen` holds the names of the rules before this one.
+fn check_rule_name<'a>(p: &mut Problems, at: &str, name: &'a str, seen: &mut BTreeSet<&'a str>) {
+    if !is_valid_rule_name(name) {
+        p.add(
+            at,
+            format!(
+                "{name:?} must be 1-63 characters of letters, digits, '.', '_' or '-' (it labels metrics)"
+            ),
+        );
+    } else if !seen.insert(name) {
+        p.add(
+            at,
+            format!("{name:?} is used by another rule; names must be unique"),
+        );
+    }
+}
+
+/// A rule's `mqtt` and `kafka.topic`; its parsed topics when they all parsed.
+fn check_rule_topics(
+    p: &mut Problems,
+    at: &dyn Fn(&str) -> String,
+    rule: &Rule,
+) -> Option<RuleTopics> {
+    if rule.mqtt.topics.is_empty() {
+        p.add(at("mqtt.topics"), "must contain at least one topic filter");
+    }
+    // Index-aligned with `mqtt.topics`, so problems name the filter's position.
+    let filters: Vec<Option<TopicFilter>> = rule
+        .mqtt
+        .topics
+        .iter()
+        .enumerate()
+        .map(|(j, filter)| match TopicFilter::parse(filter) {
+            Ok(parsed) => Some(parsed),
+            Err(e) => {
+                p.add(
+                    at(&format!("mqtt.topics[{j}]")),
+                    format!("{filter:?} is not a valid MQTT topic filter: {e}"),
+                );
+                None
+            }
+        })
+        .collect();
+    if rule.mqtt.qos > 2 {
+        p.add(
+            at("mqtt.qos"),
+            format!("{} is not an MQTT QoS (0, 1 or 2)", rule.mqtt.qos),
+        );
+    }
+    let kafka_topic = match TopicTemplate::parse(&rule.kafka.topic) {
+        Ok(template) => template,
+        Err(e) => {
+            p.add(
+                at("kafka.topic"),
+                format!(
+                    "{:?} is not a valid Kafka topic name or template: it {e}",
+                    rule.kafka.topic
+                ),
+            );
+            return None;
+        }
+    };
+    check_template_levels(p, &at("kafka.topic"), &kafka_topic, &filters);
+    Some(RuleTopics {
+        filters: filters.into_iter().collect::<Option<_>>()?,
+        kafka_topic,
+    })
+}
+
+/// A template level must exist in every topic a filter matches (unless the filter ends in `#`).
+fn check_template_levels(
+    p: &mut Problems,
+    at: &str,
+    template: &TopicTemplate,
+    filters: &[Option<TopicFilter>],
+) {
+    for (j, filter) in filters.iter().enumerate() {
+        let Some(filter) = filter else { continue };
+        let (depth, open) = filter.depth();
+        if let Some(level) = template.levels().find(|&n| n >= depth && !open) {
+            p.add(
+                at,
+                format!(
+                    "uses topic level {{{level}}}, but topics matching mqtt.topics[{j}] {:?} have only {depth} level(s), counted from 0",
+                    filter.as_str()
+                ),
+            );
+        }
+    }
+}
+
+fn is_valid_rule_name(name: &str) -> bool {
+    (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Collects problems in the order they are found.
+#[derive(Default)]
+struct Problems(Vec<Problem>);
+
+impl Problems {
+    fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
+        self.0.push(Problem {
+            path: path.into(),
+            message: message.into(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(yaml: &str) -> ForwarderConfig {
+        serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+    }
+
+    const TWO_RULES: &str = r#"
+mqtt: { host: h, client_id: c }
+kafka: { bootstrap_servers: "k:9092" }
+rules:
+  - name: a
+    mqtt: { topics: ["plant/+/temp", "plant/1/#"] }
+    kafka: { topic: "t.{1}" }
+  - name: b
+    mqtt: { topics: ["x"] }
+    kafka: { topic: x }
+"#;
+
+    #[test]
+    fn a_valid_config_carries_each_rules_parsed_topics() {
+        let valid = ValidConfig::new(parsed(TWO_RULES)).unwrap();
+        let topics: Vec<(&str, Vec<&str>, Option<&str>)> = valid
+            .rules_with_topics()
+            .map(|(rule, t)| {
+                let filters = t.filters.iter().map(TopicFilter::as_str).collect();
+                (rule.name.as_str(), filters, t.kafka_topic.as_static())
+            })
+            .collect();
+        assert_eq!(
+            topics,
+            [
+                ("a", vec!["plant/+/temp", "plant/1/#"], None),
+                ("b", vec!["x"], Some("x")),
+            ]
+        );
+    }
+
+    #[test]
+    fn an_invalid_config_is_refused_with_every_problem_validate_lists() {
+        let config = parsed(
+            &TWO_RULES
+                .replace("\"x\"", "\"x/#/y\"")
+                .replace("host: h", "host: \"\""),
+        );
+        let problems = config.validate();
+        let paths: Vec<&str> = problems.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(paths, ["mqtt.host", "rules[1].mqtt.topics[0]"]);
+        assert_eq!(ValidConfig::new(config), Err(problems));
+    }
+}
