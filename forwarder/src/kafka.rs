@@ -1,5 +1,5 @@
 //! The Kafka side: librdkafka producer settings, delivery reports into the pipeline, and which
-//! errors are worth retrying.
+//! errors are worth retrying (the rest are permanent, `permanent.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +15,8 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use crate::metrics::Metrics;
-use crate::window::{BlockReason, Outcome, UnwritableReason};
+use crate::permanent::{KafkaFailure, KafkaKind};
+use crate::window::{BlockReason, Outcome, PermanentReason};
 
 /// Ferry's producer defaults; anything in `kafka.config` overrides them.
 pub const DEFAULTS: &[(&str, &str)] = &[
@@ -123,8 +124,8 @@ impl ClientContext for Context {
             self.metrics.set_kafka_reachable(false);
         }
         self.metrics.kafka_error(reason.to_owned());
-        if let Some(kind) = unfixable(&error, reason) {
-            self.metrics.kafka_unfixable(format!("{kind}: {reason}"));
+        if let Some(failure) = permanent(&error, reason) {
+            self.metrics.note_kafka_permanent(failure);
         }
         warn!(error = %error, reason, "kafka client error");
     }
@@ -155,23 +156,24 @@ pub fn producer(
 /// What a failed produce means.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Classified {
-    /// For the window: retry (blocked) or judge the record (unwritable).
+    /// For the window: retry (blocked), or a permanent failure of the record.
     Outcome(Outcome),
-    /// The producer instance is unusable (librdkafka fatal error): build a new one.
-    Fatal,
+    /// The producer instance is unusable (librdkafka's "fatal" error): replace it and re-send
+    /// its unconfirmed records. Not permanent: nothing is given up.
+    ReplaceProducer,
 }
 
 /// The failure rule, in one place: only errors that can never succeed for *that record* are
-/// unwritable. Authorization, unknown topics and everything not known to be permanent are
+/// permanent. Authorization, unknown topics and everything not known to be permanent are
 /// retried: an operator can fix them, and giving up would be silent loss.
 pub fn classify(error: &KafkaError) -> Classified {
     use RDKafkaErrorCode as C;
     let judged = match error.rdkafka_error_code() {
         Some(C::MessageSizeTooLarge | C::InvalidMessageSize | C::MessageBatchTooLarge) => {
-            Ok(UnwritableReason::TooLarge)
+            Ok(PermanentReason::TooLarge)
         }
-        Some(C::InvalidTopic) => Ok(UnwritableReason::InvalidTopic),
-        Some(C::InvalidRecord) => Ok(UnwritableReason::InvalidRecord),
+        Some(C::InvalidTopic) => Ok(PermanentReason::InvalidTopic),
+        Some(C::InvalidRecord) => Ok(PermanentReason::InvalidRecord),
         Some(C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed) => {
             Err(BlockReason::Unauthorized)
         }
@@ -179,18 +181,18 @@ pub fn classify(error: &KafkaError) -> Classified {
             Err(BlockReason::UnknownTopic)
         }
         Some(C::QueueFull) => Err(BlockReason::QueueFull),
-        Some(C::Fatal) => return Classified::Fatal,
+        Some(C::Fatal) => return Classified::ReplaceProducer,
         _ => Err(BlockReason::Unavailable),
     };
     let error = error.to_string();
     Classified::Outcome(match judged {
-        Ok(reason) => Outcome::Unwritable { reason, error },
+        Ok(reason) => Outcome::Permanent { reason, error },
         Err(reason) => Outcome::Blocked { reason, error },
     })
 }
 
-/// The metadata probe's context: hands errors retrying cannot fix (the broker's certificate
-/// does not verify, authentication refused) to the probe loop.
+/// The metadata probe's context: hands permanent errors (the broker's certificate does not
+/// verify, authentication refused) to the probe loop.
 struct ProbeContext {
     metrics: Arc<Metrics>,
 }
@@ -201,8 +203,8 @@ impl ClientContext for ProbeContext {
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        if let Some(kind) = unfixable(&error, reason) {
-            self.metrics.kafka_unfixable(format!("{kind}: {reason}"));
+        if let Some(failure) = permanent(&error, reason) {
+            self.metrics.note_kafka_permanent(failure);
         }
     }
 }
@@ -212,25 +214,37 @@ impl ProducerContext for ProbeContext {
     fn delivery(&self, _: &DeliveryResult<'_>, _: ()) {}
 }
 
-/// librdkafka reports certificate and authentication failures as errors it keeps retrying.
-fn unfixable(error: &KafkaError, reason: &str) -> Option<&'static str> {
-    match error.rdkafka_error_code() {
+/// librdkafka reports certificate and authentication failures as errors it keeps retrying:
+/// which of its errors are permanent.
+fn permanent(error: &KafkaError, reason: &str) -> Option<KafkaFailure> {
+    let kind = match error.rdkafka_error_code() {
         Some(RDKafkaErrorCode::SSL) if reason.contains("certificate verify failed") => {
-            Some("TLS certificate verification failed")
+            KafkaKind::Certificate
         }
-        Some(RDKafkaErrorCode::Authentication) => Some("authentication failed"),
-        _ => None,
-    }
+        Some(RDKafkaErrorCode::Authentication) => KafkaKind::Authentication,
+        _ => return None,
+    };
+    Some(KafkaFailure {
+        kind,
+        reason: reason.to_owned(),
+    })
+}
+
+/// A permanent Kafka error met before Kafka was first reached: the forwarder stops with it.
+#[derive(Debug, thiserror::Error)]
+#[error("kafka {bootstrap_servers}: {source}")]
+pub struct PermanentError {
+    pub bootstrap_servers: String,
+    pub source: KafkaFailure,
 }
 
 /// Asks Kafka for metadata every `interval` and sets `kafka_reachable`. Runs until dropped,
-/// or returns the reason when, before Kafka was ever reached, it failed in a way retrying
-/// cannot fix.
+/// or returns the error when, before Kafka was ever reached, it failed permanently.
 pub async fn probe_reachability(
     kafka: KafkaConfig,
     metrics: Arc<Metrics>,
     interval: Duration,
-) -> String {
+) -> PermanentError {
     let context = ProbeContext {
         metrics: Arc::clone(&metrics),
     };
@@ -260,12 +274,15 @@ pub async fn probe_reachability(
         metrics.set_kafka_reachable(ok);
         ever_reached |= ok;
         if !ok {
-            if let Some(reason) = metrics.take_kafka_unfixable() {
-                metrics.kafka_error(reason.clone());
+            if let Some(failure) = metrics.take_kafka_permanent() {
+                metrics.kafka_error(failure.to_string());
                 if !ever_reached {
-                    return format!("kafka {}: {reason}", kafka.bootstrap_servers);
+                    return PermanentError {
+                        bootstrap_servers: kafka.bootstrap_servers,
+                        source: failure,
+                    };
                 }
-                error!(bootstrap_servers = %kafka.bootstrap_servers, error = %reason, "kafka refuses the forwarder");
+                error!(bootstrap_servers = %kafka.bootstrap_servers, error = %failure, "kafka refuses the forwarder");
             } else if let Ok(Err(e)) = &result {
                 metrics.kafka_error(e.to_string());
             }
@@ -354,20 +371,20 @@ mod tests {
     }
 
     #[test]
-    fn only_record_level_errors_are_unwritable() {
+    fn only_record_level_errors_are_permanent() {
         use RDKafkaErrorCode as C;
         let reason = |c| match classify(&KafkaError::MessageProduction(c)) {
-            Classified::Outcome(Outcome::Unwritable { reason, .. }) => Some(Ok(reason)),
+            Classified::Outcome(Outcome::Permanent { reason, .. }) => Some(Ok(reason)),
             Classified::Outcome(Outcome::Blocked { reason, .. }) => Some(Err(reason)),
-            Classified::Outcome(Outcome::Delivered) | Classified::Fatal => None,
+            Classified::Outcome(Outcome::Delivered) | Classified::ReplaceProducer => None,
         };
         assert_eq!(
             reason(C::MessageSizeTooLarge),
-            Some(Ok(UnwritableReason::TooLarge))
+            Some(Ok(PermanentReason::TooLarge))
         );
         assert_eq!(
             reason(C::InvalidRecord),
-            Some(Ok(UnwritableReason::InvalidRecord))
+            Some(Ok(PermanentReason::InvalidRecord))
         );
         // Fixable by an operator: retried, never given up.
         assert_eq!(
@@ -393,7 +410,7 @@ mod tests {
         assert_eq!(reason(C::QueueFull), Some(Err(BlockReason::QueueFull)));
         assert_eq!(
             classify(&KafkaError::MessageProduction(C::Fatal)),
-            Classified::Fatal
+            Classified::ReplaceProducer
         );
     }
 

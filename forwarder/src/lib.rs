@@ -5,6 +5,7 @@ pub mod http;
 pub mod kafka;
 pub mod metrics;
 pub mod mqtt;
+pub mod permanent;
 pub mod pipeline;
 pub mod reload;
 pub mod route;
@@ -16,14 +17,15 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ferry_api::ValidConfig;
+use ferry_api::{ForwarderConfig, ValidConfig};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
+use tokio::task::{JoinHandle, JoinSet};
 use tracing::{info, warn};
 
 use crate::metrics::Metrics;
 use crate::mqtt::ReaderExit;
-use crate::pipeline::{Pipeline, Wiring};
+use crate::pipeline::{Pipeline, PipelineExit, Reload, Wiring};
 use crate::reload::ConfigSource;
 use crate::route::Router;
 
@@ -43,10 +45,14 @@ pub enum RunError {
     Kafka(#[from] rdkafka::error::KafkaError),
     #[error("{0}")]
     Tls(#[from] tls::TlsSetupError),
-    /// Before the first successful connection, an error retrying cannot fix (a certificate that
-    /// does not verify, refused credentials).
-    #[error("{0}")]
-    Unrecoverable(String),
+    /// Before the first successful connection, the MQTT broker failed it permanently (a
+    /// certificate that does not verify, refused credentials).
+    #[error(transparent)]
+    MqttPermanent(#[from] mqtt::PermanentError),
+    /// Before Kafka was first reached, it failed permanently (a certificate that does not
+    /// verify, authentication refused).
+    #[error(transparent)]
+    KafkaPermanent(#[from] kafka::PermanentError),
 }
 
 /// What a finished run left behind.
@@ -80,31 +86,7 @@ pub async fn run(
         Arc::clone(&metrics),
         to_pipeline,
     )?;
-
-    let mut background = tokio::task::JoinSet::new();
-    background.spawn(http::serve(listener, Arc::clone(&metrics)));
-    let sampler = Arc::clone(&metrics);
-    background.spawn(async move {
-        loop {
-            sampler.sample_rates();
-            tokio::time::sleep(RATE_SAMPLE_INTERVAL).await;
-        }
-    });
-    let kafka_fatal = tokio::spawn(kafka::probe_reachability(
-        config.kafka.clone(),
-        Arc::clone(&metrics),
-        KAFKA_PROBE_INTERVAL,
-    ));
-    let (reload_tx, reloads) = mpsc::channel(1);
-    if let Some(source) = source {
-        background.spawn(reload::watch(
-            source,
-            config.clone(),
-            Arc::clone(&metrics),
-            reload_tx,
-        ));
-    }
-
+    let mut background = Background::spawn(&config, source, listener, &metrics);
     let pipeline = Pipeline::new(
         router,
         config.kafka.clone(),
@@ -115,6 +97,75 @@ pub async fn run(
         },
         max_inflight,
     )?;
+    log_started(&config, max_inflight);
+    let (stop, kafka_permanent) = stop_on(shutdown, background.kafka_permanent);
+    let exit = pipeline
+        .run(
+            inbound,
+            background.reloads,
+            stop,
+            Duration::from_secs(config.shutdown_timeout_secs),
+        )
+        .await;
+    let reader_exit = join_reader(reader).await;
+    background.tasks.abort_all();
+    let kafka_permanent = kafka_permanent
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    summarize(exit, reader_exit, kafka_permanent)
+}
+
+/// The tasks that run beside the pipeline until the forwarder stops.
+struct Background {
+    /// /metrics and /status, the rate sampler, the config watcher.
+    tasks: JoinSet<()>,
+    /// The Kafka reachability probe: resolves only when Kafka fails permanently before it was
+    /// ever reached.
+    kafka_permanent: JoinHandle<kafka::PermanentError>,
+    /// New rules from the config watcher (none without a `source`).
+    reloads: mpsc::Receiver<Reload>,
+}
+
+impl Background {
+    fn spawn(
+        config: &ValidConfig,
+        source: Option<ConfigSource>,
+        listener: TcpListener,
+        metrics: &Arc<Metrics>,
+    ) -> Self {
+        let mut tasks = JoinSet::new();
+        tasks.spawn(http::serve(listener, Arc::clone(metrics)));
+        let sampler = Arc::clone(metrics);
+        tasks.spawn(async move {
+            loop {
+                sampler.sample_rates();
+                tokio::time::sleep(RATE_SAMPLE_INTERVAL).await;
+            }
+        });
+        let kafka_permanent = tokio::spawn(kafka::probe_reachability(
+            config.kafka.clone(),
+            Arc::clone(metrics),
+            KAFKA_PROBE_INTERVAL,
+        ));
+        let (reload_tx, reloads) = mpsc::channel(1);
+        if let Some(source) = source {
+            tasks.spawn(reload::watch(
+                source,
+                config.clone(),
+                Arc::clone(metrics),
+                reload_tx,
+            ));
+        }
+        Self {
+            tasks,
+            kafka_permanent,
+            reloads,
+        }
+    }
+}
+
+fn log_started(config: &ForwarderConfig, max_inflight: usize) {
     info!(
         mqtt = %format!("{}:{}", config.mqtt.host, config.mqtt.port),
         protocol = ?config.mqtt.protocol,
@@ -125,30 +176,36 @@ pub async fn run(
         max_inflight,
         "forwarder started"
     );
+}
 
-    // A Kafka setting that can never work stops the forwarder like a signal, with the reason.
-    let kafka_unrecoverable: Arc<Mutex<Option<String>>> = Arc::default();
-    let noted = Arc::clone(&kafka_unrecoverable);
+type Noted<T> = Arc<Mutex<Option<T>>>;
+
+/// What stops the pipeline: `shutdown`, or a permanent Kafka error, which stops the forwarder
+/// like a signal. The error is kept in the returned slot so the run can end with it.
+fn stop_on(
+    shutdown: impl Future<Output = ()>,
+    kafka_permanent: JoinHandle<kafka::PermanentError>,
+) -> (impl Future<Output = ()>, Noted<kafka::PermanentError>) {
+    let slot: Noted<kafka::PermanentError> = Arc::default();
+    let noted = Arc::clone(&slot);
     let stop = async move {
         tokio::select! {
             () = shutdown => {}
-            reason = kafka_fatal => {
-                if let Ok(reason) = reason {
-                    tracing::error!(error = %reason, "cannot use kafka, and retrying will not help");
-                    *noted.lock().unwrap_or_else(|p| p.into_inner()) = Some(reason);
+            permanent = kafka_permanent => {
+                if let Ok(permanent) = permanent {
+                    tracing::error!(error = %permanent, "cannot use kafka, and retrying will not help");
+                    *noted.lock().unwrap_or_else(|p| p.into_inner()) = Some(permanent);
                 }
             }
         }
     };
-    let exit = pipeline
-        .run(
-            inbound,
-            reloads,
-            stop,
-            Duration::from_secs(config.shutdown_timeout_secs),
-        )
-        .await;
-    let reader_exit = match tokio::time::timeout(DISCONNECT_BOUND, reader).await {
+    (stop, slot)
+}
+
+/// Gives the reader `DISCONNECT_BOUND` to write the last acks and disconnect; None when it
+/// failed or did not finish in time.
+async fn join_reader(reader: JoinHandle<ReaderExit>) -> Option<ReaderExit> {
+    match tokio::time::timeout(DISCONNECT_BOUND, reader).await {
         Ok(Ok(exit)) => Some(exit),
         Ok(Err(e)) => {
             warn!(error = %e, "mqtt reader task failed");
@@ -158,19 +215,22 @@ pub async fn run(
             warn!("mqtt disconnect did not complete in time");
             None
         }
-    };
-    background.abort_all();
-    if let Some(ReaderExit::Fatal(reason)) = reader_exit {
-        return Err(RunError::Unrecoverable(reason));
     }
-    if let Some(reason) = kafka_unrecoverable
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take()
-    {
-        return Err(RunError::Unrecoverable(reason));
+}
+
+/// How the run ends: a permanent error (MQTT's first) fails it, otherwise what was left behind.
+fn summarize(
+    exit: PipelineExit,
+    reader_exit: Option<ReaderExit>,
+    kafka_permanent: Option<kafka::PermanentError>,
+) -> Result<RunSummary, RunError> {
+    if let Some(ReaderExit::Permanent(e)) = reader_exit {
+        return Err(e.into());
     }
-    let disconnected_cleanly = reader_exit == Some(ReaderExit::Disconnected);
+    if let Some(e) = kafka_permanent {
+        return Err(e.into());
+    }
+    let disconnected_cleanly = matches!(reader_exit, Some(ReaderExit::Disconnected));
     info!(
         abandoned = exit.abandoned,
         disconnected_cleanly, "forwarder stopped"

@@ -1,13 +1,13 @@
 //! `ferry-forwarder --config config.yaml`: the data plane, in a pod or on its own.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
 use std::sync::Arc;
 
-use ferry_api::SourceFormat;
-use ferry_api::config::{ConfigError, LogFormat};
+use ferry_api::config::{ConfigError, LogConfig, LogFormat};
+use ferry_api::{SourceFormat, ValidConfig};
 use ferry_forwarder::reload::{ConfigSource, LogLevelSetter};
 use tracing::{error, info, warn};
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -62,29 +62,9 @@ fn main() -> ExitCode {
     if let Some(addr) = cli.http_listen {
         loaded.config.set_http_listen(addr);
     }
-    let json = match cli.log_format.as_deref() {
-        Some(f) => f == "json",
-        None => loaded.config.log.format == LogFormat::Json,
-    };
     let level_overridden = cli.log_level.is_some();
-    let level = cli
-        .log_level
-        .clone()
-        .unwrap_or_else(|| loaded.config.log.level.clone());
-    let set_log_level = match init_logging(&level, json) {
-        Ok(setter) => setter,
-        Err(e) => {
-            let field = if level_overridden {
-                "FERRY_LOG"
-            } else {
-                "log.level"
-            };
-            eprintln!(
-                "ferry-forwarder: invalid config {}: {field}: {level:?} is not a log filter: {e}",
-                path.display()
-            );
-            return ExitCode::from(2);
-        }
+    let Some(set_log_level) = start_logging(&cli, &loaded.config.log, &path) else {
+        return ExitCode::from(2);
     };
     if let Some(problem) = ferry_forwarder::kafka::config_problem(&loaded.config.kafka) {
         eprintln!(
@@ -113,6 +93,37 @@ fn main() -> ExitCode {
         // A level given on the command line or in the environment wins over the file's.
         set_log_level: (!level_overridden).then_some(set_log_level),
     });
+    forward(loaded.config, source)
+}
+
+/// Starts logging as the command line, else the config, says; returns the setter that changes
+/// the level while running. None (after saying why): the level is not a log filter, which is
+/// an invalid config.
+fn start_logging(cli: &Cli, log: &LogConfig, path: &Path) -> Option<LogLevelSetter> {
+    let json = match cli.log_format.as_deref() {
+        Some(f) => f == "json",
+        None => log.format == LogFormat::Json,
+    };
+    let level = cli.log_level.clone().unwrap_or_else(|| log.level.clone());
+    match init_logging(&level, json) {
+        Ok(setter) => Some(setter),
+        Err(e) => {
+            let field = if cli.log_level.is_some() {
+                "FERRY_LOG"
+            } else {
+                "log.level"
+            };
+            eprintln!(
+                "ferry-forwarder: invalid config {}: {field}: {level:?} is not a log filter: {e}",
+                path.display()
+            );
+            None
+        }
+    }
+}
+
+/// Runs the forwarder until a signal (or a permanent error) stops it: exit 0, or 1 on failure.
+fn forward(config: ValidConfig, source: Option<ConfigSource>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -123,11 +134,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(ferry_forwarder::run(
-        loaded.config,
-        source,
-        shutdown_signal(),
-    ));
+    let result = runtime.block_on(ferry_forwarder::run(config, source, shutdown_signal()));
     // The Kafka probe's blocking metadata call may still run; it must not delay the exit.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match result {

@@ -19,7 +19,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::window::{BlockReason, UnwritableReason};
+use crate::permanent::KafkaFailure;
+use crate::window::{BlockReason, PermanentReason};
 
 /// The window `rate_per_second` is computed over.
 const RATE_WINDOW: Duration = Duration::from_secs(60);
@@ -37,7 +38,7 @@ struct QosLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct FailureLabel {
     rule: String,
-    /// [`UnwritableReason::as_str`], not the variant's name.
+    /// [`PermanentReason::as_str`], not the variant's name.
     reason: &'static str,
 }
 
@@ -138,7 +139,7 @@ impl RuleStats {
             self.waiting_set.store(false, Ordering::Relaxed);
         }
     }
-    pub fn on_failed(&self, reason: UnwritableReason, error: String) {
+    pub fn on_failed(&self, reason: PermanentReason, error: String) {
         self.failed_family
             .get_or_create(&FailureLabel {
                 rule: self.name.clone(),
@@ -230,8 +231,8 @@ pub struct Metrics {
     started_at: Timestamp,
     mqtt_last_error: Mutex<Option<LastError>>,
     kafka_last_error: Mutex<Option<LastError>>,
-    /// A Kafka error retrying cannot fix, seen since the last probe looked.
-    kafka_unfixable: Mutex<Option<String>>,
+    /// A permanent Kafka error, seen since the last probe looked.
+    kafka_permanent: Mutex<Option<KafkaFailure>>,
     config: Mutex<ConfigStatus>,
 }
 
@@ -301,7 +302,7 @@ impl Metrics {
             started_at: Timestamp::now(),
             mqtt_last_error: Mutex::new(None),
             kafka_last_error: Mutex::new(None),
-            kafka_unfixable: Mutex::new(None),
+            kafka_permanent: Mutex::new(None),
             config: Mutex::new(ConfigStatus {
                 generation: 1,
                 applied_at: Timestamp::now(),
@@ -440,7 +441,7 @@ impl Metrics {
             self.families.forwarded.remove(&label);
             self.families.acked.remove(&label);
             self.families.dead_lettered.remove(&label);
-            for reason in UnwritableReason::ALL {
+            for reason in PermanentReason::ALL {
                 self.families.failed.remove(&FailureLabel {
                     rule: gone.name.clone(),
                     reason: reason.as_str(),
@@ -450,7 +451,7 @@ impl Metrics {
             let reasons = BlockReason::ALL
                 .map(BlockReason::as_str)
                 .into_iter()
-                .chain(UnwritableReason::ALL.map(UnwritableReason::as_str));
+                .chain(PermanentReason::ALL.map(PermanentReason::as_str));
             for reason in reasons {
                 self.families.retries.remove(&RetryLabel {
                     rule: gone.name.clone(),
@@ -518,12 +519,13 @@ impl Metrics {
         });
     }
 
-    pub fn kafka_unfixable(&self, reason: String) {
-        lock(&self.kafka_unfixable).get_or_insert(reason);
+    /// Keeps the first permanent Kafka error until the probe takes it.
+    pub fn note_kafka_permanent(&self, failure: KafkaFailure) {
+        lock(&self.kafka_permanent).get_or_insert(failure);
     }
 
-    pub fn take_kafka_unfixable(&self) -> Option<String> {
-        lock(&self.kafka_unfixable).take()
+    pub fn take_kafka_permanent(&self) -> Option<KafkaFailure> {
+        lock(&self.kafka_permanent).take()
     }
 
     pub fn set_kafka_reachable(&self, up: bool) {
@@ -610,16 +612,16 @@ mod tests {
 
     #[test]
     fn the_readme_lists_every_reason_and_only_those() {
-        let unwritable: BTreeSet<String> =
-            UnwritableReason::ALL.map(|r| r.as_str().to_owned()).into();
+        let permanent: BTreeSet<String> =
+            PermanentReason::ALL.map(|r| r.as_str().to_owned()).into();
         assert_eq!(
             documented("ferry_rule_failed_messages_total", "reason"),
-            unwritable
+            permanent
         );
         let retries: BTreeSet<String> = BlockReason::ALL
             .map(|r| r.as_str().to_owned())
             .into_iter()
-            .chain(unwritable)
+            .chain(permanent)
             .collect();
         assert_eq!(
             documented("ferry_rule_produce_retries_total", "reason"),
@@ -635,7 +637,7 @@ mod tests {
     fn label_values_are_the_documented_snake_case_words() {
         let m = Metrics::new();
         let rules = m.set_rules(&["r".to_owned()]);
-        for reason in UnwritableReason::ALL {
+        for reason in PermanentReason::ALL {
             rules[0].on_failed(reason, "x".to_owned());
         }
         for reason in BlockReason::ALL {

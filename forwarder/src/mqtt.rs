@@ -32,7 +32,9 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
-use self::conn::{Conn, ConnError};
+use self::conn::Conn;
+pub use self::conn::ConnError;
+pub use self::wire::WireError;
 use self::wire::{Codec, ConnectFields, Incoming};
 use crate::metrics::Metrics;
 use crate::tls::{self, TlsSetupError};
@@ -84,14 +86,24 @@ pub struct Link {
 }
 
 /// How the driver ended.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum ReaderExit {
     /// The DISCONNECT was written after the pipeline's last acks.
     Disconnected,
     /// The connection failed (or was not up) at the end; unacked messages will be redelivered.
     ConnectionLost,
     /// Before the first successful connection, an error retrying cannot fix.
-    Fatal(String),
+    Permanent(PermanentError),
+}
+
+/// A connect failure retrying cannot fix ([`ConnError::is_permanent`]), met before the first
+/// successful connection: the forwarder stops with it.
+#[derive(Debug, thiserror::Error)]
+#[error("mqtt broker {broker}: {source}")]
+pub struct PermanentError {
+    /// `host:port`.
+    pub broker: String,
+    pub source: ConnError,
 }
 
 /// The filters to (re)subscribe on every connect; the pipeline updates them on reload.
@@ -243,8 +255,8 @@ impl Driver {
                     }
                 }
                 Err(e) => {
-                    if let Some(reason) = self.on_connect_error(&e) {
-                        return ReaderExit::Fatal(reason);
+                    if let Some(permanent) = self.on_connect_error(e) {
+                        return ReaderExit::Permanent(permanent);
                     }
                 }
             }
@@ -365,10 +377,9 @@ impl Driver {
                     Err(e) => return End::Lost(e),
                 },
                 () = tokio::time::sleep_until(silence_limit.unwrap_or_else(Instant::now)), if silence_limit.is_some() => {
-                    return End::Lost(ConnError::Io(format!(
-                        "nothing from the broker for 1.5 × keep-alive ({:?}) while reading",
-                        s.keep_alive.unwrap_or_default()
-                    )));
+                    return End::Lost(ConnError::Silent {
+                        keep_alive: s.keep_alive.unwrap_or_default(),
+                    });
                 }
             }
         }
@@ -414,16 +425,8 @@ impl Driver {
             Incoming::UnsubAck(pkid) => debug!(pkid, "unsubscribed"),
             Incoming::PingResp => {}
             Incoming::Ignored(what) => debug!(packet = what, "ignored a packet from the broker"),
-            Incoming::ConnAck { .. } => {
-                return Err(ConnError::Protocol(
-                    "a second CONNACK from the broker".into(),
-                ));
-            }
-            Incoming::Disconnect(reason) => {
-                return Err(ConnError::Protocol(format!(
-                    "the broker sent DISCONNECT ({reason})"
-                )));
-            }
+            Incoming::ConnAck { .. } => return Err(ConnError::SecondConnAck),
+            Incoming::Disconnect(reason) => return Err(ConnError::Disconnected(reason)),
         }
         Ok(())
     }
@@ -547,26 +550,27 @@ impl Driver {
         self.metrics.mqtt_error(e.to_string());
     }
 
-    /// Logs and records a failed connect; returns the reason when the forwarder should stop.
-    fn on_connect_error(&self, e: &ConnError) -> Option<String> {
+    /// Logs and records a failed connect; returns it when the forwarder should stop: a
+    /// permanent error before the first successful connection. Once connected, the broker
+    /// accepted this configuration before, so even a permanent error is retried.
+    fn on_connect_error(&self, e: ConnError) -> Option<PermanentError> {
         let broker = &self.settings.addr;
         self.metrics.mqtt_error(e.to_string());
-        match e {
-            ConnError::Certificate(_) | ConnError::Refused(_) if !self.ever_connected => {
-                error!(error = %e, broker = %broker, "cannot connect to the mqtt broker, and retrying will not help");
-                let reason = format!("mqtt broker {broker}: {e}");
-                self.metrics.mqtt_error(reason.clone());
-                Some(reason)
-            }
-            ConnError::Certificate(_) | ConnError::Refused(_) => {
-                error!(error = %e, broker = %broker, "mqtt broker refused the connection");
-                None
-            }
-            _ => {
-                debug!(error = %e, broker = %broker, "mqtt connect failed; retrying");
-                None
-            }
+        if !e.is_permanent() {
+            debug!(error = %e, broker = %broker, "mqtt connect failed; retrying");
+            return None;
         }
+        if self.ever_connected {
+            error!(error = %e, broker = %broker, "mqtt broker refused the connection");
+            return None;
+        }
+        error!(error = %e, broker = %broker, "cannot connect to the mqtt broker, and retrying will not help");
+        let permanent = PermanentError {
+            broker: broker.clone(),
+            source: e,
+        };
+        self.metrics.mqtt_error(permanent.to_string());
+        Some(permanent)
     }
 }
 
@@ -582,24 +586,18 @@ async fn connect(s: Arc<Settings>) -> Result<(Conn, bool, Option<u16>), ConnErro
             Incoming::ConnAck {
                 refused: Some(code),
                 ..
-            } => Err(ConnError::Refused(code)),
+            } => Err(ConnError::Refused { code }),
             Incoming::ConnAck {
                 session_present,
                 server_keep_alive,
                 ..
             } => Ok((conn, session_present, server_keep_alive)),
-            _ => Err(ConnError::Protocol(
-                "the broker's first packet was not a CONNACK".into(),
-            )),
+            _ => Err(ConnError::NotConnAck),
         }
     };
     tokio::time::timeout(CONNECT_BOUND, attempt)
         .await
-        .unwrap_or_else(|_| {
-            Err(ConnError::Io(format!(
-                "no CONNACK within {CONNECT_BOUND:?}"
-            )))
-        })
+        .unwrap_or_else(|_| Err(ConnError::NoConnAck(CONNECT_BOUND)))
 }
 
 /// Keeps reading (and discarding) after the DISCONNECT was written, until the broker closes the

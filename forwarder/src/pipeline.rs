@@ -24,7 +24,7 @@ use crate::metrics::Metrics;
 use crate::mqtt::{Link, Message, Outbound, Subscriptions};
 use crate::route::{Router, Target, header, record_key, wrap_json};
 use crate::window::{
-    Action, Backoff, BlockReason, Dest, Outcome, TargetRef, TargetSpec, UnwritableReason, Window,
+    Action, Backoff, BlockReason, Dest, Outcome, PermanentReason, TargetRef, TargetSpec, Window,
 };
 
 // A delivery opaque packs (producer generation, message sequence, target position).
@@ -343,7 +343,7 @@ impl Pipeline {
     fn on_report(&mut self, report: Report) {
         let (generation, seq, pos) = unpack(report.opaque);
         if generation != self.generation {
-            return; // From a producer replaced after a fatal error; its records were re-sent.
+            return; // From a producer replaced (librdkafka's "fatal" error); its records were re-sent.
         }
         self.on_result(TargetRef { seq, pos }, report.result);
     }
@@ -353,7 +353,7 @@ impl Pipeline {
             Ok(()) => Outcome::Delivered,
             Err(e) => match kafka::classify(e) {
                 Classified::Outcome(outcome) => outcome,
-                Classified::Fatal => {
+                Classified::ReplaceProducer => {
                     error!(error = %e, "kafka producer hit a fatal error; replacing it and re-sending unconfirmed records");
                     self.metrics.kafka_error(e.to_string());
                     self.replace_producer();
@@ -434,7 +434,7 @@ impl Pipeline {
         }
     }
 
-    fn on_held(&mut self, target: TargetRef, reason: UnwritableReason, error: &str) {
+    fn on_held(&mut self, target: TargetRef, reason: PermanentReason, error: &str) {
         let Some((t, mqtt_topic)) = self.rules_of(target) else {
             return;
         };
@@ -451,7 +451,7 @@ impl Pipeline {
         }
     }
 
-    fn on_dropped(&mut self, target: TargetRef, reason: UnwritableReason, error: &str) {
+    fn on_dropped(&mut self, target: TargetRef, reason: PermanentReason, error: &str) {
         let Some((t, mqtt_topic)) = self.rules_of(target) else {
             return;
         };

@@ -106,11 +106,11 @@ fn read_certs(
 
 /// The certificate problem inside a TLS handshake error, if that is what it was (tokio-rustls
 /// hands rustls' error over inside the `io::Error`).
-pub fn certificate_error(e: &std::io::Error) -> Option<String> {
+pub fn certificate_error(e: &std::io::Error) -> Option<rustls::Error> {
     let inner = e.get_ref()?.downcast_ref::<rustls::Error>()?;
     match inner {
         rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented => {
-            Some(inner.to_string())
+            Some(inner.clone())
         }
         _ => None,
     }

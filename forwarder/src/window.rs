@@ -7,7 +7,7 @@
 //!   topic), or was dropped by an explicit `on_unwritable: drop`. Messages complete in arrival
 //!   order, each exactly once (MQTT requires acks in PUBLISH order, §4.6).
 //! - Only a record Kafka can never take *as that record* (too large, an illegal resolved topic
-//!   name, rejected as invalid) leaves the normal path. Everything else (authorization, unknown
+//!   name, rejected as invalid: a permanent failure) leaves the normal path. Everything else (authorization, unknown
 //!   topic, outages, a full queue) is retried with capped backoff and holds the window.
 //! - Per Kafka topic, records are produced in arrival order, retries included: once a record
 //!   of a topic must be produced again, later records of that topic queue behind it in a *lane*.
@@ -68,15 +68,16 @@ impl BlockReason {
     }
 }
 
-/// Why Kafka can never take a record as it is (also the `reason` label of dropped messages).
+/// Why Kafka can never take a record as it is: its permanent failure (also the `reason` label
+/// of dropped messages).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum UnwritableReason {
+pub enum PermanentReason {
     TooLarge,
     InvalidTopic,
     InvalidRecord,
 }
 
-impl UnwritableReason {
+impl PermanentReason {
     pub const ALL: [Self; 3] = [Self::TooLarge, Self::InvalidTopic, Self::InvalidRecord];
 
     pub const fn as_str(self) -> &'static str {
@@ -92,12 +93,14 @@ impl UnwritableReason {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     Delivered,
+    /// Kafka may take it later: retried.
     Blocked {
         reason: BlockReason,
         error: String,
     },
-    Unwritable {
-        reason: UnwritableReason,
+    /// Kafka can never take the record as it is.
+    Permanent {
+        reason: PermanentReason,
         error: String,
     },
 }
@@ -141,13 +144,13 @@ pub enum Action<M> {
     /// window. Reported once per record.
     Held {
         target: TargetRef,
-        reason: UnwritableReason,
+        reason: PermanentReason,
         error: String,
     },
     /// Kafka can never take it and its rule says drop: given up, counted.
     Dropped {
         target: TargetRef,
-        reason: UnwritableReason,
+        reason: PermanentReason,
         error: String,
     },
     /// Every target is done and every earlier message completed: acknowledge it now.
@@ -367,7 +370,7 @@ impl<M> Window<M> {
             match invalid.next_if(|(p, _)| *p == pos) {
                 None => self.dispatch(target, now),
                 Some((_, error)) => {
-                    self.unwritable(target, UnwritableReason::InvalidTopic, error, now);
+                    self.on_permanent(target, PermanentReason::InvalidTopic, error, now);
                 }
             }
         }
@@ -425,16 +428,16 @@ impl<M> Window<M> {
                     news: closed || probe_failures.is_some(),
                 });
             }
-            Outcome::Unwritable {
-                reason: UnwritableReason::TooLarge,
+            Outcome::Permanent {
+                reason: PermanentReason::TooLarge,
                 ..
             } if probe_failures.is_none() => {
                 // Maybe only its batch's fault: judge it again, alone, at once.
                 self.requeue(&topic, target, None, 0, now);
             }
-            Outcome::Unwritable { reason, error } => {
+            Outcome::Permanent { reason, error } => {
                 let error = format!("kafka topic {topic}: {error}");
-                let held = self.unwritable(target, reason, error, now);
+                let held = self.on_permanent(target, reason, error, now);
                 if probe_failures.is_some() && !held {
                     self.open(&topic);
                 }
@@ -444,8 +447,8 @@ impl<M> Window<M> {
         self.complete_ready();
     }
 
-    /// Every record out at the producer was lost with it (a fatal producer error): produce
-    /// everything unfinished again, in order.
+    /// Every record out at the producer was lost with it (librdkafka's "fatal" error: the
+    /// producer was replaced): produce everything unfinished again, in order.
     pub fn reset_producer(&mut self, now: Instant) {
         for lane in self.lanes.values_mut() {
             lane.outstanding = 0;
@@ -650,10 +653,10 @@ impl<M> Window<M> {
 
     /// Kafka can never take this record as it is: to the dead-letter topic if it has one
     /// (and is not there yet), else as its rule says. Returns true when the record is held.
-    fn unwritable(
+    fn on_permanent(
         &mut self,
         target: TargetRef,
-        reason: UnwritableReason,
+        reason: PermanentReason,
         error: String,
         now: Instant,
     ) -> bool {
@@ -888,8 +891,8 @@ mod tests {
                     error: "denied".into(),
                 })
             } else if too_large {
-                Some(Outcome::Unwritable {
-                    reason: UnwritableReason::TooLarge,
+                Some(Outcome::Permanent {
+                    reason: PermanentReason::TooLarge,
                     error: "too large".into(),
                 })
             } else {
@@ -1018,10 +1021,10 @@ mod tests {
                     seq: seq as Seq,
                     pos,
                 };
-                let unwritable = topic.is_none() || m.size > LIMIT;
+                let permanent = topic.is_none() || m.size > LIMIT;
                 let in_primary = topic.is_some_and(|x| in_topic.contains(&(usize::from(x), t)));
                 let in_dlq = in_topic.contains(&(3, t));
-                match (unwritable, dlq, drop) {
+                match (permanent, dlq, drop) {
                     (false, _, _) => {
                         assert!(in_primary || !done, "{t:?} completed but not in its topic");
                         assert!(!in_dlq, "{t:?} valid yet dead-lettered");
@@ -1032,7 +1035,7 @@ mod tests {
                     }
                     (true, false, true) => assert!(sim.dropped.contains(&t) || !done),
                     (true, false, false) => {
-                        assert!(!done, "{t:?} unwritable with hold was completed");
+                        assert!(!done, "{t:?} permanent with hold was completed");
                         held |= sim.held.contains(&t);
                     }
                 }
@@ -1152,8 +1155,8 @@ mod tests {
         w.accept(0, vec![with_dlq()], now);
         w.accept(1, vec![with_dlq()], now);
         assert_eq!(produces(&mut w).len(), 2);
-        let too_large = || Outcome::Unwritable {
-            reason: UnwritableReason::TooLarge,
+        let too_large = || Outcome::Permanent {
+            reason: PermanentReason::TooLarge,
             error: "batch too large".into(),
         };
         // One batch of both failed: neither is condemned yet.

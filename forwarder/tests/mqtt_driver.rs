@@ -179,7 +179,7 @@ async fn held_for(
         }
         held.push(String::from_utf8_lossy(&m.payload).into_owned());
     }
-    ensure!(d.finish().await? == ReaderExit::Disconnected);
+    ensure!(matches!(d.finish().await?, ReaderExit::Disconnected));
     Ok(held)
 }
 
@@ -442,7 +442,7 @@ async fn keeps_the_connection_while_backpressured_for_4x_keep_alive_then_acks_ev
             "{protocol:?}: in order, once each"
         );
         proxy.wait_count(1, true, PUBACK, total).await?;
-        ensure!(d.finish().await? == ReaderExit::Disconnected);
+        ensure!(matches!(d.finish().await?, ReaderExit::Disconnected));
 
         let log = std::fs::read_to_string(broker.dir().join("mosquitto.log"))?;
         let connects = log
@@ -519,7 +519,7 @@ async fn kill_mid_stream(
     if feed == Feed::Backlog {
         let d = Driver::start(&cfg, "kill/#", 1)?;
         d.wait_subscribed(Duration::from_secs(10)).await?;
-        ensure!(d.finish().await? == ReaderExit::Disconnected);
+        ensure!(matches!(d.finish().await?, ReaderExit::Disconnected));
         publish(0).await?;
     }
     let d = Driver::start(&cfg, "kill/#", 1)?;
@@ -667,7 +667,7 @@ async fn a_completion_from_an_earlier_connection_is_never_written_and_frees_its_
         }
         // The stale completions were queued first: had any been written, it would show by now.
         proxy.wait_count(2, true, PUBACK, window).await?;
-        ensure!(d.finish().await? == ReaderExit::Disconnected);
+        ensure!(matches!(d.finish().await?, ReaderExit::Disconnected));
         let acks: Vec<Seen> = proxy
             .seen()
             .into_iter()
@@ -765,7 +765,7 @@ async fn qos2_is_answered_pubrec_then_pubcomp_even_for_a_pubrel_after_a_reconnec
             proxy.accepted.load(Ordering::SeqCst) == 2,
             "{protocol:?}: reconnected again"
         );
-        ensure!(d.finish().await? == ReaderExit::Disconnected);
+        ensure!(matches!(d.finish().await?, ReaderExit::Disconnected));
         ensure!(
             held_for(broker.port(), &id, protocol, "q2")
                 .await?
@@ -812,7 +812,7 @@ async fn a_silent_broker_is_judged_dead_after_one_and_a_half_keep_alives_while_r
         "a PINGREQ went out in the silence"
     );
     d.wait_subscribed(Duration::from_secs(10)).await?;
-    ensure!(d.finish().await? == ReaderExit::Disconnected);
+    ensure!(matches!(d.finish().await?, ReaderExit::Disconnected));
     eprintln!("silent broker: reconnected after {silence:?} (keep-alive {keep_alive:?})");
     Ok(())
 }
@@ -844,7 +844,7 @@ async fn a_disconnect_from_the_broker_means_reconnect_and_a_new_epoch() -> Resul
     );
     d.complete(&again[0]);
     proxy.wait_count(2, true, PUBACK, 1).await?;
-    ensure!(d.finish().await? == ReaderExit::Disconnected);
+    ensure!(matches!(d.finish().await?, ReaderExit::Disconnected));
     ensure!(proxy.count(1, true, PUBACK) == 0 && proxy.count(2, true, PUBACK) == 1);
     Ok(())
 }
@@ -902,7 +902,7 @@ async fn reconnects_and_resubscribes_after_the_broker_restarts() -> Result<()> {
         d.complete(&m[0]);
         let conns = proxy.accepted.load(Ordering::SeqCst);
         proxy.wait_count(conns, true, PUBACK, 1).await?;
-        ensure!(d.finish().await? == ReaderExit::Disconnected);
+        ensure!(matches!(d.finish().await?, ReaderExit::Disconnected));
         let told = proxy.count(1, false, DISCONNECT) > 0;
         eprintln!(
             "{protocol:?}: reconnected after a broker restart (broker sent DISCONNECT: {told})"
@@ -920,7 +920,7 @@ async fn drain_rate(broker_inflight: u32, window: u16, total: usize) -> Result<f
     let cfg = config(broker.port(), "drain", MqttProtocol::V311, window, 30);
     let d = Driver::start(&cfg, "drain/#", 1)?;
     d.wait_subscribed(Duration::from_secs(10)).await?;
-    ensure!(d.finish().await? == ReaderExit::Disconnected);
+    ensure!(matches!(d.finish().await?, ReaderExit::Disconnected));
     ferry_e2e::publish(
         broker.port(),
         "drain-pub",
@@ -938,7 +938,7 @@ async fn drain_rate(broker_inflight: u32, window: u16, total: usize) -> Result<f
         d.complete(&m);
     }
     let rate = total as f64 / start.elapsed().as_secs_f64();
-    ensure!(d.finish().await? == ReaderExit::Disconnected);
+    ensure!(matches!(d.finish().await?, ReaderExit::Disconnected));
     Ok(rate)
 }
 
@@ -955,8 +955,8 @@ async fn drains_100k_queued_qos1_messages() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_unverifiable_certificate_or_refused_password_is_fatal_naming_the_broker() -> Result<()>
-{
+async fn an_unverifiable_certificate_or_refused_password_is_permanent_naming_the_broker()
+-> Result<()> {
     let pki = Pki::generate(KeyType::Ecdsa)?;
     let stranger = Pki::generate(KeyType::Ecdsa)?;
     let broker = Mosquitto::start_with(MosquittoOptions {
@@ -984,9 +984,10 @@ async fn an_unverifiable_certificate_or_refused_password_is_fatal_naming_the_bro
     ] {
         let d = Driver::start(&cfg, "t/#", 1)?;
         let exit = tokio::time::timeout(Duration::from_secs(15), d.task).await??;
-        let ReaderExit::Fatal(reason) = exit else {
-            bail!("{expected}: not fatal: {exit:?}");
+        let ReaderExit::Permanent(permanent) = exit else {
+            bail!("{expected}: not permanent: {exit:?}");
         };
+        let reason = permanent.to_string();
         ensure!(
             reason.contains(&addr) && reason.contains(expected),
             "{reason}"
@@ -999,6 +1000,6 @@ async fn an_unverifiable_certificate_or_refused_password_is_fatal_naming_the_bro
     }
     let d = Driver::start(&with(&pki, "right-password"), "t/#", 1)?;
     d.wait_subscribed(Duration::from_secs(10)).await?;
-    ensure!(d.finish().await? == ReaderExit::Disconnected);
+    ensure!(matches!(d.finish().await?, ReaderExit::Disconnected));
     Ok(())
 }

@@ -100,13 +100,7 @@ pub fn build(
     let stateful_set = StatefulSet {
         metadata: meta.clone(),
         spec: Some(StatefulSetSpec {
-            // Every rule paused or refused: no pods (a forwarder refuses a config without
-            // rules), and the persistent sessions keep the messages until a rule is back.
-            replicas: Some(if rendered.config.rules.is_empty() {
-                0
-            } else {
-                pods.replicas
-            }),
+            replicas: Some(replicas(rendered, pods)),
             service_name: Some(name.clone()),
             // Replicas are independent (shared subscription); no need to start them in order.
             pod_management_policy: Some("Parallel".to_owned()),
@@ -124,8 +118,29 @@ pub fn build(
         }),
         ..StatefulSet::default()
     };
-    let service = Service {
-        metadata: meta.clone(),
+    Children {
+        config_map,
+        secret,
+        stateful_set,
+        service: headless_service(meta.clone(), &selector),
+        pdb: disruption_budget(meta, selector),
+    }
+}
+
+/// Every rule paused or refused: no pods (a forwarder refuses a config without rules), and the
+/// persistent sessions keep the messages until a rule is back.
+fn replicas(rendered: &Rendered, pods: &ForwarderPods) -> i32 {
+    if rendered.config.rules.is_empty() {
+        0
+    } else {
+        pods.replicas
+    }
+}
+
+/// The StatefulSet's governing Service: no cluster IP, the pods' `http` port.
+fn headless_service(meta: ObjectMeta, selector: &LabelSelector) -> Service {
+    Service {
+        metadata: meta,
         spec: Some(ServiceSpec {
             cluster_ip: Some("None".to_owned()),
             selector: selector.match_labels.clone(),
@@ -138,8 +153,11 @@ pub fn build(
             ..ServiceSpec::default()
         }),
         ..Service::default()
-    };
-    let pdb = PodDisruptionBudget {
+    }
+}
+
+fn disruption_budget(meta: ObjectMeta, selector: LabelSelector) -> PodDisruptionBudget {
+    PodDisruptionBudget {
         metadata: meta,
         spec: Some(PodDisruptionBudgetSpec {
             // One forwarder at a time may be drained; its session waits for it meanwhile.
@@ -148,13 +166,6 @@ pub fn build(
             ..PodDisruptionBudgetSpec::default()
         }),
         ..PodDisruptionBudget::default()
-    };
-    Children {
-        config_map,
-        secret,
-        stateful_set,
-        service,
-        pdb,
     }
 }
 

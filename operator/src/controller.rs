@@ -70,10 +70,6 @@ pub async fn run(
     let (rules, rule_writer) = reflector::store::<DeserializeGuard<ForwardingRule>>();
     let rule_events = scope.reflect(&client, &unfiltered, rule_writer);
     let (rule_events, rules_listed) = listed(rule_events);
-    // The rule loop also follows connections (a deleted connection strands its rules) and the
-    // connection loop follows rules: a second watch of each, for triggers only.
-    let connection_copy = scope.watch::<DeserializeGuard<BrokerConnection>>(&client, &unfiltered);
-    let rule_copy = scope.watch::<DeserializeGuard<ForwardingRule>>(&client, &unfiltered);
 
     let recorder = Recorder::new(
         client.clone(),
@@ -92,51 +88,97 @@ pub async fn run(
     );
     let ctx = Arc::new(ctx);
 
-    let forwarders = watcher::Config::default().labels(children::SELECTOR);
-    let secret_index = connections.clone();
-    let connection_loop =
-        Controller::for_stream(spec_changes(connection_events), connections.clone())
-            .owns_stream(
-                scope
-                    .watch::<PartialObjectMeta<StatefulSet>>(&client, &forwarders)
-                    .touched_objects(),
-            )
-            .owns_stream(
-                scope
-                    .watch::<PartialObjectMeta<ConfigMap>>(&client, &forwarders)
-                    .touched_objects(),
-            )
-            .watches_stream(spec_changes(rule_copy), |rule| {
-                let rule = rule.0.ok()?;
-                let ns = rule.namespace()?;
-                Some(ObjectRef::new(&rule.spec.connection_ref.name).within(&ns))
-            })
-            // A created or rotated Secret reconciles the connections that reference it.
-            .watches_stream(
-                scope
-                    .watch::<PartialObjectMeta<Secret>>(&client, &unfiltered)
-                    .touched_objects(),
-                move |secret| connections_referencing(&secret_index, &secret),
-            )
-            .reconcile_on(ready_changes)
-            .graceful_shutdown_on(shutdown.clone())
-            .run(reconcile_connection, error_policy, ctx.clone())
-            .for_each(|_| async {});
-
-    let rule_index = rules.clone();
-    let rule_loop = Controller::for_stream(spec_changes(rule_events), rules.clone())
-        .watches_stream(spec_changes(connection_copy), move |connection| {
-            rules_of(&rule_index, &connection)
-        })
-        .graceful_shutdown_on(shutdown.clone())
-        .run(reconcile_rule, error_policy, ctx.clone())
-        .for_each(|_| async {});
-
+    let connection_loop = connection_loop(
+        (&client, &scope),
+        connection_events,
+        connections,
+        ready_changes,
+        shutdown.clone(),
+        Arc::clone(&ctx),
+    );
+    let rule_loop = rule_loop(
+        (&client, &scope),
+        rule_events,
+        rules.clone(),
+        shutdown,
+        Arc::clone(&ctx),
+    );
     let poller = crate::dataplane::run(ctx, &scope, rules, rules_listed, status_polling);
     tokio::select! {
         _ = futures::future::join(connection_loop, rule_loop) => {}
         () = poller => {}
     }
+}
+
+/// The BrokerConnection loop. Besides its own spec changes, what decides its children wakes
+/// it: the forwarders' StatefulSets and ConfigMaps it owns, its rules, the Secrets it
+/// references, and a forwarder becoming ready or not (`ready_changes`).
+fn connection_loop(
+    (client, scope): (&Client, &Scope),
+    events: impl Stream<Item = watcher::Result<watcher::Event<DeserializeGuard<BrokerConnection>>>>
+    + Send
+    + 'static,
+    connections: Store<DeserializeGuard<BrokerConnection>>,
+    ready_changes: impl Stream<Item = ObjectRef<DeserializeGuard<BrokerConnection>>> + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send + Sync + Clone + 'static,
+    ctx: Arc<Context>,
+) -> impl Future<Output = ()> {
+    let unfiltered = watcher::Config::default();
+    let forwarders = watcher::Config::default().labels(children::SELECTOR);
+    // A second watch of the rules, for triggers only (the rule loop reflects them).
+    let rule_copy = scope.watch::<DeserializeGuard<ForwardingRule>>(client, &unfiltered);
+    let secret_index = connections.clone();
+    Controller::for_stream(spec_changes(events), connections)
+        .owns_stream(
+            scope
+                .watch::<PartialObjectMeta<StatefulSet>>(client, &forwarders)
+                .touched_objects(),
+        )
+        .owns_stream(
+            scope
+                .watch::<PartialObjectMeta<ConfigMap>>(client, &forwarders)
+                .touched_objects(),
+        )
+        .watches_stream(spec_changes(rule_copy), |rule| {
+            let rule = rule.0.ok()?;
+            let ns = rule.namespace()?;
+            Some(ObjectRef::new(&rule.spec.connection_ref.name).within(&ns))
+        })
+        // A created or rotated Secret reconciles the connections that reference it.
+        .watches_stream(
+            scope
+                .watch::<PartialObjectMeta<Secret>>(client, &unfiltered)
+                .touched_objects(),
+            move |secret| connections_referencing(&secret_index, &secret),
+        )
+        .reconcile_on(ready_changes)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile_connection, error_policy, ctx)
+        .for_each(|_| async {})
+}
+
+/// The ForwardingRule loop. It also follows connections: a deleted connection strands its
+/// rules.
+fn rule_loop(
+    (client, scope): (&Client, &Scope),
+    events: impl Stream<Item = watcher::Result<watcher::Event<DeserializeGuard<ForwardingRule>>>>
+    + Send
+    + 'static,
+    rules: Store<DeserializeGuard<ForwardingRule>>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+    ctx: Arc<Context>,
+) -> impl Future<Output = ()> {
+    // A second watch of the connections, for triggers only (the connection loop reflects them).
+    let connection_copy =
+        scope.watch::<DeserializeGuard<BrokerConnection>>(client, &watcher::Config::default());
+    let rule_index = rules.clone();
+    Controller::for_stream(spec_changes(events), rules)
+        .watches_stream(spec_changes(connection_copy), move |connection| {
+            rules_of(&rule_index, &connection)
+        })
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile_rule, error_policy, ctx)
+        .for_each(|_| async {})
 }
 
 /// The connections in `store` that reference `secret` (to re-render when it changes).

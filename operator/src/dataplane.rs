@@ -95,6 +95,10 @@ struct Writes {
     last: HashMap<RuleKey, jiff::Timestamp>,
 }
 
+/// Reports per group.
+type Reports = BTreeMap<GroupKey, Vec<(String, ForwarderStatus)>>;
+
+/// One poll: every forwarder pod's report, then every rule's data-plane status from them.
 async fn poll_once(
     ctx: &Context,
     http: &HttpClient<HttpConnector, Empty<Bytes>>,
@@ -102,6 +106,26 @@ async fn poll_once(
     rules: &Store<DeserializeGuard<ForwardingRule>>,
     writes: &mut Writes,
 ) {
+    let by_group = fetch_reports(ctx, http, pods).await;
+    let now = jiff::Timestamp::now();
+    let mut seen = HashSet::new();
+    for guarded in rules.state() {
+        let Ok(rule) = &guarded.0 else { continue };
+        let Some(ns) = rule.namespace() else { continue };
+        let rule_key = (ns, rule.name_any());
+        seen.insert(rule_key.clone());
+        update_rule(ctx, rule, rule_key, &by_group, writes, now).await;
+    }
+    writes.last.retain(|key, _| seen.contains(key));
+}
+
+/// `GET /status` on every forwarder pod with an IP, a few at a time; the answers by group,
+/// sorted by pod name. A group whose pods all failed to answer has an empty list.
+async fn fetch_reports(
+    ctx: &Context,
+    http: &HttpClient<HttpConnector, Empty<Bytes>>,
+    pods: &Store<Pod>,
+) -> Reports {
     let targets: Vec<(GroupKey, String, String)> = pods
         .state()
         .iter()
@@ -126,7 +150,7 @@ async fn poll_once(
         .buffer_unordered(CONCURRENT_REQUESTS)
         .collect()
         .await;
-    let mut by_group: BTreeMap<GroupKey, Vec<(String, ForwarderStatus)>> = BTreeMap::new();
+    let mut by_group = Reports::new();
     for (key, pod, report) in reports {
         let entry = by_group.entry(key).or_default();
         if let Some(r) = report {
@@ -136,48 +160,51 @@ async fn poll_once(
     for (_, reports) in by_group.iter_mut() {
         reports.sort_by(|a, b| a.0.cmp(&b.0));
     }
+    by_group
+}
 
-    let now = jiff::Timestamp::now();
-    let mut seen = HashSet::new();
-    for guarded in rules.state() {
-        let Ok(rule) = &guarded.0 else { continue };
-        let Some(ns) = rule.namespace() else { continue };
-        let rule_key = (ns.clone(), rule.name_any());
-        seen.insert(rule_key.clone());
-        let current = rule.status.clone().unwrap_or_default();
-        let current_view = status::rule_data_view(&current);
-        let serving = !rule.spec.paused
-            && status::condition(&current.conditions, ACCEPTED)
-                .is_some_and(|c| c.status == crate::conditions::TRUE);
-        let api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
-        if !serving {
-            // Not served: take back what this writer said, if anything.
-            if current_view != ForwardingRuleStatus::default() {
-                write(ctx, &api, rule, &serde_json::json!({})).await;
-                writes.last.remove(&rule_key);
-            }
-            continue;
+/// Writes one rule's data-plane status when it is due, and publishes its transitions. A rule
+/// not served (paused, or not accepted) gets back an empty status from this writer.
+async fn update_rule(
+    ctx: &Context,
+    rule: &ForwardingRule,
+    rule_key: RuleKey,
+    by_group: &Reports,
+    writes: &mut Writes,
+    now: jiff::Timestamp,
+) {
+    let ns = rule_key.0.clone();
+    let current = rule.status.clone().unwrap_or_default();
+    let current_view = status::rule_data_view(&current);
+    let serving = !rule.spec.paused
+        && status::condition(&current.conditions, ACCEPTED)
+            .is_some_and(|c| c.status == crate::conditions::TRUE);
+    let api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
+    if !serving {
+        // Not served: take back what this writer said, if anything.
+        if current_view != ForwardingRuleStatus::default() {
+            write(ctx, &api, rule, &serde_json::json!({})).await;
+            writes.last.remove(&rule_key);
         }
-        let key = (
-            ns.clone(),
-            rule.spec.connection_ref.name.clone(),
-            rule.spec.group.clone(),
-        );
-        let reports = by_group.get(&key).map(Vec::as_slice).unwrap_or_default();
-        let (desired, transitions) =
-            status::rule_data(Some(&current), &rule_name(rule), reports, now);
-        let last = writes.last.get(&rule_key).copied();
-        if status::data_write_due(&current_view, &desired, last, now, writes.min_interval)
-            && write(ctx, &api, rule, &desired).await
-        {
-            writes.last.insert(rule_key, now);
-            if status::ready_affected(&current_view, &desired) {
-                ctx.data_plane_changed(&ns, &rule.spec.connection_ref.name);
-            }
-        }
-        publish(ctx, &rule.object_ref(&()), &transitions).await;
+        return;
     }
-    writes.last.retain(|key, _| seen.contains(key));
+    let key = (
+        ns.clone(),
+        rule.spec.connection_ref.name.clone(),
+        rule.spec.group.clone(),
+    );
+    let reports = by_group.get(&key).map(Vec::as_slice).unwrap_or_default();
+    let (desired, transitions) = status::rule_data(Some(&current), &rule_name(rule), reports, now);
+    let last = writes.last.get(&rule_key).copied();
+    if status::data_write_due(&current_view, &desired, last, now, writes.min_interval)
+        && write(ctx, &api, rule, &desired).await
+    {
+        writes.last.insert(rule_key, now);
+        if status::ready_affected(&current_view, &desired) {
+            ctx.data_plane_changed(&ns, &rule.spec.connection_ref.name);
+        }
+    }
+    publish(ctx, &rule.object_ref(&()), &transitions).await;
 }
 
 async fn write<S: serde::Serialize>(

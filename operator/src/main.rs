@@ -5,16 +5,19 @@
 //! others wait. Losing the Lease exits (status 1) so a restart starts clean; SIGTERM releases
 //! it, so a standby takes over without waiting for it to expire.
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use ferry_operator::dataplane::Polling;
 use ferry_operator::image::ForwarderImage;
 use ferry_operator::metrics::Metrics;
 use ferry_operator::scope::Scope;
-use kube_lease_manager::LeaseManagerBuilder;
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
+use tokio::sync::watch;
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
@@ -124,105 +127,28 @@ enum Error {
 async fn run(args: Args) -> Result<(), Error> {
     let client = kube::Client::try_default().await.map_err(Error::Client)?;
     let metrics = Arc::new(Metrics::new());
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|source| Error::Listen {
-            addr: args.listen,
-            source,
-        })?;
-    info!(listen = %args.listen, "serving /metrics, /healthz, /readyz");
-    tokio::spawn(ferry_operator::metrics::serve(listener, metrics.clone()));
-
-    let identity = args.identity.clone().unwrap_or_else(|| {
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-        format!("{}-{}", host.trim(), std::process::id())
-    });
-    let status_polling = ferry_operator::dataplane::Polling {
-        interval: Duration::from_secs(args.status_interval_seconds.max(1)),
-        min_write_interval: Duration::from_secs(args.status_write_interval_seconds),
-    };
-    let scope = args.watch_namespaces.clone().unwrap_or_default();
-    info!(%scope, "watching");
-    info!(image = %args.forwarder_image.image, pull_policy = ?args.forwarder_image.pull_policy, pull_secrets = ?args.forwarder_image.pull_secrets, "forwarder image of connections that name none");
-
+    serve_metrics(args.listen, Arc::clone(&metrics)).await?;
+    let reconciler = Reconciler::new(&args, client, metrics);
     if !args.leader_elect {
-        metrics.set_ready();
-        metrics.set_leader(true);
-        ferry_operator::controller::run(
-            client,
-            scope,
-            metrics,
-            status_polling,
-            identity,
-            args.forwarder_image,
-            terminated(),
-        )
-        .await;
+        reconciler.metrics.set_ready();
+        reconciler.metrics.set_leader(true);
+        reconciler.run(terminated()).await;
         return Ok(());
     }
-
     if args.lease_duration_seconds < 3 {
         return Err(Error::LeaseTooShort);
     }
     let namespace = args
         .lease_namespace
         .clone()
-        .unwrap_or_else(|| client.default_namespace().to_owned());
-    let lease_error = |source| Error::Lease {
-        namespace: namespace.clone(),
-        name: args.lease_name.clone(),
-        source,
-    };
-    let manager = LeaseManagerBuilder::new(client.clone(), &args.lease_name)
-        .with_namespace(&namespace)
-        .with_identity(&identity)
-        .with_duration(args.lease_duration_seconds)
-        // Renew with a third of the lease left: two chances before it lapses.
-        .with_grace((args.lease_duration_seconds / 3).max(1))
-        .with_field_manager(format!("ferry-operator-lease-{identity}"))
-        .build()
-        .await
-        .map_err(lease_error)?;
+        .unwrap_or_else(|| reconciler.client.default_namespace().to_owned());
+    let manager = lease_manager(&args, &reconciler, &namespace).await?;
     let (mut leading, lease_task) = manager.watch().await;
-    metrics.set_ready();
-    info!(lease = %args.lease_name, namespace = %namespace, identity = %identity, "waiting for the leader Lease");
-
+    reconciler.metrics.set_ready();
+    info!(lease = %args.lease_name, namespace = %namespace, identity = %reconciler.identity, "waiting for the leader Lease");
     let outcome = tokio::select! {
         () = terminated() => Ok(()),
-        result = async {
-            while !*leading.borrow_and_update() {
-                if leading.changed().await.is_err() {
-                    return Err(Error::LostLease);
-                }
-            }
-            info!(identity = %identity, "leading: reconciling");
-            metrics.set_leader(true);
-            let mut lost = leading.clone();
-            let lost = async move {
-                while *lost.borrow_and_update() {
-                    if lost.changed().await.is_err() {
-                        break;
-                    }
-                }
-            };
-            let stop = async {
-                tokio::select! {
-                    () = terminated() => false,
-                    () = lost => true,
-                }
-            };
-            let (lost_tx, lost_rx) = tokio::sync::oneshot::channel();
-            let shutdown = async move {
-                let lost = stop.await;
-                let _ = lost_tx.send(lost);
-            };
-            ferry_operator::controller::run(client, scope, metrics.clone(), status_polling, identity.clone(), args.forwarder_image.clone(), Box::pin(shutdown)).await;
-            metrics.set_leader(false);
-            match lost_rx.await {
-                Ok(true) => Err(Error::LostLease),
-                _ => Ok(()),
-            }
-        } => result,
+        result = lead(&mut leading, reconciler) => result,
     };
     // Dropping the receiver makes the lease task release the Lease and end.
     drop(leading);
@@ -233,6 +159,129 @@ async fn run(args: Args) -> Result<(), Error> {
         Err(_) => warn!("releasing the leader Lease timed out"),
     }
     outcome
+}
+
+async fn serve_metrics(listen: SocketAddr, metrics: Arc<Metrics>) -> Result<(), Error> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| Error::Listen {
+            addr: listen,
+            source,
+        })?;
+    info!(listen = %listen, "serving /metrics, /healthz, /readyz");
+    tokio::spawn(ferry_operator::metrics::serve(listener, metrics));
+    Ok(())
+}
+
+/// What the controller runs with, with or without leader election.
+struct Reconciler {
+    client: kube::Client,
+    scope: Scope,
+    metrics: Arc<Metrics>,
+    status_polling: Polling,
+    /// This replica's name in the Lease and in Events.
+    identity: String,
+    forwarder_image: ForwarderImage,
+}
+
+impl Reconciler {
+    fn new(args: &Args, client: kube::Client, metrics: Arc<Metrics>) -> Self {
+        let identity = args.identity.clone().unwrap_or_else(|| {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+            format!("{}-{}", host.trim(), std::process::id())
+        });
+        let status_polling = Polling {
+            interval: Duration::from_secs(args.status_interval_seconds.max(1)),
+            min_write_interval: Duration::from_secs(args.status_write_interval_seconds),
+        };
+        let scope = args.watch_namespaces.clone().unwrap_or_default();
+        info!(%scope, "watching");
+        info!(image = %args.forwarder_image.image, pull_policy = ?args.forwarder_image.pull_policy, pull_secrets = ?args.forwarder_image.pull_secrets, "forwarder image of connections that name none");
+        Self {
+            client,
+            scope,
+            metrics,
+            status_polling,
+            identity,
+            forwarder_image: args.forwarder_image.clone(),
+        }
+    }
+
+    /// Reconciles until `shutdown` completes.
+    async fn run(self, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+        ferry_operator::controller::run(
+            self.client,
+            self.scope,
+            self.metrics,
+            self.status_polling,
+            self.identity,
+            self.forwarder_image,
+            shutdown,
+        )
+        .await;
+    }
+}
+
+async fn lease_manager(
+    args: &Args,
+    reconciler: &Reconciler,
+    namespace: &str,
+) -> Result<LeaseManager, Error> {
+    let identity = &reconciler.identity;
+    LeaseManagerBuilder::new(reconciler.client.clone(), &args.lease_name)
+        .with_namespace(namespace)
+        .with_identity(identity)
+        .with_duration(args.lease_duration_seconds)
+        // Renew with a third of the lease left: two chances before it lapses.
+        .with_grace((args.lease_duration_seconds / 3).max(1))
+        .with_field_manager(format!("ferry-operator-lease-{identity}"))
+        .build()
+        .await
+        .map_err(|source| Error::Lease {
+            namespace: namespace.to_owned(),
+            name: args.lease_name.clone(),
+            source,
+        })
+}
+
+/// Waits for the Lease, then reconciles until SIGTERM or until the Lease is lost (an error:
+/// the process exits so that a restart starts clean).
+async fn lead(leading: &mut watch::Receiver<bool>, reconciler: Reconciler) -> Result<(), Error> {
+    while !*leading.borrow_and_update() {
+        if leading.changed().await.is_err() {
+            return Err(Error::LostLease);
+        }
+    }
+    info!(identity = %reconciler.identity, "leading: reconciling");
+    let metrics = Arc::clone(&reconciler.metrics);
+    metrics.set_leader(true);
+    let mut lost = leading.clone();
+    let lost = async move {
+        while *lost.borrow_and_update() {
+            if lost.changed().await.is_err() {
+                break;
+            }
+        }
+    };
+    let stop = async {
+        tokio::select! {
+            () = terminated() => false,
+            () = lost => true,
+        }
+    };
+    // The controller takes a shutdown future without a result: which of the two stopped it
+    // comes back on this channel.
+    let (lost_tx, lost_rx) = tokio::sync::oneshot::channel();
+    let shutdown = async move {
+        let lost = stop.await;
+        let _ = lost_tx.send(lost);
+    };
+    reconciler.run(Box::pin(shutdown)).await;
+    metrics.set_leader(false);
+    match lost_rx.await {
+        Ok(true) => Err(Error::LostLease),
+        _ => Ok(()),
+    }
 }
 
 /// SIGTERM (Kubernetes stopping the pod) or Ctrl-C.

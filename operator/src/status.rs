@@ -6,7 +6,7 @@
 //! the forwarder pods' `/status`).
 
 use ferry_api::crd::{BoundedString, BrokerConnectionStatus, ForwardingRuleStatus};
-use ferry_api::status::ForwarderStatus;
+use ferry_api::status::{ForwarderStatus, LastError, RuleStatus};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -277,7 +277,7 @@ pub fn rule_data(
     reports: &[(String, ForwarderStatus)],
     now: Timestamp,
 ) -> (ForwardingRuleStatus, Vec<Transition>) {
-    let loaded: Vec<(&str, &ForwarderStatus, &ferry_api::status::RuleStatus)> = reports
+    let loaded: Vec<Loaded<'_>> = reports
         .iter()
         .filter_map(|(pod, r)| r.rule(rule).map(|x| (pod.as_str(), r, x)))
         .collect();
@@ -285,7 +285,39 @@ pub fn rule_data(
         .iter()
         .filter_map(|(_, _, r)| r.last_error.as_ref())
         .max_by_key(|e| e.at);
-    let condition = if reports.is_empty() {
+    let condition = forwarding(reports.is_empty(), &loaded, recent_error, now);
+    let previous = current.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let (conditions, transitions) = merge(previous, &[condition], None, now);
+    let forwarded: u64 = loaded.iter().map(|(_, _, r)| r.forwarded).sum();
+    let rate: f64 = loaded.iter().map(|(_, _, r)| r.rate_per_second).sum();
+    let status = ForwardingRuleStatus {
+        conditions,
+        forwarded: (!loaded.is_empty()).then(|| i64::try_from(forwarded).unwrap_or(i64::MAX)),
+        // Two decimals: a rate that moves in the noise should not rewrite the status.
+        rate_per_second: (!loaded.is_empty()).then(|| (rate * 100.0).round() / 100.0),
+        last_forwarded_at: loaded
+            .iter()
+            .filter_map(|(_, _, r)| r.last_forwarded_at)
+            .max()
+            .map(|t| Time(Timestamp::from_second(t.as_second()).unwrap_or(t))),
+        last_error: recent_error.map(|e| e.message.clone()),
+        ..ForwardingRuleStatus::default()
+    };
+    (status, transitions)
+}
+
+/// One pod's report that has the rule loaded: (pod name, whole report, the rule's part).
+type Loaded<'a> = (&'a str, &'a ForwarderStatus, &'a RuleStatus);
+
+/// The rule's `Forwarding` condition: the first problem found, in the order a reader would
+/// look for it (no report, MQTT, Kafka, a stalled window, failing records), else True.
+fn forwarding(
+    no_reports: bool,
+    loaded: &[Loaded<'_>],
+    recent_error: Option<&LastError>,
+    now: Timestamp,
+) -> Desired {
+    if no_reports {
         Desired::new(
             FORWARDING,
             UNKNOWN,
@@ -340,25 +372,7 @@ pub fn rule_data(
             "Forwarding",
             format!("{} pods: MQTT connected, Kafka reachable", loaded.len()),
         )
-    };
-    let previous = current.map(|s| s.conditions.as_slice()).unwrap_or_default();
-    let (conditions, transitions) = merge(previous, &[condition], None, now);
-    let forwarded: u64 = loaded.iter().map(|(_, _, r)| r.forwarded).sum();
-    let rate: f64 = loaded.iter().map(|(_, _, r)| r.rate_per_second).sum();
-    let status = ForwardingRuleStatus {
-        conditions,
-        forwarded: (!loaded.is_empty()).then(|| i64::try_from(forwarded).unwrap_or(i64::MAX)),
-        // Two decimals: a rate that moves in the noise should not rewrite the status.
-        rate_per_second: (!loaded.is_empty()).then(|| (rate * 100.0).round() / 100.0),
-        last_forwarded_at: loaded
-            .iter()
-            .filter_map(|(_, _, r)| r.last_forwarded_at)
-            .max()
-            .map(|t| Time(Timestamp::from_second(t.as_second()).unwrap_or(t))),
-        last_error: recent_error.map(|e| e.message.clone()),
-        ..ForwardingRuleStatus::default()
-    };
-    (status, transitions)
+    }
 }
 
 /// Whether the poller writes a rule's data-plane status now (`current` and `desired` as
@@ -399,7 +413,7 @@ pub fn condition<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Con
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ferry_api::status::{ConfigStatus, KafkaStatus, LastError, MqttStatus, RuleStatus};
+    use ferry_api::status::{ConfigStatus, KafkaStatus, MqttStatus};
 
     fn at(s: i64) -> Timestamp {
         Timestamp::from_second(s).unwrap()

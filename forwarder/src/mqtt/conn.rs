@@ -22,26 +22,58 @@ const READ_CHUNK: usize = 64 * 1024;
 trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
-/// Why a connection could not be made or was lost.
+/// Why a connection could not be made or was lost. Only [`ConnError::is_permanent`] ones make a
+/// decision (the forwarder stops); the rest are retried, and their text is for logs and /status.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnError {
-    /// The broker's certificate did not verify: retrying cannot fix it.
+    /// The broker's certificate did not verify.
     #[error("TLS certificate verification failed: {0}")]
-    Certificate(String),
-    /// The broker refused the CONNECT (credentials, client id, authorization).
-    #[error("connection refused: {0}")]
-    Refused(String),
-    #[error("{0}")]
-    Io(String),
+    Certificate(rustls::Error),
+    /// The broker refused the CONNECT (credentials, client id, authorization), with the name of
+    /// its return code.
+    #[error("connection refused: {code}")]
+    Refused { code: String },
+    /// A socket operation failed (`op`: what the driver was doing).
+    #[error("{op}: {source}")]
+    Io {
+        op: &'static str,
+        source: std::io::Error,
+    },
+    #[error("tls server name {host:?}: {source}")]
+    ServerName {
+        host: String,
+        source: rustls::pki_types::InvalidDnsNameError,
+    },
+    #[error("the broker closed the connection")]
+    Closed,
+    #[error("write did not complete within {0:?}")]
+    WriteTimeout(Duration),
+    #[error("no CONNACK within {0:?}")]
+    NoConnAck(Duration),
+    /// Nothing arrived for 1.5 × keep-alive while the driver was reading.
+    #[error("nothing from the broker for 1.5 × keep-alive ({keep_alive:?}) while reading")]
+    Silent { keep_alive: Duration },
     #[error(transparent)]
     Wire(#[from] WireError),
-    #[error("{0}")]
-    Protocol(String),
+    #[error("the broker's first packet was not a CONNACK")]
+    NotConnAck,
+    #[error("a second CONNACK from the broker")]
+    SecondConnAck,
+    /// The broker ended the connection, with its reason.
+    #[error("the broker sent DISCONNECT ({0})")]
+    Disconnected(String),
 }
 
 impl ConnError {
-    pub fn io(what: &str, e: &std::io::Error) -> Self {
-        Self::Io(format!("{what}: {e}"))
+    pub fn io(op: &'static str, source: std::io::Error) -> Self {
+        Self::Io { op, source }
+    }
+
+    /// Retrying cannot fix it: the broker's certificate does not verify, or the broker refuses
+    /// our CONNECT. Whether the forwarder stops on it is the driver's call (only before the
+    /// first successful connection).
+    pub fn is_permanent(&self) -> bool {
+        matches!(self, Self::Certificate(_) | Self::Refused { .. })
     }
 }
 
@@ -61,21 +93,25 @@ impl Conn {
     ) -> Result<Self, ConnError> {
         let tcp = TcpStream::connect((host, port))
             .await
-            .map_err(|e| ConnError::io("tcp connect", &e))?;
+            .map_err(|e| ConnError::io("tcp connect", e))?;
         // Acks are small and must leave at once, not wait for Nagle.
         tcp.set_nodelay(true)
-            .map_err(|e| ConnError::io("tcp nodelay", &e))?;
+            .map_err(|e| ConnError::io("tcp nodelay", e))?;
         let io: Box<dyn Io> = match tls {
             None => Box::new(tcp),
             Some(config) => {
-                let name = ServerName::try_from(host.to_owned())
-                    .map_err(|e| ConnError::Io(format!("tls server name {host:?}: {e}")))?;
+                let name = ServerName::try_from(host.to_owned()).map_err(|source| {
+                    ConnError::ServerName {
+                        host: host.to_owned(),
+                        source,
+                    }
+                })?;
                 let stream = TlsConnector::from(Arc::clone(config))
                     .connect(name, tcp)
                     .await
                     .map_err(|e| match tls::certificate_error(&e) {
-                        Some(reason) => ConnError::Certificate(reason),
-                        None => ConnError::io("TLS", &e),
+                        Some(refused) => ConnError::Certificate(refused),
+                        None => ConnError::io("TLS", e),
                     })?;
                 Box::new(stream)
             }
@@ -102,10 +138,8 @@ impl Conn {
         self.write_buf.clear();
         match written {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(ConnError::io("write", &e)),
-            Err(_) => Err(ConnError::Io(format!(
-                "write did not complete within {WRITE_BOUND:?}"
-            ))),
+            Ok(Err(e)) => Err(ConnError::io("write", e)),
+            Err(_) => Err(ConnError::WriteTimeout(WRITE_BOUND)),
         }
     }
 
@@ -115,9 +149,9 @@ impl Conn {
             self.read_buf.reserve(READ_CHUNK);
         }
         match self.io.read_buf(&mut self.read_buf).await {
-            Ok(0) => Err(ConnError::Io("the broker closed the connection".into())),
+            Ok(0) => Err(ConnError::Closed),
             Ok(_) => Ok(()),
-            Err(e) => Err(ConnError::io("read", &e)),
+            Err(e) => Err(ConnError::io("read", e)),
         }
     }
 
