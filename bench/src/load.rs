@@ -1,5 +1,5 @@
-//! Load and measurement: MQTT publishers (backlog and fixed rate), a bare MQTT subscriber
-//! and a bare Kafka producer (the limits), and a Kafka reader that checks what arrived.
+//! Load and measurement: MQTT publishers (backlog and fixed rate) and a Kafka reader that
+//! checks what arrived.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -10,9 +10,8 @@ use anyhow::{Result, anyhow, bail};
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseRecord, DeliveryResult, ProducerContext, ThreadedProducer};
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet, QoS};
+use rdkafka::{Offset, TopicPartitionList};
+use rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, QoS};
 
 /// Payload layout: sequence number (8 bytes, big endian), send time in ns since the epoch
 /// (8 bytes), then random filler up to the message size.
@@ -156,120 +155,6 @@ pub async fn publish_until(
         return Err(e);
     }
     Ok(seq)
-}
-
-/// Creates a persistent session subscribed to `filter`, then leaves it for the broker to fill.
-pub async fn create_session(port: u16, client_id: &str, filter: &str, level: u8) -> Result<()> {
-    let mut opts = MqttOptions::new(client_id, "127.0.0.1", port);
-    opts.set_clean_session(false)
-        .set_keep_alive(Duration::from_secs(30));
-    let (client, mut eventloop) = AsyncClient::new(opts, 10);
-    client.subscribe(filter, qos(level)).await?;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if Instant::now() > deadline {
-            bail!("no SUBACK for {client_id}");
-        }
-        if let Event::Incoming(Packet::SubAck(_)) =
-            tokio::time::timeout(Duration::from_secs(10), eventloop.poll()).await??
-        {
-            break;
-        }
-    }
-    ferry_e2e::disconnect(&client, &mut eventloop).await
-}
-
-/// The MQTT side's limit: a rumqttc subscriber (the forwarder's client library) that does
-/// nothing but acknowledge, draining the backlog of its persistent session. Returns messages
-/// per second from the first message to the last.
-pub async fn bare_subscriber_drain(port: u16, client_id: &str, n: u64) -> Result<f64> {
-    let mut opts = MqttOptions::new(client_id, "127.0.0.1", port);
-    opts.set_clean_session(false)
-        .set_keep_alive(Duration::from_secs(30))
-        .set_max_packet_size(1 << 24, 1 << 24);
-    let (client, mut eventloop) = AsyncClient::new(opts, 10_000);
-    let mut start = Instant::now();
-    let mut got = 0u64;
-    while got < n {
-        match tokio::time::timeout(Duration::from_secs(30), eventloop.poll()).await {
-            Ok(Ok(Event::Incoming(Packet::Publish(_)))) => {
-                if got == 0 {
-                    start = Instant::now();
-                }
-                got += 1;
-            }
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => bail!("bare subscriber after {got}/{n}: {e}"),
-            Err(_) => bail!("bare subscriber stalled after {got}/{n}"),
-        }
-    }
-    let took = start.elapsed();
-    // Let the last acks out before leaving.
-    let _ = tokio::time::timeout(Duration::from_millis(500), async {
-        loop {
-            let _ = eventloop.poll().await;
-        }
-    })
-    .await;
-    client.disconnect().await?;
-    let _ = tokio::time::timeout(Duration::from_secs(2), eventloop.poll()).await;
-    Ok(n.saturating_sub(1) as f64 / took.as_secs_f64().max(1e-6))
-}
-
-struct Counting;
-impl ClientContext for Counting {}
-impl ProducerContext for Counting {
-    type DeliveryOpaque = ();
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        if result.is_err() {
-            FAILED.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-}
-static FAILED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// The Kafka side's limit: librdkafka (the forwarder's client library) with the forwarder's
-/// producer defaults, producing `n` records of `size` bytes over `keys` keys and nothing else.
-/// Returns records per second, from after a warm-up record (connection, metadata, producer
-/// id) until every record was confirmed.
-pub fn bare_producer(bootstrap: &str, topic: &str, n: u64, size: usize, keys: u64) -> Result<f64> {
-    let producer: ThreadedProducer<Counting> = ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .set("acks", "all")
-        .set("enable.idempotence", "true")
-        .set("compression.type", "lz4")
-        .set("linger.ms", "2")
-        .create_with_context(Counting)?;
-    FAILED.store(0, Ordering::Relaxed);
-    let warm_up = payload(u64::MAX, size);
-    producer
-        .send(BaseRecord::to(topic).key("warm-up").payload(&warm_up))
-        .map_err(|(e, _)| anyhow!("produce: {e}"))?;
-    rdkafka::producer::Producer::flush(&producer, Duration::from_secs(30))?;
-    let start = Instant::now();
-    for seq in 0..n {
-        let key = format!("t{}", seq % keys);
-        let value = payload(seq, size);
-        loop {
-            match producer.send(BaseRecord::to(topic).key(&key).payload(&value)) {
-                Ok(()) => break,
-                Err((
-                    rdkafka::error::KafkaError::MessageProduction(
-                        rdkafka::types::RDKafkaErrorCode::QueueFull,
-                    ),
-                    _,
-                )) => std::thread::sleep(Duration::from_micros(200)),
-                Err((e, _)) => bail!("produce: {e}"),
-            }
-        }
-    }
-    rdkafka::producer::Producer::flush(&producer, Duration::from_secs(120))?;
-    let took = start.elapsed();
-    let failed = FAILED.load(Ordering::Relaxed);
-    if failed > 0 {
-        bail!("{failed} records failed");
-    }
-    Ok(n as f64 / took.as_secs_f64().max(1e-6))
 }
 
 /// What arrived in Kafka, judged against what was published.

@@ -1,5 +1,6 @@
-//! `ferry-bench` (`make bench`): the forwarder measured against the limits of the brokers and
-//! client libraries it sits between, in the same run, plus the operator at 1,000 rules.
+//! `ferry-bench` (`make bench`): what the forwarder costs beside the brokers it sits between,
+//! measured per process in the same runs (drains, low rates, windows, replicas, latency), plus
+//! the operator at 1,000 rules.
 //!
 //! Every scenario runs on real processes: Mosquitto, Kafka (KRaft), the release
 //! `ferry-forwarder`, and for the operator a real etcd + kube-apiserver + controller-manager
@@ -21,8 +22,8 @@ use clap::Parser;
 use ferry_e2e::{Kafka, Mosquitto, MosquittoOptions};
 
 use crate::load::{Arrivals, percentile};
-use crate::procs::{Forwarder, Usage};
-use crate::report::{Drain, Latency, Limit, OperatorFigures, Report};
+use crate::procs::{Forwarder, Usage, sched, usage};
+use crate::report::{Drain, Latency, LowRate, OperatorFigures, Report};
 
 #[derive(Parser, Debug)]
 #[command(about)]
@@ -33,13 +34,17 @@ struct Args {
     /// Seconds per fixed-rate latency run.
     #[arg(long, default_value_t = 15)]
     latency_seconds: u64,
+    /// Seconds per low-rate run (idle, 100 and 1,000 msg/s).
+    #[arg(long, default_value_t = 20)]
+    low_rate_seconds: u64,
     /// A short run (10k messages, 3 s latency runs, 100 rules) to check the tool itself.
     #[arg(long)]
     quick: bool,
     /// Skip the operator figures (they need the Kubernetes binaries of e2e/k8s/build.sh).
     #[arg(long)]
     no_operator: bool,
-    /// Only these sections (for experiments): drains, windows, replicas, latency, operator.
+    /// Only these sections (for experiments): drains, lowrate, windows, replicas, latency,
+    /// operator.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// The forwarder's max_inflight outside the window sweep.
@@ -158,9 +163,11 @@ impl Bench {
             .map(|i| self.forwarder_config(run, i, spec, shared))
             .collect();
         self.queue_backlog(run, spec, n, &configs)?;
+        let brokers_before = self.broker_cpu()?;
         let start = Instant::now();
         let mut forwarders = self.start_forwarders(run, &configs)?;
         let (first_at, first_acked) = wait_all_acked(&forwarders, spec, n, start)?;
+        let brokers_after = self.broker_cpu()?;
         let startup = first_at.duration_since(start);
         let steady = first_at.elapsed().max(Duration::from_millis(1));
         let rate = (n - first_acked.min(n)) as f64 / steady.as_secs_f64();
@@ -195,6 +202,8 @@ impl Bench {
             mb_per_sec: rate * spec.size as f64 / 1_000_000.0,
             cpu_seconds: cpu,
             msgs_per_cpu_second: n as f64 / cpu.max(0.001),
+            mosquitto_cpu_seconds: brokers_after.0 - brokers_before.0,
+            kafka_cpu_seconds: brokers_after.1 - brokers_before.1,
             peak_rss_mib: peak,
             lost: arrivals.lost,
             duplicates: arrivals.duplicates,
@@ -245,37 +254,70 @@ impl Bench {
             .collect()
     }
 
-    /// A bare rumqttc subscriber draining the same backlog, and librdkafka producing the
-    /// same records, each alone.
-    fn limits(&mut self, qos: u8, size: usize) -> Result<Limit> {
+    /// CPU seconds Mosquitto and the Kafka broker have used so far.
+    fn broker_cpu(&self) -> Result<(f64, f64)> {
+        let mqtt = self.mqtt.pid().context("Mosquitto is not running")?;
+        let kafka = self.kafka.pid().context("Kafka is not running")?;
+        Ok((usage(mqtt)?.cpu_seconds, usage(kafka)?.cpu_seconds))
+    }
+
+    /// One forwarder at `rate` msg/s (0: idle, subscribed) for `seconds`: its CPU and wakeups
+    /// from the scheduler, and what arrived.
+    fn low_rate(&mut self, rate: u64, seconds: u64) -> Result<LowRate> {
         self.broker_inflight(self.window)?;
         let run = self.next_run();
-        // Each limit runs several times faster than the forwarder: four times the messages
-        // keep its measurement from being a fraction of a second of noise.
-        let n = self.messages * 4;
-        let prefix = format!("b{run}");
-        let client = format!("bench-{run}-bare");
-        let port = self.mqtt.port();
-        self.rt.block_on(load::create_session(
-            port,
-            &client,
-            &format!("{prefix}/#"),
-            qos,
-        ))?;
-        self.rt
-            .block_on(load::publish_backlog(port, &prefix, n, size, TOPICS, qos))?;
-        let mqtt_rate = self
-            .rt
-            .block_on(load::bare_subscriber_drain(port, &client, n))?;
         let topic = format!("bench.{run}");
         self.rt
             .block_on(self.kafka.create_topic(&topic, PARTITIONS))?;
-        let kafka_rate = load::bare_producer(&self.kafka.bootstrap(), &topic, n, size, TOPICS)?;
-        let l = Limit {
-            qos,
-            size,
-            mqtt_subscriber_msgs_per_sec: mqtt_rate,
-            kafka_producer_msgs_per_sec: kafka_rate,
+        let spec = DrainSpec {
+            qos: 1,
+            size: 300,
+            window: self.window,
+            replicas: 1,
+        };
+        let mut f = Forwarder::start(
+            &self.forwarder_bin,
+            self.dir.path(),
+            &format!("run{run}"),
+            &self.forwarder_config(run, 0, spec, false),
+        )?;
+        f.wait_ready(Duration::from_secs(30))?;
+        let reader = load::read_topic(
+            self.kafka.bootstrap(),
+            topic,
+            Duration::from_secs(1),
+            Duration::from_secs(seconds + 60),
+        )?;
+        // Start-up (connections, metadata, the first probe) is not what a quiet group costs.
+        std::thread::sleep(Duration::from_secs(3));
+        let mqtt = self.mqtt.pid().context("Mosquitto is not running")?;
+        let (before, mqtt_before, t0) = (sched(f.pid())?, sched(mqtt)?, Instant::now());
+        let sent = if rate == 0 {
+            std::thread::sleep(Duration::from_secs(seconds));
+            0
+        } else {
+            self.rt.block_on(load::publish_at_rate(
+                self.mqtt.port(),
+                &format!("b{run}"),
+                rate,
+                Duration::from_secs(seconds),
+                spec.size,
+                TOPICS,
+            ))?
+        };
+        let (after, mqtt_after, took) = (sched(f.pid())?, sched(mqtt)?, t0.elapsed());
+        let arrivals = reader.finish(sent)?;
+        f.stop()?;
+        let secs = took.as_secs_f64();
+        let l = LowRate {
+            rate,
+            seconds: secs,
+            messages: sent,
+            cpu_percent: (after.cpu_seconds - before.cpu_seconds) / secs * 100.0,
+            wakeups_per_sec: (after.wakeups - before.wakeups) as f64 / secs,
+            mosquitto_cpu_percent: (mqtt_after.cpu_seconds - mqtt_before.cpu_seconds) / secs
+                * 100.0,
+            lost: arrivals.lost,
         };
         println!("{}", l.line());
         Ok(l)
@@ -391,6 +433,7 @@ fn main() -> Result<()> {
     if args.quick {
         args.messages = args.messages.min(10_000);
         args.latency_seconds = args.latency_seconds.min(3);
+        args.low_rate_seconds = args.low_rate_seconds.min(3);
         args.operator_seconds = args.operator_seconds.min(30);
     }
     let here = std::env::current_exe()?;
@@ -405,7 +448,9 @@ fn main() -> Result<()> {
             );
         }
     }
-    const SECTIONS: [&str; 5] = ["drains", "windows", "replicas", "latency", "operator"];
+    const SECTIONS: [&str; 6] = [
+        "drains", "lowrate", "windows", "replicas", "latency", "operator",
+    ];
     if let Some(other) = args.only.iter().find(|o| !SECTIONS.contains(&o.as_str())) {
         bail!("--only {other}: not one of {SECTIONS:?}");
     }
@@ -422,7 +467,7 @@ fn main() -> Result<()> {
     };
     let wanted = |section: &str| args.only.is_empty() || args.only.iter().any(|o| o == section);
     // Their brokers are not started when only the operator runs: it starts its own.
-    if ["drains", "windows", "replicas", "latency"]
+    if ["drains", "lowrate", "windows", "replicas", "latency"]
         .iter()
         .any(|s| wanted(s))
     {
@@ -474,8 +519,8 @@ fn soak(args: &Args, forwarder_bin: &Path, machine: String, started: Instant) ->
     Ok(())
 }
 
-/// The forwarder against its brokers' and libraries' limits: drains, window sweep, replicas,
-/// fixed-rate latency (those of `--only`, all without it).
+/// The forwarder beside its brokers: drains, low rates, window sweep, replicas, fixed-rate
+/// latency (those of `--only`, all without it).
 fn forwarder_sections(args: &Args, forwarder_bin: PathBuf, report: &mut Report) -> Result<()> {
     let mqtt = start_mosquitto(args.window)?;
     let kafka = Kafka::start()?;
@@ -507,9 +552,8 @@ fn forwarder_sections(args: &Args, forwarder_bin: PathBuf, report: &mut Report) 
     // A fresh JVM spends its first minute compiling (perf showed Kafka's C1/C2 compiler
     // threads taking a third of both cores during the first drains): warm both brokers up
     // with a full round that is not reported.
-    println!("\n== Warm-up (not reported): one limit pair and two drains, QoS 1, 300 B");
-    bench.limits(1, 300)?;
-    for _ in 0..2 {
+    println!("\n== Warm-up (not reported): three drains, QoS 1, 300 B");
+    for _ in 0..3 {
         bench.drain(DrainSpec {
             qos: 1,
             size: 300,
@@ -520,6 +564,14 @@ fn forwarder_sections(args: &Args, forwarder_bin: PathBuf, report: &mut Report) 
     let window = args.window;
     if wanted("drains") {
         drains(&mut bench, window, report)?;
+    }
+    if wanted("lowrate") {
+        println!("\n== Low rates: QoS 1, 300 B, 1 replica, window {window}");
+        for rate in [0, 100, 1_000] {
+            report
+                .low_rates
+                .push(bench.low_rate(rate, args.low_rate_seconds)?);
+        }
     }
     if wanted("windows") {
         println!("\n== Window sweep: QoS 1, 300 B");
@@ -547,12 +599,9 @@ fn forwarder_sections(args: &Args, forwarder_bin: PathBuf, report: &mut Report) 
 }
 
 fn drains(bench: &mut Bench, window: u32, report: &mut Report) -> Result<()> {
-    println!(
-        "\n== Drains: QoS x size, window {window}, 1 replica; and the limits for the same backlog"
-    );
+    println!("\n== Drains: QoS x size, window {window}, 1 replica");
     for size in [300, 1024] {
         for qos in [0u8, 1, 2] {
-            report.limits.push(bench.limits(qos, size)?);
             report.drains.push(bench.drain(DrainSpec {
                 qos,
                 size,
@@ -623,10 +672,8 @@ fn merge(out: &Path, ran: Report, only: &[String]) -> Result<Report> {
         serde_json::from_str(&text).with_context(|| format!("parse {}", path.display()))?;
     for section in only {
         match section.as_str() {
-            "drains" => {
-                merged.drains = ran.drains.clone();
-                merged.limits = ran.limits.clone();
-            }
+            "drains" => merged.drains = ran.drains.clone(),
+            "lowrate" => merged.low_rates = ran.low_rates.clone(),
             "windows" => merged.windows = ran.windows.clone(),
             "replicas" => merged.replicas = ran.replicas.clone(),
             "latency" => merged.latencies = ran.latencies.clone(),

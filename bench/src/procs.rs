@@ -48,6 +48,41 @@ pub fn usage(pid: u32) -> Result<Usage> {
     })
 }
 
+/// What the scheduler says of a process: CPU time with nanosecond precision (the ticks of
+/// `/proc/PID/stat` are 10 ms, too coarse for an idle process) and how many times its threads
+/// were put on a CPU (each one a wakeup), summed over its threads.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sched {
+    pub cpu_seconds: f64,
+    pub wakeups: u64,
+}
+
+/// [`Sched`] of `pid` from `/proc/PID/task/*/schedstat` ("run ns, wait ns, timeslices"). Only
+/// threads alive now count: the forwarder's are long-lived.
+pub fn sched(pid: u32) -> Result<Sched> {
+    let mut total = Sched::default();
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .with_context(|| format!("no process {pid}"))?;
+    for task in tasks {
+        let path = task?.path().join("schedstat");
+        // A thread may end between the listing and the read.
+        let Ok(text) = std::fs::read_to_string(&path) else {
+            continue;
+        };
+        let fields: Vec<u64> = text
+            .split_whitespace()
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("{}: {text:?}", path.display()))?;
+        let [run_ns, _, slices] = fields[..] else {
+            bail!("{}: not 3 fields: {text:?}", path.display());
+        };
+        total.cpu_seconds += run_ns as f64 / 1e9;
+        total.wakeups += slices;
+    }
+    Ok(total)
+}
+
 /// One `ferry-forwarder` process on a config written to its own directory.
 pub struct Forwarder {
     child: Option<Child>,

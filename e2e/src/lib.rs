@@ -476,6 +476,11 @@ impl Mosquitto {
         Ok(m)
     }
 
+    /// The process id of Mosquitto while it runs (for CPU accounting).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// The plaintext listener's port (on [`Mosquitto::host`], by default 127.0.0.1).
     pub fn port(&self) -> u16 {
         self.port
@@ -770,6 +775,11 @@ impl Kafka {
     /// The broker's dir: `server.properties`, `kafka.log`, the keystore and the data.
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The process id of the Kafka broker (its JVM) while it runs (for CPU accounting).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
     }
 
     pub fn port(&self) -> u16 {
