@@ -125,9 +125,9 @@ fn start_logging(cli: &Cli, log: &LogConfig, path: &Path) -> Option<LogLevelSett
 /// Runs the forwarder until a signal (or a permanent error) stops it: exit 0, or 1 on failure.
 fn forward(config: ValidConfig, source: Option<ConfigSource>) -> ExitCode {
     // One thread: the pipeline and the MQTT driver hand each message to each other, and on a
-    // multi-thread runtime every hand-off could wake another thread (ferry-bench, 1,000 msg/s:
-    // 13.5 % of a core and 6,100 wakeups/s on two workers, 10.4 % and 4,300 on one). The heavy
-    // lifting (compression, the network to Kafka) happens on librdkafka's own threads anyway.
+    // multi-thread runtime each hand-off can wake another thread, which costs more CPU per
+    // message than the work itself (the README's performance section has the figures). The
+    // heavy lifting (compression, the network to Kafka) is on librdkafka's own threads anyway.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
