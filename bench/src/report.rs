@@ -492,7 +492,7 @@ impl Report {
 
     /// Each target beside its measured figure and verdict; a row whose runs are missing is left out.
     fn targets(&self, s: &mut String) {
-        let _ = writeln!(s, "### Targets\n");
+        let _ = writeln!(s, "\n### Targets\n");
         let _ = writeln!(s, "| target | measured | |\n|---|---|---|");
         if let Some(d) = self.drains.iter().find(|d| d.qos == 1 && d.size == 300) {
             let (forwarder, mosquitto, _) = d.cpu_us_per_message();
@@ -662,7 +662,9 @@ impl Report {
     fn replica_table(&self, s: &mut String) {
         let _ = writeln!(
             s,
-            "\n### Replicas on a shared subscription (QoS 1, 300 B drain, all on the same 2 cores)\n\n| window per replica | replicas | msg/s | × one | CPU s (all) | lost | dup |\n|---|---|---|---|---|---|---|"
+            "\n### Replicas on a shared subscription (QoS 1, 300 B drain, all on the same 2 cores)\n\n\
+             Every replica shares the same 2 cores with Mosquitto and Kafka, so more replicas add CPU demand, not CPU: \
+             they can only help where one replica is bound by its own window, and 4 cannot scale here.\n\n| window per replica | replicas | msg/s | × one | CPU s (all) | lost | dup |\n|---|---|---|---|---|---|---|"
         );
         for d in &self.replicas {
             let _ = writeln!(
