@@ -82,6 +82,8 @@ struct Args {
 /// The MQTT topics a run spreads its messages over (one Kafka key each).
 const TOPICS: u64 = 16;
 const PARTITIONS: i32 = 4;
+/// The payload size of the live runs (low rates, latency).
+const LIVE_SIZE: usize = 300;
 /// The per-replica window of the scaling runs (see `main`).
 pub const REPLICA_WINDOW: u32 = 250;
 
@@ -261,18 +263,22 @@ impl Bench {
         Ok((usage(mqtt)?.cpu_seconds, usage(kafka)?.cpu_seconds))
     }
 
-    /// One forwarder at `rate` msg/s (0: idle, subscribed) for `seconds`: its CPU and wakeups
-    /// from the scheduler, and what arrived.
-    fn low_rate(&mut self, rate: u64, seconds: u64) -> Result<LowRate> {
-        self.broker_inflight(self.window)?;
+    /// A ready forwarder (QoS 1, `window`) on a new run's topic, and a reader of that topic
+    /// giving up after `read_seconds`: what the live runs share.
+    fn live_forwarder(
+        &mut self,
+        window: u32,
+        read_seconds: u64,
+    ) -> Result<(u32, Forwarder, load::Reader)> {
+        self.broker_inflight(window)?;
         let run = self.next_run();
         let topic = format!("bench.{run}");
         self.rt
             .block_on(self.kafka.create_topic(&topic, PARTITIONS))?;
         let spec = DrainSpec {
             qos: 1,
-            size: 300,
-            window: self.window,
+            size: LIVE_SIZE,
+            window,
             replicas: 1,
         };
         let mut f = Forwarder::start(
@@ -286,8 +292,15 @@ impl Bench {
             self.kafka.bootstrap(),
             topic,
             Duration::from_secs(1),
-            Duration::from_secs(seconds + 60),
+            Duration::from_secs(read_seconds),
         )?;
+        Ok((run, f, reader))
+    }
+
+    /// One forwarder at `rate` msg/s (0: idle, subscribed) for `seconds`: its CPU and wakeups
+    /// from the scheduler, and what arrived.
+    fn low_rate(&mut self, rate: u64, seconds: u64) -> Result<LowRate> {
+        let (run, mut f, reader) = self.live_forwarder(self.window, seconds + 60)?;
         // Start-up (connections, metadata, the first probe) is not what a quiet group costs.
         std::thread::sleep(Duration::from_secs(3));
         let mqtt = self.mqtt.pid().context("Mosquitto is not running")?;
@@ -301,7 +314,7 @@ impl Bench {
                 &format!("b{run}"),
                 rate,
                 Duration::from_secs(seconds),
-                spec.size,
+                LIVE_SIZE,
                 TOPICS,
             ))?
         };
@@ -326,36 +339,13 @@ impl Bench {
     /// One forwarder, a publisher at `rate` msg/s for `seconds`, and a Kafka reader timing
     /// every record from the publish call to its arrival.
     fn latency(&mut self, rate: u64, seconds: u64, window: u32) -> Result<Latency> {
-        self.broker_inflight(window)?;
-        let run = self.next_run();
-        let topic = format!("bench.{run}");
-        self.rt
-            .block_on(self.kafka.create_topic(&topic, PARTITIONS))?;
-        let spec = DrainSpec {
-            qos: 1,
-            size: 300,
-            window,
-            replicas: 1,
-        };
-        let mut f = Forwarder::start(
-            &self.forwarder_bin,
-            self.dir.path(),
-            &format!("run{run}"),
-            &self.forwarder_config(run, 0, spec, false),
-        )?;
-        f.wait_ready(Duration::from_secs(30))?;
-        let reader = load::read_topic(
-            self.kafka.bootstrap(),
-            topic,
-            Duration::from_secs(1),
-            Duration::from_secs(seconds + 120),
-        )?;
+        let (run, mut f, reader) = self.live_forwarder(window, seconds + 120)?;
         let sent = self.rt.block_on(load::publish_at_rate(
             self.mqtt.port(),
             &format!("b{run}"),
             rate,
             Duration::from_secs(seconds),
-            spec.size,
+            LIVE_SIZE,
             TOPICS,
         ))?;
         let arrivals: Arrivals = reader.finish(sent)?;

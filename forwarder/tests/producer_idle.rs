@@ -49,8 +49,7 @@ fn an_idle_producers_polling_thread_sleeps_between_polls() {
         allow_weaker_delivery: false,
     };
     let (reports, _keep) = tokio::sync::mpsc::unbounded_channel();
-    let producer =
-        kafka::producer(&config, Arc::new(Metrics::new()), reports).expect("producer");
+    let producer = kafka::producer(&config, Arc::new(Metrics::new()), reports).expect("producer");
     std::thread::sleep(Duration::from_millis(300));
     let seconds = 2;
     let before = thread_cpu(POLLING_THREAD);
