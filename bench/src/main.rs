@@ -297,6 +297,18 @@ impl Bench {
         Ok((run, f, reader))
     }
 
+    /// Publishes to run `run`'s topics at `rate` msg/s for `seconds`; returns how many were sent.
+    fn publish_live(&self, run: u32, rate: u64, seconds: u64) -> Result<u64> {
+        self.rt.block_on(load::publish_at_rate(
+            self.mqtt.port(),
+            &format!("b{run}"),
+            rate,
+            Duration::from_secs(seconds),
+            LIVE_SIZE,
+            TOPICS,
+        ))
+    }
+
     /// One forwarder at `rate` msg/s (0: idle, subscribed) for `seconds`: its CPU and wakeups
     /// from the scheduler, and what arrived.
     fn low_rate(&mut self, rate: u64, seconds: u64) -> Result<LowRate> {
@@ -309,14 +321,7 @@ impl Bench {
             std::thread::sleep(Duration::from_secs(seconds));
             0
         } else {
-            self.rt.block_on(load::publish_at_rate(
-                self.mqtt.port(),
-                &format!("b{run}"),
-                rate,
-                Duration::from_secs(seconds),
-                LIVE_SIZE,
-                TOPICS,
-            ))?
+            self.publish_live(run, rate, seconds)?
         };
         let (after, mqtt_after, took) = (sched(f.pid())?, sched(mqtt)?, t0.elapsed());
         let arrivals = reader.finish(sent)?;
@@ -340,14 +345,7 @@ impl Bench {
     /// every record from the publish call to its arrival.
     fn latency(&mut self, rate: u64, seconds: u64, window: u32) -> Result<Latency> {
         let (run, mut f, reader) = self.live_forwarder(window, seconds + 120)?;
-        let sent = self.rt.block_on(load::publish_at_rate(
-            self.mqtt.port(),
-            &format!("b{run}"),
-            rate,
-            Duration::from_secs(seconds),
-            LIVE_SIZE,
-            TOPICS,
-        ))?;
+        let sent = self.publish_live(run, rate, seconds)?;
         let arrivals: Arrivals = reader.finish(sent)?;
         let usage = f.usage()?;
         f.stop()?;

@@ -155,7 +155,6 @@ impl ControlPlane {
             .env("CP_SERVICE_CIDR", SERVICE_CIDR)
             .env("CP_KUBECONFIG", &self.kubeconfig)
             .env("CP_KCM_PORT", ports.kcm.to_string())
-            .env("CP_SCHED_PORT", "0")
             .env("CP_TOKEN", token)
             .stdin(Stdio::null())
             .output()
