@@ -257,6 +257,10 @@ pub struct Rule {
     /// Unique; the label of this rule's metrics and status.
     pub name: String,
     pub mqtt: RuleMqtt,
+    /// A CEL expression (bool): only messages it is true for are forwarded; the others are
+    /// acknowledged and counted as filtered. See `expr.rs` for the variables.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter: Option<String>,
     pub kafka: RuleKafka,
     #[serde(default)]
     pub payload: PayloadFormat,
@@ -299,8 +303,13 @@ pub struct RuleMqtt {
 #[serde(deny_unknown_fields)]
 pub struct RuleKafka {
     /// A topic name, or a template taking MQTT topic levels (counted from 0): `telemetry.{1}`
-    /// for `plant/7/telemetry` is `telemetry.7`.
+    /// for `plant/7/telemetry` is `telemetry.7`. Empty (unset) when `topic_expression` is set.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub topic: String,
+    /// A CEL expression (string) that names the topic, instead of `topic`: checked per message
+    /// like a template's result.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic_expression: Option<String>,
     #[serde(default)]
     pub key: KeyStrategy,
     #[serde(default)]
@@ -321,6 +330,9 @@ pub struct Headers {
     pub user_properties: bool,
     #[serde(default = "default_header_prefix")]
     pub prefix: String,
+    /// Header name → CEL expression (string or bytes; `null` leaves the header out).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub expressions: BTreeMap<String, String>,
 }
 
 impl Default for Headers {
@@ -329,12 +341,13 @@ impl Default for Headers {
             metadata: false,
             user_properties: false,
             prefix: default_header_prefix(),
+            expressions: BTreeMap::new(),
         }
     }
 }
 
 /// What becomes the Kafka record key (and so the partition).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum KeyStrategy {
     /// The MQTT topic, as the replaced forwarder did: one MQTT topic stays in one partition,
@@ -346,10 +359,12 @@ pub enum KeyStrategy {
     /// One level of the MQTT topic, counted from 0 (`topic_level: 1` of `plant/7/temp` is `7`).
     /// A topic without that level gets no key.
     TopicLevel(usize),
+    /// A CEL expression (string or bytes; `null` for no key): `json.device`.
+    Expression(String),
 }
 
 /// How the MQTT payload becomes the Kafka record value.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PayloadFormat {
     /// The payload bytes unchanged.
@@ -358,6 +373,9 @@ pub enum PayloadFormat {
     /// `{"topic":"<mqtt topic>","payload":"<base64>"}`, byte-identical to the replaced
     /// forwarder's `wrap_as_json`.
     WrappedJson,
+    /// A CEL expression whose result (a map, list or value) is written as JSON: reshape,
+    /// drop fields, add topic levels or the receive time.
+    Transform(String),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

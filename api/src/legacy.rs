@@ -140,8 +140,10 @@ impl LegacyForwarding {
                 topics: vec![self.mqtt.topic],
                 qos: defaults::QOS,
             },
+            filter: None,
             kafka: RuleKafka {
                 topic: self.kafka.topic,
+                topic_expression: None,
                 key: KeyStrategy::MqttTopic,
                 headers: Headers::default(),
             },

@@ -15,7 +15,9 @@ use crate::config::{
     DeadLetter, ForwarderConfig, KafkaConfig, MAX_RULES, MqttConfig, MqttProtocol, Problem, Rule,
     Sasl, SaslMechanism, Tls,
 };
+use crate::expr::{self, Expression};
 use crate::kafka_props;
+use crate::config::{KeyStrategy, PayloadFormat};
 use crate::topic::{TopicFilter, TopicTemplate, is_valid_share_group, validate_kafka_topic};
 
 /// A config that passed [`ValidConfig::new`]. Reads as a [`ForwarderConfig`] through `Deref`;
@@ -27,13 +29,34 @@ pub struct ValidConfig {
     topics: Vec<RuleTopics>,
 }
 
-/// A rule's topics as validation parsed them.
+/// A rule's topics and expressions as validation parsed and compiled them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RuleTopics {
     /// `mqtt.topics`, in order.
     pub filters: Vec<TopicFilter>,
-    /// `kafka.topic`.
-    pub kafka_topic: TopicTemplate,
+    /// `kafka.topic` or `kafka.topic_expression`.
+    pub kafka_topic: KafkaTopic,
+    pub expressions: RuleExpressions,
+}
+
+/// Where a rule's records go.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KafkaTopic {
+    Template(TopicTemplate),
+    Expression(Expression),
+}
+
+/// A rule's compiled expressions, other than its topic's.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RuleExpressions {
+    /// `filter`.
+    pub filter: Option<Expression>,
+    /// `kafka.key`'s `expression`.
+    pub key: Option<Expression>,
+    /// `kafka.headers.expressions`, by header name.
+    pub headers: Vec<(String, Expression)>,
+    /// `payload`'s `transform`.
+    pub transform: Option<Expression>,
 }
 
 impl ValidConfig {
@@ -347,24 +370,115 @@ fn check_rule_topics(
             format!("{} is not an MQTT QoS (0, 1 or 2)", rule.mqtt.qos),
         );
     }
-    let kafka_topic = match TopicTemplate::parse(&rule.kafka.topic) {
-        Ok(template) => template,
-        Err(e) => {
-            p.add(
-                at("kafka.topic"),
-                format!(
-                    "{:?} is not a valid Kafka topic name or template: it {e}",
-                    rule.kafka.topic
-                ),
-            );
-            return None;
-        }
-    };
-    check_template_levels(p, &at("kafka.topic"), &kafka_topic, &filters);
+    let kafka_topic = check_kafka_topic(p, at, rule, &filters);
+    let expressions = check_expressions(p, at, rule);
     Some(RuleTopics {
         filters: filters.into_iter().collect::<Option<_>>()?,
-        kafka_topic,
+        kafka_topic: kafka_topic?,
+        expressions: expressions?,
     })
+}
+
+/// `kafka.topic` or `kafka.topic_expression`: exactly one.
+fn check_kafka_topic(
+    p: &mut Problems,
+    at: &dyn Fn(&str) -> String,
+    rule: &Rule,
+    filters: &[Option<TopicFilter>],
+) -> Option<KafkaTopic> {
+    let k = &rule.kafka;
+    match (&k.topic_expression, k.topic.is_empty()) {
+        (Some(source), true) => {
+            compiled(p, &at("kafka.topic_expression"), source).map(KafkaTopic::Expression)
+        }
+        (Some(_), false) => {
+            p.add(
+                at("kafka.topic_expression"),
+                "is set together with kafka.topic: set one of them",
+            );
+            None
+        }
+        (None, true) => {
+            p.add(
+                at("kafka.topic"),
+                "must be set: a Kafka topic name or template (or set kafka.topic_expression)",
+            );
+            None
+        }
+        (None, false) => match TopicTemplate::parse(&k.topic) {
+            Ok(template) => {
+                check_template_levels(p, &at("kafka.topic"), &template, filters);
+                Some(KafkaTopic::Template(template))
+            }
+            Err(e) => {
+                p.add(
+                    at("kafka.topic"),
+                    format!(
+                        "{:?} is not a valid Kafka topic name or template: it {e}",
+                        k.topic
+                    ),
+                );
+                None
+            }
+        },
+    }
+}
+
+/// Compiles `filter`, the key's, the headers' and the transform's expressions.
+fn check_expressions(
+    p: &mut Problems,
+    at: &dyn Fn(&str) -> String,
+    rule: &Rule,
+) -> Option<RuleExpressions> {
+    let mut ok = true;
+    let mut one = |p: &mut Problems, path: String, source: &str| {
+        let compiled = compiled(p, &path, source);
+        ok &= compiled.is_some();
+        compiled
+    };
+    let filter = rule
+        .filter
+        .as_deref()
+        .and_then(|f| one(p, at("filter"), f));
+    let key = match &rule.kafka.key {
+        KeyStrategy::Expression(source) => one(p, at("kafka.key.expression"), source),
+        _ => None,
+    };
+    let mut headers = Vec::new();
+    let mut bad_name = false;
+    for (name, source) in &rule.kafka.headers.expressions {
+        let path = at(&format!("kafka.headers.expressions.{name}"));
+        if name.is_empty() || name.chars().any(char::is_control) {
+            p.add(
+                &path,
+                format!("header name {name:?} must be non-empty, without control characters"),
+            );
+            bad_name = true;
+        }
+        if let Some(e) = one(p, path, source) {
+            headers.push((name.clone(), e));
+        }
+    }
+    let transform = match &rule.payload {
+        PayloadFormat::Transform(source) => one(p, at("payload.transform"), source),
+        _ => None,
+    };
+    (ok && !bad_name).then_some(RuleExpressions {
+        filter,
+        key,
+        headers,
+        transform,
+    })
+}
+
+fn compiled(p: &mut Problems, path: &str, source: &str) -> Option<Expression> {
+    match expr::compile(source) {
+        Ok(e) => Some(e),
+        Err(e) => {
+            p.add(path, e.to_string());
+            None
+        }
+    }
 }
 
 /// A template level must exist in every topic a filter matches (unless the filter ends in `#`).
@@ -436,7 +550,11 @@ rules:
             .rules_with_topics()
             .map(|(rule, t)| {
                 let filters = t.filters.iter().map(TopicFilter::as_str).collect();
-                (rule.name.as_str(), filters, t.kafka_topic.as_static())
+                let topic = match &t.kafka_topic {
+                    KafkaTopic::Template(template) => template.as_static(),
+                    KafkaTopic::Expression(_) => None,
+                };
+                (rule.name.as_str(), filters, topic)
             })
             .collect();
         assert_eq!(

@@ -218,8 +218,10 @@ fn rule(fr: &ForwardingRule) -> Rule {
             topics: s.mqtt.topics.iter().map(|t| t.0.clone()).collect(),
             qos: u8::try_from(s.mqtt.qos).unwrap_or(defaults::QOS),
         },
+        filter: None,
         kafka: RuleKafka {
             topic: s.kafka.topic.clone(),
+            topic_expression: None,
             key: match s.kafka.key.strategy {
                 crd::KeyStrategy::MqttTopic => KeyStrategy::MqttTopic,
                 crd::KeyStrategy::None => KeyStrategy::None,
@@ -236,6 +238,7 @@ fn rule(fr: &ForwardingRule) -> Rule {
                     .prefix
                     .clone()
                     .unwrap_or_else(|| Headers::default().prefix),
+                expressions: Default::default(),
             },
         },
         payload: match s.payload {

@@ -1,0 +1,417 @@
+//! CEL expressions in rules (`filter`, `kafka.key.expression`, `kafka.topic_expression`,
+//! `kafka.headers.expressions`, `payload.transform`): compiled once, when a config is validated,
+//! and checked then against the variables a message provides, so that a typo is refused by
+//! `--check` and by the operator instead of failing on every message.
+//!
+//! The checks go beyond parsing, because the crate has no type checker:
+//! - every identifier is a declared variable ([`VARIABLES`]) or a comprehension's own;
+//! - every function called by name exists in the standard environment;
+//! - inside a comprehension (`all`, `exists`, `exists_one`, `map`, `filter`) only its own
+//!   variables and the scalar variables may appear. Each element's step then costs at most in
+//!   proportion to that element, and a whole evaluation in proportion to the payload: no
+//!   expression can make one message cost the square of its size (`json.items.map(x,
+//!   json.items)`), which would stall the forwarder's pipeline.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+
+use cel::common::ast::{EntryExpr, Expr, IdedExpr};
+use cel::{Context, Env, Program};
+
+/// Longest expression accepted, in bytes (the CRD's `maxLength` is the same).
+pub const MAX_LEN: usize = 4096;
+
+/// Largest payload `json` parses, in bytes: beyond it, a rule that uses `json` sends the
+/// message to its dead-letter path. Bounds what one evaluation costs.
+pub const JSON_MAX_BYTES: usize = 1024 * 1024;
+
+/// A variable an expression may use.
+#[derive(Debug, Clone, Copy)]
+pub struct Variable {
+    pub name: &'static str,
+    /// Its CEL type.
+    pub kind: &'static str,
+    /// Usable inside a comprehension: small, whatever the message.
+    pub scalar: bool,
+    pub meaning: &'static str,
+}
+
+/// Every variable an expression sees, with what it holds (the README's table is this list).
+pub const VARIABLES: &[Variable] = &[
+    Variable {
+        name: "topic",
+        kind: "string",
+        scalar: true,
+        meaning: "the MQTT topic the message was published to",
+    },
+    Variable {
+        name: "levels",
+        kind: "list(string)",
+        scalar: false,
+        meaning: "the topic's levels, counted from 0: `levels[1]` of `plant/7/temp` is `\"7\"`",
+    },
+    Variable {
+        name: "qos",
+        kind: "int",
+        scalar: true,
+        meaning: "the QoS the message was delivered with (0, 1 or 2)",
+    },
+    Variable {
+        name: "retain",
+        kind: "bool",
+        scalar: true,
+        meaning: "the retain flag",
+    },
+    Variable {
+        name: "properties",
+        kind: "map(string, string)",
+        scalar: false,
+        meaning: "MQTT 5 user properties (the last value of a repeated name); empty from MQTT 3.1.1",
+    },
+    Variable {
+        name: "contentType",
+        kind: "string",
+        scalar: true,
+        meaning: "the MQTT 5 content type; `\"\"` when not set",
+    },
+    Variable {
+        name: "payload",
+        kind: "bytes",
+        scalar: false,
+        meaning: "the payload as sent",
+    },
+    Variable {
+        name: "json",
+        kind: "dyn",
+        scalar: false,
+        meaning: "the payload parsed as JSON (numbers without a fraction are `int`, others `double`); a message whose payload does not parse, or is larger than 1 MiB, goes to the dead-letter path of a rule that uses it",
+    },
+    Variable {
+        name: "receivedAt",
+        kind: "timestamp",
+        scalar: true,
+        meaning: "when the forwarder read the message",
+    },
+];
+
+/// CEL's type names, which are identifiers too.
+const TYPE_NAMES: &[&str] = &[
+    "bool", "bytes", "double", "duration", "int", "list", "map", "null_type", "string",
+    "timestamp", "type", "uint",
+];
+
+/// The standard environment, shared: building one costs more than most evaluations.
+pub static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| Arc::new(Env::stdlib()));
+
+/// A compiled expression. Compares and prints as its source.
+#[derive(Clone)]
+pub struct Expression {
+    source: Arc<str>,
+    program: Arc<Program>,
+    /// The declared variables it uses, so that a message binds only those.
+    uses: BTreeSet<&'static str>,
+}
+
+impl Expression {
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    pub fn program(&self) -> &Program {
+        &self.program
+    }
+
+    /// Whether it reads `variable`.
+    pub fn uses(&self, variable: &str) -> bool {
+        self.uses.contains(variable)
+    }
+}
+
+impl fmt::Debug for Expression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Expression({:?})", self.source)
+    }
+}
+
+impl PartialEq for Expression {
+    fn eq(&self, other: &Self) -> bool {
+        self.source == other.source
+    }
+}
+
+/// Why an expression does not compile, and where (line and column from 1, in characters).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("does not compile: {message} (at line {line}, column {column})")]
+pub struct CompileError {
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
+}
+
+/// Compiles and checks `source`.
+pub fn compile(source: &str) -> Result<Expression, CompileError> {
+    let at_start = |message: String| CompileError {
+        line: 1,
+        column: 1,
+        message,
+    };
+    if source.trim().is_empty() {
+        return Err(at_start("the expression is empty".into()));
+    }
+    if source.len() > MAX_LEN {
+        return Err(at_start(format!(
+            "the expression is {} bytes long; at most {MAX_LEN} are accepted",
+            source.len()
+        )));
+    }
+    let program = ENV.compile(source).map_err(|errors| {
+        let first = errors.errors.first();
+        let (line, column) = first.map_or((1, 1), |e| e.pos);
+        CompileError {
+            line: usize::try_from(line).unwrap_or(1).max(1),
+            column: usize::try_from(column).unwrap_or(1).max(1),
+            message: first.map_or_else(|| "syntax error".into(), |e| e.msg.clone()),
+        }
+    })?;
+    let mut check = Check {
+        program: &program,
+        source,
+        uses: BTreeSet::new(),
+        scopes: Vec::new(),
+        known_functions: Context::with_env(Arc::clone(&ENV)),
+    };
+    check.expr(program.expression())?;
+    let uses = check.uses;
+    Ok(Expression {
+        source: Arc::from(source),
+        program: Arc::new(program),
+        uses,
+    })
+}
+
+/// One walk over a compiled program's tree.
+struct Check<'a> {
+    program: &'a Program,
+    source: &'a str,
+    uses: BTreeSet<&'static str>,
+    /// The variables of the comprehensions the walk is inside, innermost last.
+    scopes: Vec<Vec<String>>,
+    /// Only used to ask whether a function exists (`add_function` refuses a declared name).
+    known_functions: Context<'static, 'static>,
+}
+
+impl Check<'_> {
+    fn expr(&mut self, e: &IdedExpr) -> Result<(), CompileError> {
+        match &e.expr {
+            Expr::Ident(name) => self.ident(e, name),
+            Expr::Call(call) => {
+                self.function(e, &call.func_name)?;
+                if let Some(target) = &call.target {
+                    self.expr(target)?;
+                }
+                call.args.iter().try_for_each(|a| self.expr(a))
+            }
+            Expr::Comprehension(c) => {
+                // The range and the initial value belong to the enclosing scope.
+                self.expr(&c.iter_range)?;
+                self.expr(&c.accu_init)?;
+                let own = [Some(&c.iter_var), c.iter_var2.as_ref(), Some(&c.accu_var)];
+                self.scopes.push(own.into_iter().flatten().cloned().collect());
+                let body = [&c.loop_cond, &c.loop_step, &c.result]
+                    .into_iter()
+                    .try_for_each(|part| self.expr(part));
+                self.scopes.pop();
+                body
+            }
+            Expr::List(list) => list.elements.iter().try_for_each(|x| self.expr(x)),
+            Expr::Map(map) => map.entries.iter().try_for_each(|entry| match &entry.expr {
+                EntryExpr::MapEntry(m) => {
+                    self.expr(&m.key)?;
+                    self.expr(&m.value)
+                }
+                EntryExpr::StructField(f) => self.expr(&f.value),
+            }),
+            Expr::Select(select) => self.expr(&select.operand),
+            Expr::Struct(s) => Err(self.error(
+                e,
+                format!("message types such as {:?} are not available here", s.type_name),
+            )),
+            Expr::Literal(_) | Expr::Unspecified => Ok(()),
+        }
+    }
+
+    fn ident(&mut self, e: &IdedExpr, name: &str) -> Result<(), CompileError> {
+        // The parser's own names (a comprehension's accumulator), and type names (`type(x) == int`).
+        if name.starts_with('@') || TYPE_NAMES.contains(&name) {
+            return Ok(());
+        }
+        if let Some(depth) = self.scopes.iter().rposition(|s| s.iter().any(|v| v == name)) {
+            if depth + 1 == self.scopes.len() {
+                return Ok(());
+            }
+            return Err(self.error(
+                e,
+                format!(
+                    "{name:?} belongs to an enclosing comprehension: inside a comprehension only its own variables and {} may be used, so that an expression costs at most in proportion to the payload",
+                    scalar_names()
+                ),
+            ));
+        }
+        let Some(variable) = VARIABLES.iter().find(|v| v.name == name) else {
+            return Err(self.error(
+                e,
+                format!(
+                    "undeclared reference {name:?}: the variables are {}",
+                    VARIABLES
+                        .iter()
+                        .map(|v| v.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        };
+        if !self.scopes.is_empty() && !variable.scalar {
+            return Err(self.error(
+                e,
+                format!(
+                    "{name:?} inside a comprehension would make one message cost the square of its size: inside a comprehension only its own variables and {} may be used",
+                    scalar_names()
+                ),
+            ));
+        }
+        self.uses.insert(variable.name);
+        Ok(())
+    }
+
+    fn function(&mut self, e: &IdedExpr, name: &str) -> Result<(), CompileError> {
+        // Operators (`_+_`, `@in`, `!_`, ...) are the parser's own: always there.
+        if !name.starts_with(|c: char| c.is_ascii_alphabetic()) {
+            return Ok(());
+        }
+        if self.known_functions.add_function(name, || true).is_err() {
+            return Ok(());
+        }
+        Err(self.error(e, format!("undeclared function {name:?}")))
+    }
+
+    fn error(&self, e: &IdedExpr, message: String) -> CompileError {
+        let offset = self
+            .program
+            .source_info()
+            .offset_for(e.id)
+            .map_or(0, |(start, _)| start as usize);
+        let (line, column) = line_column(self.source, offset);
+        CompileError {
+            line,
+            column,
+            message,
+        }
+    }
+}
+
+fn scalar_names() -> String {
+    VARIABLES
+        .iter()
+        .filter(|v| v.scalar)
+        .map(|v| v.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Line and column (from 1, in characters) of the byte `offset` of `source`.
+fn line_column(source: &str, offset: usize) -> (usize, usize) {
+    let (mut line, mut column) = (1, 1);
+    for (at, c) in source.char_indices() {
+        if at >= offset {
+            break;
+        }
+        if c == '\n' {
+            line += 1;
+            column = 1;
+        } else {
+            column += 1;
+        }
+    }
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(source: &str) -> CompileError {
+        match compile(source) {
+            Ok(e) => panic!("{source:?} compiled: {e:?}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn a_valid_expression_compiles_and_knows_what_it_reads() {
+        let e = compile("json.temp > 50.0 && levels[1] == 'north'").expect("compiles");
+        assert!(e.uses("json") && e.uses("levels"));
+        assert!(!e.uses("payload") && !e.uses("topic"));
+        assert_eq!(e, compile("json.temp > 50.0 && levels[1] == 'north'").unwrap());
+    }
+
+    #[test]
+    fn a_syntax_error_names_its_position() {
+        let e = refused("json.a +");
+        assert_eq!((e.line, e.column), (1, 9), "{e}");
+        assert!(e.message.contains("Syntax error"), "{e}");
+        let e = refused("json.a &&\n  (json.b ||");
+        assert_eq!(e.line, 2, "{e}");
+    }
+
+    #[test]
+    fn an_undeclared_variable_is_refused_where_it_is() {
+        let e = refused("json.a == 1 && jsn.b == 2");
+        assert_eq!((e.line, e.column), (1, 16), "{e}");
+        assert!(e.message.contains("undeclared reference \"jsn\""), "{e}");
+        assert!(e.message.contains("topic, levels, qos"), "{e}");
+    }
+
+    #[test]
+    fn an_undeclared_function_is_refused_and_standard_ones_pass() {
+        let e = refused("lower(topic) == 'x'");
+        assert!(e.message.contains("undeclared function \"lower\""), "{e}");
+        for ok in [
+            "size(payload) > 0 && topic.startsWith('a') && topic.endsWith('b') && topic.contains('c')",
+            "topic.matches('^a/[0-9]+$') && int('7') == 7 && double(1) == 1.0 && string(qos) == '1'",
+            "bytes('a') == b'a' && type(1) == int && dyn(1) == 1 && uint(1) == 1u && bool('true')",
+            "receivedAt > timestamp('2020-01-01T00:00:00Z') && duration('1s') < duration('2s')",
+            "receivedAt.getFullYear() > 2000 && receivedAt.getHours() >= 0",
+            "has(json.a) && json.items.exists(x, x > 1) && json.items.all(x, x > 0)",
+            "json.items.map(x, x * 2).filter(y, y > 2).exists_one(z, z == 4)",
+            "1 in [1, 2] && !retain && -qos < 0 ? 'a' : 'b'",
+        ] {
+            assert!(compile(ok).is_ok(), "{ok:?}: {:?}", compile(ok));
+        }
+    }
+
+    #[test]
+    fn a_comprehension_may_not_reach_outside_its_element() {
+        let e = refused("json.items.map(x, json.items)");
+        assert!(e.message.contains("square"), "{e}");
+        assert_eq!((e.line, e.column), (1, 19), "{e}");
+        let e = refused("json.a.all(x, x.b.exists(y, y == x.c))");
+        assert!(e.message.contains("enclosing comprehension"), "{e}");
+        // Its own element, nested data of it, and scalars are fine.
+        compile("json.a.all(x, x.b.exists(y, y == topic))").expect("compiles");
+        compile("json.a.map(x, x.v).filter(v, v > 0)").expect("compiles");
+    }
+
+    #[test]
+    fn empty_and_oversized_expressions_are_refused() {
+        assert!(refused("  ").message.contains("empty"));
+        let long = format!("topic == '{}'", "a".repeat(MAX_LEN));
+        assert!(refused(&long).message.contains("at most 4096"));
+    }
+
+    #[test]
+    fn positions_count_characters_not_bytes() {
+        let e = refused("'é' == jsn");
+        assert_eq!((e.line, e.column), (1, 8), "{e}");
+    }
+}
