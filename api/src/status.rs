@@ -69,6 +69,9 @@ pub struct RuleStatus {
     pub acked: u64,
     /// Messages Kafka could never take that went to the dead-letter topic.
     pub dead_lettered: u64,
+    /// Matching messages the rule's `filter` was false for: acknowledged, not forwarded.
+    #[serde(default)]
+    pub filtered: u64,
     /// Messages Kafka could never take and no dead-letter topic took, acknowledged unwritten
     /// because the rule says `on_unwritable: drop`.
     pub failed: u64,

@@ -60,6 +60,7 @@ struct RuleFamilies {
     forwarded: Family<RuleLabel, Counter>,
     acked: Family<RuleLabel, Counter>,
     dead_lettered: Family<RuleLabel, Counter>,
+    filtered: Family<RuleLabel, Counter>,
     failed: Family<FailureLabel, Counter>,
     retries: Family<RetryLabel, Counter>,
 }
@@ -72,6 +73,7 @@ pub struct RuleStats {
     forwarded: Counter,
     acked: Counter,
     dead_lettered: Counter,
+    filtered: Counter,
     failed_family: Family<FailureLabel, Counter>,
     retries_family: Family<RetryLabel, Counter>,
     failed: AtomicU64,
@@ -96,6 +98,9 @@ impl RuleStats {
     }
     pub fn on_acked(&self) {
         self.acked.inc();
+    }
+    pub fn on_filtered(&self) {
+        self.filtered.inc();
     }
     pub fn on_dead_lettered(&self, error: String) {
         self.dead_lettered.inc();
@@ -186,6 +191,7 @@ impl RuleStats {
             forwarded: self.forwarded.get(),
             acked: self.acked.get(),
             dead_lettered: self.dead_lettered.get(),
+            filtered: self.filtered.get(),
             failed: self.failed.load(Ordering::Relaxed),
             rate_per_second: (self.rate() * 100.0).round() / 100.0,
             last_forwarded_at: (ms != 0)
@@ -347,6 +353,11 @@ impl Metrics {
             self.families.dead_lettered.clone(),
         );
         r.register(
+            "rule_filtered_messages",
+            "Messages of a rule its filter expression was false for, acknowledged without forwarding",
+            self.families.filtered.clone(),
+        );
+        r.register(
             "rule_failed_messages",
             "Messages of a rule Kafka can never take and no dead-letter topic took, acknowledged unwritten because the rule says on_unwritable: drop",
             self.families.failed.clone(),
@@ -441,6 +452,7 @@ impl Metrics {
             self.families.forwarded.remove(&label);
             self.families.acked.remove(&label);
             self.families.dead_lettered.remove(&label);
+            self.families.filtered.remove(&label);
             for reason in PermanentReason::ALL {
                 self.families.failed.remove(&FailureLabel {
                     rule: gone.name.clone(),
@@ -473,6 +485,7 @@ impl Metrics {
             forwarded: self.families.forwarded.get_or_create(&label).clone(),
             acked: self.families.acked.get_or_create(&label).clone(),
             dead_lettered: self.families.dead_lettered.get_or_create(&label).clone(),
+            filtered: self.families.filtered.get_or_create(&label).clone(),
             failed_family: self.families.failed.clone(),
             retries_family: self.families.retries.clone(),
             failed: AtomicU64::new(0),

@@ -8,9 +8,9 @@
 use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use ferry_api::PayloadFormat;
+use ferry_api::{KafkaTopic, KeyStrategy, PayloadFormat};
 use ferry_api::config::KafkaConfig;
 use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedHeaders;
@@ -22,7 +22,8 @@ use tracing::{debug, error, info, warn};
 use crate::kafka::{self, Classified, KafkaProducer, Report};
 use crate::metrics::Metrics;
 use crate::mqtt::{Link, Message, Outbound, Subscriptions};
-use crate::route::{Router, Target, header, record_key, wrap_json};
+use crate::eval::{self, EvalError, Evaluated, Scope};
+use crate::route::{self, Routed, Router, Target, header, record_key, wrap_json};
 use crate::window::{
     Action, Backoff, BlockReason, Dest, Outcome, PermanentReason, TargetRef, TargetSpec, Window,
 };
@@ -49,10 +50,21 @@ fn unpack(opaque: usize) -> (u8, u64, usize) {
 /// A message in the window, with what the pipeline needs to build its records.
 struct Inflight {
     message: Message,
-    targets: Vec<Arc<Target>>,
+    /// One per target, in the window's target order.
+    legs: Vec<Leg>,
     received_at: Instant,
-    /// When each target's current produce was handed to the producer.
-    sent_at: Vec<Instant>,
+}
+
+/// One target of a message.
+struct Leg {
+    target: Arc<Target>,
+    /// Which of the target's rules the message matched and passed the filter of (a mask,
+    /// `route::rule_bit`): only those are credited.
+    matched: u64,
+    /// When its current produce was handed to the producer.
+    sent_at: Instant,
+    /// What the target's expressions made of the message; `None` for a target without any.
+    evaluated: Option<Box<Evaluated>>,
 }
 
 /// A new set of rules for the running pipeline (config reload).
@@ -82,7 +94,7 @@ pub struct Pipeline {
     reports: mpsc::UnboundedReceiver<Report>,
     window: Window<Inflight>,
     max_inflight: usize,
-    scratch: Vec<Arc<Target>>,
+    scratch: Vec<Routed>,
 }
 
 /// What the pipeline is connected to.
@@ -216,27 +228,12 @@ impl Pipeline {
         if self.scratch.is_empty() {
             self.metrics.unmatched.inc();
         }
-        let specs = self
-            .scratch
-            .iter()
-            .map(|target| TargetSpec {
-                topic: match &target.static_topic {
-                    Some(name) => Ok(Arc::clone(name)),
-                    None => target
-                        .topic
-                        .resolve(&message.topic)
-                        .map(|name| Arc::from(name.as_ref()))
-                        .map_err(|e| format!("kafka topic {}: {e}", target.topic)),
-                },
-                dead_letter: target.dead_letter.clone(),
-                on_unwritable: target.on_unwritable,
-            })
-            .collect();
         let now = Instant::now();
+        let legs = legs(&mut self.scratch, &message, now);
+        let specs = legs.iter().map(|leg| leg.spec(&message.topic)).collect();
         let inflight = Inflight {
             message,
-            sent_at: vec![now; self.scratch.len()],
-            targets: std::mem::take(&mut self.scratch),
+            legs,
             received_at: now,
         };
         // The gauge is set once the window's actions are carried out.
@@ -290,44 +287,41 @@ impl Pipeline {
         let Some(inflight) = self.window.message_mut(seq) else {
             return;
         };
-        if let Some(at) = inflight.sent_at.get_mut(pos) {
-            *at = Instant::now();
-        }
-        let Some(t) = inflight.targets.get(pos) else {
+        let message = &inflight.message;
+        let Some(leg) = inflight.legs.get_mut(pos) else {
             return;
         };
-        let message = &inflight.message;
-        let key = record_key(t.key, &message.topic);
+        leg.sent_at = Instant::now();
+        let leg = &*leg;
         let wrapped;
         let (value, headers): (&[u8], _) = match dest {
             Dest::Primary => {
-                let value: &[u8] = match t.payload {
-                    PayloadFormat::Raw => &message.payload,
-                    PayloadFormat::WrappedJson => {
+                let value: &[u8] = match (&leg.target.payload, &leg.evaluated) {
+                    (PayloadFormat::Transform(_), Some(e)) => {
+                        e.value.as_deref().unwrap_or_default()
+                    }
+                    (PayloadFormat::WrappedJson, _) => {
                         wrapped = wrap_json(&message.topic, &message.payload);
                         &wrapped
                     }
+                    _ => &message.payload,
                 };
-                (value, t.header_plan.build(message))
+                (value, leg.headers(message))
             }
             Dest::DeadLetter { error } => {
-                let intended = t
-                    .topic
-                    .resolve(&message.topic)
-                    .map_or_else(|_| t.topic.to_string(), Cow::into_owned);
                 let headers = dead_letter_headers(
-                    t.header_plan.build(message),
+                    leg.headers(message),
                     &message.topic,
-                    &intended,
-                    &t.rule_names(),
+                    &leg.intended_topic(&message.topic),
+                    &leg.target.rule_names(),
                     error,
                 );
                 (&message.payload[..], Some(headers))
             }
         };
         let mut record =
-            BaseRecord::<str, [u8], usize>::with_opaque_to(topic, opaque).payload(value);
-        if let Some(key) = key {
+            BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, opaque).payload(value);
+        if let Some(key) = leg.key(&message.topic) {
             record = record.key(key);
         }
         if let Some(h) = headers {
@@ -365,7 +359,8 @@ impl Pipeline {
             && let Some(at) = self
                 .window
                 .message(target.seq)
-                .and_then(|m| m.sent_at.get(target.pos))
+                .and_then(|m| m.legs.get(target.pos))
+                .map(|leg| leg.sent_at)
         {
             self.metrics
                 .produce_latency
@@ -375,18 +370,19 @@ impl Pipeline {
             .on_outcome(target, outcome, std::time::Instant::now());
     }
 
-    /// The rules behind a target, and the message's MQTT topic.
-    fn rules_of(&self, target: TargetRef) -> Option<(Arc<Target>, &str)> {
+    /// A target of a message, the rules of it the message matched, and its MQTT topic.
+    fn rules_of(&self, target: TargetRef) -> Option<(Arc<Target>, u64, &str)> {
         let m = self.window.message(target.seq)?;
-        Some((Arc::clone(m.targets.get(target.pos)?), &m.message.topic))
+        let leg = m.legs.get(target.pos)?;
+        Some((Arc::clone(&leg.target), leg.matched, &m.message.topic))
     }
 
     fn on_delivered(&mut self, target: TargetRef, dead_letter: Option<String>) {
-        let Some((t, mqtt_topic)) = self.rules_of(target) else {
+        let Some((t, matched, mqtt_topic)) = self.rules_of(target) else {
             return;
         };
         let Some(error) = dead_letter else {
-            for rule in &t.rules {
+            for rule in t.matched(matched) {
                 rule.on_forwarded();
             }
             return;
@@ -398,7 +394,7 @@ impl Pipeline {
             error = %error,
             "kafka can never take this message; written to the dead-letter topic"
         );
-        for rule in &t.rules {
+        for rule in t.matched(matched) {
             rule.on_dead_lettered(error.clone());
         }
     }
@@ -412,11 +408,11 @@ impl Pipeline {
         (failures, news): (u32, bool),
     ) {
         self.metrics.produce_retries.inc();
-        let Some((t, _)) = self.rules_of(target) else {
+        let Some((t, matched, _)) = self.rules_of(target) else {
             return;
         };
         let message = format!("kafka topic {topic}: {error}");
-        for rule in &t.rules {
+        for rule in t.matched(matched) {
             rule.on_retry(reason.as_str(), message.clone());
         }
         // Once when a topic starts failing, then every 10th failed attempt: a full window
@@ -435,7 +431,7 @@ impl Pipeline {
     }
 
     fn on_held(&mut self, target: TargetRef, reason: PermanentReason, error: &str) {
-        let Some((t, mqtt_topic)) = self.rules_of(target) else {
+        let Some((t, matched, mqtt_topic)) = self.rules_of(target) else {
             return;
         };
         error!(
@@ -446,13 +442,13 @@ impl Pipeline {
             "kafka can never take this message as it is and no dead-letter topic took it; holding it unacknowledged (on_unwritable: hold)"
         );
         let message = format!("{}: {error}", reason.as_str());
-        for rule in &t.rules {
+        for rule in t.matched(matched) {
             rule.on_retry(reason.as_str(), message.clone());
         }
     }
 
     fn on_dropped(&mut self, target: TargetRef, reason: PermanentReason, error: &str) {
-        let Some((t, mqtt_topic)) = self.rules_of(target) else {
+        let Some((t, matched, mqtt_topic)) = self.rules_of(target) else {
             return;
         };
         error!(
@@ -462,7 +458,7 @@ impl Pipeline {
             error,
             "kafka can never take this message and no dead-letter topic took it; dropped (on_unwritable: drop)"
         );
-        for rule in &t.rules {
+        for rule in t.matched(matched) {
             rule.on_failed(reason, error.to_owned());
         }
     }
@@ -471,8 +467,8 @@ impl Pipeline {
         self.metrics
             .ack_latency
             .observe(done.received_at.elapsed().as_secs_f64());
-        for t in &done.targets {
-            for rule in &t.rules {
+        for leg in &done.legs {
+            for rule in leg.target.matched(leg.matched) {
                 rule.on_acked();
             }
         }
@@ -508,6 +504,139 @@ impl Pipeline {
             debug!("mqtt driver gone; request dropped");
         }
     }
+}
+
+impl Leg {
+    /// Where the window is to produce it, or why it cannot be.
+    fn spec(&self, mqtt_topic: &str) -> TargetSpec {
+        let t = &self.target;
+        let evaluated = self.evaluated.as_deref();
+        let topic = match (evaluated, &t.static_topic, &t.topic) {
+            (Some(Evaluated { error: Some(e), .. }), _, _) => Err((e.reason, e.message.clone())),
+            (Some(Evaluated { topic: Some(name), .. }), _, _) => Ok(Arc::from(name.as_str())),
+            (_, Some(name), _) => Ok(Arc::clone(name)),
+            (_, None, KafkaTopic::Template(template)) => template
+                .resolve(mqtt_topic)
+                .map(|name| Arc::from(name.as_ref()))
+                .map_err(|e| {
+                    (
+                        PermanentReason::InvalidTopic,
+                        format!("kafka topic {template}: {e}"),
+                    )
+                }),
+            // A topic expression is always evaluated: `evaluated` is there.
+            (_, None, KafkaTopic::Expression(e)) => Err((
+                PermanentReason::Expression,
+                format!("kafka.topic_expression {:?} was not evaluated", e.source()),
+            )),
+        };
+        TargetSpec {
+            topic,
+            dead_letter: t.dead_letter.clone(),
+            on_unwritable: t.on_unwritable,
+        }
+    }
+
+    fn key<'m>(&'m self, mqtt_topic: &'m str) -> Option<&'m [u8]> {
+        match (&self.target.key, &self.evaluated) {
+            (KeyStrategy::Expression(_), Some(e)) => e.key.as_deref(),
+            (strategy, _) => record_key(strategy, mqtt_topic).map(str::as_bytes),
+        }
+    }
+
+    fn headers(&self, message: &Message) -> Option<OwnedHeaders> {
+        let planned = self.target.header_plan.build(message);
+        let evaluated = self.evaluated.as_ref().map(|e| &e.headers);
+        match evaluated {
+            Some(headers) if !headers.is_empty() => Some(
+                headers
+                    .iter()
+                    .fold(planned.unwrap_or_default(), |h, (name, value)| {
+                        h.insert(header(name, value))
+                    }),
+            ),
+            _ => planned,
+        }
+    }
+
+    /// The topic its record was meant for, for the dead-letter record's headers.
+    fn intended_topic(&self, mqtt_topic: &str) -> String {
+        if let Some(Evaluated { topic: Some(name), .. }) = self.evaluated.as_deref() {
+            return name.clone();
+        }
+        match &self.target.topic {
+            KafkaTopic::Template(t) => t
+                .resolve(mqtt_topic)
+                .map_or_else(|_| t.to_string(), Cow::into_owned),
+            KafkaTopic::Expression(_) => self.target.topic_text(),
+        }
+    }
+}
+
+/// A message's legs: its routed targets less those whose every matched rule's filter was
+/// false, each with what its expressions made of the message.
+fn legs(routed: &mut Vec<Routed>, message: &Message, now: Instant) -> Vec<Leg> {
+    let mut scope: Option<Scope<'_>> = None;
+    routed
+        .drain(..)
+        .filter_map(|Routed { target, matched }| {
+            if !target.evaluates() {
+                return Some(Leg {
+                    target,
+                    matched,
+                    sent_at: now,
+                    evaluated: None,
+                });
+            }
+            let scope = scope.get_or_insert_with(|| Scope::new(message, SystemTime::now()));
+            let (matched, failed) = filter_rules(scope, &target, matched);
+            if matched == 0 {
+                return None;
+            }
+            let evaluated = match failed {
+                Some(error) => Evaluated::failed(error),
+                None => {
+                    let topic = match &target.topic {
+                        KafkaTopic::Expression(e) => Some(e),
+                        KafkaTopic::Template(_) => None,
+                    };
+                    eval::record(scope, topic, &target.expressions)
+                }
+            };
+            Some(Leg {
+                target,
+                matched,
+                sent_at: now,
+                evaluated: Some(Box::new(evaluated)),
+            })
+        })
+        .collect()
+}
+
+/// Applies the filters of a target's matched rules: the rules that pass, and the first error
+/// (its rule stays matched: the message goes to the dead-letter path in its name).
+fn filter_rules(scope: &mut Scope<'_>, target: &Target, matched: u64) -> (u64, Option<EvalError>) {
+    let mut passed = matched;
+    let mut failed = None;
+    for (i, filter) in target.filters.iter().enumerate() {
+        let bit = route::rule_bit(i);
+        let (Some(filter), true) = (filter, matched & bit != 0) else {
+            continue;
+        };
+        match scope.filter(filter) {
+            Ok(true) => {}
+            Ok(false) => {
+                passed &= !bit;
+                if let Some(rule) = target.rules.get(i) {
+                    rule.on_filtered();
+                }
+            }
+            Err(e) => {
+                failed.get_or_insert(e);
+            }
+        }
+    }
+    (passed, failed)
 }
 
 /// The dead-letter record's headers: the original record's (if any) and where it came from,

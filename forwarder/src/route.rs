@@ -6,7 +6,9 @@ use std::sync::Arc;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use ferry_api::config::{Headers, OnUnwritable};
-use ferry_api::{KeyStrategy, PayloadFormat, TopicFilter, TopicTemplate, ValidConfig};
+use ferry_api::expr::Expression;
+use ferry_api::validate::RuleTopics;
+use ferry_api::{KafkaTopic, KeyStrategy, PayloadFormat, Rule, RuleExpressions, TopicFilter, ValidConfig};
 use rdkafka::message::{Header, OwnedHeaders};
 
 use crate::metrics::{Metrics, RuleStats};
@@ -16,7 +18,7 @@ use crate::mqtt::Message;
 /// letter topic share one, so a message matching several is written once.
 #[derive(Debug)]
 pub struct Target {
-    pub topic: TopicTemplate,
+    pub topic: KafkaTopic,
     pub key: KeyStrategy,
     pub payload: PayloadFormat,
     /// As configured: part of what makes two rules' targets the same.
@@ -28,6 +30,10 @@ pub struct Target {
     pub on_unwritable: OnUnwritable,
     /// The rules that lead here, for per-rule counters.
     pub rules: Vec<Arc<RuleStats>>,
+    /// Each rule's `filter`, aligned with `rules`.
+    pub filters: Vec<Option<Expression>>,
+    /// The key's, headers' and transform's expressions (the topic's is in `topic`).
+    pub expressions: RuleExpressions,
 }
 
 impl Target {
@@ -36,12 +42,52 @@ impl Target {
         let names: Vec<&str> = self.rules.iter().map(|r| r.name.as_str()).collect();
         names.join(",")
     }
+
+    /// The rules of `matched` (a mask over `rules`, see [`rule_bit`]).
+    pub fn matched(&self, matched: u64) -> impl Iterator<Item = &Arc<RuleStats>> {
+        self.rules
+            .iter()
+            .enumerate()
+            .filter(move |(i, _)| matched & rule_bit(*i) != 0)
+            .map(|(_, r)| r)
+    }
+
+    /// Whether a message needs evaluating for this target: a filter or an expression.
+    pub fn evaluates(&self) -> bool {
+        let e = &self.expressions;
+        matches!(self.topic, KafkaTopic::Expression(_))
+            || e.key.is_some()
+            || e.transform.is_some()
+            || !e.headers.is_empty()
+            || self.filters.iter().any(Option::is_some)
+    }
+
+    /// The topic as configured, for logs and dead-letter headers when it did not resolve.
+    pub fn topic_text(&self) -> String {
+        match &self.topic {
+            KafkaTopic::Template(t) => t.to_string(),
+            KafkaTopic::Expression(e) => e.source().to_owned(),
+        }
+    }
+}
+
+/// A rule's bit in a target's mask of matched rules. The 65th and later rules of one target
+/// share the last bit: such a target's later rules are credited together.
+pub fn rule_bit(position: usize) -> u64 {
+    1u64 << position.min(63)
+}
+
+/// One target a message goes to, and which of its rules it matched.
+#[derive(Debug, Clone)]
+pub struct Routed {
+    pub target: Arc<Target>,
+    pub matched: u64,
 }
 
 #[derive(Debug)]
 pub struct Router {
-    /// (filter, index of its rule's target, index of the rule).
-    filters: Vec<(TopicFilter, usize, usize)>,
+    /// (filter, index of its rule's target, index of the rule, the rule's bit in the target).
+    filters: Vec<(TopicFilter, usize, usize, u64)>,
     targets: Vec<Arc<Target>>,
     rules: Vec<Arc<RuleStats>>,
 }
@@ -53,42 +99,33 @@ impl Router {
         let rules = metrics.set_rules(&names);
         let mut targets: Vec<Target> = Vec::new();
         let mut filters = Vec::new();
-        for (i, (rule, topics)) in config.rules_with_topics().enumerate() {
-            let topic = topics.kafka_topic.clone();
+        for (i, (rule, parsed)) in config.rules_with_topics().enumerate() {
             let dead_letter: Option<Arc<str>> = config
                 .dead_letter_of(rule)
                 .map(|d| Arc::from(d.topic.as_str()));
             let existing = targets.iter().position(|t| {
-                t.topic == topic
+                t.topic == parsed.kafka_topic
                     && t.key == rule.kafka.key
                     && t.payload == rule.payload
                     && t.headers == rule.kafka.headers
                     && t.dead_letter == dead_letter
                     && t.on_unwritable == rule.on_unwritable
             });
+            let filter = parsed.expressions.filter.clone();
             let t = match existing {
                 Some(t) => {
                     targets[t].rules.push(Arc::clone(&rules[i]));
+                    targets[t].filters.push(filter);
                     t
                 }
                 None => {
-                    let static_topic = topic.as_static().map(Arc::from);
-                    targets.push(Target {
-                        topic,
-                        key: rule.kafka.key,
-                        payload: rule.payload,
-                        headers: rule.kafka.headers.clone(),
-                        header_plan: HeaderPlan::new(&rule.kafka.headers),
-                        static_topic,
-                        dead_letter,
-                        on_unwritable: rule.on_unwritable,
-                        rules: vec![Arc::clone(&rules[i])],
-                    });
+                    targets.push(target(rule, parsed, dead_letter, &rules[i], filter));
                     targets.len() - 1
                 }
             };
-            for filter in &topics.filters {
-                filters.push((filter.clone(), t, i));
+            let bit = rule_bit(targets[t].rules.len() - 1);
+            for f in &parsed.filters {
+                filters.push((f.clone(), t, i, bit));
             }
         }
         Self {
@@ -102,12 +139,12 @@ impl Router {
         &self.targets
     }
 
-    /// The distinct targets of a topic, in rule order, into `out`; counts the message as
-    /// received for every rule it matched.
-    pub fn route(&self, topic: &str, out: &mut Vec<Arc<Target>>) {
+    /// The distinct targets of a topic, in rule order, with the rules each matched, into
+    /// `out`; counts the message as received for every rule it matched.
+    pub fn route(&self, topic: &str, out: &mut Vec<Routed>) {
         out.clear();
         let mut last_rule = usize::MAX;
-        for (filter, t, rule) in &self.filters {
+        for (filter, t, rule, bit) in &self.filters {
             if *rule == last_rule || !filter.matches(topic) {
                 continue;
             }
@@ -115,10 +152,43 @@ impl Router {
             last_rule = *rule;
             self.rules[*rule].on_received();
             let target = &self.targets[*t];
-            if !out.iter().any(|o| Arc::ptr_eq(o, target)) {
-                out.push(Arc::clone(target));
+            match out.iter_mut().find(|o| Arc::ptr_eq(&o.target, target)) {
+                Some(routed) => routed.matched |= bit,
+                None => out.push(Routed {
+                    target: Arc::clone(target),
+                    matched: *bit,
+                }),
             }
         }
+    }
+}
+
+fn target(
+    rule: &Rule,
+    parsed: &RuleTopics,
+    dead_letter: Option<Arc<str>>,
+    stats: &Arc<RuleStats>,
+    filter: Option<Expression>,
+) -> Target {
+    let static_topic = match &parsed.kafka_topic {
+        KafkaTopic::Template(t) => t.as_static().map(Arc::from),
+        KafkaTopic::Expression(_) => None,
+    };
+    Target {
+        topic: parsed.kafka_topic.clone(),
+        key: rule.kafka.key.clone(),
+        payload: rule.payload.clone(),
+        headers: rule.kafka.headers.clone(),
+        header_plan: HeaderPlan::new(&rule.kafka.headers),
+        static_topic,
+        dead_letter,
+        on_unwritable: rule.on_unwritable,
+        rules: vec![Arc::clone(stats)],
+        filters: vec![filter],
+        expressions: RuleExpressions {
+            filter: None,
+            ..parsed.expressions.clone()
+        },
     }
 }
 
@@ -174,12 +244,13 @@ pub fn header<'a>(key: &'a str, value: &'a [u8]) -> Header<'a, &'a [u8]> {
     }
 }
 
-/// The record key for a message under a key strategy.
-pub fn record_key(strategy: KeyStrategy, mqtt_topic: &str) -> Option<&str> {
+/// The record key for a message under a key strategy; `None` for an expression too (the
+/// pipeline evaluates it).
+pub fn record_key<'t>(strategy: &KeyStrategy, mqtt_topic: &'t str) -> Option<&'t str> {
     match strategy {
         KeyStrategy::MqttTopic => Some(mqtt_topic),
-        KeyStrategy::None => None,
-        KeyStrategy::TopicLevel(n) => mqtt_topic.split('/').nth(n),
+        KeyStrategy::None | KeyStrategy::Expression(_) => None,
+        KeyStrategy::TopicLevel(n) => mqtt_topic.split('/').nth(*n),
     }
 }
 
@@ -226,13 +297,13 @@ rules:
     payload: wrapped_json
 "#;
 
-    fn indices(router: &Router, out: &[Arc<Target>]) -> Vec<usize> {
+    fn indices(router: &Router, out: &[Routed]) -> Vec<usize> {
         out.iter()
-            .map(|t| {
+            .map(|o| {
                 router
                     .targets()
                     .iter()
-                    .position(|r| Arc::ptr_eq(r, t))
+                    .position(|r| Arc::ptr_eq(r, &o.target))
                     .unwrap()
             })
             .collect()
@@ -247,8 +318,15 @@ rules:
         router.route("plant/1/temp", &mut out);
         assert_eq!(indices(&router, &out), vec![0, 1]);
         assert_eq!(router.targets()[0].rule_names(), "all,temps");
+        assert_eq!(out[0].matched, 0b11, "both rules of the shared target");
         router.route("plant/1/pressure", &mut out);
         assert_eq!(indices(&router, &out), vec![0]);
+        let matched: Vec<&str> = out[0]
+            .target
+            .matched(out[0].matched)
+            .map(|r| r.name.as_str())
+            .collect();
+        assert_eq!(matched, ["all"], "only the rule that matched is credited");
         router.route("other/1/temp", &mut out);
         assert!(out.is_empty());
         let received: Vec<u64> = metrics.status().rules.iter().map(|r| r.received).collect();
@@ -274,6 +352,7 @@ rules:
             metadata: true,
             user_properties: true,
             prefix: "mqtt.".into(),
+            expressions: Default::default(),
         };
         let h = HeaderPlan::new(&all).build(&m).unwrap();
         let got: Vec<(String, String)> = h
@@ -300,10 +379,10 @@ rules:
 
     #[test]
     fn keys() {
-        assert_eq!(record_key(KeyStrategy::MqttTopic, "a/b/c"), Some("a/b/c"));
-        assert_eq!(record_key(KeyStrategy::None, "a/b/c"), None);
-        assert_eq!(record_key(KeyStrategy::TopicLevel(1), "a/b/c"), Some("b"));
-        assert_eq!(record_key(KeyStrategy::TopicLevel(5), "a/b/c"), None);
+        assert_eq!(record_key(&KeyStrategy::MqttTopic, "a/b/c"), Some("a/b/c"));
+        assert_eq!(record_key(&KeyStrategy::None, "a/b/c"), None);
+        assert_eq!(record_key(&KeyStrategy::TopicLevel(1), "a/b/c"), Some("b"));
+        assert_eq!(record_key(&KeyStrategy::TopicLevel(5), "a/b/c"), None);
     }
 
     #[test]

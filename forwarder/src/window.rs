@@ -33,8 +33,9 @@ pub struct TargetRef {
 /// Where one target of a message goes, as routing resolved it.
 #[derive(Debug, Clone)]
 pub struct TargetSpec {
-    /// The Kafka topic, or why the message's topic resolves to no legal topic name.
-    pub topic: Result<Arc<str>, String>,
+    /// The Kafka topic, or why the message cannot be written there as it is (its topic
+    /// resolves to no legal name, or an expression failed on it).
+    pub topic: Result<Arc<str>, (PermanentReason, String)>,
     pub dead_letter: Option<Arc<str>>,
     pub on_unwritable: OnUnwritable,
 }
@@ -75,16 +76,29 @@ pub enum PermanentReason {
     TooLarge,
     InvalidTopic,
     InvalidRecord,
+    /// A rule's expression reads `json`, and the payload does not parse.
+    InvalidJson,
+    /// A rule's expression failed on the message (a missing field, a wrong type) or returned
+    /// what its field cannot use.
+    Expression,
 }
 
 impl PermanentReason {
-    pub const ALL: [Self; 3] = [Self::TooLarge, Self::InvalidTopic, Self::InvalidRecord];
+    pub const ALL: [Self; 5] = [
+        Self::TooLarge,
+        Self::InvalidTopic,
+        Self::InvalidRecord,
+        Self::InvalidJson,
+        Self::Expression,
+    ];
 
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::TooLarge => "too_large",
             Self::InvalidTopic => "invalid_topic",
             Self::InvalidRecord => "invalid_record",
+            Self::InvalidJson => "invalid_json",
+            Self::Expression => "expression_failed",
         }
     }
 }
@@ -335,8 +349,8 @@ impl<M> Window<M> {
     /// Takes a message with where each of its targets goes.
     pub fn accept(&mut self, message: M, targets: Vec<TargetSpec>, now: Instant) -> Seq {
         let seq = self.head + self.slots.len() as Seq;
-        // Positions whose topic did not resolve; empty (no allocation) for nearly every message.
-        let mut invalid: Vec<(usize, String)> = Vec::new();
+        // Positions that cannot be produced; empty (no allocation) for nearly every message.
+        let mut invalid: Vec<(usize, (PermanentReason, String))> = Vec::new();
         let targets: Vec<Target> = targets
             .into_iter()
             .enumerate()
@@ -369,8 +383,8 @@ impl<M> Window<M> {
             let target = TargetRef { seq, pos };
             match invalid.next_if(|(p, _)| *p == pos) {
                 None => self.dispatch(target, now),
-                Some((_, error)) => {
-                    self.on_permanent(target, PermanentReason::InvalidTopic, error, now);
+                Some((_, (reason, error))) => {
+                    self.on_permanent(target, reason, error, now);
                 }
             }
         }
@@ -845,7 +859,9 @@ mod tests {
                         .map(|(topic, dlq, drop)| TargetSpec {
                             topic: topic
                                 .map(|t| Arc::from(TOPICS[usize::from(t)]))
-                                .ok_or_else(|| "bad template".to_owned()),
+                                .ok_or_else(|| {
+                                    (PermanentReason::InvalidTopic, "bad template".to_owned())
+                                }),
                             dead_letter: dlq.then(|| Arc::from("dlq")),
                             on_unwritable: if *drop {
                                 OnUnwritable::Drop

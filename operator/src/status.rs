@@ -562,6 +562,7 @@ mod tests {
             forwarded,
             acked: forwarded,
             dead_lettered: 0,
+            filtered: 0,
             failed: 0,
             rate_per_second: rate,
             last_forwarded_at: Some(

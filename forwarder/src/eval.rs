@@ -1,0 +1,349 @@
+//! Evaluating a rule's CEL expressions (`ferry_api::expr`) on one message: the variables are
+//! bound on first use, `json` is parsed at most once per message, and each result is checked
+//! against what its field needs. A failure is a value, never a panic: the pipeline sends the
+//! message to the target's dead-letter path with the error.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use cel::objects::{Key, Map};
+use cel::{Context, Value};
+use ferry_api::expr::{ENV, Expression, JSON_MAX_BYTES};
+use ferry_api::validate_kafka_topic;
+
+use crate::mqtt::Message;
+use crate::window::PermanentReason;
+
+/// Why an expression gave no usable result for a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EvalError {
+    /// `invalid_json` (the payload does not parse, and the expression reads `json`) or
+    /// `expression` (the evaluation failed, or returned the wrong type).
+    pub reason: PermanentReason,
+    pub message: String,
+}
+
+/// One message's variables, bound as expressions need them.
+pub struct Scope<'m> {
+    message: &'m Message,
+    received_at: SystemTime,
+    context: Context<'static, 'static>,
+    bound: Vec<&'static str>,
+    /// Why `json` could not be bound, once tried.
+    json_error: Option<String>,
+}
+
+impl<'m> Scope<'m> {
+    pub fn new(message: &'m Message, received_at: SystemTime) -> Self {
+        Self {
+            message,
+            received_at,
+            context: Context::with_env(Arc::clone(&ENV)),
+            bound: Vec::new(),
+            json_error: None,
+        }
+    }
+
+    /// Evaluates `e`; `field` names it in errors (`filter`, `kafka.key.expression`, ...).
+    pub fn eval(&mut self, e: &Expression, field: &str) -> Result<Value, EvalError> {
+        for variable in ferry_api::expr::VARIABLES {
+            if e.uses(variable.name) && !self.bound.contains(&variable.name) {
+                self.bind(variable.name);
+            }
+        }
+        if e.uses("json")
+            && let Some(error) = &self.json_error
+        {
+            return Err(EvalError {
+                reason: PermanentReason::InvalidJson,
+                message: format!("{field} reads json, but {error}"),
+            });
+        }
+        e.program()
+            .execute(&self.context)
+            .map_err(|error| failed(field, e, &error.to_string()))
+    }
+
+    pub fn filter(&mut self, e: &Expression) -> Result<bool, EvalError> {
+        match self.eval(e, "filter")? {
+            Value::Bool(b) => Ok(b),
+            other => Err(failed("filter", e, &wrong_type(&other, "a bool"))),
+        }
+    }
+
+    /// A key or header value: string or bytes; `null` for none.
+    pub fn bytes(&mut self, e: &Expression, field: &str) -> Result<Option<Vec<u8>>, EvalError> {
+        match self.eval(e, field)? {
+            Value::String(s) => Ok(Some(s.as_bytes().to_vec())),
+            Value::Bytes(b) => Ok(Some(b.as_ref().clone())),
+            Value::Null => Ok(None),
+            other => Err(failed(field, e, &wrong_type(&other, "a string, bytes or null"))),
+        }
+    }
+
+    /// A Kafka topic name, checked like a template's result.
+    pub fn topic(&mut self, e: &Expression) -> Result<String, EvalError> {
+        let field = "kafka.topic_expression";
+        match self.eval(e, field)? {
+            Value::String(s) => match validate_kafka_topic(&s) {
+                Ok(()) => Ok(s.as_ref().clone()),
+                Err(why) => Err(failed(
+                    field,
+                    e,
+                    &format!("{s:?} is not a valid Kafka topic name: it {why}"),
+                )),
+            },
+            other => Err(failed(field, e, &wrong_type(&other, "a string"))),
+        }
+    }
+
+    /// The record value: the result written as JSON.
+    pub fn transform(&mut self, e: &Expression) -> Result<Vec<u8>, EvalError> {
+        let field = "payload.transform";
+        let value = self.eval(e, field)?;
+        let json = value
+            .json()
+            .map_err(|error| failed(field, e, &format!("cannot be written as JSON: {error}")))?;
+        serde_json::to_vec(&json)
+            .map_err(|error| failed(field, e, &format!("cannot be written as JSON: {error}")))
+    }
+
+    fn bind(&mut self, name: &'static str) {
+        let m = self.message;
+        let value = match name {
+            "topic" => Value::from(m.topic.as_str()),
+            "levels" => Value::List(Arc::new(m.topic.split('/').map(Value::from).collect())),
+            "qos" => Value::Int(i64::from(m.qos)),
+            "retain" => Value::Bool(m.retain),
+            "properties" => {
+                let map: HashMap<Key, Value> = m
+                    .user_properties
+                    .iter()
+                    .map(|(k, v)| (Key::from(k.as_str()), Value::from(v.as_str())))
+                    .collect();
+                Value::Map(Map { map: Arc::new(map) })
+            }
+            "contentType" => Value::from(m.content_type.as_deref().unwrap_or_default()),
+            "payload" => Value::Bytes(Arc::new(m.payload.to_vec())),
+            "receivedAt" => {
+                Value::Timestamp(chrono::DateTime::<chrono::Utc>::from(self.received_at).into())
+            }
+            "json" => match parse_json(&m.payload) {
+                Ok(value) => value,
+                Err(error) => {
+                    self.json_error = Some(error);
+                    Value::Null
+                }
+            },
+            _ => Value::Null,
+        };
+        self.context.add_variable_from_value(name, value);
+        self.bound.push(name);
+    }
+}
+
+/// What a target's expressions made of one message, to build its record from.
+#[derive(Debug, Default)]
+pub struct Evaluated {
+    /// From `kafka.topic_expression`.
+    pub topic: Option<String>,
+    /// From `kafka.key.expression`: `None` for no key.
+    pub key: Option<Vec<u8>>,
+    /// From `kafka.headers.expressions`, those that were not `null`.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// From `payload.transform`.
+    pub value: Option<Vec<u8>>,
+    /// The first expression that failed (a filter's included): the record cannot be built.
+    pub error: Option<EvalError>,
+}
+
+impl Evaluated {
+    pub fn failed(error: EvalError) -> Self {
+        Self {
+            error: Some(error),
+            ..Self::default()
+        }
+    }
+}
+
+/// Evaluates the expressions of a target's record (not its rules' filters).
+pub fn record(
+    scope: &mut Scope<'_>,
+    topic: Option<&Expression>,
+    e: &ferry_api::RuleExpressions,
+) -> Evaluated {
+    let mut out = Evaluated::default();
+    if let Err(error) = record_parts(scope, topic, e, &mut out) {
+        out.error = Some(error);
+    }
+    out
+}
+
+fn record_parts(
+    scope: &mut Scope<'_>,
+    topic: Option<&Expression>,
+    e: &ferry_api::RuleExpressions,
+    out: &mut Evaluated,
+) -> Result<(), EvalError> {
+    if let Some(t) = topic {
+        out.topic = Some(scope.topic(t)?);
+    }
+    if let Some(k) = &e.key {
+        out.key = scope.bytes(k, "kafka.key.expression")?;
+    }
+    for (name, h) in &e.headers {
+        let field = format!("kafka.headers.expressions.{name}");
+        if let Some(value) = scope.bytes(h, &field)? {
+            out.headers.push((name.clone(), value));
+        }
+    }
+    if let Some(t) = &e.transform {
+        out.value = Some(scope.transform(t)?);
+    }
+    Ok(())
+}
+
+fn failed(field: &str, e: &Expression, error: &str) -> EvalError {
+    EvalError {
+        reason: PermanentReason::Expression,
+        message: format!("{field} {:?} failed: {error}", e.source()),
+    }
+}
+
+fn wrong_type(value: &Value, wanted: &str) -> String {
+    // CEL's names for the types (the crate calls a double `float`).
+    let kind = match value {
+        Value::Int(_) => "an int",
+        Value::UInt(_) => "a uint",
+        Value::Float(_) => "a double",
+        Value::String(_) => "a string",
+        Value::Bytes(_) => "bytes",
+        Value::Bool(_) => "a bool",
+        Value::List(_) => "a list",
+        Value::Map(_) => "a map",
+        Value::Null => "null",
+        Value::Timestamp(_) => "a timestamp",
+        Value::Duration(_) => "a duration",
+        _ => "a value of another type",
+    };
+    format!("returned {kind}, not {wanted}")
+}
+
+/// The payload as a CEL value, numbers as CEL's JSON mapping would have them but without
+/// losing integers: a number without a fraction that fits is an `int`, any other a `double`.
+pub fn parse_json(payload: &[u8]) -> Result<Value, String> {
+    if payload.len() > JSON_MAX_BYTES {
+        return Err(format!(
+            "the payload ({} bytes) is larger than the {JSON_MAX_BYTES} bytes json parses",
+            payload.len()
+        ));
+    }
+    let parsed: serde_json::Value = serde_json::from_slice(payload)
+        .map_err(|error| format!("the payload is not JSON: {error}"))?;
+    Ok(json_value(parsed))
+}
+
+fn json_value(v: serde_json::Value) -> Value {
+    match v {
+        serde_json::Value::Null => Value::Null,
+        serde_json::Value::Bool(b) => Value::Bool(b),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(i) => Value::Int(i),
+            None => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        serde_json::Value::String(s) => Value::String(Arc::new(s)),
+        serde_json::Value::Array(items) => {
+            Value::List(Arc::new(items.into_iter().map(json_value).collect()))
+        }
+        serde_json::Value::Object(fields) => {
+            let map: HashMap<Key, Value> = fields
+                .into_iter()
+                .map(|(k, v)| (Key::String(Arc::new(k)), json_value(v)))
+                .collect();
+            Value::Map(Map { map: Arc::new(map) })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(topic: &str, payload: &[u8]) -> Message {
+        Message {
+            topic: topic.into(),
+            payload: bytes::Bytes::copy_from_slice(payload),
+            qos: 1,
+            pkid: 1,
+            retain: false,
+            content_type: Some("application/json".into()),
+            user_properties: vec![("site".into(), "north".into())],
+            epoch: 1,
+        }
+    }
+
+    fn expr(source: &str) -> Expression {
+        ferry_api::expr::compile(source).unwrap_or_else(|e| panic!("{source}: {e}"))
+    }
+
+    #[test]
+    fn variables_hold_the_message() {
+        let m = message("plant/7/temp", br#"{"device":"d-1","temp":61.5,"n":3}"#);
+        let mut s = Scope::new(&m, SystemTime::now());
+        let checks = [
+            "topic == 'plant/7/temp' && levels[1] == '7' && size(levels) == 3",
+            "qos == 1 && !retain && properties['site'] == 'north'",
+            "contentType == 'application/json' && size(payload) > 10",
+            "json.device == 'd-1' && json.temp > 50.0 && json.n == 3 && json.n + 1 == 4",
+            "receivedAt > timestamp('2020-01-01T00:00:00Z')",
+        ];
+        for c in checks {
+            assert_eq!(s.filter(&expr(c)), Ok(true), "{c}");
+        }
+    }
+
+    #[test]
+    fn results_are_checked_against_their_field() {
+        let m = message("plant/7/temp", br#"{"device":"d-1","temp":61.5}"#);
+        let mut s = Scope::new(&m, SystemTime::now());
+        assert_eq!(s.bytes(&expr("json.device"), "key"), Ok(Some(b"d-1".to_vec())));
+        assert_eq!(s.bytes(&expr("null"), "key"), Ok(None));
+        let e = s.bytes(&expr("json.temp"), "key").unwrap_err();
+        assert_eq!(e.reason, PermanentReason::Expression);
+        assert!(e.message.contains("returned a double"), "{}", e.message);
+        let e = s.filter(&expr("json.device")).unwrap_err();
+        assert!(e.message.contains("not a bool"), "{}", e.message);
+        assert_eq!(s.topic(&expr("'readings.' + levels[1]")), Ok("readings.7".into()));
+        let e = s.topic(&expr("'a/b'")).unwrap_err();
+        assert!(e.message.contains("not a valid Kafka topic name"), "{}", e.message);
+        let v = s
+            .transform(&expr("{'device': json.device, 'site': levels[1], 't': json.temp}"))
+            .unwrap();
+        assert_eq!(v, br#"{"device":"d-1","site":"7","t":61.5}"#.to_vec());
+    }
+
+    #[test]
+    fn a_missing_field_and_a_wrong_type_are_errors_not_panics() {
+        let m = message("a", br#"{"a":{"b":"x"}}"#);
+        let mut s = Scope::new(&m, SystemTime::now());
+        let e = s.filter(&expr("json.a.c == 1")).unwrap_err();
+        assert_eq!(e.reason, PermanentReason::Expression);
+        assert!(e.message.contains("No such key: c"), "{}", e.message);
+        assert!(s.filter(&expr("json.a.b + 1 == 2")).is_err());
+    }
+
+    #[test]
+    fn a_payload_that_is_not_json_fails_only_what_reads_json() {
+        let m = message("a/b", b"\x00not json");
+        let mut s = Scope::new(&m, SystemTime::now());
+        let e = s.filter(&expr("json.x == 1")).unwrap_err();
+        assert_eq!(e.reason, PermanentReason::InvalidJson);
+        assert!(e.message.contains("not JSON"), "{}", e.message);
+        assert_eq!(s.filter(&expr("levels[0] == 'a'")), Ok(true));
+        let huge = vec![b' '; JSON_MAX_BYTES + 1];
+        let m = message("a", &huge);
+        let e = Scope::new(&m, SystemTime::now()).filter(&expr("has(json.x)")).unwrap_err();
+        assert!(e.message.contains("larger than"), "{}", e.message);
+    }
+}
