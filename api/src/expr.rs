@@ -24,7 +24,7 @@ pub const MAX_LEN: usize = 4096;
 
 /// Largest payload `json` parses, in bytes: beyond it, a rule that uses `json` sends the
 /// message to its dead-letter path. Bounds what one evaluation costs.
-pub const JSON_MAX_BYTES: usize = 1024 * 1024;
+pub const JSON_MAX_BYTES: usize = 256 * 1024;
 
 /// A variable an expression may use.
 #[derive(Debug, Clone, Copy)]
@@ -85,7 +85,7 @@ pub const VARIABLES: &[Variable] = &[
         name: "json",
         kind: "dyn",
         scalar: false,
-        meaning: "the payload parsed as JSON (numbers without a fraction are `int`, others `double`); a message whose payload does not parse, or is larger than 1 MiB, goes to the dead-letter path of a rule that uses it",
+        meaning: "the payload parsed as JSON (numbers without a fraction are `int`, others `double`); a message whose payload does not parse, or is larger than 256 KiB, goes to the dead-letter path of a rule that uses it",
     },
     Variable {
         name: "receivedAt",
@@ -97,8 +97,18 @@ pub const VARIABLES: &[Variable] = &[
 
 /// CEL's type names, which are identifiers too.
 const TYPE_NAMES: &[&str] = &[
-    "bool", "bytes", "double", "duration", "int", "list", "map", "null_type", "string",
-    "timestamp", "type", "uint",
+    "bool",
+    "bytes",
+    "double",
+    "duration",
+    "int",
+    "list",
+    "map",
+    "null_type",
+    "string",
+    "timestamp",
+    "type",
+    "uint",
 ];
 
 /// The standard environment, shared: building one costs more than most evaluations.
@@ -217,7 +227,8 @@ impl Check<'_> {
                 self.expr(&c.iter_range)?;
                 self.expr(&c.accu_init)?;
                 let own = [Some(&c.iter_var), c.iter_var2.as_ref(), Some(&c.accu_var)];
-                self.scopes.push(own.into_iter().flatten().cloned().collect());
+                self.scopes
+                    .push(own.into_iter().flatten().cloned().collect());
                 let body = [&c.loop_cond, &c.loop_step, &c.result]
                     .into_iter()
                     .try_for_each(|part| self.expr(part));
@@ -235,7 +246,10 @@ impl Check<'_> {
             Expr::Select(select) => self.expr(&select.operand),
             Expr::Struct(s) => Err(self.error(
                 e,
-                format!("message types such as {:?} are not available here", s.type_name),
+                format!(
+                    "message types such as {:?} are not available here",
+                    s.type_name
+                ),
             )),
             Expr::Literal(_) | Expr::Unspecified => Ok(()),
         }
@@ -246,7 +260,11 @@ impl Check<'_> {
         if name.starts_with('@') || TYPE_NAMES.contains(&name) {
             return Ok(());
         }
-        if let Some(depth) = self.scopes.iter().rposition(|s| s.iter().any(|v| v == name)) {
+        if let Some(depth) = self
+            .scopes
+            .iter()
+            .rposition(|s| s.iter().any(|v| v == name))
+        {
             if depth + 1 == self.scopes.len() {
                 return Ok(());
             }
@@ -352,7 +370,10 @@ mod tests {
         let e = compile("json.temp > 50.0 && levels[1] == 'north'").expect("compiles");
         assert!(e.uses("json") && e.uses("levels"));
         assert!(!e.uses("payload") && !e.uses("topic"));
-        assert_eq!(e, compile("json.temp > 50.0 && levels[1] == 'north'").unwrap());
+        assert_eq!(
+            e,
+            compile("json.temp > 50.0 && levels[1] == 'north'").unwrap()
+        );
     }
 
     #[test]

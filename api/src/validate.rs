@@ -15,9 +15,9 @@ use crate::config::{
     DeadLetter, ForwarderConfig, KafkaConfig, MAX_RULES, MqttConfig, MqttProtocol, Problem, Rule,
     Sasl, SaslMechanism, Tls,
 };
+use crate::config::{KeyStrategy, PayloadFormat};
 use crate::expr::{self, Expression};
 use crate::kafka_props;
-use crate::config::{KeyStrategy, PayloadFormat};
 use crate::topic::{TopicFilter, TopicTemplate, is_valid_share_group, validate_kafka_topic};
 
 /// A config that passed [`ValidConfig::new`]. Reads as a [`ForwarderConfig`] through `Deref`;
@@ -436,10 +436,7 @@ fn check_expressions(
         ok &= compiled.is_some();
         compiled
     };
-    let filter = rule
-        .filter
-        .as_deref()
-        .and_then(|f| one(p, at("filter"), f));
+    let filter = rule.filter.as_deref().and_then(|f| one(p, at("filter"), f));
     let key = match &rule.kafka.key {
         KeyStrategy::Expression(source) => one(p, at("kafka.key.expression"), source),
         _ => None,

@@ -78,7 +78,11 @@ impl<'m> Scope<'m> {
             Value::String(s) => Ok(Some(s.as_bytes().to_vec())),
             Value::Bytes(b) => Ok(Some(b.as_ref().clone())),
             Value::Null => Ok(None),
-            other => Err(failed(field, e, &wrong_type(&other, "a string, bytes or null"))),
+            other => Err(failed(
+                field,
+                e,
+                &wrong_type(&other, "a string, bytes or null"),
+            )),
         }
     }
 
@@ -307,18 +311,30 @@ mod tests {
     fn results_are_checked_against_their_field() {
         let m = message("plant/7/temp", br#"{"device":"d-1","temp":61.5}"#);
         let mut s = Scope::new(&m, SystemTime::now());
-        assert_eq!(s.bytes(&expr("json.device"), "key"), Ok(Some(b"d-1".to_vec())));
+        assert_eq!(
+            s.bytes(&expr("json.device"), "key"),
+            Ok(Some(b"d-1".to_vec()))
+        );
         assert_eq!(s.bytes(&expr("null"), "key"), Ok(None));
         let e = s.bytes(&expr("json.temp"), "key").unwrap_err();
         assert_eq!(e.reason, PermanentReason::Expression);
         assert!(e.message.contains("returned a double"), "{}", e.message);
         let e = s.filter(&expr("json.device")).unwrap_err();
         assert!(e.message.contains("not a bool"), "{}", e.message);
-        assert_eq!(s.topic(&expr("'readings.' + levels[1]")), Ok("readings.7".into()));
+        assert_eq!(
+            s.topic(&expr("'readings.' + levels[1]")),
+            Ok("readings.7".into())
+        );
         let e = s.topic(&expr("'a/b'")).unwrap_err();
-        assert!(e.message.contains("not a valid Kafka topic name"), "{}", e.message);
+        assert!(
+            e.message.contains("not a valid Kafka topic name"),
+            "{}",
+            e.message
+        );
         let v = s
-            .transform(&expr("{'device': json.device, 'site': levels[1], 't': json.temp}"))
+            .transform(&expr(
+                "{'device': json.device, 'site': levels[1], 't': json.temp}",
+            ))
             .unwrap();
         assert_eq!(v, br#"{"device":"d-1","site":"7","t":61.5}"#.to_vec());
     }
@@ -343,7 +359,9 @@ mod tests {
         assert_eq!(s.filter(&expr("levels[0] == 'a'")), Ok(true));
         let huge = vec![b' '; JSON_MAX_BYTES + 1];
         let m = message("a", &huge);
-        let e = Scope::new(&m, SystemTime::now()).filter(&expr("has(json.x)")).unwrap_err();
+        let e = Scope::new(&m, SystemTime::now())
+            .filter(&expr("has(json.x)"))
+            .unwrap_err();
         assert!(e.message.contains("larger than"), "{}", e.message);
     }
 }

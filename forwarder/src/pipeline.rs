@@ -10,8 +10,8 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use ferry_api::{KafkaTopic, KeyStrategy, PayloadFormat};
 use ferry_api::config::KafkaConfig;
+use ferry_api::{KafkaTopic, KeyStrategy, PayloadFormat};
 use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::BaseRecord;
@@ -19,10 +19,10 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
+use crate::eval::{self, EvalError, Evaluated, Scope};
 use crate::kafka::{self, Classified, KafkaProducer, Report};
 use crate::metrics::Metrics;
 use crate::mqtt::{Link, Message, Outbound, Subscriptions};
-use crate::eval::{self, EvalError, Evaluated, Scope};
 use crate::route::{self, Routed, Router, Target, header, record_key, wrap_json};
 use crate::window::{
     Action, Backoff, BlockReason, Dest, Outcome, PermanentReason, TargetRef, TargetSpec, Window,
@@ -513,7 +513,13 @@ impl Leg {
         let evaluated = self.evaluated.as_deref();
         let topic = match (evaluated, &t.static_topic, &t.topic) {
             (Some(Evaluated { error: Some(e), .. }), _, _) => Err((e.reason, e.message.clone())),
-            (Some(Evaluated { topic: Some(name), .. }), _, _) => Ok(Arc::from(name.as_str())),
+            (
+                Some(Evaluated {
+                    topic: Some(name), ..
+                }),
+                _,
+                _,
+            ) => Ok(Arc::from(name.as_str())),
             (_, Some(name), _) => Ok(Arc::clone(name)),
             (_, None, KafkaTopic::Template(template)) => template
                 .resolve(mqtt_topic)
@@ -561,7 +567,10 @@ impl Leg {
 
     /// The topic its record was meant for, for the dead-letter record's headers.
     fn intended_topic(&self, mqtt_topic: &str) -> String {
-        if let Some(Evaluated { topic: Some(name), .. }) = self.evaluated.as_deref() {
+        if let Some(Evaluated {
+            topic: Some(name), ..
+        }) = self.evaluated.as_deref()
+        {
             return name.clone();
         }
         match &self.target.topic {

@@ -8,7 +8,9 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use ferry_api::config::{Headers, OnUnwritable};
 use ferry_api::expr::Expression;
 use ferry_api::validate::RuleTopics;
-use ferry_api::{KafkaTopic, KeyStrategy, PayloadFormat, Rule, RuleExpressions, TopicFilter, ValidConfig};
+use ferry_api::{
+    KafkaTopic, KeyStrategy, PayloadFormat, Rule, RuleExpressions, TopicFilter, ValidConfig,
+};
 use rdkafka::message::{Header, OwnedHeaders};
 
 use crate::metrics::{Metrics, RuleStats};

@@ -857,11 +857,9 @@ mod tests {
                         .targets
                         .iter()
                         .map(|(topic, dlq, drop)| TargetSpec {
-                            topic: topic
-                                .map(|t| Arc::from(TOPICS[usize::from(t)]))
-                                .ok_or_else(|| {
-                                    (PermanentReason::InvalidTopic, "bad template".to_owned())
-                                }),
+                            topic: topic.map(|t| Arc::from(TOPICS[usize::from(t)])).ok_or_else(
+                                || (PermanentReason::InvalidTopic, "bad template".to_owned()),
+                            ),
                             dead_letter: dlq.then(|| Arc::from("dlq")),
                             on_unwritable: if *drop {
                                 OnUnwritable::Drop

@@ -1,0 +1,391 @@
+//! CEL rules against real Mosquitto and Kafka: filters, keys, topics, headers and transforms
+//! over JSON payloads, and what happens to the payloads that break them (not JSON, a missing
+//! field, a wrong type, nesting too deep): the dead-letter topic with the error, never a stall,
+//! never a silent drop.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use common::{Brokers, Forwarder, runtime, wait_until};
+use ferry_e2e::Record;
+
+const RULES: &str = r#"  - name: readings
+    mqtt: { topics: ["plant/+/readings"] }
+    filter: "json.type != 'heartbeat'"
+    kafka:
+      topic_expression: "'readings.' + levels[1]"
+      key: { expression: "json.device" }
+      headers:
+        expressions:
+          site: "levels[1]"
+          unit: "has(json.unit) ? json.unit : null"
+    payload:
+      transform: "{'device': json.device, 'value': json.value, 'site': levels[1], 'n': json.n}"
+    dead_letter: { topic: readings.dlq }
+  - name: audit-all
+    mqtt: { topics: ["plant/#"] }
+    kafka: { topic: audit }
+  - name: audit-readings
+    mqtt: { topics: ["plant/+/readings"] }
+    kafka: { topic: audit }
+"#;
+
+/// What a message is, and where it must end up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Reading,
+    Heartbeat,
+    NotJson,
+    NoDevice,
+    NumericDevice,
+    TooDeep,
+    Deep,
+    Large,
+    /// Larger than `json` parses.
+    Huge,
+}
+
+fn nested(depth: usize, inner: &str) -> String {
+    format!("{}{inner}{}", "{\"a\":".repeat(depth), "}".repeat(depth))
+}
+
+/// The message `n` of kind `kind`, published from site `site`.
+fn message(kind: Kind, n: usize, site: &str) -> (String, Vec<u8>) {
+    let device = format!("dev-{site}-{}", n % 5);
+    let body = match kind {
+        Kind::Reading => {
+            format!(r#"{{"type":"reading","device":"{device}","value":{n}.5,"unit":"C","n":{n}}}"#)
+        }
+        Kind::Heartbeat => format!(r#"{{"type":"heartbeat","device":"{device}","n":{n}}}"#),
+        Kind::NotJson => format!("reading {n} from {device}"),
+        Kind::NoDevice => format!(r#"{{"type":"reading","value":1,"n":{n}}}"#),
+        Kind::NumericDevice => format!(r#"{{"type":"reading","device":17,"value":1,"n":{n}}}"#),
+        // serde_json refuses nesting deeper than 128.
+        Kind::TooDeep => nested(200, &format!(r#"{{"n":{n}}}"#)),
+        Kind::Deep => {
+            let inner = nested(100, "1");
+            format!(r#"{{"type":"reading","device":"{device}","value":{inner},"n":{n}}}"#)
+        }
+        Kind::Large | Kind::Huge => {
+            // 5 bytes a sample: just under, or just over, what `json` parses.
+            let fits = ferry_api::expr::JSON_MAX_BYTES / 5;
+            let count = if kind == Kind::Huge {
+                fits + 100
+            } else {
+                fits - 100
+            };
+            let samples = vec!["1.25"; count].join(",");
+            format!(r#"{{"type":"reading","device":"{device}","value":[{samples}],"n":{n}}}"#)
+        }
+    };
+    (format!("plant/{site}/readings"), body.into_bytes())
+}
+
+fn header<'r>(r: &'r Record, name: &str) -> Option<&'r str> {
+    r.headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| std::str::from_utf8(v).expect("utf-8 header"))
+}
+
+fn json(r: &Record) -> serde_json::Value {
+    serde_json::from_slice(&r.value).expect("a JSON record")
+}
+
+#[test]
+fn expressions_filter_key_route_and_reshape_and_failures_go_to_the_dead_letter_topic() {
+    let brokers = Brokers::start();
+    let rt = runtime();
+    for topic in ["readings.north", "readings.south", "readings.dlq", "audit"] {
+        rt.block_on(brokers.kafka.create_topic(topic, 1))
+            .expect("topic");
+    }
+    let mut fwd = Forwarder::start(&brokers.config("ferry-cel", RULES));
+    fwd.wait_ready(Duration::from_secs(30));
+
+    // Mostly readings, the rest of every kind, spread over two sites.
+    let mut published: Vec<(Kind, usize, &str)> = Vec::new();
+    for n in 0..600 {
+        let kind = match n % 20 {
+            0 => Kind::Heartbeat,
+            1 => Kind::NotJson,
+            2 => Kind::NoDevice,
+            3 => Kind::NumericDevice,
+            4 => Kind::TooDeep,
+            5 => Kind::Deep,
+            6 if n % 120 == 6 => Kind::Large,
+            7 if n % 120 == 7 => Kind::Huge,
+            _ => Kind::Reading,
+        };
+        published.push((kind, n, if n % 2 == 0 { "north" } else { "south" }));
+    }
+    let count = |pred: &dyn Fn(Kind) -> bool| published.iter().filter(|(k, ..)| pred(*k)).count();
+    let forwarded_kinds = |k: Kind| matches!(k, Kind::Reading | Kind::Deep | Kind::Large);
+    let failing_kinds = |k: Kind| {
+        matches!(
+            k,
+            Kind::NotJson | Kind::NoDevice | Kind::NumericDevice | Kind::TooDeep | Kind::Huge
+        )
+    };
+    let (forwarded, failing) = (count(&forwarded_kinds), count(&failing_kinds));
+    let heartbeats = count(&|k| k == Kind::Heartbeat);
+    let msgs = published
+        .iter()
+        .map(|(kind, n, site)| message(*kind, *n, site))
+        .collect();
+    let started = Instant::now();
+    rt.block_on(ferry_e2e::publish(
+        brokers.mqtt.port(),
+        "pub-cel",
+        rumqttc::QoS::AtLeastOnce,
+        msgs,
+    ))
+    .expect("publish");
+    wait_until(&fwd, Duration::from_secs(60), "every message acked", || {
+        fwd.metric("ferry_mqtt_acked_messages_total") >= published.len() as f64
+    });
+    eprintln!(
+        "{} messages ({forwarded} forwarded, {heartbeats} filtered, {failing} dead-lettered) acked in {:.2} s",
+        published.len(),
+        started.elapsed().as_secs_f64()
+    );
+
+    let read = |topic: &str, n: usize| {
+        brokers
+            .kafka
+            .read_all(topic, n, Duration::from_secs(2), Duration::from_secs(30))
+            .expect("read")
+    };
+    // Routed by site, keyed by device, headers from the topic and the payload, reshaped.
+    let mut by_n: BTreeMap<usize, Record> = BTreeMap::new();
+    for site in ["north", "south"] {
+        let want = published
+            .iter()
+            .filter(|(k, _, s)| forwarded_kinds(*k) && *s == site)
+            .count();
+        let records = read(&format!("readings.{site}"), want);
+        assert_eq!(records.len(), want, "readings.{site}");
+        for r in records {
+            let v = json(&r);
+            assert_eq!(v["site"], site, "{v}");
+            assert_eq!(header(&r, "site"), Some(site));
+            assert_eq!(r.key_str(), v["device"].as_str(), "keyed by the device");
+            let n = v["n"].as_u64().expect("n") as usize;
+            assert!(by_n.insert(n, r).is_none(), "message {n} twice");
+        }
+    }
+    for (kind, n, site) in &published {
+        let Some(r) = by_n.get(n) else {
+            assert!(!forwarded_kinds(*kind), "{kind:?} {n} not forwarded");
+            continue;
+        };
+        let v = json(r);
+        let object = v.as_object().expect("an object");
+        let fields: BTreeSet<&str> = object.keys().map(String::as_str).collect();
+        assert_eq!(
+            fields,
+            BTreeSet::from(["device", "n", "site", "value"]),
+            "{v}"
+        );
+        assert_eq!(v["device"], format!("dev-{site}-{}", n % 5));
+        match kind {
+            Kind::Reading => {
+                assert_eq!(v["value"].as_f64(), Some(*n as f64 + 0.5));
+                assert_eq!(header(r, "unit"), Some("C"));
+            }
+            Kind::Deep => {
+                assert_eq!(header(r, "unit"), None, "a null header is left out");
+                let mut inner = &v["value"];
+                for _ in 0..100 {
+                    inner = &inner["a"];
+                }
+                assert_eq!(inner, 1, "100 levels kept");
+            }
+            Kind::Large => {
+                let want = ferry_api::expr::JSON_MAX_BYTES / 5 - 100;
+                assert_eq!(v["value"].as_array().map(Vec::len), Some(want));
+            }
+            other => panic!("{other:?} forwarded"),
+        }
+    }
+
+    // Every failure in the dead-letter topic, untouched, with the error that names the field.
+    let dlq = read("readings.dlq", failing);
+    assert_eq!(
+        dlq.len(),
+        failing,
+        "every failing message dead-lettered once"
+    );
+    let mut errors: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in &dlq {
+        let error = header(r, "ferry.error").expect("ferry.error");
+        let why = if error.contains("reads json, but the payload (")
+            && error.contains("larger than")
+        {
+            "too large for json"
+        } else if error.contains("reads json, but the payload is not JSON") {
+            if error.contains("recursion limit") {
+                "too deep"
+            } else {
+                "not json"
+            }
+        } else if error.contains("No such key: device") {
+            "missing field"
+        } else if error.contains("kafka.key.expression \"json.device\" failed: returned an int") {
+            "wrong type"
+        } else {
+            panic!("unexpected error {error:?}");
+        };
+        *errors.entry(why).or_default() += 1;
+        assert_eq!(header(r, "ferry.rule"), Some("readings"));
+        assert!(header(r, "ferry.mqtt.topic").is_some_and(|t| t.starts_with("plant/")));
+    }
+    let want_errors = BTreeMap::from([
+        ("missing field", count(&|k| k == Kind::NoDevice)),
+        ("not json", count(&|k| k == Kind::NotJson)),
+        ("too deep", count(&|k| k == Kind::TooDeep)),
+        ("too large for json", count(&|k| k == Kind::Huge)),
+        ("wrong type", count(&|k| k == Kind::NumericDevice)),
+    ]);
+    assert_eq!(errors, want_errors);
+
+    // Per rule: the filter's count, and only the rules a message matched credited.
+    let status = fwd.status().expect("status");
+    let rule = |name: &str| status.rule(name).expect("rule").clone();
+    let readings = rule("readings");
+    assert_eq!(readings.filtered, heartbeats as u64);
+    assert_eq!(readings.dead_lettered, failing as u64);
+    assert_eq!(readings.forwarded, forwarded as u64);
+    assert_eq!(rule("audit-all").forwarded, published.len() as u64);
+    assert_eq!(rule("audit-readings").forwarded, published.len() as u64);
+    let audit = read("audit", published.len());
+    assert_eq!(
+        audit.len(),
+        published.len(),
+        "a shared target is written once"
+    );
+    let failed_json = fwd.metric("ferry_rule_failed_messages_total");
+    assert_eq!(
+        failed_json, 0.0,
+        "nothing dropped: a dead-letter topic took every failure"
+    );
+    fwd.kill();
+}
+
+/// The shared-target crediting with messages that match only one of the rules: the audit
+/// rules differ in their filters, so `audit-readings` must not be credited with others.
+#[test]
+fn rules_sharing_a_target_are_credited_only_with_what_they_matched() {
+    let brokers = Brokers::start();
+    let rt = runtime();
+    rt.block_on(brokers.kafka.create_topic("audit", 1))
+        .expect("topic");
+    let rules = "  - name: audit-all\n    mqtt: { topics: [\"plant/#\"] }\n    kafka: { topic: audit }\n\
+                 \x20 - name: audit-readings\n    mqtt: { topics: [\"plant/+/readings\"] }\n    kafka: { topic: audit }\n";
+    let mut fwd = Forwarder::start(&brokers.config("ferry-credit", rules));
+    fwd.wait_ready(Duration::from_secs(30));
+    let msgs: Vec<(String, Vec<u8>)> = (0..300)
+        .map(|n| {
+            let topic = if n % 3 == 0 {
+                "plant/1/readings"
+            } else {
+                "plant/1/status"
+            };
+            (topic.to_owned(), format!("{n}").into_bytes())
+        })
+        .collect();
+    rt.block_on(ferry_e2e::publish(
+        brokers.mqtt.port(),
+        "pub-credit",
+        rumqttc::QoS::AtLeastOnce,
+        msgs,
+    ))
+    .expect("publish");
+    wait_until(&fwd, Duration::from_secs(60), "every message acked", || {
+        fwd.metric("ferry_mqtt_acked_messages_total") >= 300.0
+    });
+    let status = fwd.status().expect("status");
+    let rule = |name: &str| status.rule(name).expect("rule").clone();
+    assert_eq!(
+        (rule("audit-all").forwarded, rule("audit-all").acked),
+        (300, 300)
+    );
+    assert_eq!(
+        (
+            rule("audit-readings").forwarded,
+            rule("audit-readings").acked
+        ),
+        (100, 100),
+        "only the messages it matched"
+    );
+    fwd.kill();
+}
+
+/// The costliest expression the compile-time rules let through (a comprehension over every
+/// element of a large payload) costs in proportion to the payload: while such messages arrive,
+/// another rule's stream keeps flowing and every message of both arrives.
+#[test]
+fn an_expensive_expression_does_not_starve_the_pipeline() {
+    let brokers = Brokers::start();
+    let rt = runtime();
+    for topic in ["heavy", "light"] {
+        rt.block_on(brokers.kafka.create_topic(topic, 1))
+            .expect("topic");
+    }
+    let rules = "  - name: heavy\n    mqtt: { topics: [\"heavy/+\"] }\n    filter: \"json.items.map(x, x * 2).filter(y, y > 1).size() > 0\"\n    kafka: { topic: heavy }\n    payload: { transform: \"{'count': size(json.items), 'n': json.n}\" }\n\
+                 \x20 - name: light\n    mqtt: { topics: [\"light/+\"] }\n    kafka: { topic: light }\n";
+    let mut fwd = Forwarder::start(&brokers.config("ferry-heavy", rules));
+    fwd.wait_ready(Duration::from_secs(30));
+    // The most `json` parses: items of "1," fill it.
+    let items = (ferry_api::expr::JSON_MAX_BYTES - 64) / 2;
+    let heavy = 10;
+    let light = 5_000;
+    let mut msgs = Vec::new();
+    for n in 0..light {
+        if n % (light / heavy) == 0 {
+            let body = format!(r#"{{"n":{n},"items":[{}]}}"#, vec!["1"; items].join(","));
+            msgs.push((format!("heavy/{n}"), body.into_bytes()));
+        }
+        msgs.push((format!("light/{}", n % 4), format!("{n}").into_bytes()));
+    }
+    let total = msgs.len();
+    let started = Instant::now();
+    rt.block_on(ferry_e2e::publish(
+        brokers.mqtt.port(),
+        "pub-heavy",
+        rumqttc::QoS::AtLeastOnce,
+        msgs,
+    ))
+    .expect("publish");
+    wait_until(
+        &fwd,
+        Duration::from_secs(120),
+        "every message acked",
+        || fwd.metric("ferry_mqtt_acked_messages_total") >= total as f64,
+    );
+    let elapsed = started.elapsed();
+    let read = |topic: &str, n: usize| {
+        brokers
+            .kafka
+            .read_all(topic, n, Duration::from_secs(2), Duration::from_secs(30))
+            .expect("read")
+    };
+    let heavy_records = read("heavy", heavy);
+    assert_eq!(heavy_records.len(), heavy);
+    for r in &heavy_records {
+        assert_eq!(json(r)["count"], items);
+    }
+    assert_eq!(
+        read("light", light).len(),
+        light,
+        "the other rule's stream all arrived"
+    );
+    eprintln!(
+        "{heavy} messages of {} KiB through a comprehension over {items} items, among {light} others: all acked in {:.2} s",
+        ferry_api::expr::JSON_MAX_BYTES / 1024,
+        elapsed.as_secs_f64()
+    );
+    fwd.kill();
+}
