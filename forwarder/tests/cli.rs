@@ -137,6 +137,26 @@ fn kafka_settings_that_weaken_the_guarantee_exit_2_unless_allowed() {
 }
 
 #[test]
+fn an_expression_that_does_not_compile_exits_2_with_its_field_and_position() {
+    let config = "mqtt: { host: 192.0.2.1, client_id: c }\nkafka: { bootstrap_servers: \"192.0.2.1:9092\" }\nrules:\n\
+                  \x20 - name: r\n    mqtt: { topics: [\"plant/+\"] }\n    filter: \"json.temp >\"\n\
+                  \x20   kafka:\n      topic_expression: \"'t.' + lvls[1]\"\n      key: { expression: \"lower(topic)\" }\n\
+                  \x20   payload: { transform: \"json.items.map(x, json.items)\" }\n";
+    let (code, stderr) = check(config);
+    assert_eq!(code, Some(2), "{stderr}");
+    for expected in [
+        "rules[0].filter: does not compile: Syntax error",
+        "(at line 1, column 12)",
+        "rules[0].kafka.topic_expression: does not compile: undeclared reference \"lvls\"",
+        "(at line 1, column 8)",
+        "rules[0].kafka.key.expression: does not compile: undeclared function \"lower\"",
+        "rules[0].payload.transform: does not compile: \"json\" inside a comprehension",
+    ] {
+        assert!(stderr.contains(expected), "missing {expected:?} in:\n{stderr}");
+    }
+}
+
+#[test]
 fn a_property_librdkafka_refuses_exits_2_naming_it() {
     let (code, stderr) = check(&with_kafka("config: { lingr.ms: 5 }"));
     assert_eq!(code, Some(2), "{stderr}");
