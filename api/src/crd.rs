@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::addr::{DNS_NAME_RE, IPV6_RE};
 pub use crate::config::SaslMechanism;
 use crate::defaults;
+use crate::expr;
 use crate::kafka_props::{self, Weaker};
 use kube::core::{Message, Rule};
 
@@ -380,6 +381,7 @@ pub struct BrokerConnectionStatus {
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.payloadTransform) || self.payload == 'raw'").message("payloadTransform makes the record's value itself: it needs payload raw (the default), not wrappedJson"))]
 pub struct ForwardingRuleSpec {
     /// The BrokerConnection (same namespace) this rule forwards through.
     pub connection_ref: LocalRef,
@@ -389,11 +391,28 @@ pub struct ForwardingRuleSpec {
     pub group: String,
     /// What to read from MQTT.
     pub mqtt: RuleMqtt,
+    /// A CEL expression returning a bool: only messages it is true for are forwarded; the
+    /// others are acknowledged and counted as filtered. Example: `json.temp > 50.0 &&
+    /// levels[1] == 'north'`. Variables: topic, levels (the topic's levels from 0), qos,
+    /// retain, properties (MQTT 5 user properties), contentType, payload (bytes), json (the
+    /// payload parsed as JSON), receivedAt. A message whose payload is not JSON goes to the
+    /// dead-letter path of a rule that uses json.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = expr::MAX_LEN))]
+    pub filter: Option<String>,
     /// Where and how to write it in Kafka.
     pub kafka: RuleKafka,
-    /// What the record's value is: the MQTT payload (`raw`) or `wrappedJson`.
+    /// What the record's value is: the MQTT payload (`raw`) or `wrappedJson`; see also
+    /// payloadTransform.
     #[serde(default)]
     pub payload: Payload,
+    /// A CEL expression whose result (a map, list or value) becomes the record's value as
+    /// JSON, with payload raw (the default). Example: `{'device': levels[1], 'temp':
+    /// json.t, 'at': string(receivedAt)}`. Variables: topic, levels, qos, retain,
+    /// properties, contentType, payload, json, receivedAt (see spec.filter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = expr::MAX_LEN))]
+    pub payload_transform: Option<String>,
     /// Where messages go that Kafka can never take as they are (too large, an illegal topic
     /// name from a template, rejected as invalid). Unset: `onUnwritable` decides.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -431,34 +450,55 @@ pub struct RuleMqtt {
 
 /// Where to write in Kafka.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.topic) != has(self.topicExpression)").message("set exactly one of kafka.topic and kafka.topicExpression"))]
 pub struct RuleKafka {
     /// A topic name, or a template with MQTT topic levels counted from 0 (`telemetry.{1}`).
+    /// Exactly one of topic and topicExpression is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(
         validation = Rule::new("size(self) >= 1 && size(self) <= 249").message("the Kafka topic must be 1 to 249 characters"),
         // At most 3 digits: the forwarder refuses a level that does not fit a usize.
         validation = Rule::new("self.matches('^([A-Za-z0-9._-]|\\\\{[0-9]{1,3}\\\\})+$')").message("the Kafka topic may contain only letters, digits, '.', '_', '-' and {N} placeholders for MQTT topic levels (N from 0 to 999)"),
         validation = Rule::new("self != '.' && self != '..'").message("the Kafka topic may not be '.' or '..'")
     )]
-    pub topic: String,
+    pub topic: Option<String>,
+    /// A CEL expression returning the topic name as a string, instead of topic; a result that
+    /// is not a valid Kafka topic name sends the message to the dead-letter path. Example:
+    /// `'telemetry.' + json.site`. Variables: topic, levels, qos, retain, properties,
+    /// contentType, payload, json, receivedAt (see spec.filter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = expr::MAX_LEN))]
+    pub topic_expression: Option<String>,
     /// The record key; default: the MQTT topic.
     #[serde(default)]
     pub key: Key,
-    /// Kafka headers from MQTT metadata and MQTT 5 user properties; default: none.
+    /// Kafka headers from MQTT metadata, MQTT 5 user properties and CEL expressions; default:
+    /// none.
     #[serde(default)]
     pub headers: Headers,
 }
 
 /// The record key.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[x_kube(validation = Rule::new("(self.strategy == 'topicLevel') == has(self.level)").message("key.level is set with strategy topicLevel, and only then"))]
+#[x_kube(
+    validation = Rule::new("(self.strategy == 'topicLevel') == has(self.level)").message("key.level is set with strategy topicLevel, and only then"),
+    validation = Rule::new("(self.strategy == 'expression') == has(self.expression)").message("key.expression is set with strategy expression, and only then")
+)]
 pub struct Key {
-    /// `mqttTopic` (default), `none` or `topicLevel`.
+    /// `mqttTopic` (default), `none`, `topicLevel` or `expression`.
     #[serde(default)]
     pub strategy: KeyStrategy,
     /// With `topicLevel`: the MQTT topic level (from 0) that becomes the key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 64").message("key.level must be between 0 and 64"))]
     pub level: Option<i32>,
+    /// With `expression`: a CEL expression returning the key as a string or bytes (null: no
+    /// key). Example: `json.device`. Variables: topic, levels, qos, retain, properties,
+    /// contentType, payload, json, receivedAt (see spec.filter).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = expr::MAX_LEN))]
+    pub expression: Option<String>,
 }
 
 impl Default for Key {
@@ -466,6 +506,7 @@ impl Default for Key {
         Self {
             strategy: KeyStrategy::MqttTopic,
             level: None,
+            expression: None,
         }
     }
 }
@@ -482,6 +523,8 @@ pub enum KeyStrategy {
     None,
     /// One level of the MQTT topic (`level`).
     TopicLevel,
+    /// A CEL expression (`expression`).
+    Expression,
 }
 
 /// Kafka headers on each record.
@@ -500,6 +543,15 @@ pub struct Headers {
     // As the forwarder: `char::is_control` is Unicode category Cc.
     #[x_kube(validation = Rule::new("!self.matches('\\\\p{Cc}')").message("headers.prefix must not contain control characters"))]
     pub prefix: Option<String>,
+    /// Header name → a CEL expression returning the header's value as a string or bytes
+    /// (null leaves the header out). Example: `{"site": "levels[1]", "device": "json.id"}`.
+    /// Variables: topic, levels, qos, retain, properties, contentType, payload, json,
+    /// receivedAt (see spec.filter).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(schema_with = "header_expressions_schema")]
+    // As the forwarder: a header name is not empty and has no Unicode category Cc.
+    #[x_kube(validation = Rule::new("self.all(k, size(k) >= 1 && !k.matches('\\\\p{Cc}'))").message("headers.expressions names must be non-empty, without control characters"))]
+    pub expressions: BTreeMap<String, String>,
 }
 
 #[derive(
@@ -588,6 +640,15 @@ fn kafka_config_schema(_: &mut schemars::generate::SchemaGenerator) -> schemars:
         "type": "object",
         "maxProperties": 64,
         "additionalProperties": { "type": "string", "maxLength": 4096 }
+    })
+}
+
+/// At most 32 headers, each expression of 1 to [`expr::MAX_LEN`] characters.
+fn header_expressions_schema(_: &mut schemars::generate::SchemaGenerator) -> schemars::Schema {
+    json_schema!({
+        "type": "object",
+        "maxProperties": 32,
+        "additionalProperties": { "type": "string", "minLength": 1, "maxLength": expr::MAX_LEN }
     })
 }
 
@@ -707,6 +768,45 @@ mod tests {
         for u in kafka_props::UNSUPPORTED {
             assert!(crd.contains(&format!("'{}'", u.key)), "{}", u.key);
             assert!(!u.why.contains('\''), "a quote would end the CEL string");
+        }
+    }
+
+    /// The schema of `spec` at a path of property names.
+    fn spec_schema(path: &[&str]) -> serde_json::Value {
+        let crd = serde_json::to_value(ForwardingRule::crd()).unwrap_or_default();
+        let mut at = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        for name in path {
+            at = &at["properties"][name];
+        }
+        at.clone()
+    }
+
+    #[test]
+    fn every_expression_field_lists_the_variables_and_has_the_forwarders_bound() {
+        let fields: [&[&str]; 4] = [
+            &["filter"],
+            &["payloadTransform"],
+            &["kafka", "topicExpression"],
+            &["kafka", "key", "expression"],
+        ];
+        let headers = spec_schema(&["kafka", "headers", "expressions"]);
+        let header_values = &headers["additionalProperties"];
+        for (what, schema) in fields
+            .iter()
+            .map(|f| (f.join("."), spec_schema(f)))
+            .chain([("kafka.headers.expressions".to_owned(), headers.clone())])
+        {
+            let description = schema["description"].as_str().unwrap_or_default();
+            for v in crate::expr::VARIABLES {
+                assert!(description.contains(v.name), "{what}: {:?}", v.name);
+            }
+            assert!(description.contains("Example"), "{what}");
+            let bound = if what == "kafka.headers.expressions" {
+                header_values["maxLength"].as_u64()
+            } else {
+                schema["maxLength"].as_u64()
+            };
+            assert_eq!(bound, Some(crate::expr::MAX_LEN as u64), "{what}");
         }
     }
 

@@ -528,7 +528,8 @@ async fn write_rule_control(
 ) -> Result<(), Error> {
     if let RuleOutcome::Conflict(reason)
     | RuleOutcome::SecretMissing(reason)
-    | RuleOutcome::Invalid(reason) = outcome
+    | RuleOutcome::Invalid(reason)
+    | RuleOutcome::InvalidExpression(reason) = outcome
     {
         warn!(rule = %rule.name_any(), namespace = ?rule.namespace(), reason = %reason, "rule not rendered");
     }

@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use ferry_api::Problem;
 use ferry_api::crd::{BrokerConnection, ForwardingRule};
 use k8s_openapi::ByteString;
 use kube::ResourceExt;
@@ -156,8 +157,8 @@ fn refused_in_group(
         if refused.contains_key(&r.name_any()) {
             continue;
         }
-        if let Some(problem) = forwarder_refuses(connection, group, r)? {
-            refused.insert(r.name_any(), RuleOutcome::Invalid(problem));
+        if let Some(outcome) = forwarder_refuses(connection, group, r)? {
+            refused.insert(r.name_any(), outcome);
         }
     }
     Ok(refused)
@@ -212,12 +213,14 @@ fn spec_field(path: &str) -> String {
 }
 
 /// What the forwarder would say about this rule alone (a problem CEL cannot see, such as a
-/// template level deeper than the rule's filters), so one bad rule cannot take its group down.
+/// template level deeper than the rule's filters, or an expression that does not compile), so
+/// one bad rule cannot take its group down. `InvalidExpression` when any problem is an
+/// expression's, `Invalid` otherwise.
 fn forwarder_refuses(
     connection: &BrokerConnection,
     group: &str,
     rule: &ForwardingRule,
-) -> Result<Option<String>, RenderError> {
+) -> Result<Option<RuleOutcome>, RenderError> {
     if rule.spec.paused {
         return Ok(None);
     }
@@ -226,14 +229,54 @@ fn forwarder_refuses(
         name: group,
         rules: vec![rule],
     })?;
+    let mut any_expression = false;
     let problems: Vec<String> = alone
         .config
         .validate()
         .iter()
         .filter(|p| p.path.starts_with("rules") || p.path.starts_with("dead_letter"))
-        .map(|p| format!("the forwarder refuses it: {p}"))
+        .map(|p| match expression_field(p) {
+            Some(field) => {
+                any_expression = true;
+                format!("{field} {}", p.message)
+            }
+            None => format!("the forwarder refuses it: {p}"),
+        })
         .collect();
-    Ok((!problems.is_empty()).then(|| problems.join("; ")))
+    if problems.is_empty() {
+        return Ok(None);
+    }
+    let message = problems.join("; ");
+    Ok(Some(if any_expression {
+        RuleOutcome::InvalidExpression(message)
+    } else {
+        RuleOutcome::Invalid(message)
+    }))
+}
+
+/// How [`ferry_api::expr::CompileError`] starts (a test keeps the two in step).
+const DOES_NOT_COMPILE: &str = "does not compile:";
+
+/// The ForwardingRule field of a forwarder problem that is an expression not compiling
+/// (`rules[0].payload.transform` → `spec.payloadTransform`); `None` for any other problem,
+/// such as a header name with a control character.
+fn expression_field(p: &Problem) -> Option<String> {
+    if !p.message.starts_with(DOES_NOT_COMPILE) {
+        return None;
+    }
+    // The rendered config has this one rule: `rules[0].<field>`.
+    let (_, field) = p.path.split_once("].")?;
+    let spec = match field {
+        "filter" => "spec.filter",
+        "kafka.topic_expression" => "spec.kafka.topicExpression",
+        "kafka.key.expression" => "spec.kafka.key.expression",
+        "payload.transform" => "spec.payloadTransform",
+        _ => {
+            let name = field.strip_prefix("kafka.headers.expressions.")?;
+            return Some(format!("spec.kafka.headers.expressions.{name}"));
+        }
+    };
+    Some(spec.to_owned())
 }
 
 #[cfg(test)]
@@ -393,6 +436,96 @@ mod tests {
                 paused: false
             }
         );
+    }
+
+    /// The fate of rule `r` alone in its connection's plan.
+    fn alone(r: &ForwardingRule) -> RulePlan {
+        let conn = connection("mqtt", "[\"k:9092\"]", "{}");
+        let plan = connection_plan(&conn, &[r]);
+        fate(&plan, &r.name_any()).clone()
+    }
+
+    fn refused_expression(r: &ForwardingRule) -> String {
+        match alone(r) {
+            RulePlan::Refused(RuleOutcome::InvalidExpression(m)) => m,
+            other => panic!("expected InvalidExpression, got {other:?}"),
+        }
+    }
+
+    fn with_filter(filter: &str) -> ForwardingRule {
+        let mut r = rule("hot", "default", "plant/+", "hot", "2026-01-01T00:00:00Z");
+        r.spec.filter = Some(filter.into());
+        r
+    }
+
+    #[test]
+    fn an_expression_that_does_not_compile_is_refused_naming_the_field_and_position() {
+        let m = refused_expression(&with_filter("json.a +"));
+        assert!(
+            m.starts_with("spec.filter does not compile:") && m.contains("line 1, column 9"),
+            "{m}"
+        );
+        let m = refused_expression(&with_filter("json.a == 1 && jsn.b == 2"));
+        assert!(
+            m.contains("spec.filter")
+                && m.contains("undeclared reference \"jsn\"")
+                && m.contains("line 1, column 16"),
+            "{m}"
+        );
+        assert_eq!(
+            alone(&with_filter("json.a > 1 && levels[1] == 'north'")),
+            RulePlan::Served {
+                group: "default".into()
+            }
+        );
+    }
+
+    #[test]
+    fn each_expression_field_is_named_as_in_the_spec() {
+        let base = || rule("r", "default", "plant/+", "t", "2026-01-01T00:00:00Z");
+        let mut topic = base();
+        topic.spec.kafka.topic = None;
+        topic.spec.kafka.topic_expression = Some("'t.' +".into());
+        let mut key = base();
+        key.spec.kafka.key.strategy = ferry_api::crd::KeyStrategy::Expression;
+        key.spec.kafka.key.expression = Some("jsn".into());
+        let mut header = base();
+        header.spec.kafka.headers.expressions =
+            BTreeMap::from([("site".to_owned(), "levels[".to_owned())]);
+        let mut transform = base();
+        transform.spec.payload_transform = Some("{'a': }".into());
+        for (r, field) in [
+            (topic, "spec.kafka.topicExpression does not compile"),
+            (key, "spec.kafka.key.expression does not compile"),
+            (
+                header,
+                "spec.kafka.headers.expressions.site does not compile",
+            ),
+            (transform, "spec.payloadTransform does not compile"),
+        ] {
+            let m = refused_expression(&r);
+            assert!(
+                m.contains(field) && m.contains("(at line 1, column "),
+                "{m}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_problem_other_than_an_expressions_stays_invalid() {
+        // A header name CEL would refuse: at an expression's path, but not a compile error.
+        let mut r = rule("r", "default", "plant/+", "t", "2026-01-01T00:00:00Z");
+        r.spec.kafka.headers.expressions =
+            BTreeMap::from([("a\u{7}".to_owned(), "topic".to_owned())]);
+        assert!(
+            matches!(alone(&r), RulePlan::Refused(RuleOutcome::Invalid(m)) if m.contains("header name")),
+        );
+    }
+
+    #[test]
+    fn the_compile_error_prefix_is_the_forwarders() {
+        let e = ferry_api::expr::compile("json.a +").expect_err("refused");
+        assert!(e.to_string().starts_with(DOES_NOT_COMPILE), "{e}");
     }
 
     #[test]

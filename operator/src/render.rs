@@ -218,17 +218,11 @@ fn rule(fr: &ForwardingRule) -> Rule {
             topics: s.mqtt.topics.iter().map(|t| t.0.clone()).collect(),
             qos: u8::try_from(s.mqtt.qos).unwrap_or(defaults::QOS),
         },
-        filter: None,
+        filter: s.filter.clone(),
         kafka: RuleKafka {
-            topic: s.kafka.topic.clone(),
-            topic_expression: None,
-            key: match s.kafka.key.strategy {
-                crd::KeyStrategy::MqttTopic => KeyStrategy::MqttTopic,
-                crd::KeyStrategy::None => KeyStrategy::None,
-                crd::KeyStrategy::TopicLevel => KeyStrategy::TopicLevel(
-                    usize::try_from(s.kafka.key.level.unwrap_or(0)).unwrap_or(0),
-                ),
-            },
+            topic: s.kafka.topic.clone().unwrap_or_default(),
+            topic_expression: s.kafka.topic_expression.clone(),
+            key: key(&s.kafka.key),
             headers: Headers {
                 metadata: s.kafka.headers.metadata,
                 user_properties: s.kafka.headers.user_properties,
@@ -238,12 +232,15 @@ fn rule(fr: &ForwardingRule) -> Rule {
                     .prefix
                     .clone()
                     .unwrap_or_else(|| Headers::default().prefix),
-                expressions: Default::default(),
+                expressions: s.kafka.headers.expressions.clone(),
             },
         },
-        payload: match s.payload {
-            Payload::Raw => PayloadFormat::Raw,
-            Payload::WrappedJson => PayloadFormat::WrappedJson,
+        payload: match (&s.payload_transform, s.payload) {
+            // CEL refuses a transform with wrappedJson; should one get through, the
+            // transform wins: it is the more specific setting.
+            (Some(transform), _) => PayloadFormat::Transform(transform.clone()),
+            (None, Payload::Raw) => PayloadFormat::Raw,
+            (None, Payload::WrappedJson) => PayloadFormat::WrappedJson,
         },
         dead_letter: s.dead_letter.as_ref().map(|d| DeadLetter {
             topic: d.topic.clone(),
@@ -252,6 +249,21 @@ fn rule(fr: &ForwardingRule) -> Rule {
             crd::OnUnwritable::Hold => OnUnwritable::Hold,
             crd::OnUnwritable::Drop => OnUnwritable::Drop,
         },
+    }
+}
+
+/// A missing `level` or `expression` (CEL requires them) renders as level 0 or an empty
+/// expression, which the forwarder's validation then refuses by name.
+fn key(k: &crd::Key) -> KeyStrategy {
+    match k.strategy {
+        crd::KeyStrategy::MqttTopic => KeyStrategy::MqttTopic,
+        crd::KeyStrategy::None => KeyStrategy::None,
+        crd::KeyStrategy::TopicLevel => {
+            KeyStrategy::TopicLevel(usize::try_from(k.level.unwrap_or(0)).unwrap_or(0))
+        }
+        crd::KeyStrategy::Expression => {
+            KeyStrategy::Expression(k.expression.clone().unwrap_or_default())
+        }
     }
 }
 
@@ -451,7 +463,7 @@ spec:
         let conn = connection(CONNECTION);
         let mut rs = rules();
         let before = render_default(&conn, &rs);
-        rs[0].spec.kafka.topic = "telemetry.v2.{1}".into();
+        rs[0].spec.kafka.topic = Some("telemetry.v2.{1}".into());
         rs.pop();
         let after_rules = render_default(&conn, &rs);
         assert_ne!(before.config_yaml, after_rules.config_yaml);
@@ -465,6 +477,67 @@ spec:
             render_default(&moved, &rs).restart_checksum,
             "a new broker address rolls the pods"
         );
+    }
+
+    #[test]
+    fn expressions_render_into_the_forwarder_rule_and_load() {
+        let conn = connection(CONNECTION);
+        let with_expressions = rule_from(
+            r#"
+apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata: { name: hot, namespace: factory }
+spec:
+  connectionRef: { name: plant }
+  mqtt: { topics: ["plant/+/temp"] }
+  filter: "json.temp > 50.0"
+  kafka:
+    topicExpression: "'hot.' + levels[1]"
+    key: { strategy: expression, expression: json.device }
+    headers: { expressions: { site: "levels[1]" } }
+  payloadTransform: "{'t': json.temp}"
+"#,
+        );
+        let r = render_default(&conn, &[with_expressions]);
+        let rule = &r.config.rules[0];
+        assert_eq!(rule.filter.as_deref(), Some("json.temp > 50.0"));
+        assert_eq!(
+            rule.kafka.topic, "",
+            "unset: the expression names the topic"
+        );
+        assert_eq!(
+            rule.kafka.topic_expression.as_deref(),
+            Some("'hot.' + levels[1]")
+        );
+        assert_eq!(
+            rule.kafka.key,
+            KeyStrategy::Expression("json.device".into())
+        );
+        assert_eq!(
+            rule.kafka.headers.expressions,
+            BTreeMap::from([("site".to_owned(), "levels[1]".to_owned())])
+        );
+        assert_eq!(
+            rule.payload,
+            PayloadFormat::Transform("{'t': json.temp}".into())
+        );
+        assert_eq!(r.config.validate(), [], "{}", r.config_yaml);
+        // The YAML the pods read says the same.
+        let reread: ForwarderConfig =
+            serde_saphyr::from_str(&r.config_yaml).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(reread.rules, r.config.rules);
+    }
+
+    #[test]
+    fn a_rule_without_expressions_renders_none() {
+        let conn = connection(CONNECTION);
+        let r = render_default(&conn, &rules());
+        for rule in &r.config.rules {
+            assert_eq!(rule.filter, None);
+            assert_eq!(rule.kafka.topic_expression, None);
+            assert!(rule.kafka.headers.expressions.is_empty());
+            assert!(!r.config_yaml.contains("transform"));
+        }
     }
 
     #[test]

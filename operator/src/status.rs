@@ -65,6 +65,9 @@ pub enum RuleOutcome {
     /// The forwarder would refuse it (what CEL cannot check, e.g. a template level deeper
     /// than the filters).
     Invalid(String),
+    /// A CEL expression of the rule does not compile (the message names the spec field and
+    /// the position).
+    InvalidExpression(String),
     ConnectionNotFound(String),
     InvalidSpec(String),
 }
@@ -136,6 +139,7 @@ pub fn rule_control(
         RuleOutcome::SecretMissing(m) => (not_accepted("SecretMissing", m), None),
         RuleOutcome::Conflict(m) => (not_accepted("Conflict", m), None),
         RuleOutcome::Invalid(m) => (not_accepted("Invalid", m), None),
+        RuleOutcome::InvalidExpression(m) => (not_accepted("InvalidExpression", m), None),
         RuleOutcome::ConnectionNotFound(m) => (not_accepted("ConnectionNotFound", m), None),
         RuleOutcome::InvalidSpec(m) => (not_accepted("InvalidSpec", m), None),
     };
@@ -452,6 +456,20 @@ mod tests {
         assert_eq!(condition(&s2.conditions, READY).unwrap().status, TRUE);
         assert_eq!(t.len(), 1, "only Ready changed");
         assert_eq!(rule_control_view(&s2), s2);
+    }
+
+    #[test]
+    fn an_expression_that_does_not_compile_has_its_own_reason() {
+        let message = "spec.filter does not compile: x (at line 1, column 9)";
+        let outcome = RuleOutcome::InvalidExpression(message.into());
+        let (s, _) = rule_control(None, Some(1), &outcome, at(10));
+        let accepted = condition(&s.conditions, ACCEPTED).unwrap();
+        assert_eq!(
+            (accepted.status.as_str(), accepted.reason.as_str()),
+            (FALSE, "InvalidExpression")
+        );
+        assert_eq!(accepted.message, message);
+        assert_eq!(s.workload, None);
     }
 
     #[test]

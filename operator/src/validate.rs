@@ -125,11 +125,46 @@ pub fn resolve_secrets(
     }
 }
 
-/// Rules of one group that write the same Kafka topic from overlapping filters: the oldest
-/// (then the first by name) keeps it, so a new rule can never take a running one down; each
-/// later one is refused with the reason (rule name → reason).
+/// Where a rule's records go, as its spec writes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Target<'a> {
+    /// `kafka.topic`: a name or template.
+    Topic(&'a str),
+    /// `kafka.topicExpression`: compared as text, since what it computes is unknown here.
+    Expression(&'a str),
+}
+
+impl<'a> Target<'a> {
+    fn of(rule: &'a ForwardingRule) -> Option<Self> {
+        let k = &rule.spec.kafka;
+        match (&k.topic, &k.topic_expression) {
+            (Some(topic), _) => Some(Self::Topic(topic)),
+            (None, Some(expression)) => Some(Self::Expression(expression)),
+            (None, None) => None,
+        }
+    }
+}
+
+impl fmt::Display for Target<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Topic(t) => write!(f, "Kafka topic {t:?}"),
+            Self::Expression(e) => write!(f, "the Kafka topic of expression {e:?}"),
+        }
+    }
+}
+
+/// Rules of one group that write the same Kafka topic (the same `topic`, or the same
+/// `topicExpression` text) from overlapping filters: the oldest (then the first by name) keeps
+/// it, so a new rule can never take a running one down; each later one is refused with the
+/// reason (rule name → reason). A rule with a CEL `filter` conflicts with none: filters can
+/// make two rules disjoint, and the forwarder writes a message both take once per distinct
+/// target anyway.
 pub fn conflicts(rules: &[&ForwardingRule]) -> BTreeMap<String, String> {
-    let mut sorted: Vec<&&ForwardingRule> = rules.iter().filter(|r| !r.spec.paused).collect();
+    let mut sorted: Vec<&&ForwardingRule> = rules
+        .iter()
+        .filter(|r| !r.spec.paused && r.spec.filter.is_none())
+        .collect();
     sorted.sort_by_key(|r| (r.creation_timestamp(), r.name_any()));
     let filters = |r: &ForwardingRule| -> Vec<TopicFilter> {
         r.spec
@@ -141,11 +176,14 @@ pub fn conflicts(rules: &[&ForwardingRule]) -> BTreeMap<String, String> {
     };
     let mut refused = BTreeMap::new();
     for (i, later) in sorted.iter().enumerate() {
+        let Some(target) = Target::of(later) else {
+            continue;
+        };
         let later_filters = filters(later);
         let clash = sorted[..i]
             .iter()
             .filter(|earlier| !refused.contains_key(&earlier.name_any()))
-            .filter(|earlier| earlier.spec.kafka.topic == later.spec.kafka.topic)
+            .filter(|earlier| Target::of(earlier) == Some(target))
             .find_map(|earlier| {
                 filters(earlier).into_iter().find_map(|a| {
                     later_filters
@@ -158,8 +196,7 @@ pub fn conflicts(rules: &[&ForwardingRule]) -> BTreeMap<String, String> {
             refused.insert(
                 later.name_any(),
                 format!(
-                    "writes Kafka topic {:?} like rule {earlier:?}, and its filter {:?} overlaps {earlier:?}'s {:?}: a message would be forwarded twice; change the topic or the filters, or move one rule to another group",
-                    later.spec.kafka.topic,
+                    "writes {target} like rule {earlier:?}, and its filter {:?} overlaps {earlier:?}'s {:?}: a message would be forwarded twice; change the topic or the filters, or move one rule to another group",
                     b.as_str(),
                     a.as_str()
                 ),
@@ -286,6 +323,47 @@ mod tests {
         assert!(
             conflicts(&[&paused, &b]).is_empty(),
             "a paused rule forwards nothing"
+        );
+    }
+
+    #[test]
+    fn topic_expressions_conflict_when_their_text_is_the_same() {
+        let expression = |name: &str, text: &str| {
+            let mut r = rule(name, "[\"plant/#\"]", "unused");
+            r.spec.kafka.topic = None;
+            r.spec.kafka.topic_expression = Some(text.into());
+            r
+        };
+        let a = expression("a", "'t.' + levels[1]");
+        let b = expression("b", "'t.' + levels[1]");
+        let c = expression("c", "'u.' + levels[1]");
+        // A topic equal to the expression's text is not the same target.
+        let d = rule("d", "[\"plant/#\"]", "\"'t.' + levels[1]\"");
+        let refused = conflicts(&[&a, &b, &c, &d]);
+        assert_eq!(refused.keys().collect::<Vec<_>>(), vec!["b"]);
+        assert!(
+            refused["b"].contains(
+                "writes the Kafka topic of expression \"'t.' + levels[1]\" like rule \"a\""
+            ),
+            "{refused:?}"
+        );
+    }
+
+    #[test]
+    fn a_rule_with_a_filter_conflicts_with_none() {
+        let a = rule("a", "[\"plant/#\"]", "telemetry");
+        let mut b = rule("b", "[\"plant/1/#\"]", "telemetry");
+        b.spec.filter = Some("json.temp > 50.0".into());
+        assert!(conflicts(&[&a, &b]).is_empty());
+        // Either side: an earlier rule with a filter does not hold the topic against a later one.
+        let mut a_filtered = a.clone();
+        a_filtered.spec.filter = Some("json.temp <= 50.0".into());
+        let b_plain = rule("b", "[\"plant/1/#\"]", "telemetry");
+        assert!(conflicts(&[&a_filtered, &b_plain]).is_empty());
+        assert_eq!(
+            conflicts(&[&a, &b_plain]).len(),
+            1,
+            "without filters they do"
         );
     }
 

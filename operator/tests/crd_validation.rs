@@ -62,6 +62,8 @@ fn invalid_objects() -> Vec<(&'static str, String, &'static str)> {
     let chars = "may contain only letters, digits";
     let level = "key.level is set with strategy topicLevel, and only then";
     let port = "port must be between 1 and 65535";
+    let one_topic = "set exactly one of kafka.topic and kafka.topicExpression";
+    let key_expression = "key.expression is set with strategy expression, and only then";
     let image = "image must be [registry[:port]/]repository[:tag][@sha256:<64 hex digits>], the repository in lower case";
     vec![
         ("# in the middle", rule("plant/+/telemetry", "a/#/b"), hash),
@@ -189,6 +191,56 @@ fn invalid_objects() -> Vec<(&'static str, String, &'static str)> {
             "topic filter longer than 1024 characters",
             rule("plant/+/telemetry", &"t".repeat(1025)),
             "1024",
+        ),
+        (
+            "topic and topicExpression",
+            rule(
+                "topic: \"telemetry.{1}\"",
+                "topic: \"telemetry.{1}\"\n    topicExpression: \"'t.' + levels[1]\"",
+            ),
+            one_topic,
+        ),
+        (
+            "neither topic nor topicExpression",
+            rule("    topic: \"telemetry.{1}\"\n", ""),
+            one_topic,
+        ),
+        (
+            "strategy expression without expression",
+            rule("strategy: topicLevel, level: 1", "strategy: expression"),
+            key_expression,
+        ),
+        (
+            "key expression without strategy expression",
+            rule("level: 1", "level: 1, expression: json.device"),
+            key_expression,
+        ),
+        (
+            "payloadTransform with wrappedJson",
+            rule(
+                "payload: wrappedJson",
+                "payload: wrappedJson\n  payloadTransform: \"{'t': json.t}\"",
+            ),
+            "payloadTransform makes the record's value itself: it needs payload raw",
+        ),
+        (
+            "a control character in a header expression's name",
+            rule(
+                "userProperties: true }",
+                "userProperties: true, expressions: { \"a\\tb\": topic } }",
+            ),
+            "headers.expressions names must be non-empty, without control characters",
+        ),
+        (
+            "a filter longer than 4096 characters",
+            rule(
+                "connectionRef: { name: plant }",
+                &format!(
+                    "connectionRef: {{ name: plant }}\n  filter: \"{}\"",
+                    "t".repeat(4097)
+                ),
+            ),
+            "4096",
         ),
     ]
 }
@@ -335,6 +387,30 @@ fn accepted_objects() -> Vec<(String, String)> {
             "userProperties: true, prefix: \"ferry-\" }",
             1,
         ),
+    ));
+    cases.push((
+        "every CEL expression field".to_owned(),
+        RULE.replacen(
+            "connectionRef: { name: plant }",
+            "connectionRef: { name: plant }\n  filter: \"json.temp > 50.0\"\n  payloadTransform: \"{'t': json.temp}\"",
+            1,
+        )
+        .replacen(
+            "topic: \"telemetry.{1}\"",
+            "topicExpression: \"'t.' + levels[1]\"",
+            1,
+        )
+        .replacen(
+            "{ strategy: topicLevel, level: 1 }",
+            "{ strategy: expression, expression: json.device }",
+            1,
+        )
+        .replacen(
+            "userProperties: true }",
+            "userProperties: true, expressions: { site: \"levels[1]\" } }",
+            1,
+        )
+        .replacen("payload: wrappedJson", "payload: raw", 1),
     ));
     for (host, _) in HOST_VECTORS.iter().filter(|(_, ok)| *ok) {
         let object = CONNECTION.replacen("host: mqtt.example", &format!("host: {host:?}"), 1);

@@ -216,9 +216,14 @@ fn refused_rules_say_why(s: &Scene, temps_accepted_at: &str) {
         rule("resting", "quiet", "plant/quiet", "quiet")
     ));
     s.apply(&rule("stray", "default", "x/y", "stray").replace("name: plant }", "name: nowhere }"));
+    s.apply(&format!(
+        "{}  filter: \"json.temp >\"\n",
+        rule("hot", "default", "plant/+/hot", "hot")
+    ));
     s.op.wait_for("the refused rules' conditions", WAIT, || {
         s.cond("fr", "temps-copy", "Accepted").1 == "Conflict"
             && s.cond("fr", "deep", "Accepted").1 == "Invalid"
+            && s.cond("fr", "hot", "Accepted").1 == "InvalidExpression"
             && s.cond("fr", "stray", "Accepted").1 == "ConnectionNotFound"
             && s.cond("fr", "resting", "Ready").1 == "Paused"
     });
@@ -233,10 +238,19 @@ fn refused_rules_say_why(s: &Scene, temps_accepted_at: &str) {
         "names the field: {invalid}"
     );
     assert!(s.cond("fr", "stray", "Accepted").2.contains("\"nowhere\""));
+    let (status, _, expression) = s.cond("fr", "hot", "Accepted");
+    let e = ferry_api::expr::compile("json.temp >").expect_err("does not compile");
+    let at = format!("line {}, column {}", e.line, e.column);
+    assert!(
+        status == "False" && expression.contains("spec.filter") && expression.contains(&at),
+        "names the field and the position ({at}): {expression}"
+    );
     assert_eq!(s.cond("fr", "deep", "Ready").1, "NotAccepted");
     let default = s.config("plant-default");
     assert!(
-        !default.contains("t.{5}") && !default.contains("temps-copy"),
+        !default.contains("t.{5}")
+            && !default.contains("temps-copy")
+            && !default.contains("json.temp"),
         "{default}"
     );
     // A group whose only rule is paused runs no pods (a forwarder needs a rule).
