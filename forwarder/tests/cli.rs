@@ -152,7 +152,10 @@ fn an_expression_that_does_not_compile_exits_2_with_its_field_and_position() {
         "rules[0].kafka.key.expression: does not compile: undeclared function \"lower\"",
         "rules[0].payload.transform: does not compile: \"json\" inside a comprehension",
     ] {
-        assert!(stderr.contains(expected), "missing {expected:?} in:\n{stderr}");
+        assert!(
+            stderr.contains(expected),
+            "missing {expected:?} in:\n{stderr}"
+        );
     }
 }
 
