@@ -460,6 +460,64 @@ pub fn wait_until<T>(
     }
 }
 
+/// The ForwardingRules named `names` from `examples/kubernetes/rules.yaml`, as they are
+/// shipped (they reference the connection `plant`), for `kubectl apply -n <ns> -f -`.
+pub fn example_rules(names: &[&str]) -> Result<String> {
+    let path = repo_dir().join("examples/kubernetes/rules.yaml");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    let docs: Vec<&str> = text
+        .split("\n---\n")
+        .filter(|doc| {
+            names
+                .iter()
+                .any(|n| doc.contains(&format!("\n  name: {n}\n")))
+        })
+        .collect();
+    ensure!(
+        docs.len() == names.len(),
+        "{} has {} of the rules {names:?}",
+        path.display(),
+        docs.len()
+    );
+    Ok(docs.join("\n---\n"))
+}
+
+/// Messages for the CEL examples (`devices`, `readings`) from plant `plant`: two device
+/// statuses, a reading, a heartbeat, a reading without `temp` and a payload that is not JSON.
+pub fn cel_example_messages(plant: usize) -> Vec<(String, Vec<u8>)> {
+    let device = |d: usize| format!("d-{plant}{d}");
+    [
+        (
+            format!("plant/{plant}/devices/status"),
+            format!(r#"{{"device":"{}","battery":80}}"#, device(1)),
+        ),
+        (
+            format!("plant/{plant}/devices/status"),
+            format!(r#"{{"device":"{}","battery":64}}"#, device(2)),
+        ),
+        (
+            format!("plant/{plant}/readings"),
+            format!(
+                r#"{{"type":"reading","device":"{}","temp":21.5,"fw":"1.2"}}"#,
+                device(1)
+            ),
+        ),
+        (
+            format!("plant/{plant}/readings"),
+            format!(r#"{{"type":"heartbeat","device":"{}"}}"#, device(1)),
+        ),
+        (
+            format!("plant/{plant}/readings"),
+            format!(r#"{{"type":"reading","device":"{}"}}"#, device(2)),
+        ),
+        (format!("plant/{plant}/readings"), "temp=21.5".to_owned()),
+    ]
+    .into_iter()
+    .map(|(topic, payload)| (topic, payload.into_bytes()))
+    .collect()
+}
+
 /// The BrokerConnection `plant` of the demo and the full-path test, in namespace `ns`: MQTT 5
 /// with a persistent session to the Mosquitto at `node:mqtt_port`, Kafka at `node:kafka_port`,
 /// `replicas` forwarder pods, and the MQTT login from the Secret `credentials` if given.
@@ -579,17 +637,19 @@ pub async fn publish_paced(
     Ok(sent.unwrap_or_default())
 }
 
-/// Publishes `messages` (topic, payload) at QoS 1 to the broker at `host:port` as `client_id`
-/// and returns once the broker acknowledged every one.
+/// Publishes `messages` (topic, payload) at QoS 1 to `broker` as `client_id` and returns once
+/// the broker acknowledged every one.
 pub async fn publish_to(
-    host: IpAddr,
-    port: u16,
+    broker: &MqttEndpoint,
     client_id: &str,
     messages: Vec<(String, Vec<u8>)>,
 ) -> Result<()> {
     use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
-    let mut opts = MqttOptions::new(client_id, host.to_string(), port);
+    let mut opts = MqttOptions::new(client_id, broker.host.to_string(), broker.port);
     opts.set_keep_alive(Duration::from_secs(30));
+    if let Some((user, password)) = &broker.login {
+        opts.set_credentials(user, password);
+    }
     let (client, mut eventloop) = AsyncClient::new(opts, 100);
     let total = messages.len();
     let sender = {

@@ -44,8 +44,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, ensure};
 use ferry_e2e::cluster::{
-    Cluster, MqttEndpoint, ensure_helm, ensure_root, ferry_images, plant_connection_yaml,
-    publish_paced, wait_until,
+    Cluster, MqttEndpoint, cel_example_messages, ensure_helm, ensure_root, example_rules,
+    ferry_images, plant_connection_yaml, publish_paced, publish_to, wait_until,
 };
 use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions, Record, http_get_ok};
 
@@ -594,7 +594,14 @@ fn run(
     rt: &tokio::runtime::Runtime,
     t0: Instant,
 ) -> Result<()> {
-    for topic in ["temps", "alarms", "temps.v2"] {
+    for topic in [
+        "temps",
+        "alarms",
+        "temps.v2",
+        "devices",
+        "readings.3",
+        "ferry.dead-letters",
+    ] {
         rt.block_on(kafka.create_topic(topic, 2))?;
     }
     install_operator(c, t0)?;
@@ -609,6 +616,7 @@ fn run(
     // Delete a forwarder pod under load, then kill one abruptly.
     delete_pod_under_load(c, mqtt, kafka, rt, t0, &format!("{STS}-0"), false)?;
     delete_pod_under_load(c, mqtt, kafka, rt, t0, &format!("{STS}-1"), true)?;
+    cel_examples_forward_as_documented(c, mqtt, kafka, rt, t0)?;
     deleting_the_connection_removes_its_children_and_sessions(c, mqtt, rt, t0)?;
     helm_uninstall_leaves_only_the_crds(c, t0)?;
     println!("[{:6.1?}] full path passed", t0.elapsed());
@@ -987,6 +995,93 @@ fn edited_rule_lost_nothing_and_follows_the_new_mapping(
         );
     }
 
+    Ok(())
+}
+
+/// The CEL examples of `examples/kubernetes/rules.yaml` (`devices`, `readings`), applied as
+/// shipped: their group's pods come up, and each published message ends up where the examples'
+/// comments say: keyed by the device in the payload, reshaped into `readings.<plant>`, a
+/// heartbeat nowhere, the reading without `temp` and the payload that is not JSON in the
+/// dead-letter topic with the error.
+fn cel_examples_forward_as_documented(
+    c: &Cluster,
+    mqtt: &Mosquitto,
+    kafka: &Kafka,
+    rt: &tokio::runtime::Runtime,
+    t0: Instant,
+) -> Result<()> {
+    let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
+    let t = Instant::now();
+    let rules = example_rules(&["devices", "readings"])?;
+    c.kubectl_in(&["apply", "-n", NS, "-f", "-"], Some(&rules))?;
+    wait_until(
+        Duration::from_secs(180),
+        "the CEL example rules Ready",
+        || Ok((c.rule_ready("devices", NS)? && c.rule_ready("readings", NS)?).then_some(())),
+    )?;
+    log(format!(
+        "CEL example rules Ready {:.1?} after kubectl apply (group json, pods of its own)",
+        t.elapsed()
+    ));
+    let broker = publisher_endpoint(c.node_ip(), mqtt);
+    rt.block_on(publish_to(&broker, "e2e-pub-cel", cel_example_messages(3)))?;
+    let read = |topic: &str, n: usize| {
+        kafka.read_all(topic, n, Duration::from_secs(3), Duration::from_secs(60))
+    };
+    let json = |r: &Record| -> Result<serde_json::Value> { Ok(serde_json::from_slice(&r.value)?) };
+    let header = |r: &Record, name: &str| {
+        r.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+    };
+    let devices = read("devices", 2)?;
+    ensure!(devices.len() == 2, "devices: {} records", devices.len());
+    for r in &devices {
+        let v = json(r)?;
+        ensure!(
+            r.key_str() == v["device"].as_str(),
+            "devices record {v}: key {:?}, want the payload's device",
+            r.key_str()
+        );
+    }
+    let readings = read("readings.3", 1)?;
+    ensure!(
+        readings.len() == 1,
+        "readings.3: {} records, want the one reading (the heartbeat filtered)",
+        readings.len()
+    );
+    let v = json(&readings[0])?;
+    let fields: Vec<&str> = v
+        .as_object()
+        .map(|o| o.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    ensure!(
+        fields == ["celsius", "device", "plant", "receivedAt"]
+            && v["celsius"] == 21.5
+            && v["device"] == "d-31"
+            && v["plant"] == "3"
+            && v["receivedAt"].as_str().is_some_and(|t| t.contains('T')),
+        "the reshaped reading: {v}"
+    );
+    ensure!(header(&readings[0], "device").as_deref() == Some("d-31"));
+    let dead = read("ferry.dead-letters", 2)?;
+    let errors: Vec<String> = dead
+        .iter()
+        .map(|r| header(r, "ferry.error").unwrap_or_default())
+        .collect();
+    let has = |what: &[&str]| errors.iter().any(|e| what.iter().all(|w| e.contains(w)));
+    ensure!(
+        errors.len() == 2
+            && has(&["payload.transform", "No such key: temp"])
+            && has(&["filter", "reads json, but the payload is not JSON"]),
+        "dead letters: {errors:?}"
+    );
+    log(format!(
+        "CEL examples: 2 device records keyed by the payload's device, 1 reshaped reading in \
+         readings.3, the heartbeat filtered, 2 dead letters with their errors; {:.1?}",
+        t.elapsed()
+    ));
     Ok(())
 }
 

@@ -373,9 +373,16 @@ fn the_kubernetes_examples_apply_and_render_as_documented() {
     let cond =
         |name: &str, type_: &str| condition(&cp, "ferry", "fr", name, type_).unwrap_or_default();
     op.wait_for("every example rule accepted", WAIT, || {
-        ["telemetry", "alarms", "legacy-json", "audit"]
-            .iter()
-            .all(|r| cond(r, "Accepted").0 == "True")
+        [
+            "telemetry",
+            "alarms",
+            "legacy-json",
+            "audit",
+            "devices",
+            "readings",
+        ]
+        .iter()
+        .all(|r| cond(r, "Accepted").0 == "True")
     });
     assert_eq!(cond("audit", "Ready").1, "Paused");
     let config = jsonpath(
@@ -395,6 +402,37 @@ fn the_kubernetes_examples_apply_and_render_as_documented() {
         assert!(config.contains(expected), "{expected} in\n{config}");
     }
     assert!(!config.contains("change-me"), "no password in the config");
+    // The CEL examples, in a group of their own, rendered into its forwarder config.
+    let json_group = jsonpath(
+        &cp,
+        "ferry",
+        "configmap",
+        "plant-json",
+        "{.data.config\\.yaml}",
+    );
+    let rendered: ferry_api::ForwarderConfig =
+        serde_saphyr::from_str(&json_group).expect("the json group's config parses");
+    let rule = |name: &str| {
+        rendered
+            .rules
+            .iter()
+            .find(|r| r.name.ends_with(name))
+            .unwrap_or_else(|| panic!("rule {name} in\n{json_group}"))
+    };
+    assert_eq!(
+        rule("devices").kafka.key,
+        ferry_api::KeyStrategy::Expression("json.device".into())
+    );
+    let readings = rule("readings");
+    assert_eq!(readings.filter.as_deref(), Some("json.type != 'heartbeat'"));
+    assert_eq!(
+        readings.kafka.topic_expression.as_deref(),
+        Some("'readings.' + levels[1]")
+    );
+    assert!(matches!(
+        readings.payload,
+        ferry_api::PayloadFormat::Transform(_)
+    ));
     assert_eq!(
         jsonpath(
             &cp,

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
 use ferry_e2e::cluster::{
-    Cluster, e2e_dir, ensure_helm, ensure_root, ferry_images, plant_connection_yaml, publish_to,
-    wait_until,
+    Cluster, MqttEndpoint, cel_example_messages, e2e_dir, ensure_helm, ensure_root, example_rules,
+    ferry_images, plant_connection_yaml, publish_to, wait_until,
 };
 use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions};
 
@@ -300,13 +300,16 @@ fn create_topics(kafka: &Kafka, rt: &tokio::runtime::Runtime) -> Result<()> {
         ("telemetry.2", 2),
         ("telemetry.3", 2),
         ("alarms", 1),
+        ("devices", 2),
+        ("readings.2", 1),
+        ("ferry.dead-letters", 1),
     ];
     for (topic, partitions) in kafka_topics {
         rt.block_on(kafka.create_topic(topic, partitions))?;
     }
     println!(
         "    created Kafka topics: telemetry.1, telemetry.2, telemetry.3 (2 partitions each), \
-         alarms (1)"
+         alarms (1), and for the CEL examples devices (2), readings.2 and ferry.dead-letters (1)"
     );
     Ok(())
 }
@@ -338,16 +341,25 @@ fn apply_resources(cluster: &Cluster, mqtt: &Mosquitto, kafka: &Kafka) -> Result
     cluster.kubectl(&["create", "namespace", NS])?;
     let t = Instant::now();
     cluster.kubectl_in(&["apply", "-f", "-"], Some(&yaml))?;
-    wait_until(Duration::from_secs(180), "both rules Ready", || {
+    let examples = example_rules(&["devices", "readings"])?;
+    say(&format!(
+        "kubectl apply -n {NS}: the two CEL examples of examples/kubernetes/rules.yaml, as shipped \
+         (a key from the JSON payload; heartbeats dropped, readings reshaped)"
+    ));
+    println!("{}", indent(&examples));
+    cluster.kubectl_in(&["apply", "-n", NS, "-f", "-"], Some(&examples))?;
+    wait_until(Duration::from_secs(180), "every rule Ready", || {
         interrupted()?;
-        Ok(
-            (cluster.rule_ready("telemetry", NS)? && cluster.rule_ready("alarms", NS)?)
-                .then_some(()),
-        )
+        let mut ready = true;
+        for rule in ["telemetry", "alarms", "devices", "readings"] {
+            ready &= cluster.rule_ready(rule, NS)?;
+        }
+        Ok(ready.then_some(()))
     })?;
     println!(
-        "    both rules Ready {:.0?} after kubectl apply: the operator rendered the forwarder's \
-         config, created a StatefulSet, and its pod subscribed to MQTT and reached Kafka",
+        "    every rule Ready {:.0?} after kubectl apply: the operator rendered each group's \
+         forwarder config, created a StatefulSet per group, and its pods subscribed to MQTT and \
+         reached Kafka",
         t.elapsed()
     );
     println!(
@@ -387,15 +399,20 @@ fn publish_samples(mqtt: &Mosquitto, rt: &tokio::runtime::Runtime) -> Result<()>
         "    {:<34} not forwarded: no rule subscribes to it",
         "office/coffee"
     );
-    rt.block_on(publish_to(
-        mqtt.host(),
-        mqtt.port(),
-        "ferry-demo-publisher",
-        messages,
-    ))
+    for (topic, payload) in cel_example_messages(2) {
+        println!("    {topic:<34} {}", String::from_utf8_lossy(&payload));
+        messages.push((topic, payload));
+    }
+    let broker = MqttEndpoint {
+        host: mqtt.host(),
+        port: mqtt.port(),
+        login: None,
+    };
+    rt.block_on(publish_to(&broker, "ferry-demo-publisher", messages))
 }
 
-/// Every record the rules produced, read from Kafka: the six readings and the alarm.
+/// Every record the rules produced, read from Kafka: the six readings, the alarm, and what the
+/// CEL examples made of their messages.
 fn read_back(kafka: &Kafka) -> Result<()> {
     say("Reading the records back from Kafka (topic[partition]@offset, key, value)");
     let mut records = Vec::new();
@@ -404,6 +421,9 @@ fn read_back(kafka: &Kafka) -> Result<()> {
         ("telemetry.2", 2),
         ("telemetry.3", 2),
         ("alarms", 1),
+        ("devices", 2),
+        ("readings.2", 1),
+        ("ferry.dead-letters", 2),
     ] {
         records.extend(kafka.read_all(
             topic,
@@ -414,15 +434,23 @@ fn read_back(kafka: &Kafka) -> Result<()> {
     }
     for r in &records {
         println!(
-            "    {:<14} key={:<16} value={}",
+            "    {:<22} key={:<16} value={}",
             format!("{}[{}]@{}", r.topic, r.partition, r.offset),
             r.key_str().unwrap_or("<none>"),
             r.value_str()
         );
+        if let Some((_, error)) = r.headers.iter().find(|(k, _)| k == "ferry.error") {
+            println!(
+                "    {:<22} ferry.error: {}",
+                "",
+                String::from_utf8_lossy(error)
+            );
+        }
     }
     ensure!(
-        records.len() == 7,
-        "expected 6 telemetry records and 1 alarm record, read {}",
+        records.len() == 12,
+        "expected 6 telemetry records, 1 alarm, 2 device records, 1 reshaped reading and 2 \
+         dead letters (the heartbeat filtered), read {}",
         records.len()
     );
     Ok(())
