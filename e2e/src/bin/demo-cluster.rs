@@ -499,7 +499,11 @@ fn explain() {
         "    Each telemetry reading went to the Kafka topic named after its plant (telemetry.{{1}}),\n    \
          keyed by its sensor (MQTT topic level 3), so one sensor's readings stay in one partition,\n    \
          in order. The alarm was wrapped as JSON with its MQTT topic. The forwarder acknowledged each\n    \
-         message to MQTT only after Kafka confirmed it (at least once). office/coffee matched no rule."
+         message to MQTT only after Kafka confirmed it (at least once). office/coffee matched no rule.\n    \
+         The CEL examples ran in their own pods (group json): device statuses keyed by the device\n    \
+         inside the JSON; the reading reshaped into readings.2, the heartbeat filtered (acked, not\n    \
+         forwarded), and the reading without temp and the payload that is not JSON dead-lettered\n    \
+         with the error in their ferry.error header."
     );
 }
 
