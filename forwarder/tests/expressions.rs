@@ -8,7 +8,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-use common::{Brokers, Forwarder, runtime, wait_until};
+use common::{Brokers, Forwarder, runtime};
 use ferry_e2e::Record;
 
 const RULES: &str = r#"  - name: readings
@@ -136,16 +136,7 @@ fn expressions_filter_key_route_and_reshape_and_failures_go_to_the_dead_letter_t
         .map(|(kind, n, site)| message(*kind, *n, site))
         .collect();
     let started = Instant::now();
-    rt.block_on(ferry_e2e::publish(
-        brokers.mqtt.port(),
-        "pub-cel",
-        rumqttc::QoS::AtLeastOnce,
-        msgs,
-    ))
-    .expect("publish");
-    wait_until(&fwd, Duration::from_secs(60), "every message acked", || {
-        fwd.metric("ferry_mqtt_acked_messages_total") >= published.len() as f64
-    });
+    brokers.publish_acked(&fwd, "pub-cel", msgs, published.len(), Duration::from_secs(60));
     eprintln!(
         "{} messages ({forwarded} forwarded, {heartbeats} filtered, {failing} dead-lettered) acked in {:.2} s",
         published.len(),
@@ -153,10 +144,7 @@ fn expressions_filter_key_route_and_reshape_and_failures_go_to_the_dead_letter_t
     );
 
     let read = |topic: &str, n: usize| {
-        brokers
-            .kafka
-            .read_all(topic, n, Duration::from_secs(2), Duration::from_secs(30))
-            .expect("read")
+        brokers.read(topic, n, Duration::from_secs(2), Duration::from_secs(30))
     };
     // Routed by site, keyed by device, headers from the topic and the payload, reshaped.
     let mut by_n: BTreeMap<usize, Record> = BTreeMap::new();
@@ -296,16 +284,7 @@ fn rules_sharing_a_target_are_credited_only_with_what_they_matched() {
             (topic.to_owned(), format!("{n}").into_bytes())
         })
         .collect();
-    rt.block_on(ferry_e2e::publish(
-        brokers.mqtt.port(),
-        "pub-credit",
-        rumqttc::QoS::AtLeastOnce,
-        msgs,
-    ))
-    .expect("publish");
-    wait_until(&fwd, Duration::from_secs(60), "every message acked", || {
-        fwd.metric("ferry_mqtt_acked_messages_total") >= 300.0
-    });
+    brokers.publish_acked(&fwd, "pub-credit", msgs, 300, Duration::from_secs(60));
     let status = fwd.status().expect("status");
     let rule = |name: &str| status.rule(name).expect("rule").clone();
     assert_eq!(
@@ -352,25 +331,10 @@ fn an_expensive_expression_does_not_starve_the_pipeline() {
     }
     let total = msgs.len();
     let started = Instant::now();
-    rt.block_on(ferry_e2e::publish(
-        brokers.mqtt.port(),
-        "pub-heavy",
-        rumqttc::QoS::AtLeastOnce,
-        msgs,
-    ))
-    .expect("publish");
-    wait_until(
-        &fwd,
-        Duration::from_secs(120),
-        "every message acked",
-        || fwd.metric("ferry_mqtt_acked_messages_total") >= total as f64,
-    );
+    brokers.publish_acked(&fwd, "pub-heavy", msgs, total, Duration::from_secs(120));
     let elapsed = started.elapsed();
     let read = |topic: &str, n: usize| {
-        brokers
-            .kafka
-            .read_all(topic, n, Duration::from_secs(2), Duration::from_secs(30))
-            .expect("read")
+        brokers.read(topic, n, Duration::from_secs(2), Duration::from_secs(30))
     };
     let heavy_records = read("heavy", heavy);
     assert_eq!(heavy_records.len(), heavy);

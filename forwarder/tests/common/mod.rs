@@ -32,6 +32,36 @@ impl Brokers {
     pub fn config(&self, client_id: &str, rules: &str) -> String {
         config(&self.mqtt, &self.kafka.bootstrap(), client_id, rules)
     }
+
+    /// Up to `n` records of `topic`: waits `timeout` at most, then `settle` of quiet.
+    pub fn read(&self, topic: &str, n: usize, settle: Duration, timeout: Duration) -> Vec<Record> {
+        self.kafka
+            .read_all(topic, n, settle, timeout)
+            .unwrap_or_else(|e| panic!("read {topic}: {e}"))
+    }
+
+    /// Publishes `msgs` at QoS 1 as `client`, then waits (at most `timeout`) until `fwd` has
+    /// acknowledged `acked` messages in all.
+    pub fn publish_acked(
+        &self,
+        fwd: &Forwarder,
+        client: &str,
+        msgs: Vec<(String, Vec<u8>)>,
+        acked: usize,
+        timeout: Duration,
+    ) {
+        runtime()
+            .block_on(ferry_e2e::publish(
+                self.mqtt.port(),
+                client,
+                rumqttc::QoS::AtLeastOnce,
+                msgs,
+            ))
+            .expect("publish");
+        wait_until(fwd, timeout, "every message acked", || {
+            fwd.metric("ferry_mqtt_acked_messages_total") >= acked as f64
+        });
+    }
 }
 
 /// A Ferry-format config for `mqtt` and the Kafka at `bootstrap` (one broker or a cluster);
