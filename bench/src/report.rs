@@ -734,7 +734,7 @@ impl Report {
             let (_, mosquitto, kafka) = e.drain.cpu_us_per_message();
             let _ = writeln!(
                 s,
-                "- {}{}: {} of {} records expected read back ({} heartbeats, {} mismatched); Mosquitto {mosquitto:.2} µs/msg, Kafka {kafka:.2} µs/msg.",
+                "- {}{}: {} records read back, {} expected ({} heartbeats, {} mismatched); Mosquitto {mosquitto:.2} µs/msg, Kafka {kafka:.2} µs/msg.",
                 e.rule,
                 if e.expressions.is_empty() {
                     String::new()
