@@ -30,14 +30,93 @@ pub fn payload(seq: u64, size: usize) -> Vec<u8> {
     p.extend_from_slice(&now_ns().to_be_bytes());
     // Incompressible filler (xorshift64 seeded by the sequence number): a repeated byte would
     // let lz4 shrink every record a hundredfold and flatter both Kafka and the forwarder.
-    let mut x = seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut x = seed(seq);
     while p.len() < size {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        p.extend_from_slice(&x.to_le_bytes());
+        p.extend_from_slice(&xorshift(&mut x).to_le_bytes());
     }
     p.truncate(size.max(HEADER));
+    p
+}
+
+fn seed(seq: u64) -> u64 {
+    seq.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
+}
+
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
+/// What the publishers send.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Payload {
+    /// [`payload`]: the binary header and filler.
+    #[default]
+    Binary,
+    /// [`json_payload`]: a JSON reading for the expression drains.
+    Json,
+}
+
+impl Payload {
+    pub fn make(self, seq: u64, size: usize) -> Vec<u8> {
+        match self {
+            Payload::Binary => payload(seq, size),
+            Payload::Json => json_payload(seq, size),
+        }
+    }
+}
+
+/// The devices the JSON readings come from (one Kafka key each when keyed by device).
+pub const DEVICES: u64 = 16;
+/// Every this-many-th JSON message (sequence numbers 0, 10, 20, ...) is a heartbeat.
+pub const HEARTBEAT_EVERY: u64 = 10;
+
+pub fn is_heartbeat(seq: u64) -> bool {
+    seq.is_multiple_of(HEARTBEAT_EVERY)
+}
+
+/// Messages of `0..n` that are not heartbeats.
+pub fn readings(n: u64) -> u64 {
+    n - n.div_ceil(HEARTBEAT_EVERY)
+}
+
+/// The device of message `seq`: mixed rather than `seq % 16`, so a device's messages are spread
+/// over the MQTT topics (`seq % 16`) and keying by device reorders what each key holds.
+pub fn device_of(seq: u64) -> String {
+    let mut x = seed(seq);
+    format!("dev-{:02}", xorshift(&mut x) % DEVICES)
+}
+
+/// A JSON reading of `size` bytes (at least its fields): `seq` and `sent` (ns since the epoch)
+/// for the judge, `device`, `type` (`heartbeat` or `reading`), `temp` (always with a fraction,
+/// so CEL sees a double), and base64 filler: random 6-bit digits, which lz4 cannot shrink.
+pub fn json_payload(seq: u64, size: usize) -> Vec<u8> {
+    const BASE64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let kind = if is_heartbeat(seq) {
+        "heartbeat"
+    } else {
+        "reading"
+    };
+    let mut x = seed(seq);
+    let temp = 15.0 + (xorshift(&mut x) % 300) as f64 / 10.0;
+    let mut p = format!(
+        r#"{{"seq":{seq},"sent":{},"device":"{}","type":"{kind}","temp":{temp:.1},"filler":""#,
+        now_ns(),
+        device_of(seq)
+    )
+    .into_bytes();
+    let end = size.max(p.len() + 2) - 2;
+    while p.len() < end {
+        let mut r = xorshift(&mut x);
+        for _ in 0..10 {
+            p.push(BASE64[(r & 63) as usize]);
+            r >>= 6;
+        }
+    }
+    p.truncate(end);
+    p.extend_from_slice(b"\"}");
     p
 }
 
@@ -68,9 +147,10 @@ pub async fn publish_backlog(
     size: usize,
     topics: u64,
     level: u8,
+    kind: Payload,
 ) -> Result<()> {
     let messages = (0..n)
-        .map(|seq| (topic_of(prefix, seq, topics), payload(seq, size)))
+        .map(|seq| (topic_of(prefix, seq, topics), kind.make(seq, size)))
         .collect();
     ferry_e2e::publish(port, format!("{prefix}-publisher"), qos(level), messages).await
 }
@@ -164,8 +244,82 @@ pub struct Arrivals {
     pub lost: u64,
     pub duplicates: u64,
     pub out_of_order: u64,
+    /// Heartbeats read back where the rule filters them out ([`Judge::no_heartbeats`]).
+    pub heartbeats: u64,
+    /// Records whose device is not the one sent with their sequence number, or whose key is
+    /// not their device where [`Judge::key_is_device`].
+    pub mismatched: u64,
     /// End-to-end latency of each first arrival, in ms (publish call → read from Kafka).
     pub latencies_ms: Vec<f64>,
+}
+
+/// How the reader reads and judges the records.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Judge {
+    pub payload: Payload,
+    /// A filter dropped the heartbeats: any that arrives is counted, and none is waited for.
+    pub no_heartbeats: bool,
+    /// The rule keys records by `json.device`.
+    pub key_is_device: bool,
+}
+
+/// One record as the judge sees it: sequence number, send time, and device (JSON only).
+fn decode_record(payload: &[u8], kind: Payload) -> Option<(u64, u64, Option<String>)> {
+    match kind {
+        Payload::Binary => decode(payload).map(|(seq, sent)| (seq, sent, None)),
+        Payload::Json => {
+            let v: serde_json::Value = serde_json::from_slice(payload).ok()?;
+            let device = v.get("device")?.as_str()?.to_owned();
+            Some((
+                v.get("seq")?.as_u64()?,
+                v.get("sent")?.as_u64()?,
+                Some(device),
+            ))
+        }
+    }
+}
+
+/// The reader's running verdict.
+#[derive(Default)]
+struct Tally {
+    seen: HashSet<u64>,
+    last_per_key: HashMap<Vec<u8>, u64>,
+    a: Arrivals,
+}
+
+impl Tally {
+    /// Judges one record read at `received` (ns since the epoch).
+    fn take(&mut self, key: Option<&[u8]>, payload: &[u8], judge: Judge, received: u64) -> bool {
+        self.a.records += 1;
+        let Some((seq, sent, device)) = decode_record(payload, judge.payload) else {
+            return false;
+        };
+        if judge.no_heartbeats && is_heartbeat(seq) {
+            // Not inserted in `seen`: `lost` counts the readings that did not arrive.
+            self.a.heartbeats += 1;
+            return true;
+        }
+        if let Some(device) = &device {
+            let wrong_key = judge.key_is_device && key != Some(device.as_bytes());
+            if wrong_key || *device != device_of(seq) {
+                self.a.mismatched += 1;
+            }
+        }
+        if !self.seen.insert(seq) {
+            self.a.duplicates += 1;
+            return true;
+        }
+        self.a
+            .latencies_ms
+            .push(received.saturating_sub(sent) as f64 / 1_000_000.0);
+        let key = key.map(<[u8]>::to_vec).unwrap_or_default();
+        let last = self.last_per_key.entry(key).or_insert(seq);
+        if seq < *last {
+            self.a.out_of_order += 1;
+        }
+        *last = (*last).max(seq);
+        true
+    }
 }
 
 /// Reads `topic` from the beginning in a thread until `expect` distinct sequence numbers
@@ -176,6 +330,7 @@ pub fn read_topic(
     topic: String,
     settle: Duration,
     timeout: Duration,
+    judge: Judge,
 ) -> Result<Reader> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &bootstrap)
@@ -200,44 +355,30 @@ pub fn read_topic(
     let expect = Arc::new(std::sync::atomic::AtomicU64::new(u64::MAX));
     let want = expect.clone();
     let handle = std::thread::spawn(move || -> Result<Arrivals> {
-        let mut seen: HashSet<u64> = HashSet::new();
-        let mut last_per_key: HashMap<Vec<u8>, u64> = HashMap::new();
-        let mut a = Arrivals::default();
+        let mut tally = Tally::default();
         let start = Instant::now();
         let mut last_new = Instant::now();
         while start.elapsed() < timeout {
             let target = want.load(Ordering::Relaxed);
-            if seen.len() as u64 >= target && last_new.elapsed() >= settle {
+            if tally.seen.len() as u64 >= target && last_new.elapsed() >= settle {
                 break;
             }
             match consumer.poll(Duration::from_millis(50)) {
                 Some(Ok(m)) => {
                     let received = now_ns();
                     last_new = Instant::now();
-                    a.records += 1;
-                    let Some((seq, sent)) = m.payload().and_then(decode) else {
+                    let payload = m.payload().unwrap_or_default();
+                    if !tally.take(m.key(), payload, judge, received) {
                         bail!("a record without a bench header in {topic}");
-                    };
-                    if !seen.insert(seq) {
-                        a.duplicates += 1;
-                        continue;
                     }
-                    a.latencies_ms
-                        .push(received.saturating_sub(sent) as f64 / 1_000_000.0);
-                    let key = m.key().map(<[u8]>::to_vec).unwrap_or_default();
-                    let last = last_per_key.entry(key).or_insert(seq);
-                    if seq < *last {
-                        a.out_of_order += 1;
-                    }
-                    *last = (*last).max(seq);
                 }
                 Some(Err(e)) => bail!("consume {topic}: {e}"),
                 None => {}
             }
         }
         let target = want.load(Ordering::Relaxed);
-        a.lost = target.saturating_sub(seen.len() as u64);
-        Ok(a)
+        tally.a.lost = target.saturating_sub(tally.seen.len() as u64);
+        Ok(tally.a)
     });
     Ok(Reader { expect, handle })
 }
@@ -264,4 +405,45 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
     sorted[rank.min(sorted.len() - 1)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_payloads_are_the_size_asked_and_judged_from_their_fields() {
+        for seq in [0u64, 7, 10, 99_999] {
+            let p = json_payload(seq, 300);
+            assert_eq!(p.len(), 300);
+            let v: serde_json::Value = serde_json::from_slice(&p).unwrap();
+            let kind = if seq.is_multiple_of(10) {
+                "heartbeat"
+            } else {
+                "reading"
+            };
+            assert_eq!(v["type"], kind);
+            assert!(v["temp"].is_f64());
+            let (s, _, device) = decode_record(&p, Payload::Json).unwrap();
+            assert_eq!((s, device), (seq, Some(device_of(seq))));
+        }
+        assert_eq!(readings(100_000), 90_000);
+        assert_eq!(readings(11), 9);
+    }
+
+    #[test]
+    fn the_judge_counts_heartbeats_and_keys_not_their_device() {
+        let judge = Judge {
+            payload: Payload::Json,
+            no_heartbeats: true,
+            key_is_device: true,
+        };
+        let mut t = Tally::default();
+        let key = device_of(1);
+        assert!(t.take(Some(key.as_bytes()), &json_payload(1, 300), judge, 0));
+        assert!(t.take(Some(b"other"), &json_payload(2, 300), judge, 0));
+        assert!(t.take(None, &json_payload(10, 300), judge, 0));
+        assert!(!t.take(None, b"not json", judge, 0));
+        assert_eq!((t.a.heartbeats, t.a.mismatched, t.seen.len()), (1, 1, 2));
+    }
 }

@@ -7,6 +7,7 @@
 //! with the release `ferry-operator`. Results go to `bench/results/` as a markdown table,
 //! JSON, and PNG plots.
 
+mod expressions;
 mod load;
 mod operator;
 mod plot;
@@ -21,7 +22,8 @@ use anyhow::{Context as _, Result, bail};
 use clap::Parser;
 use ferry_e2e::{Kafka, Mosquitto, MosquittoOptions};
 
-use crate::load::{Arrivals, percentile};
+use crate::expressions::ExprRule;
+use crate::load::{Arrivals, Judge, percentile};
 use crate::procs::{Forwarder, Usage, sched, usage};
 use crate::report::{Drain, Latency, LowRate, OperatorFigures, Report};
 
@@ -43,8 +45,8 @@ struct Args {
     /// Skip the operator figures (they need the Kubernetes binaries of e2e/k8s/build.sh).
     #[arg(long)]
     no_operator: bool,
-    /// Only these sections (for experiments): drains, lowrate, windows, replicas, latency,
-    /// operator.
+    /// Only these sections (for experiments): drains, expressions, lowrate, windows, replicas,
+    /// latency, operator.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// The forwarder's max_inflight outside the window sweep.
@@ -112,6 +114,61 @@ struct DrainSpec {
     size: usize,
     window: u32,
     replicas: u32,
+    /// The rule's expressions (JSON payloads) in the expressions section; `None` elsewhere.
+    rule: Option<ExprRule>,
+}
+
+impl DrainSpec {
+    fn judge(&self) -> Judge {
+        self.rule.map(ExprRule::judge).unwrap_or_default()
+    }
+
+    /// The records that must arrive in Kafka of the `n` messages published.
+    fn expected(&self, n: u64) -> u64 {
+        self.rule.map_or(n, |r| r.expected(n))
+    }
+}
+
+/// What a drain measured before reading Kafka back.
+struct Measured {
+    startup: Duration,
+    rate: f64,
+    produce_ms: f64,
+    ack_ms: f64,
+    usage: Vec<Usage>,
+    /// Mosquitto's and Kafka's CPU seconds over the drain.
+    brokers: (f64, f64),
+}
+
+impl Measured {
+    fn drain(self, spec: DrainSpec, n: u64, arrivals: &Arrivals) -> Drain {
+        let cpu: f64 = self.usage.iter().map(|u| u.cpu_seconds).sum();
+        let peak = self
+            .usage
+            .iter()
+            .map(|u| u.peak_rss_mib)
+            .fold(0.0, f64::max);
+        Drain {
+            startup_seconds: self.startup.as_secs_f64(),
+            mean_produce_ms: self.produce_ms,
+            mean_ack_ms: self.ack_ms,
+            qos: spec.qos,
+            size: spec.size,
+            window: spec.window,
+            replicas: spec.replicas,
+            messages: n,
+            msgs_per_sec: self.rate,
+            mb_per_sec: self.rate * spec.size as f64 / 1_000_000.0,
+            cpu_seconds: cpu,
+            msgs_per_cpu_second: n as f64 / cpu.max(0.001),
+            mosquitto_cpu_seconds: self.brokers.0,
+            kafka_cpu_seconds: self.brokers.1,
+            peak_rss_mib: peak,
+            lost: arrivals.lost,
+            duplicates: arrivals.duplicates,
+            out_of_order: arrivals.out_of_order,
+        }
+    }
 }
 
 impl Bench {
@@ -126,10 +183,11 @@ impl Bench {
         } else {
             String::new()
         };
+        let [filter, key, payload] = spec.rule.map(ExprRule::yaml).unwrap_or_default();
         format!(
             "mqtt:\n  host: 127.0.0.1\n  port: {port}\n  client_id: bench-{run}-{replica}\n  clean_session: false\n  max_inflight: {window}\n{shared_group}\
              kafka:\n  bootstrap_servers: \"{bootstrap}\"\n{kafka_config}\
-             rules:\n  - name: bench\n    mqtt:\n      topics: [\"b{run}/#\"]\n      qos: {qos}\n    kafka:\n      topic: bench.{run}\n\
+             rules:\n  - name: bench\n    mqtt:\n      topics: [\"b{run}/#\"]\n      qos: {qos}\n{filter}    kafka:\n      topic: bench.{run}\n{key}{payload}\
              log:\n  level: warn\n",
             port = self.mqtt.port(),
             window = spec.window,
@@ -153,6 +211,11 @@ impl Bench {
     }
 
     fn drain(&mut self, spec: DrainSpec) -> Result<Drain> {
+        Ok(self.drain_judged(spec)?.0)
+    }
+
+    /// A drain, and the reader's verdict on what arrived.
+    fn drain_judged(&mut self, spec: DrainSpec) -> Result<(Drain, Arrivals)> {
         self.broker_inflight(spec.window)?;
         let run = self.next_run();
         // A small window is slow by design: 200 windows' worth is plenty to measure it.
@@ -165,54 +228,51 @@ impl Bench {
             .map(|i| self.forwarder_config(run, i, spec, shared))
             .collect();
         self.queue_backlog(run, spec, n, &configs)?;
-        let brokers_before = self.broker_cpu()?;
-        let start = Instant::now();
-        let mut forwarders = self.start_forwarders(run, &configs)?;
-        let (first_at, first_acked) = wait_all_acked(&forwarders, spec, n, start)?;
-        let brokers_after = self.broker_cpu()?;
-        let startup = first_at.duration_since(start);
-        let steady = first_at.elapsed().max(Duration::from_millis(1));
-        let rate = (n - first_acked.min(n)) as f64 / steady.as_secs_f64();
-        let produce_ms = mean_ms(&forwarders, "ferry_kafka_produce_latency_seconds");
-        let ack_ms = mean_ms(&forwarders, "ferry_message_ack_latency_seconds");
-        let usage: Vec<Usage> = forwarders
-            .iter()
-            .map(Forwarder::usage)
-            .collect::<Result<_>>()?;
-        for f in &mut forwarders {
-            f.stop()?;
-        }
+        let measured = self.measure(run, spec, n, &configs)?;
         let arrivals = load::read_topic(
             self.kafka.bootstrap(),
             topic,
             Duration::from_secs(1),
             Duration::from_secs(120),
+            spec.judge(),
         )?
-        .finish(n)?;
-        let cpu: f64 = usage.iter().map(|u| u.cpu_seconds).sum();
-        let peak = usage.iter().map(|u| u.peak_rss_mib).fold(0.0, f64::max);
-        let d = Drain {
-            startup_seconds: startup.as_secs_f64(),
-            mean_produce_ms: produce_ms,
-            mean_ack_ms: ack_ms,
-            qos: spec.qos,
-            size: spec.size,
-            window: spec.window,
-            replicas: spec.replicas,
-            messages: n,
-            msgs_per_sec: rate,
-            mb_per_sec: rate * spec.size as f64 / 1_000_000.0,
-            cpu_seconds: cpu,
-            msgs_per_cpu_second: n as f64 / cpu.max(0.001),
-            mosquitto_cpu_seconds: brokers_after.0 - brokers_before.0,
-            kafka_cpu_seconds: brokers_after.1 - brokers_before.1,
-            peak_rss_mib: peak,
-            lost: arrivals.lost,
-            duplicates: arrivals.duplicates,
-            out_of_order: arrivals.out_of_order,
+        .finish(spec.expected(n))?;
+        let d = measured.drain(spec, n, &arrivals);
+        match spec.rule {
+            Some(rule) => println!("{}: {}", rule.name(), d.line()),
+            None => println!("{}", d.line()),
+        }
+        Ok((d, arrivals))
+    }
+
+    /// Starts the drain's forwarders on their filled sessions and times them until all `n`
+    /// messages were acked; stops them.
+    fn measure(&self, run: u32, spec: DrainSpec, n: u64, configs: &[String]) -> Result<Measured> {
+        let brokers_before = self.broker_cpu()?;
+        let start = Instant::now();
+        let mut forwarders = self.start_forwarders(run, configs)?;
+        let (first_at, first_acked) = wait_all_acked(&forwarders, spec, n, start)?;
+        let brokers_after = self.broker_cpu()?;
+        let steady = first_at.elapsed().max(Duration::from_millis(1));
+        let usage: Vec<Usage> = forwarders
+            .iter()
+            .map(Forwarder::usage)
+            .collect::<Result<_>>()?;
+        let measured = Measured {
+            startup: first_at.duration_since(start),
+            rate: (n - first_acked.min(n)) as f64 / steady.as_secs_f64(),
+            produce_ms: mean_ms(&forwarders, "ferry_kafka_produce_latency_seconds"),
+            ack_ms: mean_ms(&forwarders, "ferry_message_ack_latency_seconds"),
+            usage,
+            brokers: (
+                brokers_after.0 - brokers_before.0,
+                brokers_after.1 - brokers_before.1,
+            ),
         };
-        println!("{}", d.line());
-        Ok(d)
+        for f in &mut forwarders {
+            f.stop()?;
+        }
+        Ok(measured)
     }
 
     /// Makes each forwarder's session and has the broker queue the drain's `n` messages in it
@@ -236,6 +296,8 @@ impl Bench {
             spec.size,
             TOPICS,
             spec.qos,
+            spec.rule
+                .map_or(load::Payload::Binary, |_| load::Payload::Json),
         ))
     }
 
@@ -280,6 +342,7 @@ impl Bench {
             size: LIVE_SIZE,
             window,
             replicas: 1,
+            rule: None,
         };
         let mut f = Forwarder::start(
             &self.forwarder_bin,
@@ -293,6 +356,7 @@ impl Bench {
             topic,
             Duration::from_secs(1),
             Duration::from_secs(read_seconds),
+            Judge::default(),
         )?;
         Ok((run, f, reader))
     }
@@ -370,8 +434,9 @@ impl Bench {
     }
 }
 
-/// Polls the forwarders' metrics until they acked `n` messages in all; returns when the first
-/// ack was seen and how many were acked by then (`start` and 0 when there was nothing to ack).
+/// Polls the forwarders' metrics until they acked `n` messages in all (those a filter dropped
+/// included: acked unforwarded); returns when the first ack was seen and how many were acked by
+/// then (`start` and 0 when there was nothing to ack).
 fn wait_all_acked(
     forwarders: &[Forwarder],
     spec: DrainSpec,
@@ -385,7 +450,12 @@ fn wait_all_acked(
     loop {
         let acked = forwarders
             .iter()
-            .filter_map(|f| f.metric("ferry_rule_acked_messages_total"))
+            .filter_map(|f| {
+                f.metrics_sum(&[
+                    "ferry_rule_acked_messages_total",
+                    "ferry_rule_filtered_messages_total",
+                ])
+            })
             .sum::<f64>() as u64;
         if acked > 0 && first.is_none() {
             first = Some((Instant::now(), acked));
@@ -436,8 +506,14 @@ fn main() -> Result<()> {
             );
         }
     }
-    const SECTIONS: [&str; 6] = [
-        "drains", "lowrate", "windows", "replicas", "latency", "operator",
+    const SECTIONS: [&str; 7] = [
+        "drains",
+        "expressions",
+        "lowrate",
+        "windows",
+        "replicas",
+        "latency",
+        "operator",
     ];
     if let Some(other) = args.only.iter().find(|o| !SECTIONS.contains(&o.as_str())) {
         bail!("--only {other}: not one of {SECTIONS:?}");
@@ -455,10 +531,7 @@ fn main() -> Result<()> {
     };
     let wanted = |section: &str| args.only.is_empty() || args.only.iter().any(|o| o == section);
     // Their brokers are not started when only the operator runs: it starts its own.
-    if ["drains", "lowrate", "windows", "replicas", "latency"]
-        .iter()
-        .any(|s| wanted(s))
-    {
+    if SECTIONS.iter().any(|s| *s != "operator" && wanted(s)) {
         forwarder_sections(&args, forwarder_bin.clone(), &mut report)?;
     }
     if !args.no_operator && wanted("operator") {
@@ -537,21 +610,13 @@ fn forwarder_sections(args: &Args, forwarder_bin: PathBuf, report: &mut Report) 
         broker_unbounded: args.broker_unbounded,
     };
     let wanted = |section: &str| args.only.is_empty() || args.only.iter().any(|o| o == section);
-    // A fresh JVM spends its first minute compiling (perf showed Kafka's C1/C2 compiler
-    // threads taking a third of both cores during the first drains): warm both brokers up
-    // with a full round that is not reported.
-    println!("\n== Warm-up (not reported): three drains, QoS 1, 300 B");
-    for _ in 0..3 {
-        bench.drain(DrainSpec {
-            qos: 1,
-            size: 300,
-            window: args.window,
-            replicas: 1,
-        })?;
-    }
+    warm_up(&mut bench, args.window)?;
     let window = args.window;
     if wanted("drains") {
         drains(&mut bench, window, report)?;
+    }
+    if wanted("expressions") {
+        expressions::run(&mut bench, window, report)?;
     }
     if wanted("lowrate") {
         println!("\n== Low rates: QoS 1, 300 B, 1 replica, window {window}");
@@ -569,6 +634,7 @@ fn forwarder_sections(args: &Args, forwarder_bin: PathBuf, report: &mut Report) 
                 size: 300,
                 window,
                 replicas: 1,
+                rule: None,
             })?);
         }
     }
@@ -586,6 +652,23 @@ fn forwarder_sections(args: &Args, forwarder_bin: PathBuf, report: &mut Report) 
     Ok(())
 }
 
+/// A fresh JVM spends its first minute compiling (perf showed Kafka's C1/C2 compiler threads
+/// taking a third of both cores during the first drains): warm both brokers up with a full
+/// round that is not reported.
+fn warm_up(bench: &mut Bench, window: u32) -> Result<()> {
+    println!("\n== Warm-up (not reported): three drains, QoS 1, 300 B");
+    for _ in 0..3 {
+        bench.drain(DrainSpec {
+            qos: 1,
+            size: 300,
+            window,
+            replicas: 1,
+            rule: None,
+        })?;
+    }
+    Ok(())
+}
+
 fn drains(bench: &mut Bench, window: u32, report: &mut Report) -> Result<()> {
     println!("\n== Drains: QoS x size, window {window}, 1 replica");
     for size in [300, 1024] {
@@ -595,6 +678,7 @@ fn drains(bench: &mut Bench, window: u32, report: &mut Report) -> Result<()> {
                 size,
                 window,
                 replicas: 1,
+                rule: None,
             })?);
         }
     }
@@ -614,6 +698,7 @@ fn replicas(bench: &mut Bench, window: u32, report: &mut Report) -> Result<()> {
                 size: 300,
                 window: w,
                 replicas,
+                rule: None,
             })?);
         }
     }
@@ -661,6 +746,7 @@ fn merge(out: &Path, ran: Report, only: &[String]) -> Result<Report> {
     for section in only {
         match section.as_str() {
             "drains" => merged.drains = ran.drains.clone(),
+            "expressions" => merged.expressions = ran.expressions.clone(),
             "lowrate" => merged.low_rates = ran.low_rates.clone(),
             "windows" => merged.windows = ran.windows.clone(),
             "replicas" => merged.replicas = ran.replicas.clone(),

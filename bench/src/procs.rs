@@ -142,8 +142,19 @@ impl Forwarder {
 
     /// The sum of a metric's samples (every label set), or `None` when `/metrics` does not answer.
     pub fn metric(&self, name: &str) -> Option<f64> {
+        self.metrics_sum(&[name])
+    }
+
+    /// The sum of several metrics' samples from one scrape (one request: polling costs the
+    /// forwarder it measures).
+    pub fn metrics_sum(&self, names: &[&str]) -> Option<f64> {
         match http_get(self.http_port, "/metrics").ok()? {
-            (200, body) => Some(ferry_e2e::metrics::sum(&body, name, &[])),
+            (200, body) => Some(
+                names
+                    .iter()
+                    .map(|name| ferry_e2e::metrics::sum(&body, name, &[]))
+                    .sum(),
+            ),
             _ => None,
         }
     }

@@ -1,0 +1,104 @@
+//! The expressions section: the same backlog drain of ~300 B JSON readings (QoS 1, 1 replica)
+//! with no expression, with a filter and a key expression, and with a transform, back to back,
+//! so what CEL costs shows beside a like-for-like plain drain.
+
+use anyhow::Result;
+
+use crate::load::{self, Judge, Payload};
+use crate::report::{ExpressionDrain, Report};
+use crate::{Bench, DrainSpec};
+
+pub const FILTER: &str = "json.type != 'heartbeat'";
+pub const KEY: &str = "json.device";
+/// `seq` and `sent` are carried through so the judge can identify and time each record.
+pub const TRANSFORM: &str =
+    "{'seq': json.seq, 'sent': json.sent, 'device': json.device, 'temp': json.temp}";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExprRule {
+    /// The JSON payloads forwarded as they are: the baseline.
+    Plain,
+    /// Heartbeats filtered out, records keyed by device.
+    FilterKey,
+    /// Every message reshaped by `payload.transform`.
+    Transform,
+}
+
+impl ExprRule {
+    pub const ALL: [ExprRule; 3] = [ExprRule::Plain, ExprRule::FilterKey, ExprRule::Transform];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ExprRule::Plain => "plain",
+            ExprRule::FilterKey => "filter + key",
+            ExprRule::Transform => "transform",
+        }
+    }
+
+    /// The rule's expressions as written in the results.
+    pub fn expressions(self) -> String {
+        match self {
+            ExprRule::Plain => String::new(),
+            ExprRule::FilterKey => format!("filter: {FILTER}; key: {KEY}"),
+            ExprRule::Transform => format!("transform: {TRANSFORM}"),
+        }
+    }
+
+    /// The rule's lines in the forwarder config: its `filter`, its `kafka.key`, its `payload`
+    /// (each empty when unset), at their indentation in [`Bench::forwarder_config`].
+    pub fn yaml(self) -> [String; 3] {
+        match self {
+            ExprRule::Plain => Default::default(),
+            ExprRule::FilterKey => [
+                format!("    filter: \"{FILTER}\"\n"),
+                format!("      key: {{ expression: \"{KEY}\" }}\n"),
+                String::new(),
+            ],
+            ExprRule::Transform => [
+                String::new(),
+                String::new(),
+                format!("    payload: {{ transform: \"{TRANSFORM}\" }}\n"),
+            ],
+        }
+    }
+
+    pub fn judge(self) -> Judge {
+        Judge {
+            payload: Payload::Json,
+            no_heartbeats: self == ExprRule::FilterKey,
+            key_is_device: self == ExprRule::FilterKey,
+        }
+    }
+
+    /// The records that must reach Kafka of `n` messages: all but the heartbeats if filtered.
+    pub fn expected(self, n: u64) -> u64 {
+        match self {
+            ExprRule::FilterKey => load::readings(n),
+            ExprRule::Plain | ExprRule::Transform => n,
+        }
+    }
+}
+
+pub fn run(bench: &mut Bench, window: u32, report: &mut Report) -> Result<()> {
+    println!("\n== Expressions: QoS 1, ~300 B JSON, window {window}, 1 replica");
+    for rule in ExprRule::ALL {
+        let spec = DrainSpec {
+            qos: 1,
+            size: 300,
+            window,
+            replicas: 1,
+            rule: Some(rule),
+        };
+        let (drain, arrivals) = bench.drain_judged(spec)?;
+        report.expressions.push(ExpressionDrain {
+            rule: rule.name().to_owned(),
+            expressions: rule.expressions(),
+            expected: spec.expected(drain.messages),
+            records: arrivals.records,
+            heartbeats: arrivals.heartbeats,
+            mismatched: arrivals.mismatched,
+            drain,
+        });
+    }
+    Ok(())
+}
