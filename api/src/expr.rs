@@ -12,7 +12,6 @@
 //!   expression can make one message cost the square of its size (`json.items.map(x,
 //!   json.items)`), which would stall the forwarder's pipeline.
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 
@@ -95,6 +94,9 @@ pub const VARIABLES: &[Variable] = &[
     },
 ];
 
+// `Expression::uses` is a mask of one bit per variable.
+const _: () = assert!(VARIABLES.len() <= 32);
+
 /// CEL's type names, which are identifiers too.
 const TYPE_NAMES: &[&str] = &[
     "bool",
@@ -119,8 +121,9 @@ pub static ENV: LazyLock<Arc<Env>> = LazyLock::new(|| Arc::new(Env::stdlib()));
 pub struct Expression {
     source: Arc<str>,
     program: Arc<Program>,
-    /// The declared variables it uses, so that a message binds only those.
-    uses: BTreeSet<&'static str>,
+    /// The declared variables it uses (bit i: `VARIABLES[i]`), so that a message binds only
+    /// those; a mask because it is consulted for every evaluation.
+    uses: u32,
 }
 
 impl Expression {
@@ -134,7 +137,15 @@ impl Expression {
 
     /// Whether it reads `variable`.
     pub fn uses(&self, variable: &str) -> bool {
-        self.uses.contains(variable)
+        VARIABLES
+            .iter()
+            .position(|v| v.name == variable)
+            .is_some_and(|i| self.uses & (1 << i) != 0)
+    }
+
+    /// The variables it reads: bit i is `VARIABLES[i]`.
+    pub fn uses_mask(&self) -> u32 {
+        self.uses
     }
 }
 
@@ -187,7 +198,7 @@ pub fn compile(source: &str) -> Result<Expression, CompileError> {
     let mut check = Check {
         program: &program,
         source,
-        uses: BTreeSet::new(),
+        uses: 0,
         scopes: Vec::new(),
         known_functions: Context::with_env(Arc::clone(&ENV)),
     };
@@ -204,7 +215,7 @@ pub fn compile(source: &str) -> Result<Expression, CompileError> {
 struct Check<'a> {
     program: &'a Program,
     source: &'a str,
-    uses: BTreeSet<&'static str>,
+    uses: u32,
     /// The variables of the comprehensions the walk is inside, innermost last.
     scopes: Vec<Vec<String>>,
     /// Only used to ask whether a function exists (`add_function` refuses a declared name).
@@ -276,7 +287,8 @@ impl Check<'_> {
                 ),
             ));
         }
-        let Some(variable) = VARIABLES.iter().find(|v| v.name == name) else {
+        let Some((index, variable)) = VARIABLES.iter().enumerate().find(|(_, v)| v.name == name)
+        else {
             return Err(self.error(
                 e,
                 format!(
@@ -298,7 +310,7 @@ impl Check<'_> {
                 ),
             ));
         }
-        self.uses.insert(variable.name);
+        self.uses |= 1 << index;
         Ok(())
     }
 

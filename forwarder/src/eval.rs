@@ -7,10 +7,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
+use cel::common::types::{
+    CelBool, CelDouble, CelInt, CelList, CelMap, CelMapKey, CelNull, CelString,
+};
+use cel::common::value::Val;
 use cel::objects::{Key, Map};
 use cel::{Context, Value};
-use ferry_api::expr::{ENV, Expression, JSON_MAX_BYTES};
+use ferry_api::expr::{ENV, Expression, JSON_MAX_BYTES, VARIABLES};
 use ferry_api::validate_kafka_topic;
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
 use crate::mqtt::Message;
 use crate::window::PermanentReason;
@@ -29,7 +34,8 @@ pub struct Scope<'m> {
     message: &'m Message,
     received_at: SystemTime,
     context: Context<'static, 'static>,
-    bound: Vec<&'static str>,
+    /// The variables bound so far (bit i: `VARIABLES[i]`).
+    bound: u32,
     /// Why `json` could not be bound, once tried.
     json_error: Option<String>,
 }
@@ -40,17 +46,21 @@ impl<'m> Scope<'m> {
             message,
             received_at,
             context: Context::with_env(Arc::clone(&ENV)),
-            bound: Vec::new(),
+            bound: 0,
             json_error: None,
         }
     }
 
     /// Evaluates `e`; `field` names it in errors (`filter`, `kafka.key.expression`, ...).
     pub fn eval(&mut self, e: &Expression, field: &str) -> Result<Value, EvalError> {
-        for variable in ferry_api::expr::VARIABLES {
-            if e.uses(variable.name) && !self.bound.contains(&variable.name) {
-                self.bind(variable.name);
+        let missing = e.uses_mask() & !self.bound;
+        if missing != 0 {
+            for (i, variable) in VARIABLES.iter().enumerate() {
+                if missing & (1 << i) != 0 {
+                    self.bind(variable.name);
+                }
             }
+            self.bound |= missing;
         }
         if e.uses("json")
             && let Some(error) = &self.json_error
@@ -133,17 +143,17 @@ impl<'m> Scope<'m> {
             "receivedAt" => {
                 Value::Timestamp(chrono::DateTime::<chrono::Utc>::from(self.received_at).into())
             }
-            "json" => match parse_json(&m.payload) {
-                Ok(value) => value,
-                Err(error) => {
+            "json" => {
+                let parsed = parse_json(&m.payload).unwrap_or_else(|error| {
                     self.json_error = Some(error);
-                    Value::Null
-                }
-            },
+                    Box::new(CelNull)
+                });
+                self.context.add_variable_as_val(name, parsed);
+                return;
+            }
             _ => Value::Null,
         };
         self.context.add_variable_from_value(name, value);
-        self.bound.push(name);
     }
 }
 
@@ -236,37 +246,83 @@ fn wrong_type(value: &Value, wanted: &str) -> String {
 
 /// The payload as a CEL value, numbers as CEL's JSON mapping would have them but without
 /// losing integers: a number without a fraction that fits is an `int`, any other a `double`.
-pub fn parse_json(payload: &[u8]) -> Result<Value, String> {
+/// Parsed straight into CEL's values, with no intermediate tree: this is most of what a rule
+/// that reads `json` costs per message.
+pub fn parse_json(payload: &[u8]) -> Result<Box<dyn Val>, String> {
     if payload.len() > JSON_MAX_BYTES {
         return Err(format!(
             "the payload ({} bytes) is larger than the {JSON_MAX_BYTES} bytes json parses",
             payload.len()
         ));
     }
-    let parsed: serde_json::Value = serde_json::from_slice(payload)
-        .map_err(|error| format!("the payload is not JSON: {error}"))?;
-    Ok(json_value(parsed))
+    serde_json::from_slice::<JsonVal>(payload)
+        .map(|v| v.0)
+        .map_err(|error| format!("the payload is not JSON: {error}"))
 }
 
-fn json_value(v: serde_json::Value) -> Value {
-    match v {
-        serde_json::Value::Null => Value::Null,
-        serde_json::Value::Bool(b) => Value::Bool(b),
-        serde_json::Value::Number(n) => match n.as_i64() {
-            Some(i) => Value::Int(i),
-            None => Value::Float(n.as_f64().unwrap_or(f64::NAN)),
-        },
-        serde_json::Value::String(s) => Value::String(Arc::new(s)),
-        serde_json::Value::Array(items) => {
-            Value::List(Arc::new(items.into_iter().map(json_value).collect()))
+/// A JSON document as a CEL value.
+struct JsonVal(Box<dyn Val>);
+
+impl<'de> Deserialize<'de> for JsonVal {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(JsonVisitor).map(JsonVal)
+    }
+}
+
+struct JsonVisitor;
+
+impl<'de> Visitor<'de> for JsonVisitor {
+    type Value = Box<dyn Val>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(Box::new(CelNull))
+    }
+
+    fn visit_bool<E>(self, b: bool) -> Result<Self::Value, E> {
+        Ok(Box::new(CelBool::from(b)))
+    }
+
+    fn visit_i64<E>(self, i: i64) -> Result<Self::Value, E> {
+        Ok(Box::new(CelInt::from(i)))
+    }
+
+    fn visit_u64<E>(self, u: u64) -> Result<Self::Value, E> {
+        Ok(match i64::try_from(u) {
+            Ok(i) => Box::new(CelInt::from(i)),
+            Err(_) => Box::new(CelDouble::from(u as f64)),
+        })
+    }
+
+    fn visit_f64<E>(self, f: f64) -> Result<Self::Value, E> {
+        Ok(Box::new(CelDouble::from(f)))
+    }
+
+    fn visit_str<E>(self, s: &str) -> Result<Self::Value, E> {
+        Ok(Box::new(CelString::from(s.to_owned())))
+    }
+
+    fn visit_string<E>(self, s: String) -> Result<Self::Value, E> {
+        Ok(Box::new(CelString::from(s)))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        while let Some(JsonVal(item)) = seq.next_element()? {
+            items.push(item);
         }
-        serde_json::Value::Object(fields) => {
-            let map: HashMap<Key, Value> = fields
-                .into_iter()
-                .map(|(k, v)| (Key::String(Arc::new(k)), json_value(v)))
-                .collect();
-            Value::Map(Map { map: Arc::new(map) })
+        Ok(Box::new(CelList::from(items)))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut fields = HashMap::with_capacity(map.size_hint().unwrap_or(0));
+        while let Some((key, JsonVal(value))) = map.next_entry::<String, JsonVal>()? {
+            fields.insert(CelMapKey::from(key), value);
         }
+        Ok(Box::new(CelMap::from(fields)))
     }
 }
 

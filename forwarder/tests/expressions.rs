@@ -136,7 +136,13 @@ fn expressions_filter_key_route_and_reshape_and_failures_go_to_the_dead_letter_t
         .map(|(kind, n, site)| message(*kind, *n, site))
         .collect();
     let started = Instant::now();
-    brokers.publish_acked(&fwd, "pub-cel", msgs, published.len(), Duration::from_secs(60));
+    brokers.publish_acked(
+        &fwd,
+        "pub-cel",
+        msgs,
+        published.len(),
+        Duration::from_secs(60),
+    );
     eprintln!(
         "{} messages ({forwarded} forwarded, {heartbeats} filtered, {failing} dead-lettered) acked in {:.2} s",
         published.len(),
