@@ -399,6 +399,7 @@ pub struct ForwardingRuleSpec {
     /// dead-letter path of a rule that uses json.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = expr::MAX_LEN))]
+    #[x_kube(validation = no_substitution_rule(false))]
     pub filter: Option<String>,
     /// Where and how to write it in Kafka.
     pub kafka: RuleKafka,
@@ -412,6 +413,7 @@ pub struct ForwardingRuleSpec {
     /// properties, contentType, payload, json, receivedAt (see spec.filter).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = expr::MAX_LEN))]
+    #[x_kube(validation = no_substitution_rule(false))]
     pub payload_transform: Option<String>,
     /// Where messages go that Kafka can never take as they are (too large, an illegal topic
     /// name from a template, rejected as invalid). Unset: `onUnwritable` decides.
@@ -469,6 +471,7 @@ pub struct RuleKafka {
     /// contentType, payload, json, receivedAt (see spec.filter).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = expr::MAX_LEN))]
+    #[x_kube(validation = no_substitution_rule(false))]
     pub topic_expression: Option<String>,
     /// The record key; default: the MQTT topic.
     #[serde(default)]
@@ -498,6 +501,7 @@ pub struct Key {
     /// contentType, payload, json, receivedAt (see spec.filter).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = expr::MAX_LEN))]
+    #[x_kube(validation = no_substitution_rule(false))]
     pub expression: Option<String>,
 }
 
@@ -551,6 +555,7 @@ pub struct Headers {
     #[schemars(schema_with = "header_expressions_schema")]
     // As the forwarder: a header name is not empty and has no Unicode category Cc.
     #[x_kube(validation = Rule::new("self.all(k, size(k) >= 1 && !k.matches('\\\\p{Cc}'))").message("headers.expressions names must be non-empty, without control characters"))]
+    #[x_kube(validation = no_substitution_rule(true))]
     pub expressions: BTreeMap<String, String>,
 }
 
@@ -741,6 +746,20 @@ fn unsupported_rule(keys: &[&str]) -> Rule {
 
 /// `spec`: `kafka.config`'s `queue.buffering.max.messages` against `mqtt.maxInflight`
 /// ([`kafka_props::queue_too_small`]).
+/// An expression may not contain `${`: the forwarder replaces `${VAR}` in its config file
+/// before parsing it, so the text would change, or the whole group's config be refused. For a
+/// map of expressions (`map`), every value.
+fn no_substitution_rule(map: bool) -> Rule {
+    let check = if map {
+        "self.all(k, !self[k].contains('${'))"
+    } else {
+        "!self.contains('${')"
+    };
+    Rule::new(check).message(
+        "an expression may not contain '${': the forwarder substitutes environment variables in its config there (write '$' + '{' for the two characters)",
+    )
+}
+
 fn queue_rule() -> Rule {
     let key = kafka_props::QUEUE_MAX_MESSAGES;
     let value = format!("self.kafka.config['{key}']");

@@ -7,23 +7,28 @@
 //! - every identifier is a declared variable ([`VARIABLES`]) or a comprehension's own;
 //! - every function called by name exists in the standard environment;
 //! - inside a comprehension (`all`, `exists`, `exists_one`, `map`, `filter`) only its own
-//!   variables and the scalar variables may appear. Each element's step then costs at most in
-//!   proportion to that element, and a whole evaluation in proportion to the payload: no
-//!   expression can make one message cost the square of its size (`json.items.map(x,
-//!   json.items)`), which would stall the forwarder's pipeline.
+//!   variables and the scalar variables may appear, so each element's step costs at most in
+//!   proportion to that element (`json.items.map(x, json.items)` would cost the square);
+//! - a comprehension ranges over a variable, a field or element of one, or a literal list,
+//!   never over what the expression built (a chain of `map(t, t + t)` doubles at every step);
+//! - `matches` takes a literal pattern, never one from the message.
+//!
+//! With `json` and `payload` capped at [`PAYLOAD_MAX_BYTES`], what one evaluation builds is at
+//! most in proportion to the expression's length times that, whatever the message.
 
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 
-use cel::common::ast::{EntryExpr, Expr, IdedExpr};
+use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
 use cel::{Context, Env, Program};
 
 /// Longest expression accepted, in bytes (the CRD's `maxLength` is the same).
 pub const MAX_LEN: usize = 4096;
 
-/// Largest payload `json` parses, in bytes: beyond it, a rule that uses `json` sends the
-/// message to its dead-letter path. Bounds what one evaluation costs.
-pub const JSON_MAX_BYTES: usize = 256 * 1024;
+/// Largest payload `json` parses and `payload` holds, in bytes: beyond it, a rule that uses
+/// either sends the message to its dead-letter path. With the comprehension rules, bounds what
+/// one evaluation costs (in proportion to this times the expression's length).
+pub const PAYLOAD_MAX_BYTES: usize = 256 * 1024;
 
 /// A variable an expression may use.
 #[derive(Debug, Clone, Copy)]
@@ -78,7 +83,7 @@ pub const VARIABLES: &[Variable] = &[
         name: "payload",
         kind: "bytes",
         scalar: false,
-        meaning: "the payload as sent",
+        meaning: "the payload as sent; a payload larger than 256 KiB goes to the dead-letter path of a rule that uses it",
     },
     Variable {
         name: "json",
@@ -228,12 +233,34 @@ impl Check<'_> {
             Expr::Ident(name) => self.ident(e, name),
             Expr::Call(call) => {
                 self.function(e, &call.func_name)?;
+                if call.func_name == "matches"
+                    && !matches!(
+                        call.args.last().map(|a| &a.expr),
+                        Some(Expr::Literal(LiteralValue::String(_)))
+                    )
+                {
+                    return Err(self.error(
+                        e,
+                        "matches takes its pattern as a string literal: a pattern from the message could be any regular expression, of any cost".to_owned(),
+                    ));
+                }
                 if let Some(target) = &call.target {
                     self.expr(target)?;
                 }
                 call.args.iter().try_for_each(|a| self.expr(a))
             }
             Expr::Comprehension(c) => {
+                if !is_path(&c.iter_range) {
+                    return Err(self.error(
+                        &c.iter_range,
+                        "a comprehension's range must be a variable, a field or element of one \
+                         (json.items, x.values, levels), or a literal list: ranging over what an \
+                         expression built (another comprehension's result, a concatenation) could \
+                         make its cost grow exponentially with its length; for a filter then a \
+                         map, use map's three-argument form, items.map(x, x.ok, x.value)"
+                            .to_owned(),
+                    ));
+                }
                 // The range and the initial value belong to the enclosing scope.
                 self.expr(&c.iter_range)?;
                 self.expr(&c.accu_init)?;
@@ -262,7 +289,9 @@ impl Check<'_> {
                     s.type_name
                 ),
             )),
-            Expr::Literal(_) | Expr::Unspecified => Ok(()),
+            Expr::Literal(_) => Ok(()),
+            // The crate cannot evaluate it (it would panic): refused rather than run.
+            Expr::Unspecified => Err(self.error(e, "an incomplete expression".to_owned())),
         }
     }
 
@@ -337,6 +366,23 @@ impl Check<'_> {
             column,
             message,
         }
+    }
+}
+
+/// A variable, a field or element of one (literal keys), or a literal list of literals: what a
+/// comprehension may range over.
+fn is_path(e: &IdedExpr) -> bool {
+    match &e.expr {
+        Expr::Ident(_) => true,
+        Expr::Select(select) => !select.test && is_path(&select.operand),
+        Expr::Call(call) if call.func_name == "_[_]" => {
+            matches!(call.args.as_slice(), [operand, key] if is_path(operand) && matches!(key.expr, Expr::Literal(_)))
+        }
+        Expr::List(list) => list
+            .elements
+            .iter()
+            .all(|x| matches!(x.expr, Expr::Literal(_))),
+        _ => false,
     }
 }
 
@@ -416,7 +462,7 @@ mod tests {
             "receivedAt > timestamp('2020-01-01T00:00:00Z') && duration('1s') < duration('2s')",
             "receivedAt.getFullYear() > 2000 && receivedAt.getHours() >= 0",
             "has(json.a) && json.items.exists(x, x > 1) && json.items.all(x, x > 0)",
-            "json.items.map(x, x * 2).filter(y, y > 2).exists_one(z, z == 4)",
+            "json.items.map(x, x * 2).size() > 0 && json.items.filter(y, y > 2).size() > 0 && json.items.exists_one(z, z == 4)",
             "1 in [1, 2] && !retain && -qos < 0 ? 'a' : 'b'",
         ] {
             assert!(compile(ok).is_ok(), "{ok:?}: {:?}", compile(ok));
@@ -432,7 +478,28 @@ mod tests {
         assert!(e.message.contains("enclosing comprehension"), "{e}");
         // Its own element, nested data of it, and scalars are fine.
         compile("json.a.all(x, x.b.exists(y, y == topic))").expect("compiles");
-        compile("json.a.map(x, x.v).filter(v, v > 0)").expect("compiles");
+        compile("json.a.map(x, x.ok, x.v)").expect("compiles");
+        compile("[1, 2].exists(n, n == qos) && json['a'][0].b.all(x, x > 0)").expect("compiles");
+    }
+
+    #[test]
+    fn a_comprehension_over_what_an_expression_built_is_refused() {
+        // Each stage doubles the last: 2^40 times the topic from a short expression.
+        let doubling = format!("[topic]{}", ".map(t, t + t)".repeat(40));
+        let e = refused(&doubling);
+        assert!(e.message.contains("grow exponentially"), "{e}");
+        assert_eq!(e.line, 1, "{e}");
+        refused("[json.s].map(a, [a + a].map(b, b + b))");
+        refused("json.a.map(x, x.v).filter(v, v > 0)");
+        refused("(json.a + json.b).exists(x, x == 1)");
+    }
+
+    #[test]
+    fn a_pattern_must_be_a_literal() {
+        compile("topic.matches('^plant/[0-9]+$')").expect("compiles");
+        let e = refused("topic.matches(json.re)");
+        assert!(e.message.contains("string literal"), "{e}");
+        refused("json.items.all(x, x.matches(x))");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use cel::common::types::{
 use cel::common::value::Val;
 use cel::objects::{Key, Map};
 use cel::{Context, Value};
-use ferry_api::expr::{ENV, Expression, JSON_MAX_BYTES, VARIABLES};
+use ferry_api::expr::{ENV, Expression, PAYLOAD_MAX_BYTES, VARIABLES};
 use ferry_api::validate_kafka_topic;
 use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 
@@ -38,6 +38,8 @@ pub struct Scope<'m> {
     bound: u32,
     /// Why `json` could not be bound, once tried.
     json_error: Option<String>,
+    /// Why `payload` could not be bound (too large), once tried.
+    payload_error: Option<String>,
 }
 
 impl<'m> Scope<'m> {
@@ -48,6 +50,7 @@ impl<'m> Scope<'m> {
             context: Context::with_env(Arc::clone(&ENV)),
             bound: 0,
             json_error: None,
+            payload_error: None,
         }
     }
 
@@ -62,23 +65,29 @@ impl<'m> Scope<'m> {
             }
             self.bound |= missing;
         }
-        if e.uses("json")
-            && let Some(error) = &self.json_error
-        {
-            return Err(EvalError {
-                reason: PermanentReason::InvalidJson,
-                message: format!("{field} reads json, but {error}"),
-            });
+        let unbound = [
+            ("json", &self.json_error, PermanentReason::InvalidJson),
+            ("payload", &self.payload_error, PermanentReason::Expression),
+        ];
+        for (name, error, reason) in unbound {
+            if let Some(error) = error
+                && e.uses(name)
+            {
+                return Err(EvalError {
+                    reason,
+                    message: format!("{field} reads {name}, but {error}"),
+                });
+            }
         }
         e.program()
             .execute(&self.context)
-            .map_err(|error| failed(field, e, &error.to_string()))
+            .map_err(|error| failed(field, &error.to_string()))
     }
 
     pub fn filter(&mut self, e: &Expression) -> Result<bool, EvalError> {
         match self.eval(e, "filter")? {
             Value::Bool(b) => Ok(b),
-            other => Err(failed("filter", e, &wrong_type(&other, "a bool"))),
+            other => Err(failed("filter", &wrong_type(&other, "a bool"))),
         }
     }
 
@@ -90,7 +99,6 @@ impl<'m> Scope<'m> {
             Value::Null => Ok(None),
             other => Err(failed(
                 field,
-                e,
                 &wrong_type(&other, "a string, bytes or null"),
             )),
         }
@@ -104,11 +112,10 @@ impl<'m> Scope<'m> {
                 Ok(()) => Ok(s.as_ref().clone()),
                 Err(why) => Err(failed(
                     field,
-                    e,
                     &format!("{s:?} is not a valid Kafka topic name: it {why}"),
                 )),
             },
-            other => Err(failed(field, e, &wrong_type(&other, "a string"))),
+            other => Err(failed(field, &wrong_type(&other, "a string"))),
         }
     }
 
@@ -118,9 +125,9 @@ impl<'m> Scope<'m> {
         let value = self.eval(e, field)?;
         let json = value
             .json()
-            .map_err(|error| failed(field, e, &format!("cannot be written as JSON: {error}")))?;
+            .map_err(|error| failed(field, &format!("cannot be written as JSON: {error}")))?;
         serde_json::to_vec(&json)
-            .map_err(|error| failed(field, e, &format!("cannot be written as JSON: {error}")))
+            .map_err(|error| failed(field, &format!("cannot be written as JSON: {error}")))
     }
 
     fn bind(&mut self, name: &'static str) {
@@ -139,6 +146,10 @@ impl<'m> Scope<'m> {
                 Value::Map(Map { map: Arc::new(map) })
             }
             "contentType" => Value::from(m.content_type.as_deref().unwrap_or_default()),
+            "payload" if m.payload.len() > PAYLOAD_MAX_BYTES => {
+                self.payload_error = Some(too_large(m.payload.len()));
+                Value::Null
+            }
             "payload" => Value::Bytes(Arc::new(m.payload.to_vec())),
             "receivedAt" => {
                 Value::Timestamp(chrono::DateTime::<chrono::Utc>::from(self.received_at).into())
@@ -218,11 +229,19 @@ fn record_parts(
     Ok(())
 }
 
-fn failed(field: &str, e: &Expression, error: &str) -> EvalError {
+/// Names the field, not the expression's text: in a standalone config that text may hold a
+/// substituted `${VAR}`, and this message goes into `ferry.error`, logs and `/status`.
+fn failed(field: &str, error: &str) -> EvalError {
     EvalError {
         reason: PermanentReason::Expression,
-        message: format!("{field} {:?} failed: {error}", e.source()),
+        message: format!("{field} failed: {error}"),
     }
+}
+
+fn too_large(bytes: usize) -> String {
+    format!(
+        "the payload ({bytes} bytes) is larger than the {PAYLOAD_MAX_BYTES} bytes expressions read"
+    )
 }
 
 fn wrong_type(value: &Value, wanted: &str) -> String {
@@ -249,11 +268,8 @@ fn wrong_type(value: &Value, wanted: &str) -> String {
 /// Parsed straight into CEL's values, with no intermediate tree: this is most of what a rule
 /// that reads `json` costs per message.
 pub fn parse_json(payload: &[u8]) -> Result<Box<dyn Val>, String> {
-    if payload.len() > JSON_MAX_BYTES {
-        return Err(format!(
-            "the payload ({} bytes) is larger than the {JSON_MAX_BYTES} bytes json parses",
-            payload.len()
-        ));
+    if payload.len() > PAYLOAD_MAX_BYTES {
+        return Err(too_large(payload.len()));
     }
     serde_json::from_slice::<JsonVal>(payload)
         .map(|v| v.0)
@@ -413,7 +429,7 @@ mod tests {
         assert_eq!(e.reason, PermanentReason::InvalidJson);
         assert!(e.message.contains("not JSON"), "{}", e.message);
         assert_eq!(s.filter(&expr("levels[0] == 'a'")), Ok(true));
-        let huge = vec![b' '; JSON_MAX_BYTES + 1];
+        let huge = vec![b' '; PAYLOAD_MAX_BYTES + 1];
         let m = message("a", &huge);
         let e = Scope::new(&m, SystemTime::now())
             .filter(&expr("has(json.x)"))

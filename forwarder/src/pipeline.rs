@@ -23,7 +23,7 @@ use crate::eval::{self, EvalError, Evaluated, Scope};
 use crate::kafka::{self, Classified, KafkaProducer, Report};
 use crate::metrics::Metrics;
 use crate::mqtt::{Link, Message, Outbound, Subscriptions};
-use crate::route::{self, Routed, Router, Target, header, record_key, wrap_json};
+use crate::route::{Routed, Router, RuleSet, Target, header, record_key, wrap_json};
 use crate::window::{
     Action, Backoff, BlockReason, Dest, Outcome, PermanentReason, TargetRef, TargetSpec, Window,
 };
@@ -58,9 +58,9 @@ struct Inflight {
 /// One target of a message.
 struct Leg {
     target: Arc<Target>,
-    /// Which of the target's rules the message matched and passed the filter of (a mask,
-    /// `route::rule_bit`): only those are credited.
-    matched: u64,
+    /// Which of the target's rules the message matched and passed the filter of: only those
+    /// are credited.
+    matched: RuleSet,
     /// When its current produce was handed to the producer.
     sent_at: Instant,
     /// What the target's expressions made of the message; `None` for a target without any.
@@ -313,7 +313,7 @@ impl Pipeline {
                     leg.headers(message),
                     &message.topic,
                     &leg.intended_topic(&message.topic),
-                    &leg.target.rule_names(),
+                    &leg.target.matched_names(&leg.matched),
                     error,
                 );
                 (&message.payload[..], Some(headers))
@@ -371,10 +371,14 @@ impl Pipeline {
     }
 
     /// A target of a message, the rules of it the message matched, and its MQTT topic.
-    fn rules_of(&self, target: TargetRef) -> Option<(Arc<Target>, u64, &str)> {
+    fn rules_of(&self, target: TargetRef) -> Option<(Arc<Target>, RuleSet, &str)> {
         let m = self.window.message(target.seq)?;
         let leg = m.legs.get(target.pos)?;
-        Some((Arc::clone(&leg.target), leg.matched, &m.message.topic))
+        Some((
+            Arc::clone(&leg.target),
+            leg.matched.clone(),
+            &m.message.topic,
+        ))
     }
 
     fn on_delivered(&mut self, target: TargetRef, dead_letter: Option<String>) {
@@ -382,19 +386,19 @@ impl Pipeline {
             return;
         };
         let Some(error) = dead_letter else {
-            for rule in t.matched(matched) {
+            for rule in t.matched(&matched) {
                 rule.on_forwarded();
             }
             return;
         };
         warn!(
-            rule = %t.rule_names(),
+            rule = %t.matched_names(&matched),
             mqtt_topic,
             dead_letter_topic = t.dead_letter.as_deref().unwrap_or_default(),
             error = %error,
             "kafka can never take this message; written to the dead-letter topic"
         );
-        for rule in t.matched(matched) {
+        for rule in t.matched(&matched) {
             rule.on_dead_lettered(error.clone());
         }
     }
@@ -412,14 +416,14 @@ impl Pipeline {
             return;
         };
         let message = format!("kafka topic {topic}: {error}");
-        for rule in t.matched(matched) {
+        for rule in t.matched(&matched) {
             rule.on_retry(reason.as_str(), message.clone());
         }
         // Once when a topic starts failing, then every 10th failed attempt: a full window
         // failing at once must not log a thousand lines.
         if reason != BlockReason::QueueFull && news && failures % 10 == 1 {
             warn!(
-                rule = %t.rule_names(),
+                rule = %t.matched_names(&matched),
                 kafka_topic = topic,
                 reason = reason.as_str(),
                 failures,
@@ -435,14 +439,14 @@ impl Pipeline {
             return;
         };
         error!(
-            rule = %t.rule_names(),
+            rule = %t.matched_names(&matched),
             mqtt_topic,
             reason = reason.as_str(),
             error,
             "kafka can never take this message as it is and no dead-letter topic took it; holding it unacknowledged (on_unwritable: hold)"
         );
         let message = format!("{}: {error}", reason.as_str());
-        for rule in t.matched(matched) {
+        for rule in t.matched(&matched) {
             rule.on_retry(reason.as_str(), message.clone());
         }
     }
@@ -452,13 +456,13 @@ impl Pipeline {
             return;
         };
         error!(
-            rule = %t.rule_names(),
+            rule = %t.matched_names(&matched),
             mqtt_topic,
             reason = reason.as_str(),
             error,
             "kafka can never take this message and no dead-letter topic took it; dropped (on_unwritable: drop)"
         );
-        for rule in t.matched(matched) {
+        for rule in t.matched(&matched) {
             rule.on_failed(reason, error.to_owned());
         }
     }
@@ -468,7 +472,7 @@ impl Pipeline {
             .ack_latency
             .observe(done.received_at.elapsed().as_secs_f64());
         for leg in &done.legs {
-            for rule in leg.target.matched(leg.matched) {
+            for rule in leg.target.matched(&leg.matched) {
                 rule.on_acked();
             }
         }
@@ -599,7 +603,7 @@ fn legs(routed: &mut Vec<Routed>, message: &Message, now: Instant) -> Vec<Leg> {
             }
             let scope = scope.get_or_insert_with(|| Scope::new(message, SystemTime::now()));
             let (matched, failed) = filter_rules(scope, &target, matched);
-            if matched == 0 {
+            if matched.is_empty() {
                 return None;
             }
             let evaluated = match failed {
@@ -622,30 +626,48 @@ fn legs(routed: &mut Vec<Routed>, message: &Message, now: Instant) -> Vec<Leg> {
         .collect()
 }
 
-/// Applies the filters of a target's matched rules: the rules that pass, and the first error
-/// (its rule stays matched: the message goes to the dead-letter path in its name).
-fn filter_rules(scope: &mut Scope<'_>, target: &Target, matched: u64) -> (u64, Option<EvalError>) {
-    let mut passed = matched;
-    let mut failed = None;
+/// Applies the filters of a target's matched rules: the rules that pass (true, or no filter),
+/// and the first error of a rule whose filter failed. A failing rule stays in the set only when
+/// no rule passed: the message then goes to the dead-letter path in its name; otherwise the
+/// record is written for the rules that passed, and the failure is counted against its rule.
+fn filter_rules(
+    scope: &mut Scope<'_>,
+    target: &Target,
+    matched: RuleSet,
+) -> (RuleSet, Option<EvalError>) {
+    let mut passed = matched.clone();
+    let mut failed: Vec<(usize, EvalError)> = Vec::new();
     for (i, filter) in target.filters.iter().enumerate() {
-        let bit = route::rule_bit(i);
-        let (Some(filter), true) = (filter, matched & bit != 0) else {
+        let (Some(filter), true) = (filter, matched.contains(i)) else {
             continue;
         };
         match scope.filter(filter) {
             Ok(true) => {}
             Ok(false) => {
-                passed &= !bit;
+                passed.remove(i);
                 if let Some(rule) = target.rules.get(i) {
                     rule.on_filtered();
                 }
             }
             Err(e) => {
-                failed.get_or_insert(e);
+                passed.remove(i);
+                failed.push((i, e));
             }
         }
     }
-    (passed, failed)
+    if passed.is_empty() {
+        // Nothing to write: the failures go to the dead-letter path, in their rules' names.
+        for (i, _) in &failed {
+            passed.insert(*i);
+        }
+        return (passed, failed.into_iter().next().map(|(_, e)| e));
+    }
+    for (i, e) in failed {
+        if let Some(rule) = target.rules.get(i) {
+            rule.on_failed(e.reason, e.message);
+        }
+    }
+    (passed, None)
 }
 
 /// The dead-letter record's headers: the original record's (if any) and where it came from,

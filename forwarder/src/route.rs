@@ -45,13 +45,19 @@ impl Target {
         names.join(",")
     }
 
-    /// The rules of `matched` (a mask over `rules`, see [`rule_bit`]).
-    pub fn matched(&self, matched: u64) -> impl Iterator<Item = &Arc<RuleStats>> {
+    /// The rules in `matched` (positions in `rules`).
+    pub fn matched<'a>(&'a self, matched: &'a RuleSet) -> impl Iterator<Item = &'a Arc<RuleStats>> {
         self.rules
             .iter()
             .enumerate()
-            .filter(move |(i, _)| matched & rule_bit(*i) != 0)
+            .filter(move |(i, _)| matched.contains(*i))
             .map(|(_, r)| r)
+    }
+
+    /// The names of the rules in `matched`, comma-separated (for logs and headers).
+    pub fn matched_names(&self, matched: &RuleSet) -> String {
+        let names: Vec<&str> = self.matched(matched).map(|r| r.name.as_str()).collect();
+        names.join(",")
     }
 
     /// Whether a message needs evaluating for this target: a filter or an expression.
@@ -73,23 +79,71 @@ impl Target {
     }
 }
 
-/// A rule's bit in a target's mask of matched rules. The 65th and later rules of one target
-/// share the last bit: such a target's later rules are credited together.
-pub fn rule_bit(position: usize) -> u64 {
-    1u64 << position.min(63)
+/// A set of a target's rules, by position: one word for the usual handful, a vector beyond
+/// 64 (a group's rules often share one topic).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuleSet {
+    Small(u64),
+    Large(Vec<u64>),
+}
+
+impl RuleSet {
+    /// An empty set for a target of `rules` rules.
+    pub fn empty(rules: usize) -> Self {
+        if rules <= 64 {
+            Self::Small(0)
+        } else {
+            Self::Large(vec![0; rules.div_ceil(64)])
+        }
+    }
+
+    fn word(&mut self, position: usize) -> Option<&mut u64> {
+        match self {
+            Self::Small(w) => (position < 64).then_some(w),
+            Self::Large(words) => words.get_mut(position / 64),
+        }
+    }
+
+    pub fn insert(&mut self, position: usize) {
+        if let Some(w) = self.word(position) {
+            *w |= 1 << (position % 64);
+        }
+    }
+
+    pub fn remove(&mut self, position: usize) {
+        if let Some(w) = self.word(position) {
+            *w &= !(1 << (position % 64));
+        }
+    }
+
+    pub fn contains(&self, position: usize) -> bool {
+        let word = match self {
+            Self::Small(w) => (position < 64).then_some(*w),
+            Self::Large(words) => words.get(position / 64).copied(),
+        };
+        word.is_some_and(|w| w & (1 << (position % 64)) != 0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Self::Small(w) => *w == 0,
+            Self::Large(words) => words.iter().all(|w| *w == 0),
+        }
+    }
 }
 
 /// One target a message goes to, and which of its rules it matched.
 #[derive(Debug, Clone)]
 pub struct Routed {
     pub target: Arc<Target>,
-    pub matched: u64,
+    pub matched: RuleSet,
 }
 
 #[derive(Debug)]
 pub struct Router {
-    /// (filter, index of its rule's target, index of the rule, the rule's bit in the target).
-    filters: Vec<(TopicFilter, usize, usize, u64)>,
+    /// (filter, index of its rule's target, index of the rule, the rule's position in the
+    /// target's rules).
+    filters: Vec<(TopicFilter, usize, usize, usize)>,
     targets: Vec<Arc<Target>>,
     rules: Vec<Arc<RuleStats>>,
 }
@@ -125,9 +179,9 @@ impl Router {
                     targets.len() - 1
                 }
             };
-            let bit = rule_bit(targets[t].rules.len() - 1);
+            let position = targets[t].rules.len() - 1;
             for f in &parsed.filters {
-                filters.push((f.clone(), t, i, bit));
+                filters.push((f.clone(), t, i, position));
             }
         }
         Self {
@@ -146,7 +200,7 @@ impl Router {
     pub fn route(&self, topic: &str, out: &mut Vec<Routed>) {
         out.clear();
         let mut last_rule = usize::MAX;
-        for (filter, t, rule, bit) in &self.filters {
+        for (filter, t, rule, position) in &self.filters {
             if *rule == last_rule || !filter.matches(topic) {
                 continue;
             }
@@ -155,11 +209,15 @@ impl Router {
             self.rules[*rule].on_received();
             let target = &self.targets[*t];
             match out.iter_mut().find(|o| Arc::ptr_eq(&o.target, target)) {
-                Some(routed) => routed.matched |= bit,
-                None => out.push(Routed {
-                    target: Arc::clone(target),
-                    matched: *bit,
-                }),
+                Some(routed) => routed.matched.insert(*position),
+                None => {
+                    let mut matched = RuleSet::empty(target.rules.len());
+                    matched.insert(*position);
+                    out.push(Routed {
+                        target: Arc::clone(target),
+                        matched,
+                    });
+                }
             }
         }
     }
@@ -320,12 +378,16 @@ rules:
         router.route("plant/1/temp", &mut out);
         assert_eq!(indices(&router, &out), vec![0, 1]);
         assert_eq!(router.targets()[0].rule_names(), "all,temps");
-        assert_eq!(out[0].matched, 0b11, "both rules of the shared target");
+        assert_eq!(
+            out[0].matched,
+            RuleSet::Small(0b11),
+            "both rules of the shared target"
+        );
         router.route("plant/1/pressure", &mut out);
         assert_eq!(indices(&router, &out), vec![0]);
         let matched: Vec<&str> = out[0]
             .target
-            .matched(out[0].matched)
+            .matched(&out[0].matched)
             .map(|r| r.name.as_str())
             .collect();
         assert_eq!(matched, ["all"], "only the rule that matched is credited");
@@ -333,6 +395,36 @@ rules:
         assert!(out.is_empty());
         let received: Vec<u64> = metrics.status().rules.iter().map(|r| r.received).collect();
         assert_eq!(received, vec![2, 1, 1], "per rule, once per message");
+    }
+
+    #[test]
+    fn a_target_of_many_rules_knows_exactly_which_matched() {
+        let mut yaml = String::from(
+            "mqtt: { host: h, client_id: c }\nkafka: { bootstrap_servers: \"k:9092\" }\nrules:\n",
+        );
+        for i in 0..130 {
+            yaml += &format!(
+                "  - name: r{i}\n    mqtt: {{ topics: [\"t/{i}\"] }}\n    kafka: {{ topic: shared }}\n"
+            );
+        }
+        let metrics = Metrics::new();
+        let router = Router::new(&config(&yaml), &metrics);
+        assert_eq!(router.targets().len(), 1);
+        let mut out = Vec::new();
+        for i in [0, 63, 64, 65, 129] {
+            router.route(&format!("t/{i}"), &mut out);
+            let names: Vec<&str> = out[0]
+                .target
+                .matched(&out[0].matched)
+                .map(|r| r.name.as_str())
+                .collect();
+            assert_eq!(names, [format!("r{i}")], "only rule {i}");
+        }
+        let mut set = RuleSet::empty(130);
+        set.insert(100);
+        assert!(set.contains(100) && !set.contains(36) && !set.is_empty());
+        set.remove(100);
+        assert!(set.is_empty());
     }
 
     #[test]

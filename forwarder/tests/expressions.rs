@@ -70,7 +70,7 @@ fn message(kind: Kind, n: usize, site: &str) -> (String, Vec<u8>) {
         }
         Kind::Large | Kind::Huge => {
             // 5 bytes a sample: just under, or just over, what `json` parses.
-            let fits = ferry_api::expr::JSON_MAX_BYTES / 5;
+            let fits = ferry_api::expr::PAYLOAD_MAX_BYTES / 5;
             let count = if kind == Kind::Huge {
                 fits + 100
             } else {
@@ -198,7 +198,7 @@ fn expressions_filter_key_route_and_reshape_and_failures_go_to_the_dead_letter_t
                 assert_eq!(inner, 1, "100 levels kept");
             }
             Kind::Large => {
-                let want = ferry_api::expr::JSON_MAX_BYTES / 5 - 100;
+                let want = ferry_api::expr::PAYLOAD_MAX_BYTES / 5 - 100;
                 assert_eq!(v["value"].as_array().map(Vec::len), Some(want));
             }
             other => panic!("{other:?} forwarded"),
@@ -215,23 +215,22 @@ fn expressions_filter_key_route_and_reshape_and_failures_go_to_the_dead_letter_t
     let mut errors: BTreeMap<&str, usize> = BTreeMap::new();
     for r in &dlq {
         let error = header(r, "ferry.error").expect("ferry.error");
-        let why = if error.contains("reads json, but the payload (")
-            && error.contains("larger than")
-        {
-            "too large for json"
-        } else if error.contains("reads json, but the payload is not JSON") {
-            if error.contains("recursion limit") {
-                "too deep"
+        let why =
+            if error.contains("reads json, but the payload (") && error.contains("larger than") {
+                "too large for json"
+            } else if error.contains("reads json, but the payload is not JSON") {
+                if error.contains("recursion limit") {
+                    "too deep"
+                } else {
+                    "not json"
+                }
+            } else if error.contains("No such key: device") {
+                "missing field"
+            } else if error.contains("kafka.key.expression failed: returned an int") {
+                "wrong type"
             } else {
-                "not json"
-            }
-        } else if error.contains("No such key: device") {
-            "missing field"
-        } else if error.contains("kafka.key.expression \"json.device\" failed: returned an int") {
-            "wrong type"
-        } else {
-            panic!("unexpected error {error:?}");
-        };
+                panic!("unexpected error {error:?}");
+            };
         *errors.entry(why).or_default() += 1;
         assert_eq!(header(r, "ferry.rule"), Some("readings"));
         assert!(header(r, "ferry.mqtt.topic").is_some_and(|t| t.starts_with("plant/")));
@@ -260,50 +259,111 @@ fn expressions_filter_key_route_and_reshape_and_failures_go_to_the_dead_letter_t
         published.len(),
         "a shared target is written once"
     );
-    let failed_json = fwd.metric("ferry_rule_failed_messages_total");
     assert_eq!(
-        failed_json, 0.0,
-        "nothing dropped: a dead-letter topic took every failure"
+        readings.failed, 0,
+        "nothing dropped: the dead-letter topic took every failure"
     );
     fwd.kill();
 }
 
-/// The shared-target crediting with messages that match only one of the rules: the audit
-/// rules differ in their filters, so `audit-readings` must not be credited with others.
+/// Rules sharing one Kafka target, some with filters: a message matching several is written
+/// once, each rule is credited only with what it matched and passed; one rule's filter failing
+/// on a message another rule of the target passes costs that rule a failure, not the message.
+/// A rule alone with a failing filter and `on_unwritable: drop` drops it, counted by reason.
 #[test]
-fn rules_sharing_a_target_are_credited_only_with_what_they_matched() {
+fn rules_sharing_a_target_are_credited_only_with_what_they_matched_and_passed() {
     let brokers = Brokers::start();
     let rt = runtime();
-    rt.block_on(brokers.kafka.create_topic("audit", 1))
-        .expect("topic");
-    let rules = "  - name: audit-all\n    mqtt: { topics: [\"plant/#\"] }\n    kafka: { topic: audit }\n\
-                 \x20 - name: audit-readings\n    mqtt: { topics: [\"plant/+/readings\"] }\n    kafka: { topic: audit }\n";
+    for topic in ["audit", "hot"] {
+        rt.block_on(brokers.kafka.create_topic(topic, 1))
+            .expect("topic");
+    }
+    let rules = r#"  - name: audit-all
+    mqtt: { topics: ["plant/#"] }
+    kafka: { topic: audit }
+  - name: audit-readings
+    mqtt: { topics: ["plant/+/readings"] }
+    kafka: { topic: audit }
+  - name: audit-hot
+    mqtt: { topics: ["plant/+/readings"] }
+    filter: "json.temp > 50.0"
+    kafka: { topic: audit }
+  - name: only-hot
+    mqtt: { topics: ["plant/+/readings"] }
+    filter: "json.temp > 50.0"
+    kafka: { topic: hot }
+    on_unwritable: drop
+"#;
     let mut fwd = Forwarder::start(&brokers.config("ferry-credit", rules));
     fwd.wait_ready(Duration::from_secs(30));
+    // n % 6 == 0: a hot reading; n % 6 == 3: a cold one; n % 3 == 2: a reading that is not
+    // JSON; n % 3 == 1: a status no filter sees.
     let msgs: Vec<(String, Vec<u8>)> = (0..300)
-        .map(|n| {
-            let topic = if n % 3 == 0 {
-                "plant/1/readings"
-            } else {
-                "plant/1/status"
-            };
-            (topic.to_owned(), format!("{n}").into_bytes())
+        .map(|n| match n % 3 {
+            0 => {
+                let temp = if n % 2 == 0 { 60.5 } else { 20.5 };
+                let body = format!(r#"{{"n":{n},"temp":{temp}}}"#);
+                ("plant/1/readings".to_owned(), body.into_bytes())
+            }
+            1 => (
+                "plant/1/status".to_owned(),
+                format!("status {n}").into_bytes(),
+            ),
+            _ => (
+                "plant/1/readings".to_owned(),
+                format!("reading {n}").into_bytes(),
+            ),
         })
         .collect();
     brokers.publish_acked(&fwd, "pub-credit", msgs, 300, Duration::from_secs(60));
-    let status = fwd.status().expect("status");
-    let rule = |name: &str| status.rule(name).expect("rule").clone();
-    assert_eq!(
-        (rule("audit-all").forwarded, rule("audit-all").acked),
-        (300, 300)
+    let audit = brokers.read(
+        "audit",
+        300,
+        Duration::from_secs(2),
+        Duration::from_secs(30),
     );
     assert_eq!(
+        audit.len(),
+        300,
+        "every message once: the shared target writes it once"
+    );
+    let hot = brokers.read("hot", 50, Duration::from_secs(2), Duration::from_secs(30));
+    assert_eq!(hot.len(), 50, "only the hot readings");
+    assert!(hot.iter().all(|r| json(r)["temp"] == 60.5));
+
+    let status = fwd.status().expect("status");
+    let rule = |name: &str| {
+        let r = status.rule(name).expect("rule").clone();
+        (r.forwarded, r.filtered, r.failed, r.dead_lettered)
+    };
+    assert_eq!(rule("audit-all"), (300, 0, 0, 0));
+    assert_eq!(rule("audit-readings"), (200, 0, 0, 0));
+    assert_eq!(
+        rule("audit-hot"),
+        (50, 50, 100, 0),
+        "its hot readings, its cold ones filtered, the other rules' readings written despite its failures"
+    );
+    assert_eq!(
+        rule("only-hot"),
+        (50, 50, 100, 0),
+        "alone, its failures are dropped"
+    );
+    let failed = |rule: &str| {
+        fwd.metric_with(
+            "ferry_rule_failed_messages_total",
+            &[&format!("rule=\"{rule}\""), "reason=\"invalid_json\""],
+        )
+    };
+    assert_eq!((failed("audit-hot"), failed("only-hot")), (100.0, 100.0));
+    let acked = |rule: &str| status.rule(rule).expect("rule").acked;
+    assert_eq!(
         (
-            rule("audit-readings").forwarded,
-            rule("audit-readings").acked
+            acked("audit-all"),
+            acked("audit-readings"),
+            acked("only-hot")
         ),
-        (100, 100),
-        "only the messages it matched"
+        (300, 200, 150),
+        "acked: what each rule forwarded or gave up on"
     );
     fwd.kill();
 }
@@ -319,12 +379,12 @@ fn an_expensive_expression_does_not_starve_the_pipeline() {
         rt.block_on(brokers.kafka.create_topic(topic, 1))
             .expect("topic");
     }
-    let rules = "  - name: heavy\n    mqtt: { topics: [\"heavy/+\"] }\n    filter: \"json.items.map(x, x * 2).filter(y, y > 1).size() > 0\"\n    kafka: { topic: heavy }\n    payload: { transform: \"{'count': size(json.items), 'n': json.n}\" }\n\
+    let rules = "  - name: heavy\n    mqtt: { topics: [\"heavy/+\"] }\n    filter: \"json.items.map(x, x > 0, x * 2).size() > 0\"\n    kafka: { topic: heavy }\n    payload: { transform: \"{'count': size(json.items), 'n': json.n}\" }\n\
                  \x20 - name: light\n    mqtt: { topics: [\"light/+\"] }\n    kafka: { topic: light }\n";
     let mut fwd = Forwarder::start(&brokers.config("ferry-heavy", rules));
     fwd.wait_ready(Duration::from_secs(30));
     // The most `json` parses: items of "1," fill it.
-    let items = (ferry_api::expr::JSON_MAX_BYTES - 64) / 2;
+    let items = (ferry_api::expr::PAYLOAD_MAX_BYTES - 64) / 2;
     let heavy = 10;
     let light = 5_000;
     let mut msgs = Vec::new();
@@ -354,7 +414,7 @@ fn an_expensive_expression_does_not_starve_the_pipeline() {
     );
     eprintln!(
         "{heavy} messages of {} KiB through a comprehension over {items} items, among {light} others: all acked in {:.2} s",
-        ferry_api::expr::JSON_MAX_BYTES / 1024,
+        ferry_api::expr::PAYLOAD_MAX_BYTES / 1024,
         elapsed.as_secs_f64()
     );
     fwd.kill();

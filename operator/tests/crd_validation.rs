@@ -232,6 +232,22 @@ fn invalid_objects() -> Vec<(&'static str, String, &'static str)> {
             "headers.expressions names must be non-empty, without control characters",
         ),
         (
+            "an environment variable reference in a filter",
+            rule(
+                "connectionRef: { name: plant }",
+                "connectionRef: { name: plant }\n  filter: \"json.site == '${SITE}'\"",
+            ),
+            "an expression may not contain '${'",
+        ),
+        (
+            "an environment variable reference in a header expression",
+            rule(
+                "userProperties: true }",
+                "userProperties: true, expressions: { site: \"'${SITE}'\" } }",
+            ),
+            "an expression may not contain '${'",
+        ),
+        (
             "a filter longer than 4096 characters",
             rule(
                 "connectionRef: { name: plant }",

@@ -225,6 +225,18 @@ impl Forwarder {
         }
     }
 
+    /// The sum of `name`'s samples whose labels include every one of `labels`
+    /// (`rule="a"`); fails if the metric is not exposed at all.
+    pub fn metric_with(&self, name: &str, labels: &[&str]) -> f64 {
+        match http_get(self.http_port, "/metrics") {
+            Ok((_, body)) => {
+                assert!(body.contains(name), "{name} is not exposed:\n{body}");
+                ferry_e2e::metrics::sum(&body, name, labels)
+            }
+            Err(e) => panic!("{e:#}; forwarder log:\n{}", self.log()),
+        }
+    }
+
     pub fn signal(&mut self, sig: i32) {
         if let Some(c) = &self.child {
             // SAFETY: kill(2) on our own child.
