@@ -593,7 +593,7 @@ fn legs(routed: &mut Vec<Routed>, message: &Message, now: Instant) -> Vec<Leg> {
     routed
         .drain(..)
         .filter_map(|Routed { target, matched }| {
-            if !target.evaluates() {
+            if !target.evaluates {
                 return Some(Leg {
                     target,
                     matched,

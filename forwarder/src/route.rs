@@ -36,15 +36,12 @@ pub struct Target {
     pub filters: Vec<Option<Expression>>,
     /// The key's, headers' and transform's expressions (the topic's is in `topic`).
     pub expressions: RuleExpressions,
+    /// Whether a message needs evaluating for this target (a filter or an expression):
+    /// decided once its rules are all known, not per message.
+    pub evaluates: bool,
 }
 
 impl Target {
-    /// The names of the rules behind this target, comma-separated (for logs and headers).
-    pub fn rule_names(&self) -> String {
-        let names: Vec<&str> = self.rules.iter().map(|r| r.name.as_str()).collect();
-        names.join(",")
-    }
-
     /// The rules in `matched` (positions in `rules`).
     pub fn matched<'a>(&'a self, matched: &'a RuleSet) -> impl Iterator<Item = &'a Arc<RuleStats>> {
         self.rules
@@ -60,8 +57,7 @@ impl Target {
         names.join(",")
     }
 
-    /// Whether a message needs evaluating for this target: a filter or an expression.
-    pub fn evaluates(&self) -> bool {
+    fn needs_evaluation(&self) -> bool {
         let e = &self.expressions;
         matches!(self.topic, KafkaTopic::Expression(_))
             || e.key.is_some()
@@ -186,7 +182,13 @@ impl Router {
         }
         Self {
             filters,
-            targets: targets.into_iter().map(Arc::new).collect(),
+            targets: targets
+                .into_iter()
+                .map(|mut t| {
+                    t.evaluates = t.needs_evaluation();
+                    Arc::new(t)
+                })
+                .collect(),
             rules,
         }
     }
@@ -245,6 +247,7 @@ fn target(
         on_unwritable: rule.on_unwritable,
         rules: vec![Arc::clone(stats)],
         filters: vec![filter],
+        evaluates: false,
         expressions: RuleExpressions {
             filter: None,
             ..parsed.expressions.clone()
@@ -377,7 +380,12 @@ rules:
         let mut out = Vec::new();
         router.route("plant/1/temp", &mut out);
         assert_eq!(indices(&router, &out), vec![0, 1]);
-        assert_eq!(router.targets()[0].rule_names(), "all,temps");
+        let names: Vec<&str> = router.targets()[0]
+            .rules
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect();
+        assert_eq!(names.join(","), "all,temps");
         assert_eq!(
             out[0].matched,
             RuleSet::Small(0b11),
