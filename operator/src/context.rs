@@ -36,11 +36,19 @@ pub enum Error {
 impl Error {
     pub(crate) fn reason(&self) -> &'static str {
         match self {
+            _ if self.is_conflict() => "conflict",
             Error::Kube(_) => "api",
             Error::Render(_) => "render",
             Error::NoNamespace { .. } => "invalid",
             Error::Status { .. } => "status",
         }
+    }
+
+    /// A write refused because it was computed from an older `resourceVersion` than the
+    /// apiserver's: the watch cache had not yet seen a change (often this operator's own).
+    /// Reading again and recomputing is the whole remedy.
+    pub(crate) fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube(kube::Error::Api(status)) if status.is_conflict())
     }
 }
 
@@ -132,4 +140,27 @@ where
 /// Whether `listed` (from [`listed`]) says the first list is in; waits for it.
 pub(crate) async fn wait_listed(listed: &watch::Receiver<bool>) -> bool {
     listed.clone().wait_for(|done| *done).await.is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Error;
+    use kube::core::Status;
+
+    fn api(reason: &str, code: u16) -> Error {
+        Error::Kube(kube::Error::Api(
+            Status::failure("refused", reason).with_code(code).boxed(),
+        ))
+    }
+
+    #[test]
+    fn only_a_stale_write_counts_as_a_conflict() {
+        let conflict = api("Conflict", 409);
+        assert!(conflict.is_conflict());
+        assert_eq!(conflict.reason(), "conflict");
+        for other in [api("AlreadyExists", 409), api("Forbidden", 403)] {
+            assert!(!other.is_conflict(), "{other}");
+            assert_eq!(other.reason(), "api");
+        }
+    }
 }

@@ -280,11 +280,27 @@ where
         *n = n.saturating_add(1);
         *n
     };
-    // 5 s, 10 s, 20 s … at most 5 min, per object.
-    let delay = Duration::from_secs(5u64.saturating_mul(1 << failures.min(6).saturating_sub(1)))
-        .min(Duration::from_secs(300));
-    warn!(object = %key, kind = %kind_name, error = %error, retry_in = ?delay, "reconcile failed");
+    let delay = retry_delay(error.is_conflict(), failures);
+    if error.is_conflict() {
+        // Expected whenever the watch cache lags a write; not a failure worth a warning.
+        info!(object = %key, kind = %kind_name, retry_in = ?delay, "object changed since it was read; reconciling again");
+    } else {
+        warn!(object = %key, kind = %kind_name, error = %error, retry_in = ?delay, "reconcile failed");
+    }
     Action::requeue(delay)
+}
+
+/// Per object, doubling from 5 s (from 500 ms after a conflict, which the next read resolves
+/// unless something keeps changing the object) up to 5 min.
+fn retry_delay(conflict: bool, failures: u32) -> Duration {
+    let first = if conflict {
+        Duration::from_millis(500)
+    } else {
+        Duration::from_secs(5)
+    };
+    first
+        .saturating_mul(1 << failures.clamp(1, 10).saturating_sub(1))
+        .min(Duration::from_secs(300))
 }
 
 fn key_of<K: Resource<DynamicType = ()>>(object: &K) -> String {
@@ -611,4 +627,24 @@ async fn reconcile_rule(
     }
     succeeded(&ctx, &*guarded, Kind::ForwardingRule, started);
     Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::retry_delay;
+    use std::time::Duration;
+
+    #[test]
+    fn a_conflict_is_retried_soon_and_other_failures_back_off_from_5_s_to_5_min() {
+        let secs = |conflict, n| retry_delay(conflict, n).as_secs_f64();
+        assert_eq!(
+            [1, 2, 3, 7, 100].map(|n| secs(false, n)),
+            [5.0, 10.0, 20.0, 300.0, 300.0]
+        );
+        assert_eq!(
+            [1, 2, 3, 10, 100].map(|n| secs(true, n)),
+            [0.5, 1.0, 2.0, 256.0, 256.0]
+        );
+        assert_eq!(retry_delay(false, 0), Duration::from_secs(5));
+    }
 }
