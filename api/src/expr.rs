@@ -15,7 +15,11 @@
 //!
 //! With `json` and `payload` capped at [`PAYLOAD_MAX_BYTES`], what one evaluation builds is at
 //! most in proportion to the expression's length times that, whatever the message.
+//!
+//! The walk also records which of `json`'s fields an expression reads ([`JsonReads`]), so that
+//! a message's payload is turned into values only where some expression looks.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{Arc, LazyLock};
 
@@ -129,6 +133,59 @@ pub struct Expression {
     /// The declared variables it uses (bit i: `VARIABLES[i]`), so that a message binds only
     /// those; a mask because it is consulted for every evaluation.
     uses: u32,
+    /// What of `json` it reads; `None` when it does not read `json`.
+    json_reads: Option<JsonReads>,
+}
+
+/// The parts of the payload's JSON that expressions read: an object's fields by name, down to
+/// where a value is read whole. `json.device == 'a' && json.reading.temp > 5.0` reads `device`
+/// and `reading.temp`; `size(json.items)` reads `items` whole; `json[k]` or `json` alone read
+/// everything. What no expression reads is checked to be JSON but never built into values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JsonReads {
+    Whole,
+    /// Only these fields, if the value is an object (any other value is read whole).
+    Fields(BTreeMap<String, JsonReads>),
+}
+
+impl JsonReads {
+    /// Adds what `other` reads.
+    pub fn merge(&mut self, other: &JsonReads) {
+        match (&mut *self, other) {
+            (JsonReads::Whole, _) => {}
+            (_, JsonReads::Whole) => *self = JsonReads::Whole,
+            (JsonReads::Fields(mine), JsonReads::Fields(theirs)) => {
+                for (name, reads) in theirs {
+                    match mine.get_mut(name) {
+                        Some(m) => m.merge(reads),
+                        None => {
+                            mine.insert(name.clone(), reads.clone());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// What the expressions of `all` read together; `None` when none reads `json`.
+    pub fn union<'e>(all: impl IntoIterator<Item = &'e Expression>) -> Option<JsonReads> {
+        all.into_iter()
+            .filter_map(|e| e.json_reads.as_ref())
+            .fold(None, |acc: Option<JsonReads>, reads| {
+                let mut acc = acc.unwrap_or_else(|| JsonReads::Fields(BTreeMap::new()));
+                acc.merge(reads);
+                Some(acc)
+            })
+    }
+
+    /// Adds `path` (field names from `json`), read whole at its end.
+    fn read(&mut self, path: &[&str]) {
+        let mut path_reads = JsonReads::Whole;
+        for field in path.iter().rev() {
+            path_reads = JsonReads::Fields(BTreeMap::from([((*field).to_owned(), path_reads)]));
+        }
+        self.merge(&path_reads);
+    }
 }
 
 impl Expression {
@@ -151,6 +208,11 @@ impl Expression {
     /// The variables it reads: bit i is `VARIABLES[i]`.
     pub fn uses_mask(&self) -> u32 {
         self.uses
+    }
+
+    /// What of `json` it reads; `None` when it does not read `json`.
+    pub fn json_reads(&self) -> Option<&JsonReads> {
+        self.json_reads.as_ref()
     }
 }
 
@@ -204,15 +266,17 @@ pub fn compile(source: &str) -> Result<Expression, CompileError> {
         program: &program,
         source,
         uses: 0,
+        json_reads: None,
         scopes: Vec::new(),
         known_functions: Context::with_env(Arc::clone(&ENV)),
     };
     check.expr(program.expression())?;
-    let uses = check.uses;
+    let (uses, json_reads) = (check.uses, check.json_reads);
     Ok(Expression {
         source: Arc::from(source),
         program: Arc::new(program),
         uses,
+        json_reads,
     })
 }
 
@@ -221,6 +285,7 @@ struct Check<'a> {
     program: &'a Program,
     source: &'a str,
     uses: u32,
+    json_reads: Option<JsonReads>,
     /// The variables of the comprehensions the walk is inside, innermost last.
     scopes: Vec<Vec<String>>,
     /// Only used to ask whether a function exists (`add_function` refuses a declared name).
@@ -229,8 +294,24 @@ struct Check<'a> {
 
 impl Check<'_> {
     fn expr(&mut self, e: &IdedExpr) -> Result<(), CompileError> {
+        // The walk meets the longest field path first: `json.a.b` before `json.a`.
+        if !self.declared_by_scope("json")
+            && let Some((root, path)) = json_field_path(e)
+            && !path.is_empty()
+        {
+            self.ident(root, "json")?;
+            self.json_reads
+                .get_or_insert_with(|| JsonReads::Fields(BTreeMap::new()))
+                .read(&path);
+            return Ok(());
+        }
         match &e.expr {
-            Expr::Ident(name) => self.ident(e, name),
+            Expr::Ident(name) => {
+                if name == "json" && !self.declared_by_scope(name) {
+                    self.json_reads = Some(JsonReads::Whole);
+                }
+                self.ident(e, name)
+            }
             Expr::Call(call) => {
                 self.function(e, &call.func_name)?;
                 if call.func_name == "matches"
@@ -293,6 +374,10 @@ impl Check<'_> {
             // The crate cannot evaluate it (it would panic): refused rather than run.
             Expr::Unspecified => Err(self.error(e, "an incomplete expression".to_owned())),
         }
+    }
+
+    fn declared_by_scope(&self, name: &str) -> bool {
+        self.scopes.iter().flatten().any(|v| v == name)
     }
 
     fn ident(&mut self, e: &IdedExpr, name: &str) -> Result<(), CompileError> {
@@ -386,6 +471,28 @@ fn is_path(e: &IdedExpr) -> bool {
     }
 }
 
+/// `json` followed by field names (`json.a.b`, `json['a']`, `has(json.a)`): the `json`
+/// identifier and the names, or `None` for any other expression.
+fn json_field_path(e: &IdedExpr) -> Option<(&IdedExpr, Vec<&str>)> {
+    let (operand, field) = match &e.expr {
+        Expr::Ident(name) if name == "json" => return Some((e, Vec::new())),
+        Expr::Select(select) => (&*select.operand, select.field.as_str()),
+        Expr::Call(call) if call.func_name == "_[_]" && call.target.is_none() => {
+            match call.args.as_slice() {
+                [operand, key] => match &key.expr {
+                    Expr::Literal(LiteralValue::String(k)) => (operand, k.as_ref()),
+                    _ => return None,
+                },
+                _ => return None,
+            }
+        }
+        _ => return None,
+    };
+    let (root, mut path) = json_field_path(operand)?;
+    path.push(field);
+    Some((root, path))
+}
+
 fn scalar_names() -> String {
     VARIABLES
         .iter()
@@ -432,6 +539,63 @@ mod tests {
             e,
             compile("json.temp > 50.0 && levels[1] == 'north'").unwrap()
         );
+    }
+
+    fn reads(source: &str) -> Option<JsonReads> {
+        compile(source).expect("compiles").json_reads
+    }
+
+    fn fields<const N: usize>(entries: [(&str, JsonReads); N]) -> JsonReads {
+        JsonReads::Fields(entries.map(|(k, v)| (k.to_owned(), v)).into())
+    }
+
+    #[test]
+    fn what_of_json_an_expression_reads_is_known_by_field() {
+        use JsonReads::Whole;
+        assert_eq!(reads("topic == 'a'"), None);
+        assert_eq!(
+            reads("json.type != 'heartbeat' && json['device'] == 'a'"),
+            Some(fields([("device", Whole), ("type", Whole)]))
+        );
+        assert_eq!(
+            reads("json.r.temp > 5.0 && has(json.r.unit) && json.r.temp < 9.0"),
+            Some(fields([(
+                "r",
+                fields([("temp", Whole), ("unit", Whole)])
+            )]))
+        );
+        // A field read whole covers any path below it, in either order.
+        assert_eq!(
+            reads("json.r.temp > 5.0 && size(json.r) > 1"),
+            Some(fields([("r", Whole)]))
+        );
+        assert_eq!(
+            reads("json.items.exists(i, i.ok) && json.items[0].id == 1"),
+            Some(fields([("items", Whole)]))
+        );
+        for everything in ["json", "json[topic] == 1", "json == {'a': 1}", "json.a + json"] {
+            assert_eq!(reads(everything), Some(Whole), "{everything}");
+        }
+        // A comprehension's own variable named json is not the payload.
+        assert_eq!(reads("[1, 2].map(json, json + 1) == [2, 3]"), None);
+    }
+
+    #[test]
+    fn what_expressions_read_together_is_the_union() {
+        let all = ["json.a.b == 1", "json.a.c == 2 && json.d", "topic == 'x'"]
+            .map(|s| compile(s).expect("compiles"));
+        use JsonReads::Whole;
+        assert_eq!(
+            JsonReads::union(&all),
+            Some(fields([
+                ("a", fields([("b", Whole), ("c", Whole)])),
+                ("d", Whole)
+            ]))
+        );
+        let whole = compile("json.x || json.y").expect("compiles");
+        let with_whole = [&all[0], &whole, &compile("json").expect("compiles")];
+        assert_eq!(JsonReads::union(with_whole), Some(Whole));
+        assert_eq!(JsonReads::union(&all[2..]), None);
     }
 
     #[test]

@@ -13,9 +13,9 @@ use cel::common::types::{
 use cel::common::value::Val;
 use cel::objects::{Key, Map};
 use cel::{Context, Value};
-use ferry_api::expr::{ENV, Expression, PAYLOAD_MAX_BYTES, VARIABLES};
+use ferry_api::expr::{ENV, Expression, JsonReads, PAYLOAD_MAX_BYTES, VARIABLES};
 use ferry_api::validate_kafka_topic;
-use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
 use crate::mqtt::Message;
 use crate::window::PermanentReason;
@@ -32,6 +32,8 @@ pub struct EvalError {
 /// One message's variables, bound as expressions need them.
 pub struct Scope<'m> {
     message: &'m Message,
+    /// What of the payload's JSON the expressions to evaluate read (all of it when `None`).
+    json_reads: Option<&'m JsonReads>,
     received_at: SystemTime,
     context: Context<'static, 'static>,
     /// The variables bound so far (bit i: `VARIABLES[i]`).
@@ -43,9 +45,16 @@ pub struct Scope<'m> {
 }
 
 impl<'m> Scope<'m> {
-    pub fn new(message: &'m Message, received_at: SystemTime) -> Self {
+    /// `json_reads`: what the expressions it will evaluate read of `json`, together
+    /// ([`JsonReads::union`]); `json` holds only that.
+    pub fn new(
+        message: &'m Message,
+        json_reads: Option<&'m JsonReads>,
+        received_at: SystemTime,
+    ) -> Self {
         Self {
             message,
+            json_reads,
             received_at,
             context: Context::with_env(Arc::clone(&ENV)),
             bound: 0,
@@ -155,7 +164,8 @@ impl<'m> Scope<'m> {
                 Value::Timestamp(chrono::DateTime::<chrono::Utc>::from(self.received_at).into())
             }
             "json" => {
-                let parsed = parse_json(&m.payload).unwrap_or_else(|error| {
+                let reads = self.json_reads.unwrap_or(&JsonReads::Whole);
+                let parsed = parse_json(&m.payload, reads).unwrap_or_else(|error| {
                     self.json_error = Some(error);
                     Box::new(CelNull)
                 });
@@ -263,31 +273,39 @@ fn wrong_type(value: &Value, wanted: &str) -> String {
     format!("returned {kind}, not {wanted}")
 }
 
-/// The payload as a CEL value, numbers as CEL's JSON mapping would have them but without
-/// losing integers: a number without a fraction that fits is an `int`, any other a `double`.
-/// Parsed straight into CEL's values, with no intermediate tree: this is most of what a rule
-/// that reads `json` costs per message.
-pub fn parse_json(payload: &[u8]) -> Result<Box<dyn Val>, String> {
+/// What `reads` asks of the payload as CEL values, numbers as CEL's JSON mapping would have
+/// them but without losing integers: a number without a fraction that fits is an `int`, any
+/// other a `double`. The whole payload must be JSON (in UTF-8); fields nobody reads are checked
+/// but never built. Parsed straight into CEL's values, with no intermediate tree: this is most
+/// of what a rule that reads `json` costs per message.
+pub fn parse_json(payload: &[u8], reads: &JsonReads) -> Result<Box<dyn Val>, String> {
     if payload.len() > PAYLOAD_MAX_BYTES {
         return Err(too_large(payload.len()));
     }
-    serde_json::from_slice::<JsonVal>(payload)
-        .map(|v| v.0)
-        .map_err(|error| format!("the payload is not JSON: {error}"))
+    let not_json = |error: &dyn std::fmt::Display| format!("the payload is not JSON: {error}");
+    // Checked here because skipping a string does not check it.
+    let text = std::str::from_utf8(payload).map_err(|e| not_json(&e))?;
+    let mut parser = serde_json::Deserializer::from_str(text);
+    let value = JsonSeed(reads)
+        .deserialize(&mut parser)
+        .and_then(|v| parser.end().map(|()| v))
+        .map_err(|e| not_json(&e))?;
+    Ok(value)
 }
 
-/// A JSON document as a CEL value.
-struct JsonVal(Box<dyn Val>);
+/// Builds the parts of a JSON value that `0` reads.
+#[derive(Clone, Copy)]
+struct JsonSeed<'r>(&'r JsonReads);
 
-impl<'de> Deserialize<'de> for JsonVal {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_any(JsonVisitor).map(JsonVal)
+impl<'de> DeserializeSeed<'de> for JsonSeed<'_> {
+    type Value = Box<dyn Val>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
     }
 }
 
-struct JsonVisitor;
-
-impl<'de> Visitor<'de> for JsonVisitor {
+impl<'de> Visitor<'de> for JsonSeed<'_> {
     type Value = Box<dyn Val>;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -325,20 +343,55 @@ impl<'de> Visitor<'de> for JsonVisitor {
         Ok(Box::new(CelString::from(s)))
     }
 
+    /// A list is read whole: its elements are reached by index or by a comprehension.
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
         let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0));
-        while let Some(JsonVal(item)) = seq.next_element()? {
+        while let Some(item) = seq.next_element_seed(JsonSeed(&JsonReads::Whole))? {
             items.push(item);
         }
         Ok(Box::new(CelList::from(items)))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut fields = HashMap::with_capacity(map.size_hint().unwrap_or(0));
-        while let Some((key, JsonVal(value))) = map.next_entry::<String, JsonVal>()? {
-            fields.insert(CelMapKey::from(key), value);
+        let mut fields = HashMap::new();
+        while let Some(key) = map.next_key_seed(FieldSeed(self.0))? {
+            match key {
+                Some((name, reads)) => {
+                    let value = map.next_value_seed(JsonSeed(reads))?;
+                    fields.insert(CelMapKey::from(name), value);
+                }
+                None => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
         }
         Ok(Box::new(CelMap::from(fields)))
+    }
+}
+
+/// An object's key: its name and what is read of its value, or `None` when nothing is.
+struct FieldSeed<'r>(&'r JsonReads);
+
+impl<'de, 'r> DeserializeSeed<'de> for FieldSeed<'r> {
+    type Value = Option<(String, &'r JsonReads)>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_str(self)
+    }
+}
+
+impl<'r> Visitor<'_> for FieldSeed<'r> {
+    type Value = Option<(String, &'r JsonReads)>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an object's key")
+    }
+
+    fn visit_str<E>(self, name: &str) -> Result<Self::Value, E> {
+        Ok(match self.0 {
+            JsonReads::Whole => Some((name.to_owned(), &JsonReads::Whole)),
+            JsonReads::Fields(fields) => fields.get(name).map(|reads| (name.to_owned(), reads)),
+        })
     }
 }
 
@@ -346,7 +399,7 @@ impl<'de> Visitor<'de> for JsonVisitor {
 mod tests {
     use super::*;
 
-    fn message(topic: &str, payload: &[u8]) -> Message {
+    pub(super) fn message(topic: &str, payload: &[u8]) -> Message {
         Message {
             topic: topic.into(),
             payload: bytes::Bytes::copy_from_slice(payload),
@@ -366,7 +419,7 @@ mod tests {
     #[test]
     fn variables_hold_the_message() {
         let m = message("plant/7/temp", br#"{"device":"d-1","temp":61.5,"n":3}"#);
-        let mut s = Scope::new(&m, SystemTime::now());
+        let mut s = Scope::new(&m, None, SystemTime::now());
         let checks = [
             "topic == 'plant/7/temp' && levels[1] == '7' && size(levels) == 3",
             "qos == 1 && !retain && properties['site'] == 'north'",
@@ -382,7 +435,7 @@ mod tests {
     #[test]
     fn results_are_checked_against_their_field() {
         let m = message("plant/7/temp", br#"{"device":"d-1","temp":61.5}"#);
-        let mut s = Scope::new(&m, SystemTime::now());
+        let mut s = Scope::new(&m, None, SystemTime::now());
         assert_eq!(
             s.bytes(&expr("json.device"), "key"),
             Ok(Some(b"d-1".to_vec()))
@@ -414,7 +467,7 @@ mod tests {
     #[test]
     fn a_missing_field_and_a_wrong_type_are_errors_not_panics() {
         let m = message("a", br#"{"a":{"b":"x"}}"#);
-        let mut s = Scope::new(&m, SystemTime::now());
+        let mut s = Scope::new(&m, None, SystemTime::now());
         let e = s.filter(&expr("json.a.c == 1")).unwrap_err();
         assert_eq!(e.reason, PermanentReason::Expression);
         assert!(e.message.contains("No such key: c"), "{}", e.message);
@@ -424,16 +477,92 @@ mod tests {
     #[test]
     fn a_payload_that_is_not_json_fails_only_what_reads_json() {
         let m = message("a/b", b"\x00not json");
-        let mut s = Scope::new(&m, SystemTime::now());
+        let mut s = Scope::new(&m, None, SystemTime::now());
         let e = s.filter(&expr("json.x == 1")).unwrap_err();
         assert_eq!(e.reason, PermanentReason::InvalidJson);
         assert!(e.message.contains("not JSON"), "{}", e.message);
         assert_eq!(s.filter(&expr("levels[0] == 'a'")), Ok(true));
         let huge = vec![b' '; PAYLOAD_MAX_BYTES + 1];
         let m = message("a", &huge);
-        let e = Scope::new(&m, SystemTime::now())
+        let e = Scope::new(&m, None, SystemTime::now())
             .filter(&expr("has(json.x)"))
             .unwrap_err();
         assert!(e.message.contains("larger than"), "{}", e.message);
+    }
+}
+
+#[cfg(test)]
+mod json_reads {
+    use super::*;
+
+    fn reads_of(sources: &[&str]) -> JsonReads {
+        let all: Vec<Expression> = sources
+            .iter()
+            .map(|s| ferry_api::expr::compile(s).unwrap_or_else(|e| panic!("{s}: {e}")))
+            .collect();
+        JsonReads::union(&all).expect("they read json")
+    }
+
+    /// `json` as a Scope built for `sources` holds it, written back as JSON.
+    fn held(payload: &[u8], sources: &[&str]) -> Result<serde_json::Value, String> {
+        let reads = reads_of(sources);
+        let m = tests::message("a", payload);
+        let whole = ferry_api::expr::compile("json").map_err(|e| e.to_string())?;
+        let value = Scope::new(&m, Some(&reads), SystemTime::now())
+            .eval(&whole, "test")
+            .map_err(|e| e.message)?;
+        value.json().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn json_holds_only_what_the_expressions_read() {
+        let payload = br#"{"device":"d","type":"reading","temp":21.5,"filler":"AAAA",
+            "r":{"unit":"C","raw":[1,2],"deep":{"x":1}},"items":[{"id":1,"big":"y"}]}"#;
+        let got = held(payload, &["json.type != 'heartbeat'", "json.device"]);
+        assert_eq!(got, Ok(serde_json::json!({"device": "d", "type": "reading"})));
+        let got = held(payload, &["json.r.unit == 'C'", "json.items.exists(i, i.id == 1)"]);
+        assert_eq!(
+            got,
+            Ok(serde_json::json!({"r": {"unit": "C"}, "items": [{"id": 1, "big": "y"}]}))
+        );
+        let everything: serde_json::Value = serde_json::from_slice(payload).expect("JSON");
+        assert_eq!(held(payload, &["json.r.unit", "size(json) > 1"]), Ok(everything));
+        // A field whose reads go deeper but which is not an object is held whole.
+        assert_eq!(
+            held(br#"{"r":[1,2],"s":3}"#, &["json.r.unit"]),
+            Ok(serde_json::json!({"r": [1, 2]}))
+        );
+    }
+
+    #[test]
+    fn a_payload_that_is_not_json_anywhere_is_refused_even_where_nothing_reads_it() {
+        for broken in [
+            &br#"{"device":"d","filler":"\xff\xfe"}"#[..],
+            br#"{"device":"d","filler":[1,}"#,
+            br#"{"device":"d","filler":"\q"}"#,
+            br#"{"device":"d"} trailing"#,
+            br#"{"device":"d","deep":"#,
+        ] {
+            let got = held(broken, &["json.device == 'd'"]);
+            assert!(
+                got.as_ref().is_err_and(|e| e.contains("not JSON")),
+                "{}: {got:?}",
+                String::from_utf8_lossy(broken)
+            );
+        }
+    }
+
+    #[test]
+    fn nesting_too_deep_to_build_is_refused_only_where_an_expression_reads() {
+        let deep = format!(r#"{{"device":"d","x":{}1{}}}"#, "[".repeat(200), "]".repeat(200));
+        assert_eq!(
+            held(deep.as_bytes(), &["json.device == 'd'"]),
+            Ok(serde_json::json!({"device": "d"}))
+        );
+        let got = held(deep.as_bytes(), &["size(json.x) == 1"]);
+        assert!(
+            got.as_ref().is_err_and(|e| e.contains("recursion limit")),
+            "{got:?}"
+        );
     }
 }

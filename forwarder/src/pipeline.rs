@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ferry_api::config::KafkaConfig;
+use ferry_api::expr::JsonReads;
 use ferry_api::{KafkaTopic, KeyStrategy, PayloadFormat};
 use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedHeaders;
@@ -229,7 +230,12 @@ impl Pipeline {
             self.metrics.unmatched.inc();
         }
         let now = Instant::now();
-        let legs = legs(&mut self.scratch, &message, now);
+        let legs = legs(
+            &mut self.scratch,
+            &message,
+            self.router.json_reads(),
+            now,
+        );
         let specs = legs.iter().map(|leg| leg.spec(&message.topic)).collect();
         let inflight = Inflight {
             message,
@@ -588,7 +594,13 @@ impl Leg {
 
 /// A message's legs: its routed targets less those whose every matched rule's filter was
 /// false, each with what its expressions made of the message.
-fn legs(routed: &mut Vec<Routed>, message: &Message, now: Instant) -> Vec<Leg> {
+/// `json_reads`: what the router's expressions read of `json`, together.
+fn legs(
+    routed: &mut Vec<Routed>,
+    message: &Message,
+    json_reads: Option<&JsonReads>,
+    now: Instant,
+) -> Vec<Leg> {
     let mut scope: Option<Scope<'_>> = None;
     routed
         .drain(..)
@@ -601,7 +613,7 @@ fn legs(routed: &mut Vec<Routed>, message: &Message, now: Instant) -> Vec<Leg> {
                     evaluated: None,
                 });
             }
-            let scope = scope.get_or_insert_with(|| Scope::new(message, SystemTime::now()));
+            let scope = scope.get_or_insert_with(|| Scope::new(message, json_reads, SystemTime::now()));
             let (matched, failed) = filter_rules(scope, &target, matched);
             if matched.is_empty() {
                 return None;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use ferry_api::config::{Headers, OnUnwritable};
-use ferry_api::expr::Expression;
+use ferry_api::expr::{Expression, JsonReads};
 use ferry_api::validate::RuleTopics;
 use ferry_api::{
     KafkaTopic, KeyStrategy, PayloadFormat, Rule, RuleExpressions, TopicFilter, ValidConfig,
@@ -58,12 +58,22 @@ impl Target {
     }
 
     fn needs_evaluation(&self) -> bool {
+        self.all_expressions().next().is_some()
+    }
+
+    /// Its topic's, filters', key's, headers' and transform's expressions.
+    fn all_expressions(&self) -> impl Iterator<Item = &Expression> {
         let e = &self.expressions;
-        matches!(self.topic, KafkaTopic::Expression(_))
-            || e.key.is_some()
-            || e.transform.is_some()
-            || !e.headers.is_empty()
-            || self.filters.iter().any(Option::is_some)
+        let topic = match &self.topic {
+            KafkaTopic::Expression(t) => Some(t),
+            KafkaTopic::Template(_) => None,
+        };
+        topic
+            .into_iter()
+            .chain(self.filters.iter().flatten())
+            .chain(&e.key)
+            .chain(e.headers.iter().map(|(_, h)| h))
+            .chain(&e.transform)
     }
 
     /// The topic as configured, for logs and dead-letter headers when it did not resolve.
@@ -142,6 +152,8 @@ pub struct Router {
     filters: Vec<(TopicFilter, usize, usize, usize)>,
     targets: Vec<Arc<Target>>,
     rules: Vec<Arc<RuleStats>>,
+    /// What of a payload's JSON any target's expressions read: all a message's `json` holds.
+    json_reads: Option<JsonReads>,
 }
 
 impl Router {
@@ -180,6 +192,7 @@ impl Router {
                 filters.push((f.clone(), t, i, position));
             }
         }
+        let json_reads = JsonReads::union(targets.iter().flat_map(Target::all_expressions));
         Self {
             filters,
             targets: targets
@@ -190,11 +203,16 @@ impl Router {
                 })
                 .collect(),
             rules,
+            json_reads,
         }
     }
 
     pub fn targets(&self) -> &[Arc<Target>] {
         &self.targets
+    }
+
+    pub fn json_reads(&self) -> Option<&JsonReads> {
+        self.json_reads.as_ref()
     }
 
     /// The distinct targets of a topic, in rule order, with the rules each matched, into

@@ -1,7 +1,7 @@
 //! CEL rules against real Mosquitto and Kafka: filters, keys, topics, headers and transforms
 //! over JSON payloads, and what happens to the payloads that break them (not JSON, a missing
-//! field, a wrong type, nesting too deep): the dead-letter topic with the error, never a stall,
-//! never a silent drop.
+//! field, a wrong type, nesting too deep where an expression reads): the dead-letter topic with
+//! the error, never a stall, never a silent drop.
 
 mod common;
 
@@ -42,6 +42,8 @@ enum Kind {
     NumericDevice,
     TooDeep,
     Deep,
+    /// A reading with a field nested too deep for `json`, which no expression reads.
+    DeepUnread,
     Large,
     /// Larger than `json` parses.
     Huge,
@@ -62,8 +64,18 @@ fn message(kind: Kind, n: usize, site: &str) -> (String, Vec<u8>) {
         Kind::NotJson => format!("reading {n} from {device}"),
         Kind::NoDevice => format!(r#"{{"type":"reading","value":1,"n":{n}}}"#),
         Kind::NumericDevice => format!(r#"{{"type":"reading","device":17,"value":1,"n":{n}}}"#),
-        // serde_json refuses nesting deeper than 128.
-        Kind::TooDeep => nested(200, &format!(r#"{{"n":{n}}}"#)),
+        // serde_json refuses to build values nested deeper than 128.
+        Kind::TooDeep => {
+            let inner = nested(200, "1");
+            format!(r#"{{"type":"reading","device":"{device}","value":{inner},"n":{n}}}"#)
+        }
+        // Checked to be JSON, but never built: no expression reads `trace`.
+        Kind::DeepUnread => {
+            let trace = nested(200, "1");
+            format!(
+                r#"{{"type":"reading","device":"{device}","trace":{trace},"value":{n}.5,"unit":"C","n":{n}}}"#
+            )
+        }
         Kind::Deep => {
             let inner = nested(100, "1");
             format!(r#"{{"type":"reading","device":"{device}","value":{inner},"n":{n}}}"#)
@@ -117,12 +129,18 @@ fn expressions_filter_key_route_and_reshape_and_failures_go_to_the_dead_letter_t
             5 => Kind::Deep,
             6 if n % 120 == 6 => Kind::Large,
             7 if n % 120 == 7 => Kind::Huge,
+            8 => Kind::DeepUnread,
             _ => Kind::Reading,
         };
         published.push((kind, n, if n % 2 == 0 { "north" } else { "south" }));
     }
     let count = |pred: &dyn Fn(Kind) -> bool| published.iter().filter(|(k, ..)| pred(*k)).count();
-    let forwarded_kinds = |k: Kind| matches!(k, Kind::Reading | Kind::Deep | Kind::Large);
+    let forwarded_kinds = |k: Kind| {
+        matches!(
+            k,
+            Kind::Reading | Kind::DeepUnread | Kind::Deep | Kind::Large
+        )
+    };
     let failing_kinds = |k: Kind| {
         matches!(
             k,
@@ -185,7 +203,7 @@ fn expressions_filter_key_route_and_reshape_and_failures_go_to_the_dead_letter_t
         );
         assert_eq!(v["device"], format!("dev-{site}-{}", n % 5));
         match kind {
-            Kind::Reading => {
+            Kind::Reading | Kind::DeepUnread => {
                 assert_eq!(v["value"].as_f64(), Some(*n as f64 + 0.5));
                 assert_eq!(header(r, "unit"), Some("C"));
             }
