@@ -169,13 +169,14 @@ impl JsonReads {
 
     /// What the expressions of `all` read together; `None` when none reads `json`.
     pub fn union<'e>(all: impl IntoIterator<Item = &'e Expression>) -> Option<JsonReads> {
-        all.into_iter()
-            .filter_map(|e| e.json_reads.as_ref())
-            .fold(None, |acc: Option<JsonReads>, reads| {
+        all.into_iter().filter_map(|e| e.json_reads.as_ref()).fold(
+            None,
+            |acc: Option<JsonReads>, reads| {
                 let mut acc = acc.unwrap_or_else(|| JsonReads::Fields(BTreeMap::new()));
                 acc.merge(reads);
                 Some(acc)
-            })
+            },
+        )
     }
 
     /// Adds `path` (field names from `json`), read whole at its end.
@@ -559,10 +560,7 @@ mod tests {
         );
         assert_eq!(
             reads("json.r.temp > 5.0 && has(json.r.unit) && json.r.temp < 9.0"),
-            Some(fields([(
-                "r",
-                fields([("temp", Whole), ("unit", Whole)])
-            )]))
+            Some(fields([("r", fields([("temp", Whole), ("unit", Whole)]))]))
         );
         // A field read whole covers any path below it, in either order.
         assert_eq!(
@@ -573,7 +571,12 @@ mod tests {
             reads("json.items.exists(i, i.ok) && json.items[0].id == 1"),
             Some(fields([("items", Whole)]))
         );
-        for everything in ["json", "json[topic] == 1", "json == {'a': 1}", "json.a + json"] {
+        for everything in [
+            "json",
+            "json[topic] == 1",
+            "json == {'a': 1}",
+            "json.a + json",
+        ] {
             assert_eq!(reads(everything), Some(Whole), "{everything}");
         }
         // A comprehension's own variable named json is not the payload.

@@ -2,10 +2,16 @@
 //! with no expression, with a filter and a key expression, and with a transform, back to back,
 //! so what CEL costs shows beside a like-for-like plain drain.
 
-use anyhow::Result;
+use std::hint::black_box;
+use std::time::{Instant, SystemTime};
+
+use anyhow::{Context as _, Result, bail};
+use ferry_api::expr::{Expression, JsonReads, compile};
+use ferry_forwarder::eval::Scope;
+use ferry_forwarder::mqtt::Message;
 
 use crate::load::{self, Judge, Payload};
-use crate::report::{ExpressionDrain, Report};
+use crate::report::{EvaluationCost, ExpressionDrain, Report};
 use crate::{Bench, DrainSpec};
 
 pub const FILTER: &str = "json.type != 'heartbeat'";
@@ -84,6 +90,17 @@ impl ExprRule {
 const ROUNDS: usize = 5;
 
 pub fn run(bench: &mut Bench, window: u32, report: &mut Report) -> Result<()> {
+    println!("\n== Expressions: evaluation alone, in this process");
+    for size in EVALUATED_SIZES {
+        for rule in [ExprRule::FilterKey, ExprRule::Transform] {
+            let cost = evaluation_cost(rule, size)?;
+            println!(
+                "{} on {size} B JSON: {:.2} µs/msg ({:.2} µs/msg building the whole payload)",
+                cost.rule, cost.us_per_message, cost.us_per_message_whole
+            );
+            report.evaluation.push(cost);
+        }
+    }
     println!("\n== Expressions: QoS 1, ~300 B JSON, window {window}, 1 replica, {ROUNDS} rounds");
     let mut runs: Vec<Vec<ExpressionDrain>> = vec![Vec::new(); ExprRule::ALL.len()];
     for _ in 0..ROUNDS {
@@ -139,4 +156,75 @@ fn median(mut rounds: Vec<ExpressionDrain>) -> Option<ExpressionDrain> {
     chosen.heartbeats = heartbeats;
     chosen.mismatched = mismatched;
     Some(chosen)
+}
+
+/// The JSON readings' sizes the evaluation alone is timed on: the drains' and a larger one.
+const EVALUATED_SIZES: [usize; 2] = [300, 2048];
+/// Messages per timing, and timings (the fastest is kept: the others measured the neighbours).
+const EVALUATIONS: u64 = 100_000;
+const TIMINGS: usize = 3;
+
+/// What a rule's expressions cost the forwarder per message, evaluated as the pipeline does
+/// (a fresh scope per message, `json` holding what the expressions read), without brokers;
+/// beside it, the same with `json` built whole, as before the forwarder knew what was read.
+fn evaluation_cost(rule: ExprRule, size: usize) -> Result<EvaluationCost> {
+    let sources: &[&str] = match rule {
+        ExprRule::FilterKey => &[FILTER, KEY],
+        ExprRule::Transform => &[TRANSFORM],
+        ExprRule::Plain => bail!("the plain rule evaluates nothing"),
+    };
+    let compiled = sources
+        .iter()
+        .map(|s| compile(s).with_context(|| format!("{s} does not compile")))
+        .collect::<Result<Vec<Expression>>>()?;
+    let reads = JsonReads::union(&compiled).context("the rule reads json")?;
+    // A thousand different readings (devices, heartbeats), cycled.
+    let messages: Vec<Message> = (0..1000u64)
+        .map(|seq| Message {
+            topic: load::topic_of("b1", seq, 16),
+            payload: load::json_payload(seq, size).into(),
+            qos: 1,
+            pkid: 1,
+            retain: false,
+            content_type: None,
+            user_properties: Vec::new(),
+            epoch: 1,
+        })
+        .collect();
+    let time = |reads: &JsonReads| -> Result<f64> {
+        let mut fastest = f64::INFINITY;
+        for _ in 0..TIMINGS {
+            let start = Instant::now();
+            for m in messages.iter().cycle().take(EVALUATIONS as usize) {
+                let mut scope = Scope::new(m, Some(reads), SystemTime::now());
+                evaluate(rule, &compiled, &mut scope)?;
+            }
+            fastest = fastest.min(start.elapsed().as_secs_f64());
+        }
+        Ok(fastest * 1e6 / EVALUATIONS as f64)
+    };
+    Ok(EvaluationCost {
+        rule: rule.name().to_owned(),
+        payload_bytes: size,
+        us_per_message: time(&reads)?,
+        us_per_message_whole: time(&JsonReads::Whole)?,
+    })
+}
+
+/// What the pipeline evaluates for a message of `rule`: the filter, and the key if it passed;
+/// or the transform.
+fn evaluate(rule: ExprRule, compiled: &[Expression], scope: &mut Scope<'_>) -> Result<()> {
+    let failed = |e: ferry_forwarder::eval::EvalError| anyhow::anyhow!("{}", e.message);
+    match (rule, compiled) {
+        (ExprRule::FilterKey, [filter, key]) => {
+            if scope.filter(filter).map_err(failed)? {
+                black_box(scope.bytes(key, "kafka.key.expression").map_err(failed)?);
+            }
+        }
+        (ExprRule::Transform, [transform]) => {
+            black_box(scope.transform(transform).map_err(failed)?);
+        }
+        _ => bail!("{} has no such expressions", rule.name()),
+    }
+    Ok(())
 }

@@ -444,20 +444,25 @@ fn wait_all_acked(
     start: Instant,
 ) -> Result<(Instant, u64)> {
     let deadline = Duration::from_secs(60 + n / 1000);
-    // Throughput counts from the first ack seen, so process start, connections and
-    // Kafka metadata (start-up, reported apart) do not dilute it.
+    // Throughput counts from the first message Kafka confirmed, so process start, connections
+    // and Kafka metadata (start-up, reported apart) do not dilute it; not from the first
+    // filtered one, which is acked before Kafka is even connected.
     let mut first: Option<(Instant, u64)> = None;
     loop {
-        let acked = forwarders
-            .iter()
-            .filter_map(|f| {
-                f.metrics_sum(&[
+        let (mut forwarded, mut acked) = (0, 0);
+        for f in forwarders {
+            if let Some([sent, filtered]) = f
+                .metrics_each(&[
                     "ferry_rule_acked_messages_total",
                     "ferry_rule_filtered_messages_total",
                 ])
-            })
-            .sum::<f64>() as u64;
-        if acked > 0 && first.is_none() {
+                .as_deref()
+            {
+                forwarded += *sent as u64;
+                acked += (*sent + *filtered) as u64;
+            }
+        }
+        if forwarded > 0 && first.is_none() {
             first = Some((Instant::now(), acked));
         }
         if acked >= n {
@@ -746,7 +751,10 @@ fn merge(out: &Path, ran: Report, only: &[String]) -> Result<Report> {
     for section in only {
         match section.as_str() {
             "drains" => merged.drains = ran.drains.clone(),
-            "expressions" => merged.expressions = ran.expressions.clone(),
+            "expressions" => {
+                merged.expressions = ran.expressions.clone();
+                merged.evaluation = ran.evaluation.clone();
+            }
             "lowrate" => merged.low_rates = ran.low_rates.clone(),
             "windows" => merged.windows = ran.windows.clone(),
             "replicas" => merged.replicas = ran.replicas.clone(),

@@ -148,12 +148,17 @@ impl Forwarder {
     /// The sum of several metrics' samples from one scrape (one request: polling costs the
     /// forwarder it measures).
     pub fn metrics_sum(&self, names: &[&str]) -> Option<f64> {
+        self.metrics_each(names).map(|each| each.iter().sum())
+    }
+
+    /// Each of the `names`' sums over their labels, from one scrape.
+    pub fn metrics_each(&self, names: &[&str]) -> Option<Vec<f64>> {
         match http_get(self.http_port, "/metrics").ok()? {
             (200, body) => Some(
                 names
                     .iter()
                     .map(|name| ferry_e2e::metrics::sum(&body, name, &[]))
-                    .sum(),
+                    .collect(),
             ),
             _ => None,
         }

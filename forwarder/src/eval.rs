@@ -519,14 +519,23 @@ mod json_reads {
         let payload = br#"{"device":"d","type":"reading","temp":21.5,"filler":"AAAA",
             "r":{"unit":"C","raw":[1,2],"deep":{"x":1}},"items":[{"id":1,"big":"y"}]}"#;
         let got = held(payload, &["json.type != 'heartbeat'", "json.device"]);
-        assert_eq!(got, Ok(serde_json::json!({"device": "d", "type": "reading"})));
-        let got = held(payload, &["json.r.unit == 'C'", "json.items.exists(i, i.id == 1)"]);
+        assert_eq!(
+            got,
+            Ok(serde_json::json!({"device": "d", "type": "reading"}))
+        );
+        let got = held(
+            payload,
+            &["json.r.unit == 'C'", "json.items.exists(i, i.id == 1)"],
+        );
         assert_eq!(
             got,
             Ok(serde_json::json!({"r": {"unit": "C"}, "items": [{"id": 1, "big": "y"}]}))
         );
         let everything: serde_json::Value = serde_json::from_slice(payload).expect("JSON");
-        assert_eq!(held(payload, &["json.r.unit", "size(json) > 1"]), Ok(everything));
+        assert_eq!(
+            held(payload, &["json.r.unit", "size(json) > 1"]),
+            Ok(everything)
+        );
         // A field whose reads go deeper but which is not an object is held whole.
         assert_eq!(
             held(br#"{"r":[1,2],"s":3}"#, &["json.r.unit"]),
@@ -554,7 +563,11 @@ mod json_reads {
 
     #[test]
     fn nesting_too_deep_to_build_is_refused_only_where_an_expression_reads() {
-        let deep = format!(r#"{{"device":"d","x":{}1{}}}"#, "[".repeat(200), "]".repeat(200));
+        let deep = format!(
+            r#"{{"device":"d","x":{}1{}}}"#,
+            "[".repeat(200),
+            "]".repeat(200)
+        );
         assert_eq!(
             held(deep.as_bytes(), &["json.device == 'd'"]),
             Ok(serde_json::json!({"device": "d"}))

@@ -230,12 +230,7 @@ impl Pipeline {
             self.metrics.unmatched.inc();
         }
         let now = Instant::now();
-        let legs = legs(
-            &mut self.scratch,
-            &message,
-            self.router.json_reads(),
-            now,
-        );
+        let legs = legs(&mut self.scratch, &message, self.router.json_reads(), now);
         let specs = legs.iter().map(|leg| leg.spec(&message.topic)).collect();
         let inflight = Inflight {
             message,
@@ -613,7 +608,8 @@ fn legs(
                     evaluated: None,
                 });
             }
-            let scope = scope.get_or_insert_with(|| Scope::new(message, json_reads, SystemTime::now()));
+            let scope =
+                scope.get_or_insert_with(|| Scope::new(message, json_reads, SystemTime::now()));
             let (matched, failed) = filter_rules(scope, &target, matched);
             if matched.is_empty() {
                 return None;
