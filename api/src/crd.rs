@@ -361,7 +361,7 @@ pub struct BrokerConnectionStatus {
     printcolumn(
         name = "Kafka Topic",
         type_ = "string",
-        json_path = ".spec.kafka.topic"
+        json_path = ".status.kafkaTopic"
     ),
     printcolumn(
         name = "Rate",
@@ -608,6 +608,17 @@ pub struct ForwardingRuleStatus {
     /// Records forwarded, summed over the forwarder pods (since they started).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forwarded: Option<i64>,
+    /// Messages `spec.filter` was false for: acknowledged, not forwarded (summed like
+    /// `forwarded`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filtered: Option<i64>,
+    /// Messages written to the dead-letter topic instead (summed like `forwarded`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_lettered: Option<i64>,
+    /// Messages acknowledged unwritten because `onUnwritable` is `drop` (summed like
+    /// `forwarded`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<i64>,
     /// Records per second over the last minute, summed over the pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_per_second: Option<f64>,
@@ -625,6 +636,9 @@ pub struct ForwardingRuleStatus {
     /// `spec.mqtt.topics` joined with commas, for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mqtt_topics: Option<String>,
+    /// `spec.kafka.topic`, or the `spec.kafka.topicExpression` that names it, for `kubectl get`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka_topic: Option<String>,
 }
 
 /// Conditions as a list-map keyed by `type`, so server-side apply merges them per type.

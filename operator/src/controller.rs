@@ -552,6 +552,11 @@ async fn write_rule_control(
     let (mut desired, transitions) =
         status::rule_control(rule.status.as_ref(), rule.meta().generation, outcome, now);
     desired.mqtt_topics = status::column(rule.spec.mqtt.topics.iter().map(|t| t.0.as_str()));
+    let kafka = &rule.spec.kafka;
+    desired.kafka_topic = kafka
+        .topic
+        .clone()
+        .or_else(|| kafka.topic_expression.clone());
     let current = rule.status.as_ref().map(status::rule_control_view);
     if current.as_ref() != Some(&desired) {
         write_status(api, &rule.name_any(), FIELD_MANAGER, &desired).await?;

@@ -180,6 +180,7 @@ pub fn rule_control_view(status: &ForwardingRuleStatus) -> ForwardingRuleStatus 
         workload: status.workload.clone(),
         ready_replicas: status.ready_replicas.clone(),
         mqtt_topics: status.mqtt_topics.clone(),
+        kafka_topic: status.kafka_topic.clone(),
         ..ForwardingRuleStatus::default()
     }
 }
@@ -189,6 +190,9 @@ pub fn rule_data_view(status: &ForwardingRuleStatus) -> ForwardingRuleStatus {
     ForwardingRuleStatus {
         conditions: owned(&status.conditions, &RULE_DATA_TYPES),
         forwarded: status.forwarded,
+        filtered: status.filtered,
+        dead_lettered: status.dead_lettered,
+        failed: status.failed,
         rate_per_second: status.rate_per_second,
         last_forwarded_at: status.last_forwarded_at.clone(),
         last_error: status.last_error.clone(),
@@ -292,11 +296,18 @@ pub fn rule_data(
     let condition = forwarding(reports.is_empty(), &loaded, recent_error, now);
     let previous = current.map(|s| s.conditions.as_slice()).unwrap_or_default();
     let (conditions, transitions) = merge(previous, &[condition], None, now);
-    let forwarded: u64 = loaded.iter().map(|(_, _, r)| r.forwarded).sum();
+    // Summed over the pods that report the rule; absent while none does.
+    let total = |count: fn(&RuleStatus) -> u64| {
+        let sum: u64 = loaded.iter().map(|(_, _, r)| count(r)).sum();
+        (!loaded.is_empty()).then(|| i64::try_from(sum).unwrap_or(i64::MAX))
+    };
     let rate: f64 = loaded.iter().map(|(_, _, r)| r.rate_per_second).sum();
     let status = ForwardingRuleStatus {
         conditions,
-        forwarded: (!loaded.is_empty()).then(|| i64::try_from(forwarded).unwrap_or(i64::MAX)),
+        forwarded: total(|r| r.forwarded),
+        filtered: total(|r| r.filtered),
+        dead_lettered: total(|r| r.dead_lettered),
+        failed: total(|r| r.failed),
         // Two decimals: a rate that moves in the noise should not rewrite the status.
         rate_per_second: (!loaded.is_empty()).then(|| (rate * 100.0).round() / 100.0),
         last_forwarded_at: loaded
@@ -579,9 +590,9 @@ mod tests {
             received: forwarded,
             forwarded,
             acked: forwarded,
-            dead_lettered: 0,
-            filtered: 0,
-            failed: 0,
+            dead_lettered: forwarded / 10,
+            filtered: forwarded / 5,
+            failed: forwarded / 10,
             rate_per_second: rate,
             last_forwarded_at: Some(
                 Timestamp::from_millisecond(forwarded as i64 * 1000 + 250).unwrap(),
@@ -608,6 +619,10 @@ mod tests {
         ];
         let (s, _) = rule_data(None, "telemetry", &reports, at(100));
         assert_eq!(s.forwarded, Some(30));
+        assert_eq!(
+            (s.filtered, s.dead_lettered, s.failed),
+            (Some(6), Some(3), Some(3))
+        );
         assert_eq!(s.rate_per_second, Some(3.23));
         assert_eq!(s.last_forwarded_at, Some(Time(at(20))));
         assert_eq!(condition(&s.conditions, FORWARDING).unwrap().status, TRUE);

@@ -193,6 +193,7 @@ metadata: {{ name: alarms, namespace: {NS} }}
 spec:
   connectionRef: {{ name: plant }}
   mqtt: {{ topics: ["plant/+/alarm"] }}
+  filter: "!string(payload).endsWith('0')"
   kafka: {{ topic: alarms }}
 "#,
             mosquitto.port(),
@@ -265,11 +266,20 @@ fn forwarded_counts_reach_the_rules_status(
         .expect("read temps");
     assert_eq!(records.len(), temps);
 
-    // Both pods' counters, summed per rule.
-    let forwarded = |rule: &str| jsonpath(cp, NS, "fr", rule, "{.status.forwarded}");
+    // Both pods' counters, summed per rule; the alarms rule's filter drops every tenth.
+    let (alarms_filtered, alarms_forwarded) = (alarms / 10, alarms - alarms / 10);
+    let field =
+        |rule: &str, field: &str| jsonpath(cp, NS, "fr", rule, &format!("{{.status.{field}}}"));
     op.wait_for("the forwarded counts in the rules' status", WAIT, || {
-        forwarded("temps") == temps.to_string() && forwarded("alarms") == alarms.to_string()
+        field("temps", "forwarded") == temps.to_string()
+            && field("alarms", "forwarded") == alarms_forwarded.to_string()
+            && field("alarms", "filtered") == alarms_filtered.to_string()
     });
+    for rule in ["temps", "alarms"] {
+        assert_eq!(field(rule, "deadLettered"), "0");
+        assert_eq!(field(rule, "failed"), "0");
+        assert_eq!(field(rule, "kafkaTopic"), rule, "the Kafka Topic column");
+    }
     let rate: f64 = jsonpath(cp, NS, "fr", "temps", "{.status.ratePerSecond}")
         .parse()
         .expect("ratePerSecond");

@@ -433,6 +433,17 @@ fn the_kubernetes_examples_apply_and_render_as_documented() {
         readings.payload,
         ferry_api::PayloadFormat::Transform(_)
     ));
+    // `kubectl get fr`'s Kafka Topic column: the topic, or the expression that names it.
+    let column = |name: &str| jsonpath(&cp, "ferry", "fr", name, "{.status.kafkaTopic}");
+    assert_eq!(column("readings"), "'readings.' + levels[1]");
+    assert_eq!(column("devices"), "devices");
+    let table = cp
+        .run_kubectl(["get", "fr", "readings", "-n", "ferry"])
+        .expect("kubectl get fr");
+    assert!(
+        table.contains("KAFKA TOPIC") && table.contains("'readings.' + levels[1]"),
+        "{table}"
+    );
     assert_eq!(
         jsonpath(
             &cp,
