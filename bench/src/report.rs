@@ -729,7 +729,7 @@ impl Report {
              The same backlog drain of JSON readings (16 devices, every 10th message a heartbeat, base64 filler), \
              back to back: no expression, `filter` + `kafka.key.expression`, `payload.transform`, \
              in rounds; each row is the round with the median rate (lost, dup and out of order: every round's). \
-             Rates count every message drained (filtered ones included), from the first ack to the last.\n\n\
+             Rates count every message drained (filtered ones included), from the first record Kafka confirmed to the last ack.\n\n\
              | rule | msg/s | × plain | forwarder µs/msg | msg per CPU-s | peak RSS MiB | lost | dup | out of order |\n|---|---|---|---|---|---|---|---|---|"
         );
         for e in &self.expressions {
