@@ -615,8 +615,9 @@ pub struct ForwardingRuleStatus {
     /// Messages written to the dead-letter topic instead (summed like `forwarded`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_lettered: Option<i64>,
-    /// Messages acknowledged unwritten because `onUnwritable` is `drop` (summed like
-    /// `forwarded`).
+    /// Messages acknowledged unwritten: Kafka could never take them and `onUnwritable` is
+    /// `drop`, or this rule's filter failed on a message another rule of the same Kafka target
+    /// forwarded (summed like `forwarded`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed: Option<i64>,
     /// Records per second over the last minute, summed over the pods.

@@ -435,8 +435,8 @@ impl Bench {
 }
 
 /// Polls the forwarders' metrics until they acked `n` messages in all (those a filter dropped
-/// included: acked unforwarded); returns when the first ack was seen and how many were acked by
-/// then (`start` and 0 when there was nothing to ack).
+/// included: acked unforwarded); returns when the first ack of a message written to Kafka was
+/// seen and how many were acked by then (`start` and 0 when there was nothing to ack).
 fn wait_all_acked(
     forwarders: &[Forwarder],
     spec: DrainSpec,

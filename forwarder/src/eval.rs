@@ -33,7 +33,7 @@ pub struct EvalError {
 pub struct Scope<'m> {
     message: &'m Message,
     /// What of the payload's JSON the expressions to evaluate read (all of it when `None`).
-    json_reads: Option<&'m JsonReads>,
+    json_reads: Option<Arc<JsonReads>>,
     received_at: SystemTime,
     context: Context<'static, 'static>,
     /// The variables bound so far (bit i: `VARIABLES[i]`).
@@ -49,7 +49,7 @@ impl<'m> Scope<'m> {
     /// ([`JsonReads::union`]); `json` holds only that.
     pub fn new(
         message: &'m Message,
-        json_reads: Option<&'m JsonReads>,
+        json_reads: Option<Arc<JsonReads>>,
         received_at: SystemTime,
     ) -> Self {
         Self {
@@ -164,8 +164,9 @@ impl<'m> Scope<'m> {
                 Value::Timestamp(chrono::DateTime::<chrono::Utc>::from(self.received_at).into())
             }
             "json" => {
-                let reads = self.json_reads.unwrap_or(&JsonReads::Whole);
-                let parsed = parse_json(&m.payload, reads).unwrap_or_else(|error| {
+                let reads = self.json_reads.as_deref().unwrap_or(&JsonReads::Whole);
+                let parsed = parse_json(&m.payload, reads);
+                let parsed = parsed.unwrap_or_else(|error| {
                     self.json_error = Some(error);
                     Box::new(CelNull)
                 });
@@ -508,7 +509,7 @@ mod json_reads {
         let reads = reads_of(sources);
         let m = tests::message("a", payload);
         let whole = ferry_api::expr::compile("json").map_err(|e| e.to_string())?;
-        let value = Scope::new(&m, Some(&reads), SystemTime::now())
+        let value = Scope::new(&m, Some(Arc::new(reads)), SystemTime::now())
             .eval(&whole, "test")
             .map_err(|e| e.message)?;
         value.json().map_err(|e| e.to_string())
@@ -546,7 +547,8 @@ mod json_reads {
     #[test]
     fn a_payload_that_is_not_json_anywhere_is_refused_even_where_nothing_reads_it() {
         for broken in [
-            &br#"{"device":"d","filler":"\xff\xfe"}"#[..],
+            // Not UTF-8 (a byte string, not a raw one: these are the bytes 0xff 0xfe).
+            &b"{\"device\":\"d\",\"filler\":\"\xff\xfe\"}"[..],
             br#"{"device":"d","filler":[1,}"#,
             br#"{"device":"d","filler":"\q"}"#,
             br#"{"device":"d"} trailing"#,
@@ -558,6 +560,61 @@ mod json_reads {
                 "{}: {got:?}",
                 String::from_utf8_lossy(broken)
             );
+        }
+    }
+
+    /// Whatever an expression does with `json`, it gets the same answer (or the same error)
+    /// from `json` built from what it reads as from `json` built whole.
+    #[test]
+    fn an_expression_sees_the_same_json_built_from_what_it_reads_as_built_whole() {
+        let payloads: [&[u8]; 6] = [
+            br#"{"a":{"b":1,"c":[1,2]},"d":"x","e":null,"items":[{"id":1},{"id":2}],"f":{"g":{"h":2.5}}}"#,
+            br#"{"a":[1,2],"d":5,"items":[]}"#,
+            br#"{"a":"s","f":{"g":7}}"#,
+            br#"[1,2,3]"#,
+            br#"{"a":{"b":1},"a":{"c":2}}"#,
+            br#"{}"#,
+        ];
+        let expressions = [
+            "json.a.b == 1",
+            "has(json.a.b)",
+            "has(json.a) && has(json.f.g)",
+            "'b' in json.a",
+            "'a' in json",
+            "size(json.a)",
+            "json.a == {'b': 1, 'c': [1, 2]}",
+            "json['a']['b']",
+            "json.a['b'] + 1",
+            "json.a.c[1]",
+            "json.a.b.c",
+            "json.items.exists(i, i.id == 2)",
+            "json.items.map(i, i.id)",
+            "json.f.g.h * 2.0",
+            "json.f",
+            "json.d",
+            "json.e == null",
+            "json[0]",
+            "json",
+            "type(json.a) == map",
+            "[1].map(json, json + 1)",
+            "{'x': json.a.b, 'y': json.d, 'z': json.f.g}",
+        ];
+        for payload in payloads {
+            let m = tests::message("a", payload);
+            for source in expressions {
+                let e =
+                    ferry_api::expr::compile(source).unwrap_or_else(|e| panic!("{source}: {e}"));
+                let reads = JsonReads::union([&e]).map(Arc::new);
+                let now = SystemTime::now();
+                let projected = Scope::new(&m, reads, now).eval(&e, "f");
+                let whole = Scope::new(&m, None, now).eval(&e, "f");
+                assert_eq!(
+                    projected,
+                    whole,
+                    "{source} on {}",
+                    String::from_utf8_lossy(payload)
+                );
+            }
         }
     }
 

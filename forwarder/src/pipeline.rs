@@ -230,7 +230,7 @@ impl Pipeline {
             self.metrics.unmatched.inc();
         }
         let now = Instant::now();
-        let legs = legs(&mut self.scratch, &message, self.router.json_reads(), now);
+        let legs = legs(&mut self.scratch, &message, now);
         let specs = legs.iter().map(|leg| leg.spec(&message.topic)).collect();
         let inflight = Inflight {
             message,
@@ -589,13 +589,9 @@ impl Leg {
 
 /// A message's legs: its routed targets less those whose every matched rule's filter was
 /// false, each with what its expressions made of the message.
-/// `json_reads`: what the router's expressions read of `json`, together.
-fn legs(
-    routed: &mut Vec<Routed>,
-    message: &Message,
-    json_reads: Option<&JsonReads>,
-    now: Instant,
-) -> Vec<Leg> {
+fn legs(routed: &mut Vec<Routed>, message: &Message, now: Instant) -> Vec<Leg> {
+    // `json` is parsed once for all of them, with what they read together.
+    let json_reads = json_reads(routed);
     let mut scope: Option<Scope<'_>> = None;
     routed
         .drain(..)
@@ -608,8 +604,8 @@ fn legs(
                     evaluated: None,
                 });
             }
-            let scope =
-                scope.get_or_insert_with(|| Scope::new(message, json_reads, SystemTime::now()));
+            let scope = scope
+                .get_or_insert_with(|| Scope::new(message, json_reads.clone(), SystemTime::now()));
             let (matched, failed) = filter_rules(scope, &target, matched);
             if matched.is_empty() {
                 return None;
@@ -632,6 +628,21 @@ fn legs(
             })
         })
         .collect()
+}
+
+/// What the targets a message was routed to read of `json`, together: only what its own
+/// targets read is built, whatever other targets of the group read.
+fn json_reads(routed: &[Routed]) -> Option<Arc<JsonReads>> {
+    let mut readers = routed.iter().filter_map(|r| r.target.json_reads.as_ref());
+    let first = readers.next()?;
+    let Some(second) = readers.next() else {
+        return Some(Arc::clone(first));
+    };
+    let mut all = JsonReads::clone(first);
+    for reads in std::iter::once(second).chain(readers) {
+        all.merge(reads);
+    }
+    Some(Arc::new(all))
 }
 
 /// Applies the filters of a target's matched rules: the rules that pass (true, or no filter),
@@ -698,6 +709,50 @@ fn dead_letter_headers(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_builds_from_json_only_what_its_own_targets_read() {
+        let yaml = r##"
+mqtt: { host: h, client_id: c }
+kafka: { bootstrap_servers: "k:9092" }
+rules:
+  - name: devices
+    mqtt: { topics: ["plant/#"] }
+    kafka: { topic: devices, key: { expression: "json.device" } }
+  - name: traces
+    mqtt: { topics: ["trace/#"] }
+    filter: "size(json.trace) > 0"
+    kafka: { topic: traces }
+  - name: both
+    mqtt: { topics: ["plant/trace"] }
+    filter: "json.kind == 'x'"
+    kafka: { topic: both }
+  - name: raw
+    mqtt: { topics: ["#"] }
+    kafka: { topic: raw }
+"##;
+        let config = ferry_api::load_str(yaml, |_| None)
+            .map(|l| l.config)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let router = crate::route::Router::new(&config, &crate::metrics::Metrics::new());
+        let reads = |topic: &str| {
+            let mut routed = Vec::new();
+            router.route(topic, &mut routed);
+            json_reads(&routed).map(|r| JsonReads::clone(&r))
+        };
+        let fields = |names: &[&str]| {
+            JsonReads::Fields(
+                names
+                    .iter()
+                    .map(|n| ((*n).to_owned(), JsonReads::Whole))
+                    .collect(),
+            )
+        };
+        assert_eq!(reads("plant/1"), Some(fields(&["device"])));
+        assert_eq!(reads("trace/1"), Some(fields(&["trace"])));
+        assert_eq!(reads("plant/trace"), Some(fields(&["device", "kind"])));
+        assert_eq!(reads("elsewhere"), None, "no target of it reads json");
+    }
 
     #[test]
     fn opaque_round_trips() {

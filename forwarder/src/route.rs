@@ -39,6 +39,8 @@ pub struct Target {
     /// Whether a message needs evaluating for this target (a filter or an expression):
     /// decided once its rules are all known, not per message.
     pub evaluates: bool,
+    /// What its expressions read of `json`, together; `None` when none reads it.
+    pub json_reads: Option<Arc<JsonReads>>,
 }
 
 impl Target {
@@ -152,8 +154,6 @@ pub struct Router {
     filters: Vec<(TopicFilter, usize, usize, usize)>,
     targets: Vec<Arc<Target>>,
     rules: Vec<Arc<RuleStats>>,
-    /// What of a payload's JSON any target's expressions read: all a message's `json` holds.
-    json_reads: Option<JsonReads>,
 }
 
 impl Router {
@@ -192,27 +192,22 @@ impl Router {
                 filters.push((f.clone(), t, i, position));
             }
         }
-        let json_reads = JsonReads::union(targets.iter().flat_map(Target::all_expressions));
         Self {
             filters,
             targets: targets
                 .into_iter()
                 .map(|mut t| {
                     t.evaluates = t.needs_evaluation();
+                    t.json_reads = JsonReads::union(t.all_expressions()).map(Arc::new);
                     Arc::new(t)
                 })
                 .collect(),
             rules,
-            json_reads,
         }
     }
 
     pub fn targets(&self) -> &[Arc<Target>] {
         &self.targets
-    }
-
-    pub fn json_reads(&self) -> Option<&JsonReads> {
-        self.json_reads.as_ref()
     }
 
     /// The distinct targets of a topic, in rule order, with the rules each matched, into
@@ -266,6 +261,7 @@ fn target(
         rules: vec![Arc::clone(stats)],
         filters: vec![filter],
         evaluates: false,
+        json_reads: None,
         expressions: RuleExpressions {
             filter: None,
             ..parsed.expressions.clone()

@@ -46,9 +46,17 @@ impl Error {
 
     /// A write refused because it was computed from an older `resourceVersion` than the
     /// apiserver's: the watch cache had not yet seen a change (often this operator's own).
-    /// Reading again and recomputing is the whole remedy.
+    /// Reading again and recomputing is the whole remedy. Not a server-side apply conflict
+    /// over who owns a field (also reason `Conflict`): that does not go away by itself.
     pub(crate) fn is_conflict(&self) -> bool {
-        matches!(self, Error::Kube(kube::Error::Api(status)) if status.is_conflict())
+        let Error::Kube(kube::Error::Api(status)) = self else {
+            return false;
+        };
+        let over_fields = status
+            .details
+            .as_ref()
+            .is_some_and(|d| d.causes.iter().any(|c| c.reason == "FieldManagerConflict"));
+        status.is_conflict() && !over_fields
     }
 }
 
@@ -146,6 +154,7 @@ pub(crate) async fn wait_listed(listed: &watch::Receiver<bool>) -> bool {
 mod tests {
     use super::Error;
     use kube::core::Status;
+    use kube::core::response::{StatusCause, StatusDetails};
 
     fn api(reason: &str, code: u16) -> Error {
         Error::Kube(kube::Error::Api(
@@ -158,7 +167,28 @@ mod tests {
         let conflict = api("Conflict", 409);
         assert!(conflict.is_conflict());
         assert_eq!(conflict.reason(), "conflict");
-        for other in [api("AlreadyExists", 409), api("Forbidden", 403)] {
+        let field_owner = Error::Kube(kube::Error::Api(
+            Status::failure("Apply failed with 1 conflict", "Conflict")
+                .with_code(409)
+                .with_details(StatusDetails {
+                    causes: vec![StatusCause {
+                        reason: "FieldManagerConflict".into(),
+                        message: "conflict with \"kubectl\"".into(),
+                        field: ".spec.replicas".into(),
+                    }],
+                    name: "plant-default".into(),
+                    group: "apps".into(),
+                    kind: "statefulsets".into(),
+                    uid: String::new(),
+                    retry_after_seconds: 0,
+                })
+                .boxed(),
+        ));
+        for other in [
+            api("AlreadyExists", 409),
+            api("Forbidden", 403),
+            field_owner,
+        ] {
             assert!(!other.is_conflict(), "{other}");
             assert_eq!(other.reason(), "api");
         }

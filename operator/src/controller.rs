@@ -283,15 +283,15 @@ where
     let delay = retry_delay(error.is_conflict(), failures);
     if error.is_conflict() {
         // Expected whenever the watch cache lags a write; not a failure worth a warning.
-        info!(object = %key, kind = %kind_name, retry_in = ?delay, "object changed since it was read; reconciling again");
+        info!(object = %key, kind = %kind_name, error = %error, retry_in = ?delay, "object changed since it was read; reconciling again");
     } else {
         warn!(object = %key, kind = %kind_name, error = %error, retry_in = ?delay, "reconcile failed");
     }
     Action::requeue(delay)
 }
 
-/// Per object, doubling from 5 s (from 500 ms after a conflict, which the next read resolves
-/// unless something keeps changing the object) up to 5 min.
+/// Per object, doubling from 5 s up to 5 min; after a conflict, which the next read resolves
+/// unless something keeps changing the object, from 500 ms up to 256 s.
 fn retry_delay(conflict: bool, failures: u32) -> Duration {
     let first = if conflict {
         Duration::from_millis(500)
