@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use ferry_api::crd::BrokerConnection;
+use ferry_api::crd::{BrokerConnection, BrokerConnectionStatus};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, Patch, PatchParams};
@@ -17,7 +17,7 @@ use crate::apply::{prune, read_secrets};
 use crate::children::LABEL_CONNECTION;
 use crate::context::{Context, Error};
 use crate::validate;
-use crate::writer::warn_event;
+use crate::writer::{current_status, warn_event};
 
 /// What became of a connection's recorded MQTT sessions in one reconcile.
 pub(crate) struct SessionsOutcome {
@@ -70,7 +70,20 @@ pub(crate) async fn end_gone_sessions(
                 (pod.name_any(), crate::sessions::PodState { started })
             })
             .collect();
-    let plan = crate::sessions::plan(&ns, recorded, groups, &pods);
+    let mut plan = crate::sessions::plan(&ns, recorded, groups, &pods);
+    if !plan.end.is_empty() {
+        // The watch cache may not yet hold this operator's own last write of the record (a
+        // reconcile right after another): ending a session twice could end the one a new pod
+        // of the same name has just opened. The record as the apiserver has it decides.
+        let fresh =
+            current_status::<BrokerConnection, BrokerConnectionStatus>(&ctx.client, &ns, &name)
+                .await?
+                .map(|s| s.mqtt_sessions)
+                .unwrap_or_default();
+        if fresh != recorded {
+            plan = crate::sessions::plan(&ns, &fresh, groups, &pods);
+        }
+    }
     let mut out = SessionsOutcome {
         recorded: plan.keep.iter().cloned().collect(),
         retry_in: plan.waiting_for_pods.then_some(SESSIONS_POD_WAIT),
