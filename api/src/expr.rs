@@ -169,14 +169,18 @@ impl JsonReads {
 
     /// What the expressions of `all` read together; `None` when none reads `json`.
     pub fn union<'e>(all: impl IntoIterator<Item = &'e Expression>) -> Option<JsonReads> {
-        all.into_iter().filter_map(|e| e.json_reads.as_ref()).fold(
-            None,
-            |acc: Option<JsonReads>, reads| {
+        Self::merged(all.into_iter().filter_map(|e| e.json_reads.as_ref()))
+    }
+
+    /// All of `reads` together; `None` when there are none.
+    pub fn merged<'r>(reads: impl IntoIterator<Item = &'r JsonReads>) -> Option<JsonReads> {
+        reads
+            .into_iter()
+            .fold(None, |acc: Option<JsonReads>, reads| {
                 let mut acc = acc.unwrap_or_else(|| JsonReads::Fields(BTreeMap::new()));
                 acc.merge(reads);
                 Some(acc)
-            },
-        )
+            })
     }
 
     /// Adds `path` (field names from `json`), read whole at its end.

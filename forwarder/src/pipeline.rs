@@ -633,16 +633,12 @@ fn legs(routed: &mut Vec<Routed>, message: &Message, now: Instant) -> Vec<Leg> {
 /// What the targets a message was routed to read of `json`, together: only what its own
 /// targets read is built, whatever other targets of the group read.
 fn json_reads(routed: &[Routed]) -> Option<Arc<JsonReads>> {
-    let mut readers = routed.iter().filter_map(|r| r.target.json_reads.as_ref());
-    let first = readers.next()?;
-    let Some(second) = readers.next() else {
-        return Some(Arc::clone(first));
-    };
-    let mut all = JsonReads::clone(first);
-    for reads in std::iter::once(second).chain(readers) {
-        all.merge(reads);
+    let readers = || routed.iter().filter_map(|r| r.target.json_reads.as_ref());
+    match (readers().next(), readers().nth(1)) {
+        // The usual case, a message with one target: shared, not copied.
+        (Some(only), None) => Some(Arc::clone(only)),
+        _ => JsonReads::merged(readers().map(|r| &**r)).map(Arc::new),
     }
-    Some(Arc::new(all))
 }
 
 /// Applies the filters of a target's matched rules: the rules that pass (true, or no filter),

@@ -280,8 +280,9 @@ where
         *n = n.saturating_add(1);
         *n
     };
-    let delay = retry_delay(error.is_conflict(), failures);
-    if error.is_conflict() {
+    let conflict = error.is_conflict();
+    let delay = retry_delay(conflict, failures);
+    if conflict {
         // Expected whenever the watch cache lags a write; not a failure worth a warning.
         info!(object = %key, kind = %kind_name, error = %error, retry_in = ?delay, "object changed since it was read; reconciling again");
     } else {
