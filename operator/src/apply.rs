@@ -1,24 +1,26 @@
 //! The I/O edge of reconciling a connection: reading the Secrets it references, applying its
 //! children with server-side apply (one field manager) and pruning what no group needs.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use ferry_api::crd::BrokerConnection;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::children::{LABEL_CONNECTION, LABEL_GROUP};
+use crate::children::{self, Children, LABEL_CONNECTION};
 use crate::context::Error;
-use crate::validate::{Secrets, referenced_secrets};
+use crate::ownership::{self, Holder, Serving};
+use crate::validate::{ReadSecret, Secrets, referenced_secrets};
 use crate::writer::FIELD_MANAGER;
 
-/// The data of every Secret the connection references that exists.
+/// Every Secret the connection references that exists: its data only when it carries the
+/// mark ([`crate::validate::SECRET_MARK`]).
 pub(crate) async fn read_secrets(
     client: &Client,
     ns: &str,
@@ -28,10 +30,59 @@ pub(crate) async fn read_secrets(
     let secret_api = Api::<Secret>::namespaced(client.clone(), ns);
     for s in referenced_secrets(connection) {
         if let Some(secret) = secret_api.get_opt(&s).await? {
-            secrets.insert(s, secret.data.unwrap_or_default());
+            let read = ReadSecret::new(secret.metadata.labels.as_ref(), secret.data);
+            secrets.insert(s, read);
         }
     }
     Ok(secrets)
+}
+
+/// Why a group's children cannot be applied (a name another owner holds, see
+/// [`crate::ownership`]), or `None` when each name is free or this connection's.
+pub(crate) async fn taken(
+    client: &Client,
+    ns: &str,
+    uid: &str,
+    children: &Children,
+) -> Result<Option<String>, Error> {
+    let name = children.stateful_set.name_any();
+    let holders = [
+        (
+            "ConfigMap",
+            holder::<ConfigMap>(client, ns, &name, uid).await?,
+        ),
+        ("Secret", holder::<Secret>(client, ns, &name, uid).await?),
+        ("Service", holder::<Service>(client, ns, &name, uid).await?),
+        (
+            "PodDisruptionBudget",
+            holder::<PodDisruptionBudget>(client, ns, &name, uid).await?,
+        ),
+        (
+            "StatefulSet",
+            holder::<StatefulSet>(client, ns, &name, uid).await?,
+        ),
+    ];
+    let named: Vec<(&str, &str, Holder)> = holders
+        .into_iter()
+        .map(|(kind, h)| (kind, name.as_str(), h))
+        .collect();
+    Ok(ownership::taken(&named))
+}
+
+async fn holder<K>(client: &Client, ns: &str, name: &str, uid: &str) -> Result<Holder, Error>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + DeserializeOwned
+        + Clone
+        + std::fmt::Debug,
+{
+    let existing = Api::<K>::namespaced(client.clone(), ns)
+        .get_metadata_opt(name)
+        .await?;
+    Ok(ownership::holder(
+        existing.as_ref().map(|o| &o.metadata),
+        uid,
+    ))
 }
 
 pub(crate) async fn apply<K>(client: &Client, ns: &str, object: &K) -> Result<K, Error>
@@ -52,29 +103,77 @@ where
         .await?)
 }
 
-/// Deletes the children of this connection whose group is not in `kept`; returns how many.
+/// What pruning did.
+#[derive(Debug, Default)]
+pub(crate) struct Pruned {
+    pub(crate) deleted: usize,
+    /// StatefulSets of an earlier name kept running until their group's new one is ready
+    /// (name → wanted replicas): their pods' sessions are not to be ended yet.
+    pub(crate) earlier: BTreeMap<String, i32>,
+}
+
+/// Deletes the children of `connection` that [`ownership::prunable`] says may go: found by
+/// its labels, deleted only when its UID controls them, each delete conditioned on the UID
+/// of the object read (a replacement of the same name is left alone).
 pub(crate) async fn prune(
     client: &Client,
     ns: &str,
-    connection: &str,
-    kept: &BTreeSet<String>,
-) -> Result<usize, Error> {
-    let selector = format!("{LABEL_CONNECTION}={connection}");
-    let mut pruned = 0;
-    pruned += prune_kind::<StatefulSet>(client, ns, &selector, kept).await?;
-    pruned += prune_kind::<ConfigMap>(client, ns, &selector, kept).await?;
-    pruned += prune_kind::<Secret>(client, ns, &selector, kept).await?;
-    pruned += prune_kind::<Service>(client, ns, &selector, kept).await?;
-    pruned += prune_kind::<PodDisruptionBudget>(client, ns, &selector, kept).await?;
-    Ok(pruned)
+    connection: &BrokerConnection,
+    serving: &BTreeMap<String, Serving>,
+) -> Result<Pruned, Error> {
+    let selector = format!(
+        "{},{LABEL_CONNECTION}={}",
+        children::SELECTOR,
+        connection.name_any()
+    );
+    let uid = connection.uid().unwrap_or_default();
+    let mut out = Pruned::default();
+    let sets = prune_kind::<StatefulSet>(client, ns, &selector, &uid, serving).await?;
+    out.deleted += sets.deleted;
+    out.earlier = sets
+        .kept
+        .iter()
+        .filter(|s| !is_current(*s, serving))
+        .map(|s| {
+            let wanted = s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            (s.name_any(), wanted)
+        })
+        .collect();
+    out.deleted += prune_kind::<ConfigMap>(client, ns, &selector, &uid, serving)
+        .await?
+        .deleted;
+    out.deleted += prune_kind::<Secret>(client, ns, &selector, &uid, serving)
+        .await?
+        .deleted;
+    out.deleted += prune_kind::<Service>(client, ns, &selector, &uid, serving)
+        .await?
+        .deleted;
+    out.deleted += prune_kind::<PodDisruptionBudget>(client, ns, &selector, &uid, serving)
+        .await?
+        .deleted;
+    Ok(out)
+}
+
+/// Whether `object` is its group's workload under the name the plan gives it now.
+fn is_current<K: Resource>(object: &K, serving: &BTreeMap<String, Serving>) -> bool {
+    serving.values().any(|s| {
+        matches!(s, Serving::Applied { workload, .. } if object.meta().name.as_deref() == Some(workload.as_str()))
+    })
+}
+
+struct KindPruned<K> {
+    deleted: usize,
+    /// This connection's objects left in place.
+    kept: Vec<K>,
 }
 
 async fn prune_kind<K>(
     client: &Client,
     ns: &str,
     selector: &str,
-    kept: &BTreeSet<String>,
-) -> Result<usize, Error>
+    uid: &str,
+    serving: &BTreeMap<String, Serving>,
+) -> Result<KindPruned<K>, Error>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
         + DeserializeOwned
@@ -82,22 +181,33 @@ where
         + std::fmt::Debug,
 {
     let api = Api::<K>::namespaced(client.clone(), ns);
-    let mut pruned = 0;
+    let mut out = KindPruned {
+        deleted: 0,
+        kept: Vec::new(),
+    };
     for object in api
         .list(&ListParams::default().labels(selector))
         .await?
         .items
     {
-        let group = object
-            .labels()
-            .get(LABEL_GROUP)
-            .cloned()
-            .unwrap_or_default();
-        if !kept.contains(&group) {
-            api.delete(&object.name_any(), &DeleteParams::default())
-                .await?;
-            pruned += 1;
+        if ownership::prunable(object.meta(), uid, serving) {
+            let only_this = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: object.meta().uid.clone(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&object.name_any(), &only_this).await {
+                Ok(_) => out.deleted += 1,
+                // Gone meanwhile, or replaced by another object of that name: not ours to
+                // delete any more.
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        } else if ownership::holder(Some(object.meta()), uid) == Holder::Ours {
+            out.kept.push(object);
         }
     }
-    Ok(pruned)
+    Ok(out)
 }

@@ -13,7 +13,7 @@
 //! Triggers are spec changes (generation) and deletions, never status writes, so the operator's
 //! own status updates do not wake it: at steady state nothing reconciles.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,18 +33,19 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
 use tracing::{debug, info, warn};
 
-use crate::apply::{apply, prune, read_secrets};
+use crate::apply::{apply, prune, read_secrets, taken};
 use crate::children;
 use crate::conditions::FALSE;
 use crate::context::{Context, Error, listed, wait_listed};
 use crate::finalize::{SessionsOutcome, end_gone_sessions, finalize, set_finalizer};
 use crate::image::ForwarderImage;
 use crate::metrics::{Kind, Metrics};
+use crate::ownership::Serving;
 use crate::plan::{self, GroupPlan};
 use crate::scope::Scope;
 use crate::status::{self, RuleOutcome, Workload};
-use crate::validate::referenced_secrets;
-use crate::writer::{FIELD_MANAGER, current_status, publish, write_status};
+use crate::validate::{MARK_VALUE, SECRET_MARK, referenced_secrets};
+use crate::writer::{FIELD_MANAGER, current_status, publish, warn_event, write_status};
 
 const CONNECTION: &str = "BrokerConnection";
 const RULE: &str = "ForwardingRule";
@@ -128,6 +129,7 @@ fn connection_loop(
     // A second watch of the rules, for triggers only (the rule loop reflects them).
     let rule_copy = scope.watch::<DeserializeGuard<ForwardingRule>>(client, &unfiltered);
     let secret_index = connections.clone();
+    let marked = watcher::Config::default().labels(&format!("{SECRET_MARK}={MARK_VALUE}"));
     Controller::for_stream(spec_changes(events), connections)
         .owns_stream(
             scope
@@ -144,10 +146,12 @@ fn connection_loop(
             let ns = rule.namespace()?;
             Some(ObjectRef::new(&rule.spec.connection_ref.name).within(&ns))
         })
-        // A created or rotated Secret reconciles the connections that reference it.
+        // A created, rotated, marked or unmarked Secret reconciles the connections that
+        // reference it. Only marked Secrets are watched: one losing the mark leaves the
+        // selection, which the watch reports as a deletion.
         .watches_stream(
             scope
-                .watch::<PartialObjectMeta<Secret>>(client, &unfiltered)
+                .watch::<PartialObjectMeta<Secret>>(client, &marked)
                 .touched_objects(),
             move |secret| connections_referencing(&secret_index, &secret),
         )
@@ -402,7 +406,7 @@ async fn reconcile_readable(
 
     let plan = plan::connection(connection, &rules, &secrets, image)?;
 
-    let workloads = apply_groups(client, ns, &plan.groups).await?;
+    let applied = apply_groups(ctx, connection, &plan.groups).await?;
     let recorded = connection
         .status
         .as_ref()
@@ -412,32 +416,75 @@ async fn reconcile_readable(
         // What runs keeps running (with the credentials it has) until the Secret is back.
         None => SessionsOutcome::unchanged(recorded),
         Some(secret_data) => {
-            let kept: BTreeSet<String> = workloads.keys().cloned().collect();
-            let pruned = prune(client, ns, &name, &kept).await?;
-            debug!(connection = %name, namespace = %ns, groups = kept.len(), pruned, "applied");
-            let replicas: BTreeMap<String, i32> = workloads
+            let pruned = prune(client, ns, connection, &applied.serving()).await?;
+            debug!(connection = %name, namespace = %ns, groups = applied.workloads.len(), pruned = pruned.deleted, "applied");
+            // An earlier name's StatefulSet still running keeps its sessions.
+            let replicas: BTreeMap<String, i32> = applied
+                .workloads
                 .values()
                 .map(|w| (w.name.clone(), w.wanted))
+                .chain(pruned.earlier)
                 .collect();
             end_gone_sessions(ctx, connection, secret_data, &recorded, &replicas).await?
         }
     };
 
-    write_statuses(ctx, connection, &plan, &workloads, sessions.recorded).await?;
-    info!(connection = %name, namespace = %ns, groups = workloads.len(), rules = plan.rules.len(), "reconciled");
+    write_statuses(ctx, connection, &plan, &applied, sessions.recorded).await?;
+    info!(connection = %name, namespace = %ns, groups = applied.workloads.len(), refused = applied.taken.len(), rules = plan.rules.len(), "reconciled");
     Ok(Action::requeue(sessions.retry_in.unwrap_or(RESYNC)))
 }
 
-/// Applies every group's children; the StatefulSets as applied say how many pods each wants
-/// and has ready.
+/// What applying the groups made of them.
+#[derive(Default)]
+struct Applied {
+    /// The applied groups' StatefulSets, by group name.
+    workloads: BTreeMap<String, Workload>,
+    /// The groups not applied because another owner holds a name of theirs: group → why.
+    taken: BTreeMap<String, String>,
+}
+
+impl Applied {
+    /// What pruning must keep.
+    fn serving(&self) -> BTreeMap<String, Serving> {
+        let applied = self.workloads.iter().map(|(g, w)| {
+            let settled = w.ready >= w.wanted;
+            let workload = w.name.clone();
+            (g.clone(), Serving::Applied { workload, settled })
+        });
+        let refused = self.taken.keys().map(|g| (g.clone(), Serving::Refused));
+        applied.chain(refused).collect()
+    }
+}
+
+/// Applies every group's children, except a group one of whose names another owner holds
+/// (refused on its rules, with a Warning Event on the connection); the StatefulSets as applied
+/// say how many pods each wants and has ready.
 async fn apply_groups(
-    client: &Client,
-    ns: &str,
+    ctx: &Context,
+    connection: &BrokerConnection,
     groups: &[GroupPlan],
-) -> Result<BTreeMap<String, Workload>, Error> {
-    let mut workloads = BTreeMap::new();
+) -> Result<Applied, Error> {
+    let client = &ctx.client;
+    let ns = connection.namespace().unwrap_or_default();
+    let ns = ns.as_str();
+    let uid = connection.uid().unwrap_or_default();
+    let mut out = Applied::default();
     for group in groups {
         let c = &group.children;
+        if let Some(why) = taken(client, ns, &uid, c).await? {
+            warn!(connection = %connection.name_any(), namespace = %ns, group = %group.name, reason = %why, "group not applied");
+            let note = format!("group {:?} is not applied: {why}", group.name);
+            warn_event(
+                ctx,
+                &connection.object_ref(&()),
+                "ApplyGroup",
+                "NameTaken",
+                note,
+            )
+            .await;
+            out.taken.insert(group.name.clone(), why);
+            continue;
+        }
         apply(client, ns, &c.config_map).await?;
         apply(client, ns, &c.secret).await?;
         apply(client, ns, &c.service).await?;
@@ -452,9 +499,9 @@ async fn apply_groups(
                 .and_then(|s| s.ready_replicas)
                 .unwrap_or(0),
         };
-        workloads.insert(group.name.clone(), workload);
+        out.workloads.insert(group.name.clone(), workload);
     }
-    Ok(workloads)
+    Ok(out)
 }
 
 /// The connection's status and each rule's `Accepted`/`Ready`, each written only when it
@@ -463,11 +510,12 @@ async fn write_statuses(
     ctx: &Context,
     connection: &BrokerConnection,
     plan: &plan::ConnectionPlan<'_>,
-    workloads: &BTreeMap<String, Workload>,
+    applied: &Applied,
     sessions: Vec<String>,
 ) -> Result<(), Error> {
     let now = jiff::Timestamp::now();
-    let groups: Vec<(String, Workload)> = workloads
+    let groups: Vec<(String, Workload)> = applied
+        .workloads
         .iter()
         .map(|(g, w)| (g.clone(), w.clone()))
         .collect();
@@ -489,7 +537,7 @@ async fn write_statuses(
     publish(ctx, &connection.object_ref(&()), &transitions).await;
     let rule_api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
     for (rule, fate) in &plan.rules {
-        let outcome = fate.outcome(rule, workloads);
+        let outcome = fate.outcome(rule, &applied.workloads, &applied.taken);
         write_rule_control(ctx, &rule_api, rule, &outcome, now).await?;
     }
     Ok(())
@@ -544,6 +592,7 @@ async fn write_rule_control(
     now: jiff::Timestamp,
 ) -> Result<(), Error> {
     if let RuleOutcome::Conflict(reason)
+    | RuleOutcome::NameTaken(reason)
     | RuleOutcome::SecretMissing(reason)
     | RuleOutcome::Invalid(reason)
     | RuleOutcome::InvalidExpression(reason) = outcome

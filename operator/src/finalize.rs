@@ -1,7 +1,7 @@
 //! The kube side of the MQTT session lifecycle (see [`crate::sessions`]): which forwarder pods
 //! exist, ending the sessions of those gone for good, and the connection's finalizer.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use ferry_api::crd::{BrokerConnection, BrokerConnectionStatus};
@@ -14,7 +14,7 @@ use kube::{Client, Resource, ResourceExt};
 use tracing::{info, warn};
 
 use crate::apply::{prune, read_secrets};
-use crate::children::LABEL_CONNECTION;
+use crate::children::{LABEL_CONNECTION, SELECTOR};
 use crate::context::{Context, Error};
 use crate::validate;
 use crate::writer::{current_status, warn_event};
@@ -58,16 +58,19 @@ pub(crate) async fn end_gone_sessions(
 ) -> Result<SessionsOutcome, Error> {
     let ns = connection.namespace().unwrap_or_default();
     let name = connection.name_any();
+    // Every forwarder pod of the namespace: another connection's pod of a recorded name runs
+    // that session now, and is not this connection's to end.
     let pods: BTreeMap<String, crate::sessions::PodState> =
         Api::<Pod>::namespaced(ctx.client.clone(), &ns)
-            .list(&ListParams::default().labels(&format!("{LABEL_CONNECTION}={name}")))
+            .list(&ListParams::default().labels(SELECTOR))
             .await?
             .items
             .iter()
             .map(|pod| {
                 let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
                 let started = !matches!(phase, None | Some("Pending"));
-                (pod.name_any(), crate::sessions::PodState { started })
+                let ours = pod.labels().get(LABEL_CONNECTION) == Some(&name);
+                (pod.name_any(), crate::sessions::PodState { started, ours })
             })
             .collect();
     let mut plan = crate::sessions::plan(&ns, recorded, groups, &pods);
@@ -148,13 +151,13 @@ pub(crate) async fn finalize(
     let name = guarded.name_any();
     let reference = guarded.object_ref(&());
     let Ok(connection) = &guarded.0 else {
-        warn_event(ctx, &reference, "SessionsNotEnded", "the connection cannot be read, so its broker cannot be reached: its forwarders' MQTT sessions end by their expiry".to_owned()).await;
+        warn_event(ctx, &reference, "EndSessions", "SessionsNotEnded", "the connection cannot be read, so its broker cannot be reached: its forwarders' MQTT sessions end by their expiry".to_owned()).await;
         set_finalizer(&ctx.client, guarded, ns, false).await?;
         return Ok(Action::await_change());
     };
     // The garbage collector would remove the forwarders only after the object is gone; their
     // sessions must end after the pods, so remove every child now.
-    prune(&ctx.client, ns, &name, &BTreeSet::new()).await?;
+    prune(&ctx.client, ns, connection, &BTreeMap::new()).await?;
     let recorded = connection
         .status
         .as_ref()
@@ -167,7 +170,7 @@ pub(crate) async fn finalize(
         }
         Err(missing) => {
             let missing: Vec<String> = missing.iter().map(ToString::to_string).collect();
-            warn_event(ctx, &reference, "SessionsNotEnded", format!("cannot authenticate to the MQTT broker ({}): the forwarders' sessions end by their expiry", missing.join("; "))).await;
+            warn_event(ctx, &reference, "EndSessions", "SessionsNotEnded", format!("cannot authenticate to the MQTT broker ({}): the forwarders' sessions end by their expiry", missing.join("; "))).await;
             SessionsOutcome::unchanged(Vec::new())
         }
     };
@@ -185,7 +188,7 @@ pub(crate) async fn finalize(
         if deleting_for < jiff::SignedDuration::try_from(FINALIZE_GIVE_UP).unwrap_or_default() {
             return Ok(Action::requeue(SESSIONS_RETRY));
         }
-        warn_event(ctx, &reference, "SessionsNotEnded", format!("gave up ending {} MQTT sessions after {FINALIZE_GIVE_UP:?} ({id}: {e}); they end by their expiry", outcome.failed.len())).await;
+        warn_event(ctx, &reference, "EndSessions", "SessionsNotEnded", format!("gave up ending {} MQTT sessions after {FINALIZE_GIVE_UP:?} ({id}: {e}); they end by their expiry", outcome.failed.len())).await;
     }
     set_finalizer(&ctx.client, guarded, ns, false).await?;
     info!(connection = %name, namespace = %ns, "forwarders stopped and their MQTT sessions ended; released");

@@ -12,6 +12,7 @@ pub mod dataplane;
 pub mod finalize;
 pub mod image;
 pub mod metrics;
+pub mod ownership;
 pub mod plan;
 pub mod render;
 pub mod scope;

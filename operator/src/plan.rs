@@ -13,7 +13,7 @@ use crate::children::{self, Children};
 use crate::image::ForwarderImage;
 use crate::render::{Group, RenderError, render};
 use crate::status::{RuleOutcome, Workload};
-use crate::validate::{self, Secrets};
+use crate::validate::{self, MissingSecret, Secrets};
 
 /// What reconciling a connection should make of it.
 #[derive(Debug)]
@@ -22,7 +22,7 @@ pub struct ConnectionPlan<'a> {
     pub groups: Vec<GroupPlan>,
     /// The referenced Secrets and keys that do not resolve. When any is missing, nothing is
     /// applied (what runs keeps the credentials it has) and `groups` is empty.
-    pub missing_secrets: Vec<String>,
+    pub missing_secrets: Vec<MissingSecret>,
     /// The credentials and certificates copied from the referenced Secrets, when they resolve.
     pub secret_data: Option<BTreeMap<String, ByteString>>,
     /// Every rule of the connection, in the order they were listed, with its fate.
@@ -46,21 +46,24 @@ pub enum RulePlan {
 }
 
 impl RulePlan {
-    /// The outcome once the groups' StatefulSets are applied (`workloads` by group name).
+    /// The outcome once the groups' StatefulSets are applied (`workloads` by group name), or
+    /// refused because another owner holds their names (`taken`: group → why).
     pub fn outcome(
         &self,
         rule: &ForwardingRule,
         workloads: &BTreeMap<String, Workload>,
+        taken: &BTreeMap<String, String>,
     ) -> RuleOutcome {
         match self {
             RulePlan::Refused(outcome) => outcome.clone(),
-            RulePlan::Served { group } => match workloads.get(group) {
-                Some(workload) => RuleOutcome::Rendered {
+            RulePlan::Served { group } => match (workloads.get(group), taken.get(group)) {
+                (Some(workload), _) => RuleOutcome::Rendered {
                     workload: workload.clone(),
                     paused: rule.spec.paused,
                 },
+                (None, Some(why)) => RuleOutcome::NameTaken(format!("group {group:?}: {why}")),
                 // Only if the caller skipped a group of the plan.
-                None => RuleOutcome::Invalid(format!("group {group:?} was not applied")),
+                (None, None) => RuleOutcome::Invalid(format!("group {group:?} was not applied")),
             },
         }
     }
@@ -77,11 +80,11 @@ pub fn connection<'a>(
     let secret_data = match validate::resolve_secrets(connection, secrets) {
         Ok(data) => data,
         Err(missing) => {
-            let missing: Vec<String> = missing.iter().map(ToString::to_string).collect();
+            let text: Vec<String> = missing.iter().map(ToString::to_string).collect();
             let message = format!(
                 "BrokerConnection {:?} cannot be rendered: {}",
                 connection.name_any(),
-                missing.join("; ")
+                text.join("; ")
             );
             return Ok(ConnectionPlan {
                 groups: Vec::new(),
@@ -283,6 +286,7 @@ fn expression_field(p: &Problem) -> Option<String> {
 mod tests {
     use super::*;
     use crate::children::keys;
+    use crate::validate::ReadSecret;
 
     fn connection(host: &str, servers: &str, config: &str) -> BrokerConnection {
         serde_saphyr::from_str(&format!(
@@ -305,10 +309,10 @@ mod tests {
         let data = |v: &str| ByteString(v.as_bytes().to_vec());
         BTreeMap::from([(
             "creds".to_owned(),
-            BTreeMap::from([
+            ReadSecret::Marked(BTreeMap::from([
                 ("username".to_owned(), data("ferry")),
                 ("password".to_owned(), data("pw")),
-            ]),
+            ])),
         )])
     }
 
@@ -430,12 +434,21 @@ mod tests {
             group: "default".into(),
         };
         assert_eq!(
-            served.outcome(&r, &workloads),
+            served.outcome(&r, &workloads, &BTreeMap::new()),
             RuleOutcome::Rendered {
                 workload,
                 paused: false
             }
         );
+        let taken = BTreeMap::from([(
+            "default".to_owned(),
+            "StatefulSet \"c-default\" exists, controlled by BrokerConnection \"c\" (uid u-2)"
+                .to_owned(),
+        )]);
+        assert!(matches!(
+            served.outcome(&r, &BTreeMap::new(), &taken),
+            RuleOutcome::NameTaken(m) if m.starts_with("group \"default\": StatefulSet")
+        ));
     }
 
     /// The fate of rule `r` alone in its connection's plan.

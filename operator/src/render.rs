@@ -79,11 +79,34 @@ pub enum RenderError {
     Yaml { group: String, reason: String },
 }
 
-/// `<connection>-<group>`, shortened with a hash when longer than a StatefulSet name may be
-/// (its pods' names must still fit in 63 characters).
+/// A group's workload name, distinct for every (connection, group) pair that fits:
+/// - `<connection>-<group>` when the group has no `-` and the connection no `--`: the last `-`
+///   splits it, and it never holds `--`;
+/// - otherwise `<connection>-<group>--<length of the connection>`, which always holds `--` and
+///   ends with the split (`plant` + `east-bulk` is `plant-east-bulk--5`, while `plant-east` +
+///   `bulk` stays `plant-east-bulk`);
+/// - longer than a StatefulSet name may be (its pods' names, and its `controller-revision-hash`
+///   label `<name>-<10 characters>`, must fit in 63): the first characters, `--` and 8 hex
+///   characters of SHA-256 over the name, which meets another only by a hash collision.
+///
+/// Whatever the name, the reconciler never takes over an object it does not own (see
+/// [`crate::ownership`]).
 pub fn workload_name(connection: &str, group: &str) -> String {
-    bounded(&format!("{connection}-{group}"), 52)
+    let name = if group.contains('-') || connection.contains("--") {
+        format!("{connection}-{group}--{}", connection.len())
+    } else {
+        format!("{connection}-{group}")
+    };
+    if name.len() <= MAX_WORKLOAD_NAME {
+        return name;
+    }
+    let hash = hex(&Sha256::digest(name.as_bytes()));
+    let keep = name[..MAX_WORKLOAD_NAME - 10].trim_end_matches(['-', '.']);
+    format!("{keep}--{}", &hash[..8])
 }
+
+/// Longest StatefulSet name: its `controller-revision-hash` label adds up to 11 characters.
+const MAX_WORKLOAD_NAME: usize = 52;
 
 /// A rule's name in the forwarder (a metric label): the ForwardingRule's name, shortened with a
 /// hash when longer than 63 characters.
@@ -551,5 +574,36 @@ spec:
         r.metadata.name = Some(format!("{}.x", "b".repeat(70)));
         assert!(rule_name(&r).len() <= 63);
         assert_eq!(workload_name("plant", "default"), "plant-default");
+    }
+
+    #[test]
+    fn pairs_that_read_the_same_joined_by_a_dash_get_different_names() {
+        assert_eq!(workload_name("plant", "east-bulk"), "plant-east-bulk--5");
+        assert_eq!(workload_name("plant-east", "bulk"), "plant-east-bulk");
+        assert_eq!(workload_name("a--b", "c"), "a--b-c--4");
+        // Every split of a few names that read alike: all distinct, all within bounds.
+        let parts = ["a", "b", "a-b", "b-a", "a--b", "b-2", "2", "5", "a-b--3"];
+        let mut seen = std::collections::BTreeMap::new();
+        for c in parts {
+            for g in parts {
+                let w = workload_name(c, g);
+                if let Some(other) = seen.insert(w.clone(), (c, g)) {
+                    panic!("{c:?} + {g:?} and {other:?} are both {w}");
+                }
+            }
+        }
+        // The longest pair (a 253-character connection, a 40-character group) and ones around
+        // the bound: every pod name and revision label fits in 63.
+        for (c, g) in [
+            ("c".repeat(253), "g".repeat(40)),
+            ("c".repeat(45), "g-g".to_owned()),
+            ("c".repeat(44), "g-g".to_owned()),
+            ("c".repeat(50), "g".to_owned()),
+        ] {
+            let w = workload_name(&c, &g);
+            assert!(w.len() <= 52, "{w}");
+            assert!(format!("{w}-{}", "9".repeat(10)).len() <= 63);
+            assert_ne!(w, workload_name(&c, &format!("{g}x")));
+        }
     }
 }

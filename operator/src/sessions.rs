@@ -48,14 +48,18 @@ pub struct PodState {
     /// Its container has started (phase other than `Pending`), so it may have connected and
     /// left a session at the broker. A pod that never ran left nothing to end.
     pub started: bool,
+    /// Labelled with this connection. Another's pod of a recorded name runs that session now:
+    /// the connection neither ends nor records it.
+    pub ours: bool,
 }
 
 /// Which client ids to record and which to end, from the `recorded` ones, the groups that
 /// exist now (`workload` → wanted replicas) and the connection's forwarder pods by name.
 ///
 /// A group scaled to zero (or whose rules are all paused) keeps its sessions: it is expected
-/// back and the broker holds its messages meanwhile. An id is ended only once no pod of that
-/// name exists, so the operator never takes a session over from a running forwarder.
+/// back and the broker holds its messages meanwhile. An id is ended only once no forwarder pod
+/// of that name exists, this connection's or another's, so the operator never takes a session
+/// over from a running forwarder.
 pub fn plan(
     namespace: &str,
     recorded: &[String],
@@ -71,20 +75,25 @@ pub fn plan(
     };
     let mut out = Plan::default();
     for (pod, state) in pods {
-        if state.started {
+        if state.started && state.ours {
             out.keep.insert(client_id(namespace, pod));
         }
     }
     let prefix = client_id(namespace, "");
     for id in recorded {
         let pod = id.strip_prefix(&prefix);
-        if pod.is_some_and(wanted) {
-            out.keep.insert(id.clone());
-        } else if pod.is_some_and(|p| pods.contains_key(p)) {
-            out.keep.insert(id.clone());
-            out.waiting_for_pods = true;
-        } else {
-            out.end.insert(id.clone());
+        match pod.and_then(|p| pods.get(p)) {
+            Some(state) if !state.ours => {}
+            _ if pod.is_some_and(wanted) => {
+                out.keep.insert(id.clone());
+            }
+            Some(_) => {
+                out.keep.insert(id.clone());
+                out.waiting_for_pods = true;
+            }
+            None => {
+                out.end.insert(id.clone());
+            }
         }
     }
     out
@@ -304,7 +313,10 @@ mod tests {
     }
 
     fn pods(started: &[&str], pending: &[&str]) -> BTreeMap<String, PodState> {
-        let state = |started| PodState { started };
+        let state = |started| PodState {
+            started,
+            ours: true,
+        };
         started
             .iter()
             .map(|p| ((*p).to_owned(), state(true)))
@@ -393,5 +405,23 @@ mod tests {
         let groups = BTreeMap::from([("plant-default".to_owned(), 1)]);
         let p = plan("ns", &all, &groups, &pods(&["plant-default-0"], &[]));
         assert_eq!(p.end, all.iter().cloned().collect());
+    }
+
+    #[test]
+    fn a_session_whose_name_another_connections_pod_runs_is_neither_ended_nor_recorded() {
+        let all = recorded(&["plant-east-bulk-0", "plant-default-0"]);
+        let mut pods = pods(&["plant-default-0"], &[]);
+        pods.insert(
+            "plant-east-bulk-0".to_owned(),
+            PodState {
+                started: true,
+                ours: false,
+            },
+        );
+        // Deleting this connection: its own session ends, the other's live one is left alone.
+        let p = plan("ns", &all, &BTreeMap::new(), &pods);
+        assert!(p.end.is_empty(), "{p:?}");
+        assert_eq!(p.keep, ids(&["plant-default-0"]));
+        assert!(p.waiting_for_pods);
     }
 }

@@ -11,6 +11,7 @@ use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 use crate::conditions::{Desired, FALSE, TRUE, Transition, UNKNOWN, merge, owned};
+use crate::validate::{MissingSecret, Unresolved};
 
 pub const ACCEPTED: &str = "Accepted";
 pub const READY: &str = "Ready";
@@ -62,6 +63,8 @@ pub enum RuleOutcome {
     },
     SecretMissing(String),
     Conflict(String),
+    /// Its group's forwarder objects would take a name another owner holds.
+    NameTaken(String),
     /// The forwarder would refuse it (what CEL cannot check, e.g. a template level deeper
     /// than the filters).
     Invalid(String),
@@ -138,6 +141,7 @@ pub fn rule_control(
         }
         RuleOutcome::SecretMissing(m) => (not_accepted("SecretMissing", m), None),
         RuleOutcome::Conflict(m) => (not_accepted("Conflict", m), None),
+        RuleOutcome::NameTaken(m) => (not_accepted("NameTaken", m), None),
         RuleOutcome::Invalid(m) => (not_accepted("Invalid", m), None),
         RuleOutcome::InvalidExpression(m) => (not_accepted("InvalidExpression", m), None),
         RuleOutcome::ConnectionNotFound(m) => (not_accepted("ConnectionNotFound", m), None),
@@ -212,7 +216,7 @@ pub fn connection(
     current: Option<&BrokerConnectionStatus>,
     generation: Option<i64>,
     bootstrap_servers: &[BoundedString],
-    missing_secrets: &[String],
+    missing_secrets: &[MissingSecret],
     workloads: &[(String, Workload)],
     now: Timestamp,
 ) -> (BrokerConnectionStatus, Vec<Transition>) {
@@ -225,14 +229,26 @@ pub fn connection(
             "every referenced Secret and key exists",
         ));
     } else {
-        let message = missing_secrets.join("; ");
+        let message = missing_secrets
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ");
+        let reason = if missing_secrets
+            .iter()
+            .all(|m| m.problem == Unresolved::NotMarked)
+        {
+            "SecretNotMarked"
+        } else {
+            "SecretMissing"
+        };
         desired.push(Desired::new(
             SECRETS_RESOLVED,
             FALSE,
-            "SecretMissing",
+            reason,
             message.clone(),
         ));
-        desired.push(Desired::new(READY, FALSE, "SecretMissing", message));
+        desired.push(Desired::new(READY, FALSE, reason, message));
     }
     if missing_secrets.is_empty() {
         let not_ready: Vec<String> = workloads
@@ -522,9 +538,40 @@ mod tests {
 
     #[test]
     fn connection_names_missing_secrets_and_heals() {
-        let missing =
-            vec!["Secret \"creds\" (spec.mqtt.credentialsSecretRef) does not exist".to_owned()];
-        let (s, _) = connection(None, Some(1), &[], &missing, &[], at(1));
+        let missing = |problem| MissingSecret {
+            field: "spec.mqtt.credentialsSecretRef".to_owned(),
+            secret: "creds".to_owned(),
+            problem,
+        };
+        let (unmarked, _) = connection(
+            None,
+            Some(1),
+            &[],
+            &[missing(Unresolved::NotMarked)],
+            &[],
+            at(1),
+        );
+        let c = condition(&unmarked.conditions, SECRETS_RESOLVED).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            (FALSE, "SecretNotMarked")
+        );
+        assert!(
+            c.message.contains("ferry.dev/broker-credentials"),
+            "{}",
+            c.message
+        );
+        let (s, _) = connection(
+            None,
+            Some(1),
+            &[],
+            &[
+                missing(Unresolved::NotMarked),
+                missing(Unresolved::NoSecret),
+            ],
+            &[],
+            at(1),
+        );
         let c = condition(&s.conditions, SECRETS_RESOLVED).unwrap();
         assert_eq!(c.status, FALSE);
         assert!(c.message.contains("creds") && c.message.contains("credentialsSecretRef"));

@@ -13,8 +13,40 @@ use kube::ResourceExt;
 
 use crate::children::keys;
 
-/// A Secret's data, by Secret name (the connection's namespace).
-pub type Secrets = BTreeMap<String, BTreeMap<String, ByteString>>;
+/// The label a Secret must carry, with the value [`MARK_VALUE`], before a BrokerConnection
+/// may use it: creating a BrokerConnection must not be a way to read Secrets (its author picks
+/// the hosts that receive the values). Whoever may label a Secret may also read it.
+pub const SECRET_MARK: &str = "ferry.dev/broker-credentials";
+pub const MARK_VALUE: &str = "true";
+
+/// The referenced Secrets that exist, by name (the connection's namespace).
+pub type Secrets = BTreeMap<String, ReadSecret>;
+
+/// A referenced Secret as the dereference step read it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ReadSecret {
+    /// Marked for Ferry: its data.
+    Marked(BTreeMap<String, ByteString>),
+    /// Without the mark: its data was not kept.
+    Unmarked,
+}
+
+impl ReadSecret {
+    /// What to keep of a Secret with these `labels` and `data`.
+    pub fn new(
+        labels: Option<&BTreeMap<String, String>>,
+        data: Option<BTreeMap<String, ByteString>>,
+    ) -> Self {
+        if labels
+            .and_then(|l| l.get(SECRET_MARK))
+            .is_some_and(|v| v == MARK_VALUE)
+        {
+            ReadSecret::Marked(data.unwrap_or_default())
+        } else {
+            ReadSecret::Unmarked
+        }
+    }
+}
 
 /// A reference that does not resolve.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,23 +54,31 @@ pub struct MissingSecret {
     /// The field holding the reference, e.g. `spec.mqtt.credentialsSecretRef`.
     pub field: String,
     pub secret: String,
-    /// `None`: the Secret itself is missing.
-    pub key: Option<String>,
+    pub problem: Unresolved,
+}
+
+/// Why a reference does not resolve.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unresolved {
+    /// The Secret does not exist.
+    NoSecret,
+    /// The Secret exists, without the mark.
+    NotMarked,
+    /// The Secret has no such key.
+    NoKey(String),
 }
 
 impl fmt::Display for MissingSecret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match &self.key {
-            None => write!(
+        let (secret, field) = (&self.secret, &self.field);
+        match &self.problem {
+            Unresolved::NoSecret => write!(f, "Secret {secret:?} ({field}) does not exist"),
+            Unresolved::NotMarked => write!(
                 f,
-                "Secret {:?} ({}) does not exist",
-                self.secret, self.field
+                "Secret {secret:?} ({field}) is not marked for Ferry: it needs the label \
+                 {SECRET_MARK}={MARK_VALUE:?}, set by someone allowed to read it"
             ),
-            Some(key) => write!(
-                f,
-                "Secret {:?} ({}) has no key {key:?}",
-                self.secret, self.field
-            ),
+            Unresolved::NoKey(key) => write!(f, "Secret {secret:?} ({field}) has no key {key:?}"),
         }
     }
 }
@@ -52,22 +92,23 @@ pub fn resolve_secrets(
     let spec = &connection.spec;
     let mut out = BTreeMap::new();
     let mut missing = Vec::new();
-    let mut take = |field: &str, secret: &str, key: &str, into: &str| match secrets.get(secret) {
-        None => missing.push(MissingSecret {
+    let mut take = |field: &str, secret: &str, key: &str, into: &str| {
+        let problem = match secrets.get(secret) {
+            None => Unresolved::NoSecret,
+            Some(ReadSecret::Unmarked) => Unresolved::NotMarked,
+            Some(ReadSecret::Marked(data)) => match data.get(key) {
+                Some(value) => {
+                    out.insert(into.to_owned(), value.clone());
+                    return;
+                }
+                None => Unresolved::NoKey(key.to_owned()),
+            },
+        };
+        missing.push(MissingSecret {
             field: field.to_owned(),
             secret: secret.to_owned(),
-            key: None,
-        }),
-        Some(data) => match data.get(key) {
-            Some(value) => {
-                out.insert(into.to_owned(), value.clone());
-            }
-            None => missing.push(MissingSecret {
-                field: field.to_owned(),
-                secret: secret.to_owned(),
-                key: Some(key.to_owned()),
-            }),
-        },
+            problem,
+        });
     };
     let mut credentials = |field: &str, c: &CredentialsRef, user: &str, password: &str| {
         take(field, &c.name, &c.username_key, user);
@@ -120,7 +161,13 @@ pub fn resolve_secrets(
     if missing.is_empty() {
         Ok(out)
     } else {
-        missing.dedup_by(|a, b| a.secret == b.secret && a.key.is_none() && b.key.is_none());
+        // One line per Secret that is missing or unmarked, not one per key.
+        missing.dedup_by(|a, b| {
+            a.secret == b.secret
+                && a.field == b.field
+                && a.problem == b.problem
+                && !matches!(a.problem, Unresolved::NoKey(_))
+        });
         Err(missing)
     }
 }
@@ -252,11 +299,13 @@ mod tests {
 
     const SPEC: &str = "  mqtt:\n    host: h\n    credentialsSecretRef: { name: mqtt-credentials }\n    tls: { clientCertSecretRef: { name: mqtt-client } }\n  kafka:\n    bootstrapServers: [\"k:9093\"]\n    sasl: { mechanism: SCRAM-SHA-512, credentialsSecretRef: { name: kafka, usernameKey: user, passwordKey: pass } }\n";
 
-    fn secret(pairs: &[(&str, &str)]) -> BTreeMap<String, ByteString> {
-        pairs
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
-            .collect()
+    fn secret(pairs: &[(&str, &str)]) -> ReadSecret {
+        ReadSecret::Marked(
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        )
     }
 
     #[test]
@@ -304,6 +353,48 @@ mod tests {
                 r#"Secret "mqtt-client" (spec.mqtt.tls.clientCertSecretRef) does not exist"#,
             ]
         );
+    }
+
+    #[test]
+    fn a_secret_without_the_mark_is_named_and_nothing_of_it_is_kept() {
+        let labels = |v: &str| BTreeMap::from([(SECRET_MARK.to_owned(), v.to_owned())]);
+        let data = || {
+            Some(BTreeMap::from([(
+                "password".to_owned(),
+                ByteString(b"hunter2".to_vec()),
+            )]))
+        };
+        assert_eq!(ReadSecret::new(None, data()), ReadSecret::Unmarked);
+        assert_eq!(
+            ReadSecret::new(Some(&labels("yes")), data()),
+            ReadSecret::Unmarked,
+            "only the exact value"
+        );
+        assert!(matches!(
+            ReadSecret::new(Some(&labels("true")), data()),
+            ReadSecret::Marked(d) if d.len() == 1
+        ));
+
+        let secrets: Secrets = BTreeMap::from([
+            ("mqtt-credentials".to_owned(), ReadSecret::Unmarked),
+            (
+                "mqtt-client".to_owned(),
+                secret(&[("tls.crt", "CERT"), ("tls.key", "KEY")]),
+            ),
+            (
+                "kafka".to_owned(),
+                secret(&[("user", "ku"), ("pass", "kp")]),
+            ),
+        ]);
+        let missing = resolve_secrets(&conn(SPEC), &secrets).expect_err("unmarked");
+        let text: Vec<String> = missing.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            vec![
+                r#"Secret "mqtt-credentials" (spec.mqtt.credentialsSecretRef) is not marked for Ferry: it needs the label ferry.dev/broker-credentials="true", set by someone allowed to read it"#
+            ]
+        );
+        assert_eq!(missing[0].problem, Unresolved::NotMarked);
     }
 
     #[test]

@@ -103,6 +103,7 @@ pub(crate) async fn publish_with(
 pub(crate) async fn warn_event(
     ctx: &Context,
     reference: &ObjectReference,
+    action: &str,
     reason: &str,
     note: String,
 ) {
@@ -110,7 +111,7 @@ pub(crate) async fn warn_event(
         type_: EventType::Warning,
         reason: reason.to_owned(),
         note: Some(note),
-        action: "EndSessions".to_owned(),
+        action: action.to_owned(),
         secondary: None,
     };
     // An Event is a courtesy: failing to record one must not fail the reconcile.
