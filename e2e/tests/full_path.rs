@@ -197,6 +197,15 @@ fn create_mqtt_credentials(c: &Cluster) -> Result<()> {
         &format!("--from-file=username={}", user.display()),
         &format!("--from-file=password={}", password.display()),
     ])?;
+    // Only Secrets so marked may be used by a BrokerConnection.
+    c.kubectl(&[
+        "label",
+        "secret",
+        "mqtt-credentials",
+        "-n",
+        NS,
+        "ferry.dev/broker-credentials=true",
+    ])?;
     Ok(())
 }
 

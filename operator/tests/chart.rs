@@ -1003,7 +1003,7 @@ fn installed_chart_gives_the_operator_exactly_the_rights_it_uses() {
         r#"
 apiVersion: v1
 kind: Secret
-metadata: { name: mqtt-credentials }
+metadata: { name: mqtt-credentials, labels: { ferry.dev/broker-credentials: "true" } }
 stringData: { username: ferry, password: secret }
 ---
 apiVersion: ferry.dev/v1alpha1
@@ -1150,7 +1150,7 @@ spec:
 
 fn mqtt_secret(ns: &str) -> String {
     format!(
-        "---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: mqtt-credentials, namespace: {ns} }}\n\
+        "---\napiVersion: v1\nkind: Secret\nmetadata: {{ name: mqtt-credentials, namespace: {ns}, labels: {{ ferry.dev/broker-credentials: \"true\" }} }}\n\
          stringData: {{ username: ferry, password: secret }}\n"
     )
 }

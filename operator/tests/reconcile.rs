@@ -38,6 +38,7 @@ fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets()
     let op = Operator::start(&cp, "operator", &[]);
     let s = Scene { cp: &cp, op: &op };
     missing_secret_is_a_condition_and_nothing_renders(&s);
+    an_unmarked_secret_is_not_used(&s);
     the_secret_renders_one_forwarder_per_group(&s);
     let temps_accepted_at = conditions_heal(&s);
     refused_rules_say_why(&s, &temps_accepted_at);
@@ -147,10 +148,11 @@ fn missing_secret_is_a_condition_and_nothing_renders(s: &Scene) {
     );
 }
 
-/// Once the Secret exists: one StatefulSet per group, each with its rules; no credentials in the
-/// config.
-fn the_secret_renders_one_forwarder_per_group(s: &Scene) {
-    let started = Instant::now();
+/// A Secret without the mark `ferry.dev/broker-credentials: "true"` is not used: the connection
+/// names it and the missing label, nothing is rendered, and its value appears in no status, Event
+/// or ConfigMap. (Whoever may create a BrokerConnection must not be able to send a Secret to a
+/// host of their choosing.)
+fn an_unmarked_secret_is_not_used(s: &Scene) {
     s.cp.run_kubectl([
         "create",
         "secret",
@@ -162,11 +164,53 @@ fn the_secret_renders_one_forwarder_per_group(s: &Scene) {
         "--from-literal=password=s3cret",
     ])
     .expect("secret");
+    s.op.wait_for("the unmarked Secret as a condition", WAIT, || {
+        s.cond("bc", "plant", "SecretsResolved").1 == "SecretNotMarked"
+    });
+    let (status, _, message) = s.cond("bc", "plant", "SecretsResolved");
+    assert_eq!(status, "False");
+    assert!(
+        message.contains("\"mqtt-credentials\"")
+            && message.contains("spec.mqtt.credentialsSecretRef")
+            && message.contains("ferry.dev/broker-credentials=\"true\""),
+        "names the Secret, the field and the mark: {message}"
+    );
+    s.op.wait_for("the rules to say why they are not rendered", WAIT, || {
+        s.cond("fr", "temps", "Accepted").2.contains("not marked")
+    });
+    let everything = [
+        s.cp.run_kubectl(["get", "bc,fr", "-n", "ferry", "-o", "yaml"]),
+        s.cp.run_kubectl(["get", "events,configmaps", "-n", "ferry", "-o", "yaml"]),
+    ]
+    .map(|r| r.expect("read back"))
+    .join("\n");
+    assert!(everything.contains("SecretNotMarked"), "{everything}");
+    // The value, and its base64 as a Secret's data would carry it.
+    for value in ["s3cret", "czNjcmV0"] {
+        assert!(!everything.contains(value), "{value} leaked:\n{everything}");
+    }
+    assert!(!s.exists("statefulset", "plant-default"));
+    assert!(!s.exists("secret", "plant-default"), "nothing copied");
+}
+
+/// Once the Secret is marked: one StatefulSet per group, each with its rules; no credentials in
+/// the config.
+fn the_secret_renders_one_forwarder_per_group(s: &Scene) {
+    let started = Instant::now();
+    s.cp.run_kubectl([
+        "label",
+        "secret",
+        "mqtt-credentials",
+        "-n",
+        "ferry",
+        "ferry.dev/broker-credentials=true",
+    ])
+    .expect("mark the secret");
     s.op.wait_for("two forwarder StatefulSets", WAIT, || {
         s.exists("statefulset", "plant-default") && s.exists("statefulset", "plant-analytics")
     });
     eprintln!(
-        "Secret created → 2 StatefulSets in {:.1?}",
+        "Secret marked → 2 StatefulSets in {:.1?}",
         started.elapsed()
     );
     let listed =
