@@ -20,7 +20,7 @@ use crate::validate::{ReadSecret, Secrets, referenced_secrets};
 use crate::writer::FIELD_MANAGER;
 
 /// Every Secret the connection references that exists: its data only when it carries the
-/// mark ([`crate::validate::SECRET_MARK`]).
+/// mark ([`crate::validate::SECRET_MARK`]); an unmarked Secret's data is never read.
 pub(crate) async fn read_secrets(
     client: &Client,
     ns: &str,
@@ -29,10 +29,18 @@ pub(crate) async fn read_secrets(
     let mut secrets: Secrets = BTreeMap::new();
     let secret_api = Api::<Secret>::namespaced(client.clone(), ns);
     for s in referenced_secrets(connection) {
-        if let Some(secret) = secret_api.get_opt(&s).await? {
-            let read = ReadSecret::new(secret.metadata.labels.as_ref(), secret.data);
-            secrets.insert(s, read);
-        }
+        let Some(meta) = secret_api.get_metadata_opt(&s).await? else {
+            continue;
+        };
+        let read = match ReadSecret::new(meta.metadata.labels.as_ref(), None) {
+            ReadSecret::Unmarked => ReadSecret::Unmarked,
+            // Read again, with the data: the mark is checked on what is used.
+            ReadSecret::Marked(_) => match secret_api.get_opt(&s).await? {
+                None => continue,
+                Some(secret) => ReadSecret::new(secret.metadata.labels.as_ref(), secret.data),
+            },
+        };
+        secrets.insert(s, read);
     }
     Ok(secrets)
 }

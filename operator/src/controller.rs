@@ -51,6 +51,8 @@ const CONNECTION: &str = "BrokerConnection";
 const RULE: &str = "ForwardingRule";
 /// A safety net against drift nobody told us about; changes arrive by watch.
 const RESYNC: Duration = Duration::from_secs(600);
+/// How soon to read again the Secrets of a connection whose references do not resolve.
+const SECRETS_RETRY: Duration = Duration::from_secs(30);
 
 /// Runs the controllers and the data-plane poller until `shutdown` completes, watching the
 /// namespaces of `scope` only.
@@ -431,7 +433,11 @@ async fn reconcile_readable(
 
     write_statuses(ctx, connection, &plan, &applied, sessions.recorded).await?;
     info!(connection = %name, namespace = %ns, groups = applied.workloads.len(), refused = applied.taken.len(), rules = plan.rules.len(), "reconciled");
-    Ok(Action::requeue(sessions.retry_in.unwrap_or(RESYNC)))
+    // Only marked Secrets are watched: one created, or changed, without the mark is seen here.
+    let unresolved = (!plan.missing_secrets.is_empty()).then_some(SECRETS_RETRY);
+    Ok(Action::requeue(
+        sessions.retry_in.or(unresolved).unwrap_or(RESYNC),
+    ))
 }
 
 /// What applying the groups made of them.
