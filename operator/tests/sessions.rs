@@ -311,3 +311,88 @@ async fn session_present_311(port: u16, pod: &str) -> bool {
         .expect("disconnect");
     present
 }
+
+/// A client id recorded by one connection whose pod is now another connection's (as after an
+/// upgrade renamed the groups, or two names once collided) is that pod's live session: deleting
+/// the first connection ends its own sessions and leaves that one, and what it queued, alone.
+#[test]
+fn deleting_a_connection_never_ends_a_session_another_connections_pod_runs() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mqtt = ferry_e2e::Mosquitto::start().expect("mosquitto");
+    let port = mqtt.port();
+    let cp = common::control_plane_with_crds(NS);
+    let op = Operator::start(&cp, "operator", &[]);
+    let other = |yaml: String| yaml.replace("name: plant", "name: other");
+    common::apply(&cp, &connection(port, "5", 1));
+    common::apply(&cp, &other(connection(port, "5", 1)));
+    common::apply(&cp, &rule("telemetry", "default"));
+    common::apply(&cp, &other(rule("telemetry-other", "default")));
+    for pod in ["plant-default-0", "other-default-0"] {
+        op.wait_for(&format!("pod {pod}"), WAIT, || {
+            cp.run_kubectl(["get", "pod", pod, "-n", NS]).is_ok()
+        });
+        rt.block_on(leave_session(port, pod));
+        mark_running(&cp, pod);
+    }
+    wait_recorded(&op, &cp, &["plant-default-0"]);
+    // `plant`'s record also names the other connection's pod.
+    let record = format!(
+        "{{\"status\":{{\"mqttSessions\":[\"{}\",\"{}\"]}}}}",
+        client_id("other-default-0"),
+        client_id("plant-default-0")
+    );
+    cp.run_kubectl([
+        "patch",
+        "brokerconnection",
+        "plant",
+        "-n",
+        NS,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &record,
+    ])
+    .expect("patch the record");
+    rt.block_on(ferry_e2e::publish(
+        port,
+        "publisher",
+        rumqttc::QoS::AtLeastOnce,
+        vec![("sensors/a".to_owned(), b"m".to_vec())],
+    ))
+    .expect("publish");
+
+    cp.run_kubectl([
+        "delete",
+        "brokerconnection",
+        "plant",
+        "-n",
+        NS,
+        "--wait=false",
+    ])
+    .expect("delete connection");
+    op.wait_for("the connection to be released and gone", WAIT, || {
+        cp.run_kubectl(["get", "brokerconnection", "plant", "-n", NS])
+            .is_err_and(|e| e.to_string().contains("NotFound"))
+    });
+    assert_eq!(
+        rt.block_on(probe_session(port, &client_id("plant-default-0"), false)),
+        (false, 0),
+        "the deleted connection's own session is ended"
+    );
+    assert_eq!(
+        rt.block_on(probe_session(port, &client_id("other-default-0"), true)),
+        (true, 1),
+        "the other connection's live session keeps what was queued for it"
+    );
+    assert!(
+        cp.run_kubectl(["get", "statefulset", "other-default", "-n", NS])
+            .is_ok()
+    );
+    assert_eq!(
+        op.metric(
+            "ferry_operator_mqtt_sessions_ended_total",
+            "result=\"ended\""
+        ),
+        Some(1.0)
+    );
+}
