@@ -124,6 +124,23 @@ fn wait_recorded(op: &Operator, cp: &ferry_e2e::kube::ControlPlane, pods: &[&str
     );
 }
 
+/// Deletes connection `plant` and waits until its finalizer has released it.
+fn delete_plant(op: &Operator, cp: &ferry_e2e::kube::ControlPlane) {
+    cp.run_kubectl([
+        "delete",
+        "brokerconnection",
+        "plant",
+        "-n",
+        NS,
+        "--wait=false",
+    ])
+    .expect("delete connection");
+    op.wait_for("the connection to be released and gone", WAIT, || {
+        cp.run_kubectl(["get", "brokerconnection", "plant", "-n", NS])
+            .is_err_and(|e| e.to_string().contains("NotFound"))
+    });
+}
+
 #[test]
 fn sessions_of_removed_pods_groups_and_connections_are_ended_at_the_broker() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
@@ -215,19 +232,7 @@ fn sessions_of_removed_pods_groups_and_connections_are_ended_at_the_broker() {
         ),
         "ferry.dev/mqtt-sessions"
     );
-    cp.run_kubectl([
-        "delete",
-        "brokerconnection",
-        "plant",
-        "-n",
-        NS,
-        "--wait=false",
-    ])
-    .expect("delete connection");
-    op.wait_for("the connection to be released and gone", WAIT, || {
-        cp.run_kubectl(["get", "brokerconnection", "plant", "-n", NS])
-            .is_err_and(|e| e.to_string().contains("NotFound"))
-    });
+    delete_plant(&op, &cp);
     assert_eq!(
         rt.block_on(probe_session(port, &client_id("plant-default-0"), false)),
         (false, 0),
@@ -361,19 +366,7 @@ fn deleting_a_connection_never_ends_a_session_another_connections_pod_runs() {
     ))
     .expect("publish");
 
-    cp.run_kubectl([
-        "delete",
-        "brokerconnection",
-        "plant",
-        "-n",
-        NS,
-        "--wait=false",
-    ])
-    .expect("delete connection");
-    op.wait_for("the connection to be released and gone", WAIT, || {
-        cp.run_kubectl(["get", "brokerconnection", "plant", "-n", NS])
-            .is_err_and(|e| e.to_string().contains("NotFound"))
-    });
+    delete_plant(&op, &cp);
     assert_eq!(
         rt.block_on(probe_session(port, &client_id("plant-default-0"), false)),
         (false, 0),
