@@ -51,8 +51,9 @@ const CONNECTION: &str = "BrokerConnection";
 const RULE: &str = "ForwardingRule";
 /// A safety net against drift nobody told us about; changes arrive by watch.
 const RESYNC: Duration = Duration::from_secs(600);
-/// How soon to read again the Secrets of a connection whose references do not resolve.
-const SECRETS_RETRY: Duration = Duration::from_secs(30);
+/// How soon to reconcile again a connection whose Secrets do not resolve, or one of whose
+/// groups has a name another owner holds.
+const UNRESOLVED_RETRY: Duration = Duration::from_secs(30);
 
 /// Runs the controllers and the data-plane poller until `shutdown` completes, watching the
 /// namespaces of `scope` only.
@@ -433,10 +434,14 @@ async fn reconcile_readable(
 
     write_statuses(ctx, connection, &plan, &applied, sessions.recorded).await?;
     info!(connection = %name, namespace = %ns, groups = applied.workloads.len(), refused = applied.taken.len(), rules = plan.rules.len(), "reconciled");
-    // Only marked Secrets are watched: one created, or changed, without the mark is seen here.
-    let unresolved = (!plan.missing_secrets.is_empty()).then_some(SECRETS_RETRY);
+    // Looked at again soon: only marked Secrets are watched, so one created or changed without
+    // the mark is seen here; and the removal of another owner's object is no trigger.
+    let unresolved = !plan.missing_secrets.is_empty() || !applied.taken.is_empty();
     Ok(Action::requeue(
-        sessions.retry_in.or(unresolved).unwrap_or(RESYNC),
+        sessions
+            .retry_in
+            .or(unresolved.then_some(UNRESOLVED_RETRY))
+            .unwrap_or(RESYNC),
     ))
 }
 

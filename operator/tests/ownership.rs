@@ -109,8 +109,8 @@ fn connections_never_collide_and_never_take_over_or_delete_what_they_do_not_own(
     let op = Operator::start(&cp, "operator", &[]);
     let s = Scene { cp: &cp, op: &op };
     let uids = names_that_read_alike_get_their_own_children(&s);
-    let foreign = a_name_another_owner_holds_refuses_that_group_only(&s);
-    deleting_a_connection_leaves_the_others_children(&s, &uids, &foreign);
+    let stale = a_name_another_owner_holds_refuses_that_group_only(&s);
+    deleting_a_connection_leaves_the_others_children(&s, &uids, &stale);
 }
 
 /// The pair: `plant` + `east-bulk` and `plant-east` + `bulk` read `plant-east-bulk` once
@@ -167,8 +167,9 @@ fn names_that_read_alike_get_their_own_children(s: &Scene) -> Vec<(&'static str,
 /// (`plant-taken`), and one controlled by `plant-east` though labelled as a `plant` child of a
 /// group `plant` does not serve (`plant-stale`). The group is refused on its rule (`NameTaken`,
 /// naming the object) with an Event on the connection; the objects are left as they were;
-/// `plant`'s other groups keep being reconciled. Returns the two objects' UIDs.
-fn a_name_another_owner_holds_refuses_that_group_only(s: &Scene) -> [String; 2] {
+/// `plant`'s other groups keep being reconciled; once the first object is removed, the group is
+/// applied. Returns the UID of `plant-stale`.
+fn a_name_another_owner_holds_refuses_that_group_only(s: &Scene) -> String {
     let plant_east = s.uid("bc", "plant-east");
     s.apply(&format!(
         "apiVersion: v1\nkind: ConfigMap\nmetadata: {{ name: plant-taken, namespace: {NS} }}\ndata: {{ mine: \"yes\" }}\n"
@@ -230,7 +231,17 @@ fn a_name_another_owner_holds_refuses_that_group_only(s: &Scene) -> [String; 2] 
         s.get("configmap", "plant-taken", "{.metadata.ownerReferences}"),
         ""
     );
-    foreign
+    // Its owner removes it: the group is applied at the next look (every 30 s while refused).
+    s.cp.run_kubectl(["delete", "configmap", "plant-taken", "-n", NS])
+        .expect("delete the foreign ConfigMap");
+    s.op.wait_for("the group applied once the name is free", WAIT, || {
+        s.accepted(&["plant-taken"]) && s.exists("statefulset", "plant-taken")
+    });
+    assert_eq!(
+        s.controller("configmap", "plant-taken").1,
+        s.uid("bc", "plant")
+    );
+    foreign[1].clone()
 }
 
 /// Deleting `plant` removes its children only: `plant-east`'s, with the name `plant` would have
@@ -239,18 +250,20 @@ fn a_name_another_owner_holds_refuses_that_group_only(s: &Scene) -> [String; 2] 
 fn deleting_a_connection_leaves_the_others_children(
     s: &Scene,
     uids: &[(&str, String)],
-    foreign: &[String; 2],
+    stale: &str,
 ) {
     s.cp.run_kubectl(["delete", "bc", "plant", "-n", NS, "--wait=false"])
         .expect("delete connection");
     s.op.wait_for("plant and its children gone", GC_WAIT, || {
-        !s.exists("bc", "plant") && KINDS.iter().all(|k| !s.exists(k, "plant-east-bulk--5"))
+        !s.exists("bc", "plant")
+            && KINDS
+                .iter()
+                .all(|k| !s.exists(k, "plant-east-bulk--5") && !s.exists(k, "plant-taken"))
     });
     for (kind, uid) in uids {
         assert_eq!(&s.uid(kind, "plant-east-bulk"), uid, "{kind} of plant-east");
     }
-    assert_eq!(&s.uid("configmap", "plant-taken"), &foreign[0]);
-    assert_eq!(&s.uid("configmap", "plant-stale"), &foreign[1]);
+    assert_eq!(s.uid("configmap", "plant-stale"), stale);
     assert!(s.accepted(&["east-bulk"]));
     assert_eq!(s.cond("bc", "plant-east", "SecretsResolved").0, "True");
 }
