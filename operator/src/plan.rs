@@ -173,11 +173,15 @@ pub fn connection_refused(connection: &BrokerConnection) -> Result<Option<String
         name: "default",
         rules: Vec::new(),
     })?;
-    let problems: Vec<String> = alone
-        .config
-        .validate()
+    let mut problems = alone.config.validate();
+    problems.retain(|p| p.path.starts_with("mqtt.") || p.path.starts_with("kafka."));
+    if problems.is_empty() {
+        // What librdkafka refuses, as the forwarder asks it at start: the same library, so
+        // a pod never exits on a setting this let through.
+        problems.extend(ferry_forwarder::kafka::config_problem(&alone.config.kafka));
+    }
+    let problems: Vec<String> = problems
         .iter()
-        .filter(|p| p.path.starts_with("mqtt.") || p.path.starts_with("kafka."))
         .map(|p| {
             let message = p.message.replace(
                 "kafka.allow_weaker_delivery",
@@ -542,5 +546,36 @@ mod tests {
         }
         let good = connection("mqtt", "[\"k:9092\"]", "{ acks: all }");
         assert_eq!(connection_refused(&good).expect("renders"), None);
+    }
+
+    #[test]
+    fn what_librdkafka_refuses_is_refused_on_the_connection_naming_the_property() {
+        for (config, field) in [
+            (
+                "{ max.in.flight.requests.per.connection: \"6\" }",
+                "spec.kafka.config.max.in.flight.requests.per.connection: librdkafka refuses to create a producer with it",
+            ),
+            (
+                "{ retries: \"0\" }",
+                "spec.kafka.config.retries: librdkafka refuses to create a producer with it",
+            ),
+            (
+                "{ queue.buffering.backpressure.threshold: \"2\" }",
+                "spec.kafka.config.queue.buffering.backpressure.threshold: librdkafka refuses to create a producer with it",
+            ),
+            (
+                "{ lingr.ms: \"5\" }",
+                "spec.kafka.config.lingr.ms: librdkafka refuses it: No such configuration property",
+            ),
+            (
+                "{ client.rack: \"${TENANT_X}\", linger.ms: \"${LINGER}\" }",
+                "spec.kafka.config.linger.ms: librdkafka refuses it",
+            ),
+        ] {
+            let message = connection_refused(&connection("mqtt", "[\"k:9092\"]", config))
+                .expect("renders")
+                .unwrap_or_else(|| panic!("{config} is refused"));
+            assert!(message.contains(field), "{field:?} in {message}");
+        }
     }
 }
