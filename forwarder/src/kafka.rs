@@ -150,7 +150,10 @@ fn property_named(reason: &str, kafka: &KafkaConfig) -> String {
         .skip(1)
         .step_by(2)
         .find_map(|quoted| kafka.config.keys().find(|key| same(quoted, key)))
-        .map_or_else(|| "kafka.config".to_owned(), |key| format!("kafka.config.{key}"))
+        .map_or_else(
+            || "kafka.config".to_owned(),
+            |key| format!("kafka.config.{key}"),
+        )
 }
 
 /// The context of the producer [`config_problem`] creates: it has nothing to say.

@@ -228,7 +228,10 @@ kafka: { bootstrap_servers: \"192.0.2.1:9092\" }
             .env_remove("FERRY_TEST_TENANT_X")
             .output()
             .expect("run");
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let (code, stderr) = check(&[]);
     assert_eq!(code, Some(2), "a template by default: {stderr}");
@@ -236,7 +239,11 @@ kafka: { bootstrap_servers: \"192.0.2.1:9092\" }
     let (code, stderr) = check(&["--no-env-substitution", "--mqtt-client-id", "ferry.ns.p-0"]);
     assert_eq!(code, Some(0), "{stderr}");
     let (code, stderr) = check(&["--no-env-substitution", "--mqtt-client-id", ""]);
-    assert_eq!(code, Some(2), "the command line's id is validated: {stderr}");
+    assert_eq!(
+        code,
+        Some(2),
+        "the command line's id is validated: {stderr}"
+    );
     assert!(stderr.contains("mqtt.client_id"), "{stderr}");
 }
 

@@ -34,6 +34,8 @@ use crate::render::{
 };
 
 pub const CONFIG_DIR: &str = "/etc/ferry/config";
+/// The ConfigMap's one key: the forwarder config.
+pub const CONFIG_FILE: &str = "config.yaml";
 pub const LABEL_CONNECTION: &str = "ferry.dev/connection";
 pub const LABEL_GROUP: &str = "ferry.dev/group";
 /// Label selector matching every forwarder child and pod.
@@ -80,7 +82,7 @@ pub fn build(
     let config_map = ConfigMap {
         metadata: meta.clone(),
         data: Some(BTreeMap::from([(
-            "config.yaml".to_owned(),
+            CONFIG_FILE.to_owned(),
             rendered.config_yaml.clone(),
         )])),
         ..ConfigMap::default()
@@ -306,7 +308,7 @@ fn resources(pods: &ForwarderPods) -> ResourceRequirements {
 fn forwarder_args() -> Vec<String> {
     vec![
         "--config".to_owned(),
-        format!("{CONFIG_DIR}/config.yaml"),
+        format!("{CONFIG_DIR}/{CONFIG_FILE}"),
         "--no-env-substitution".to_owned(),
         "--mqtt-client-id".to_owned(),
         crate::sessions::client_id(

@@ -546,7 +546,9 @@ async fn write_rule_control(
     if let RuleOutcome::Conflict(reason)
     | RuleOutcome::SecretMissing(reason)
     | RuleOutcome::Invalid(reason)
-    | RuleOutcome::InvalidExpression(reason) = outcome
+    | RuleOutcome::InvalidExpression(reason)
+    | RuleOutcome::GroupFull(reason)
+    | RuleOutcome::GroupNotApplied(reason) = outcome
     {
         warn!(rule = %rule.name_any(), namespace = ?rule.namespace(), reason = %reason, "rule not rendered");
     }

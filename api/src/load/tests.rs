@@ -96,9 +96,10 @@ fn unset_variables_fail_ferry_format() {
 
 #[test]
 fn without_variables_the_text_means_what_it_says() {
-    let text = FERRY
-        .replace("plant/+/telemetry", "c/${HOME}/x")
-        .replace("linger.ms: 10", "linger.ms: 10\n    client.rack: \"${TENANT_X}\"");
+    let text = FERRY.replace("plant/+/telemetry", "c/${HOME}/x").replace(
+        "linger.ms: 10",
+        "linger.ms: 10\n    client.rack: \"${TENANT_X}\"",
+    );
     let literal = LoadOptions {
         variables: None,
         mqtt_client_id: None,
