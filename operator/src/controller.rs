@@ -402,7 +402,7 @@ async fn reconcile_readable(
 
     let plan = plan::connection(connection, &rules, &secrets, image)?;
 
-    let workloads = apply_groups(client, ns, &plan.groups).await?;
+    let Applied { workloads, failed } = apply_groups(client, ns, &plan.groups).await;
     let recorded = connection
         .status
         .as_ref()
@@ -412,49 +412,81 @@ async fn reconcile_readable(
         // What runs keeps running (with the credentials it has) until the Secret is back.
         None => SessionsOutcome::unchanged(recorded),
         Some(secret_data) => {
-            let kept: BTreeSet<String> = workloads.keys().cloned().collect();
+            // A group that failed to apply keeps its children, and its pods their sessions
+            // (0 replicas: none of its sessions is ended).
+            let kept: BTreeSet<String> = workloads.keys().chain(failed.keys()).cloned().collect();
             let pruned = prune(client, ns, &name, &kept).await?;
             debug!(connection = %name, namespace = %ns, groups = kept.len(), pruned, "applied");
             let replicas: BTreeMap<String, i32> = workloads
                 .values()
                 .map(|w| (w.name.clone(), w.wanted))
+                .chain(failed.values().map(|f| (f.workload.clone(), 0)))
                 .collect();
             end_gone_sessions(ctx, connection, secret_data, &recorded, &replicas).await?
         }
     };
 
-    write_statuses(ctx, connection, &plan, &workloads, sessions.recorded).await?;
-    info!(connection = %name, namespace = %ns, groups = workloads.len(), rules = plan.rules.len(), "reconciled");
+    write_statuses(ctx, connection, &plan, &workloads, &failed, sessions.recorded).await?;
+    info!(connection = %name, namespace = %ns, groups = workloads.len(), failed = failed.len(), rules = plan.rules.len(), "reconciled");
+    // Retried as a whole, the way any failed reconcile is; the other groups are done.
+    if let Some(failure) = failed.into_values().next() {
+        return Err(failure.error);
+    }
     Ok(Action::requeue(sessions.retry_in.unwrap_or(RESYNC)))
 }
 
+/// What applying the groups did: each group's workload, or why its children were not applied.
+struct Applied {
+    workloads: BTreeMap<String, Workload>,
+    failed: BTreeMap<String, GroupFailure>,
+}
+
+/// A group whose children could not be applied.
+struct GroupFailure {
+    workload: String,
+    error: Error,
+}
+
 /// Applies every group's children; the StatefulSets as applied say how many pods each wants
-/// and has ready.
-async fn apply_groups(
-    client: &Client,
-    ns: &str,
-    groups: &[GroupPlan],
-) -> Result<BTreeMap<String, Workload>, Error> {
-    let mut workloads = BTreeMap::new();
+/// and has ready. One group's failure (the API refusing a child) stops that group only.
+async fn apply_groups(client: &Client, ns: &str, groups: &[GroupPlan]) -> Applied {
+    let mut applied = Applied {
+        workloads: BTreeMap::new(),
+        failed: BTreeMap::new(),
+    };
     for group in groups {
-        let c = &group.children;
-        apply(client, ns, &c.config_map).await?;
-        apply(client, ns, &c.secret).await?;
-        apply(client, ns, &c.service).await?;
-        apply(client, ns, &c.pdb).await?;
-        let applied = apply(client, ns, &c.stateful_set).await?;
-        let workload = Workload {
-            name: applied.name_any(),
-            wanted: applied.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
-            ready: applied
-                .status
-                .as_ref()
-                .and_then(|s| s.ready_replicas)
-                .unwrap_or(0),
-        };
-        workloads.insert(group.name.clone(), workload);
+        match apply_group(client, ns, group).await {
+            Ok(workload) => {
+                applied.workloads.insert(group.name.clone(), workload);
+            }
+            Err(error) => {
+                warn!(group = %group.name, namespace = %ns, error = %error, "cannot apply the group's children");
+                let workload = group.children.stateful_set.name_any();
+                applied
+                    .failed
+                    .insert(group.name.clone(), GroupFailure { workload, error });
+            }
+        }
     }
-    Ok(workloads)
+    applied
+}
+
+async fn apply_group(client: &Client, ns: &str, group: &GroupPlan) -> Result<Workload, Error> {
+    let c = &group.children;
+    apply(client, ns, &c.config_map).await?;
+    apply(client, ns, &c.secret).await?;
+    apply(client, ns, &c.service).await?;
+    apply(client, ns, &c.pdb).await?;
+    let applied = apply(client, ns, &c.stateful_set).await?;
+    Ok(Workload {
+        name: applied.name_any(),
+        wanted: applied.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+        ready: applied
+            .status
+            .as_ref()
+            .and_then(|s| s.ready_replicas)
+            .unwrap_or(0),
+    })
 }
 
 /// The connection's status and each rule's `Accepted`/`Ready`, each written only when it
@@ -464,6 +496,7 @@ async fn write_statuses(
     connection: &BrokerConnection,
     plan: &plan::ConnectionPlan<'_>,
     workloads: &BTreeMap<String, Workload>,
+    failed: &BTreeMap<String, GroupFailure>,
     sessions: Vec<String>,
 ) -> Result<(), Error> {
     let now = jiff::Timestamp::now();
@@ -489,7 +522,18 @@ async fn write_statuses(
     publish(ctx, &connection.object_ref(&()), &transitions).await;
     let rule_api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
     for (rule, fate) in &plan.rules {
-        let outcome = fate.outcome(rule, workloads);
+        let outcome = match fate {
+            plan::RulePlan::Served { group } => match failed.get(group) {
+                // Read again and retried at once: the rule's status stays as it is.
+                Some(f) if f.error.is_conflict() => continue,
+                Some(f) => RuleOutcome::GroupNotApplied(format!(
+                    "the children of group {group:?} could not be applied: {}",
+                    f.error
+                )),
+                None => fate.outcome(rule, workloads),
+            },
+            plan::RulePlan::Refused(_) => fate.outcome(rule, workloads),
+        };
         write_rule_control(ctx, &rule_api, rule, &outcome, now).await?;
     }
     Ok(())

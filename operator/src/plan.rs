@@ -61,7 +61,7 @@ impl RulePlan {
                     paused: rule.spec.paused,
                 },
                 // Only if the caller skipped a group of the plan.
-                None => RuleOutcome::Invalid(format!("group {group:?} was not applied")),
+                None => RuleOutcome::GroupNotApplied(format!("group {group:?} was not applied")),
             },
         }
     }
