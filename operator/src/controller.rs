@@ -426,7 +426,15 @@ async fn reconcile_readable(
         }
     };
 
-    write_statuses(ctx, connection, &plan, &workloads, &failed, sessions.recorded).await?;
+    write_statuses(
+        ctx,
+        connection,
+        &plan,
+        &workloads,
+        &failed,
+        sessions.recorded,
+    )
+    .await?;
     info!(connection = %name, namespace = %ns, groups = workloads.len(), failed = failed.len(), rules = plan.rules.len(), "reconciled");
     // Retried as a whole, the way any failed reconcile is; the other groups are done.
     if let Some(failure) = failed.into_values().next() {
@@ -550,20 +558,35 @@ async fn report_invalid_spec(
     let name = guarded.name_any();
     let current =
         current_status::<BrokerConnection, BrokerConnectionStatus>(&ctx.client, ns, &name).await?;
-    let (conditions, transitions) = crate::conditions::merge(
-        current
-            .as_ref()
-            .map(|s| s.conditions.as_slice())
-            .unwrap_or_default(),
+    let current_conditions = current
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let (conditions, mut transitions) = crate::conditions::merge(
+        current_conditions,
         &[crate::conditions::Desired::new(
             status::READY,
             FALSE,
             "InvalidSpec",
-            message,
+            message.clone(),
         )],
         guarded.meta().generation,
         jiff::Timestamp::now(),
     );
+    // Ready may already be False for another reason (pods not ready): a spec now refused is
+    // news all the same, and said in an Event.
+    let was = current_conditions.iter().find(|c| c.type_ == status::READY);
+    if transitions.is_empty()
+        && was.is_some_and(|c| c.reason != "InvalidSpec" || c.message != message)
+    {
+        transitions.push(crate::conditions::Transition {
+            type_: status::READY.to_owned(),
+            status: FALSE.to_owned(),
+            reason: "InvalidSpec".to_owned(),
+            message,
+            first: false,
+        });
+    }
     // The rest (groups, what `kubectl get` prints) stays as last rendered.
     let status = BrokerConnectionStatus {
         conditions,
