@@ -34,13 +34,16 @@ pub struct Loaded {
     pub warnings: Vec<String>,
 }
 
+/// Resolves `${NAME}`: the value, or `None` when it is not set.
+pub type LookupEnv<'a> = &'a dyn Fn(&str) -> Option<String>;
+
 /// How a load treats `${NAME}` in the text, and what it takes from outside the file.
 pub struct LoadOptions<'a> {
     /// `Some(lookup)`: `${NAME}` is replaced from `lookup` before parsing (a standalone file's
     /// feature, kept from the replaced forwarder). `None`: the text means what it says: a
     /// config rendered from user data (the operator's), where `${` is two characters of a
     /// filter, a header prefix or a librdkafka value, not a variable.
-    pub variables: Option<&'a dyn Fn(&str) -> Option<String>>,
+    pub variables: Option<LookupEnv<'a>>,
     /// Replaces `mqtt.client_id`, and is validated as if the file held it (the command line's
     /// `--mqtt-client-id`: one rendered config serves every pod, each with its own id).
     pub mqtt_client_id: Option<String>,

@@ -29,7 +29,7 @@ pub fn load(text: &str, settings: &LoadSettings) -> Result<Loaded, ConfigError> 
     let options = LoadOptions {
         variables: settings
             .substitute_env
-            .then_some(&lookup as &dyn Fn(&str) -> Option<String>),
+            .then_some(&lookup as ferry_api::load::LookupEnv<'_>),
         mqtt_client_id: settings.mqtt_client_id.clone(),
     };
     let mut loaded = ferry_api::load_with(text, &options, |path| std::fs::read(path))?;

@@ -6,7 +6,6 @@
 //! ConfigMap's 1 MiB) are refused on themselves while the group and the connection's other
 //! groups are served; a group the API refuses to create fails alone.
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -178,13 +177,6 @@ fn forwarder_check(
     pod: &str,
     config: &str,
 ) -> (Option<i32>, String, String) {
-    let forwarder: PathBuf = std::env::current_exe()
-        .expect("test path")
-        .parent()
-        .and_then(|d| d.parent())
-        .map(|d| d.join("ferry-forwarder"))
-        .filter(|p| p.exists())
-        .expect("ferry-forwarder next to the tests (cargo build -p ferry-forwarder)");
     let dir = s.cp.dir().join(pod);
     std::fs::create_dir_all(&dir).expect("dir");
     // The credentials where the pod's Secret volume would put them (the test's Secret).
@@ -198,26 +190,12 @@ fn forwarder_check(
     );
     let path = dir.join("config.yaml");
     std::fs::write(&path, config).expect("config");
-    let args = s.get(
-        "statefulset",
-        workload,
-        "{.spec.template.spec.containers[0].args}",
-    );
-    let args: Vec<String> =
-        serde_json::from_str(&args).unwrap_or_else(|e| panic!("{workload}'s args {args:?}: {e}"));
+    let args = common::forwarder_args(s.cp, NS, workload, pod, &path);
     assert!(
         args.iter().any(|a| a == "--no-env-substitution"),
         "{args:?}"
     );
-    let args = args.iter().map(|a| {
-        if a.ends_with("/config.yaml") {
-            path.display().to_string()
-        } else {
-            a.replace("$(POD_NAME)", pod)
-                .replace("$(POD_NAMESPACE)", NS)
-        }
-    });
-    let out = Command::new(forwarder)
+    let out = Command::new(common::forwarder_binary())
         .arg("--check")
         .args(args)
         .env("HOME", "/home/nonroot")

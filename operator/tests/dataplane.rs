@@ -53,36 +53,12 @@ fn run_pod(cp: &ControlPlane, workload: &str, name: &str, ip: Ipv4Addr) -> Pod {
     let dir = cp.dir().join(name);
     std::fs::create_dir_all(&dir).expect("pod dir");
     std::fs::write(dir.join("config.yaml"), config).expect("config");
-    let forwarder = std::env::current_exe()
-        .expect("test path")
-        .parent()
-        .and_then(|d| d.parent())
-        .map(|d| d.join("ferry-forwarder"))
-        .filter(|p| p.exists())
-        .expect("ferry-forwarder next to the tests (cargo test --workspace builds it)");
     let log = dir.join("forwarder.log");
     let file = std::fs::File::create(&log).expect("log");
     // The container's arguments, with what Kubernetes expands in them and the config where
     // this stand-in pod has it.
-    let args = jsonpath(
-        cp,
-        NS,
-        "statefulset",
-        workload,
-        "{.spec.template.spec.containers[0].args}",
-    );
-    let args: Vec<String> = serde_json::from_str(&args)
-        .unwrap_or_else(|e| panic!("StatefulSet {workload}'s args {args:?}: {e}"));
-    let config_path = dir.join("config.yaml").display().to_string();
-    let args = args.iter().map(|a| {
-        if a.ends_with("/config.yaml") {
-            config_path.clone()
-        } else {
-            a.replace("$(POD_NAME)", name)
-                .replace("$(POD_NAMESPACE)", NS)
-        }
-    });
-    let child = Command::new(forwarder)
+    let args = common::forwarder_args(cp, NS, workload, name, &dir.join("config.yaml"));
+    let child = Command::new(common::forwarder_binary())
         .args(args)
         .args(["--http-listen", &format!("{ip}:8080")])
         // What the pod template's fieldRefs give the container.
