@@ -140,7 +140,11 @@ pub struct KafkaEndpoint {
     /// Settings that weaken at-least-once or in-order delivery (`acks` other than `all`,
     /// `enable.idempotence` other than `true`, `message.timeout.ms` other than `0`) need
     /// `allowWeakerDelivery`; some (`transactional.id`, `delivery.report.only.error`,
-    /// consumer properties) are never accepted.
+    /// consumer properties) are never accepted. The operator also asks librdkafka, as the
+    /// forwarder does, and refuses the connection (Ready False, InvalidSpec) over a property
+    /// it does not know or a value it refuses, including when creating the producer
+    /// (`max.in.flight.requests.per.connection` above 5 with idempotence, `retries` 0, ...).
+    /// Values are passed as written: `${NAME}` is not substituted.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     #[schemars(schema_with = "kafka_config_schema")]
     #[x_kube(
@@ -385,7 +389,9 @@ pub struct BrokerConnectionStatus {
 pub struct ForwardingRuleSpec {
     /// The BrokerConnection (same namespace) this rule forwards through.
     pub connection_ref: LocalRef,
-    /// Rules of one connection and group are served by the same forwarder pods.
+    /// Rules of one connection and group are served by the same forwarder pods. A group holds
+    /// at most 4096 rules and a 1 MiB config; rules are admitted oldest first, and one that
+    /// does not fit is refused (Accepted False, GroupFull).
     #[serde(default = "default_group")]
     #[x_kube(validation = Rule::new("size(self) <= 40 && self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("group must be a DNS label of at most 40 characters (lower-case letters, digits, '-')"))]
     pub group: String,

@@ -20,6 +20,6 @@ pub mod topic;
 pub mod validate;
 
 pub use config::{ConfigError, ForwarderConfig, KeyStrategy, PayloadFormat, Problem, Rule};
-pub use load::{Loaded, SourceFormat, load_str, load_str_reading};
+pub use load::{LoadOptions, Loaded, SourceFormat, load_str, load_str_reading, load_with};
 pub use topic::{TopicFilter, TopicTemplate, validate_kafka_topic};
 pub use validate::{KafkaTopic, RuleExpressions, ValidConfig};

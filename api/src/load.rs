@@ -1,4 +1,4 @@
-//! Reading a config file: `${VAR}` substitution, format detection, parsing, credential files,
+//! Reading a config file: `${VAR}` substitution (unless the caller turns it off), format detection, parsing, credential files,
 //! then validation. Two input formats are accepted:
 //! - Ferry's own (top-level `rules`), documented in the README;
 //! - the replaced forwarder's `config.yaml` (top-level `forwarding`), unchanged (see
@@ -34,6 +34,21 @@ pub struct Loaded {
     pub warnings: Vec<String>,
 }
 
+/// Resolves `${NAME}`: the value, or `None` when it is not set.
+pub type LookupEnv<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// How a load treats `${NAME}` in the text, and what it takes from outside the file.
+pub struct LoadOptions<'a> {
+    /// `Some(lookup)`: `${NAME}` is replaced from `lookup` before parsing (a standalone file's
+    /// feature, kept from the replaced forwarder). `None`: the text means what it says: a
+    /// config rendered from user data (the operator's), where `${` is two characters of a
+    /// filter, a header prefix or a librdkafka value, not a variable.
+    pub variables: Option<LookupEnv<'a>>,
+    /// Replaces `mqtt.client_id`, and is validated as if the file held it (the command line's
+    /// `--mqtt-client-id`: one rendered config serves every pod, each with its own id).
+    pub mqtt_client_id: Option<String>,
+}
+
 /// Parses and validates config text. `lookup_env` resolves `${VAR}`; credential files
 /// (`*_file`) are read from the file system.
 pub fn load_str(
@@ -49,7 +64,26 @@ pub fn load_str_reading(
     lookup_env: impl Fn(&str) -> Option<String>,
     read_file: impl Fn(&Path) -> std::io::Result<Vec<u8>>,
 ) -> Result<Loaded, ConfigError> {
-    let substituted = env::substitute(text, lookup_env);
+    let options = LoadOptions {
+        variables: Some(&lookup_env),
+        mqtt_client_id: None,
+    };
+    load_with(text, &options, read_file)
+}
+
+/// Parses and validates config text as `options` say, credential files read by `read_file`.
+pub fn load_with(
+    text: &str,
+    options: &LoadOptions<'_>,
+    read_file: impl Fn(&Path) -> std::io::Result<Vec<u8>>,
+) -> Result<Loaded, ConfigError> {
+    let substituted = match options.variables {
+        Some(lookup) => env::substitute(text, lookup),
+        None => Substituted {
+            text: text.to_owned(),
+            missing: Vec::new(),
+        },
+    };
     let format = detect_format(&substituted.text)?;
     let mut warnings = Vec::new();
     let mut config = match format {
@@ -63,6 +97,9 @@ pub fn load_str_reading(
         }
         SourceFormat::Legacy => load_legacy(&substituted, &mut warnings)?,
     };
+    if let Some(id) = &options.mqtt_client_id {
+        config.mqtt.client_id.clone_from(id);
+    }
     // Credential problems come first, then validation's: both are listed in one error.
     let mut problems = credentials::read_files(&mut config, &read_file);
     match ValidConfig::new(config) {

@@ -253,9 +253,9 @@ fn run_pod(cp: &ControlPlane, bin: &Path, g: usize) -> Result<Pod> {
         .arg("--config")
         .arg(dir.join("config.yaml"))
         .args(["--http-listen", &addr.to_string()])
-        // What the pod template's fieldRefs give the container.
-        .env("POD_NAME", &name)
-        .env("POD_NAMESPACE", NS)
+        // As the pod template's arguments have it, with Kubernetes' `$(VAR)` expanded.
+        .arg("--no-env-substitution")
+        .args(["--mqtt-client-id", &format!("ferry.{NS}.{name}")])
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)

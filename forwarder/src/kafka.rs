@@ -80,22 +80,92 @@ pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     cc
 }
 
-/// What librdkafka itself refuses in `kafka.config` (an unknown property, a value out of
-/// range), found by configuring a client without creating it: connects to nothing. Without
-/// this, such a config passed `--check` and failed only when the producer was created.
+/// What librdkafka itself refuses in `kafka.config`: an unknown property or a value out of
+/// range (found by configuring a client), then what it checks only when it creates one
+/// (`max.in.flight.requests.per.connection` above 5 or `retries` 0 with idempotence, ...),
+/// found by creating a producer with no broker to connect to, dropped at once. Without this,
+/// such a config passed `--check` and failed only when the forwarder started.
 pub fn config_problem(kafka: &KafkaConfig) -> Option<Problem> {
     match client_config(kafka).create_native_config() {
-        Ok(_) => None,
+        Ok(_) => {}
         // The value is left out: it may be a credential.
-        Err(KafkaError::ClientConfig(_, description, key, _)) => Some(Problem {
-            path: format!("kafka.config.{key}"),
-            message: format!("librdkafka refuses it: {description}"),
+        Err(KafkaError::ClientConfig(_, description, key, _)) => {
+            return Some(Problem {
+                path: format!("kafka.config.{key}"),
+                message: format!("librdkafka refuses it: {description}"),
+            });
+        }
+        Err(other) => {
+            return Some(Problem {
+                path: "kafka.config".into(),
+                message: format!("librdkafka refuses it: {other}"),
+            });
+        }
+    }
+    // `kafka.config` over the defaults, without `tls` and `sasl`: their files are the
+    // environment's (the pod's Secret), checked when the forwarder starts, and this check must
+    // also run where they are not (the operator). No bootstrap server: librdkafka starts no
+    // broker thread and so connects to nothing.
+    let mut config = client_config(&KafkaConfig {
+        tls: None,
+        sasl: None,
+        ..kafka.clone()
+    });
+    config.set("bootstrap.servers", "");
+    match config.create_with_context::<_, BaseProducer<Unconnected>>(Unconnected) {
+        Ok(_) => None,
+        Err(KafkaError::ClientCreation(reason)) => Some(Problem {
+            path: property_named(&reason, kafka),
+            message: format!("librdkafka refuses to create a producer with it: {reason}"),
         }),
         Err(other) => Some(Problem {
             path: "kafka.config".into(),
-            message: format!("librdkafka refuses it: {other}"),
+            message: format!("librdkafka refuses to create a producer with it: {other}"),
         }),
     }
+}
+
+/// librdkafka's aliases of producer properties (`rdkafka_conf.c`): its messages use one name,
+/// a config may use the other.
+const ALIASES: &[(&str, &str)] = &[
+    ("max.in.flight", "max.in.flight.requests.per.connection"),
+    ("linger.ms", "queue.buffering.max.ms"),
+    ("retries", "message.send.max.retries"),
+    ("compression.type", "compression.codec"),
+    ("acks", "request.required.acks"),
+    ("delivery.timeout.ms", "message.timeout.ms"),
+];
+
+/// The `kafka.config` entry a producer-creation error names (librdkafka quotes properties in
+/// backticks, by one of their aliases), else `kafka.config`.
+fn property_named(reason: &str, kafka: &KafkaConfig) -> String {
+    let same = |quoted: &str, key: &str| {
+        quoted == key
+            || ALIASES
+                .iter()
+                .any(|&(a, b)| (a, b) == (quoted, key) || (b, a) == (quoted, key))
+    };
+    reason
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .find_map(|quoted| kafka.config.keys().find(|key| same(quoted, key)))
+        .map_or_else(
+            || "kafka.config".to_owned(),
+            |key| format!("kafka.config.{key}"),
+        )
+}
+
+/// The context of the producer [`config_problem`] creates: it has nothing to say.
+struct Unconnected;
+
+impl ClientContext for Unconnected {
+    fn log(&self, _: RDKafkaLogLevel, _: &str, _: &str) {}
+}
+
+impl ProducerContext for Unconnected {
+    type DeliveryOpaque = ();
+    fn delivery(&self, _: &DeliveryResult<'_>, _: ()) {}
 }
 
 /// One delivery report: which (message, target) it is for, and how it went.
@@ -427,6 +497,30 @@ mod tests {
         kafka.config.insert("linger.ms".into(), "soon".into());
         let problem = config_problem(&kafka).expect("bad value");
         assert_eq!(problem.path, "kafka.config.linger.ms", "{problem}");
+    }
+
+    #[test]
+    fn what_librdkafka_checks_only_when_creating_a_producer_is_refused_naming_the_property() {
+        for (key, value) in [
+            ("max.in.flight.requests.per.connection", "6"),
+            ("retries", "0"),
+            ("queue.buffering.backpressure.threshold", "2"),
+        ] {
+            let mut kafka = plain_kafka();
+            kafka.config.insert(key.into(), value.into());
+            let problem = config_problem(&kafka)
+                .unwrap_or_else(|| panic!("{key}: {value} with idempotence is refused"));
+            assert_eq!(problem.path, format!("kafka.config.{key}"), "{problem}");
+            assert!(
+                problem.message.contains("refuses to create a producer"),
+                "{problem}"
+            );
+        }
+        let mut kafka = plain_kafka();
+        kafka
+            .config
+            .insert("max.in.flight.requests.per.connection".into(), "5".into());
+        assert_eq!(config_problem(&kafka), None, "5 is idempotence's limit");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 pub mod eval;
 pub mod http;
 pub mod kafka;
+pub mod load;
 pub mod metrics;
 pub mod mqtt;
 pub mod permanent;

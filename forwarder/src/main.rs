@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use ferry_api::config::{ConfigError, LogConfig, LogFormat};
 use ferry_api::{SourceFormat, ValidConfig};
+use ferry_forwarder::load::{LoadSettings, load};
 use ferry_forwarder::reload::{ConfigSource, LogLevelSetter};
 use tracing::{error, info, warn};
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -24,6 +25,13 @@ struct Cli {
     /// Only load and validate the config, then exit (0 valid, 2 invalid).
     #[arg(long)]
     check: bool,
+    /// Leave `${VAR}` in the config file as written instead of substituting the environment
+    /// (the operator's pods: their config is rendered from user data, not a template).
+    #[arg(long)]
+    no_env_substitution: bool,
+    /// Overrides `mqtt.client_id` (the operator's pods: one config, one id per pod).
+    #[arg(long, env = "FERRY_MQTT_CLIENT_ID")]
+    mqtt_client_id: Option<String>,
     /// Overrides `http.listen` (e.g. 127.0.0.1:9090).
     #[arg(long, env = "FERRY_HTTP_LISTEN")]
     http_listen: Option<std::net::SocketAddr>,
@@ -46,33 +54,28 @@ fn main() -> ExitCode {
         .clone()
         .or_else(|| std::env::var_os("CONFIG_FILE").map(PathBuf::from))
         .unwrap_or_else(|| PathBuf::from("config.yaml"));
+    let settings = LoadSettings {
+        substitute_env: !cli.no_env_substitution,
+        mqtt_client_id: cli.mqtt_client_id.clone(),
+        http_listen: cli.http_listen,
+    };
     let loaded = std::fs::read_to_string(&path)
         .map_err(|source| ConfigError::Read {
             path: path.display().to_string(),
             source,
         })
-        .and_then(|text| ferry_api::load_str(&text, |name| std::env::var(name).ok()));
-    let mut loaded = match loaded {
+        .and_then(|text| load(&text, &settings));
+    let loaded = match loaded {
         Ok(l) => l,
         Err(e) => {
             eprintln!("ferry-forwarder: invalid config {}: {e}", path.display());
             return ExitCode::from(2);
         }
     };
-    if let Some(addr) = cli.http_listen {
-        loaded.config.set_http_listen(addr);
-    }
     let level_overridden = cli.log_level.is_some();
     let Some(set_log_level) = start_logging(&cli, &loaded.config.log, &path) else {
         return ExitCode::from(2);
     };
-    if let Some(problem) = ferry_forwarder::kafka::config_problem(&loaded.config.kafka) {
-        eprintln!(
-            "ferry-forwarder: invalid config {}: config has 1 problem(s):\n  - {problem}",
-            path.display()
-        );
-        return ExitCode::from(2);
-    }
     for w in &loaded.warnings {
         warn!(config = %path.display(), "{w}");
     }
@@ -89,7 +92,7 @@ fn main() -> ExitCode {
     }
     let source = (!cli.no_reload).then(|| ConfigSource {
         path: path.clone(),
-        http_listen: cli.http_listen,
+        settings,
         // A level given on the command line or in the environment wins over the file's.
         set_log_level: (!level_overridden).then_some(set_log_level),
     });

@@ -12,6 +12,7 @@ use ferry_api::{ForwarderConfig, ValidConfig};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
+use crate::load::{LoadSettings, load};
 use crate::metrics::Metrics;
 use crate::pipeline::Reload;
 use crate::route::Router;
@@ -25,19 +26,16 @@ pub type LogLevelSetter = Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 #[derive(Clone)]
 pub struct ConfigSource {
     pub path: PathBuf,
-    /// Command-line overrides applied to every version of the file.
-    pub http_listen: Option<std::net::SocketAddr>,
+    /// How every version of the file is read: as at start.
+    pub settings: LoadSettings,
     pub set_log_level: Option<LogLevelSetter>,
 }
 
 impl ConfigSource {
     fn load(&self, text: &str) -> Result<ValidConfig, String> {
-        let mut loaded = ferry_api::load_str(text, |name| std::env::var(name).ok())
-            .map_err(|e| e.to_string())?;
-        if let Some(addr) = self.http_listen {
-            loaded.config.set_http_listen(addr);
-        }
-        Ok(loaded.config)
+        load(text, &self.settings)
+            .map(|loaded| loaded.config)
+            .map_err(|e| e.to_string())
     }
 }
 

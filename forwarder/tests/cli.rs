@@ -178,6 +178,76 @@ fn a_property_librdkafka_refuses_exits_2_naming_it() {
 }
 
 #[test]
+fn settings_librdkafka_refuses_only_when_creating_a_producer_exit_2_naming_them() {
+    for (setting, property, says) in [
+        (
+            "max.in.flight.requests.per.connection: 6",
+            "max.in.flight.requests.per.connection",
+            "`max.in.flight` must be set <= 5 when `enable.idempotence` is true",
+        ),
+        (
+            "retries: 0",
+            "retries",
+            "`retries` must be set >= 1 when `enable.idempotence` is true",
+        ),
+        (
+            "queue.buffering.backpressure.threshold: 2",
+            "queue.buffering.backpressure.threshold",
+            "`queue.buffering.backpressure.threshold` must be set to 1 when `enable.idempotence` is true",
+        ),
+    ] {
+        let (code, stderr) = check(&with_kafka(&format!("config: {{ {setting} }}")));
+        assert_eq!(code, Some(2), "{setting}: {stderr}");
+        let expected =
+            format!("kafka.config.{property}: librdkafka refuses to create a producer with it");
+        assert!(
+            stderr.contains(&expected) && stderr.contains(says),
+            "missing {expected:?} and {says:?} in:\n{stderr}"
+        );
+    }
+}
+
+#[test]
+fn no_env_substitution_reads_the_file_as_written_and_the_client_id_from_the_command_line() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("config.yaml");
+    std::fs::write(
+        &path,
+        "mqtt: { host: 192.0.2.1, client_id: from-file }
+kafka: { bootstrap_servers: \"192.0.2.1:9092\" }
+\
+         rules:\n  - name: r\n    mqtt: { topics: [\"c/${FERRY_TEST_TENANT_X}/x\"] }\n    kafka: { topic: t }\n",
+    )
+    .expect("write");
+    let check = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_ferry-forwarder"))
+            .arg("--check")
+            .arg("--config")
+            .arg(&path)
+            .args(args)
+            .env_remove("FERRY_TEST_TENANT_X")
+            .output()
+            .expect("run");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = check(&[]);
+    assert_eq!(code, Some(2), "a template by default: {stderr}");
+    assert!(stderr.contains("${FERRY_TEST_TENANT_X}"), "{stderr}");
+    let (code, stderr) = check(&["--no-env-substitution", "--mqtt-client-id", "ferry.ns.p-0"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let (code, stderr) = check(&["--no-env-substitution", "--mqtt-client-id", ""]);
+    assert_eq!(
+        code,
+        Some(2),
+        "the command line's id is validated: {stderr}"
+    );
+    assert!(stderr.contains("mqtt.client_id"), "{stderr}");
+}
+
+#[test]
 fn shipped_examples_are_valid() {
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/");
     for file in [

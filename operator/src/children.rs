@@ -34,6 +34,8 @@ use crate::render::{
 };
 
 pub const CONFIG_DIR: &str = "/etc/ferry/config";
+/// The ConfigMap's one key: the forwarder config.
+pub const CONFIG_FILE: &str = "config.yaml";
 pub const LABEL_CONNECTION: &str = "ferry.dev/connection";
 pub const LABEL_GROUP: &str = "ferry.dev/group";
 /// Label selector matching every forwarder child and pod.
@@ -80,7 +82,7 @@ pub fn build(
     let config_map = ConfigMap {
         metadata: meta.clone(),
         data: Some(BTreeMap::from([(
-            "config.yaml".to_owned(),
+            CONFIG_FILE.to_owned(),
             rendered.config_yaml.clone(),
         )])),
         ..ConfigMap::default()
@@ -252,10 +254,7 @@ fn container(
         name: "forwarder".to_owned(),
         image: Some(image.image.to_string()),
         image_pull_policy: image.pull_policy.map(|p| p.as_str().to_owned()),
-        args: Some(vec![
-            "--config".to_owned(),
-            format!("{CONFIG_DIR}/config.yaml"),
-        ]),
+        args: Some(forwarder_args()),
         env: Some(env),
         ports: Some(vec![ContainerPort {
             name: Some("http".to_owned()),
@@ -300,6 +299,23 @@ fn resources(pods: &ForwarderPods) -> ResourceRequirements {
             ])),
             ..ResourceRequirements::default()
         })
+}
+
+/// The forwarder's command line: the config read as written (it is rendered from user data,
+/// never a template), and the pod's own client id, unique per pod and stable across its
+/// restarts (a StatefulSet's ordinal names), so each replica resumes its own persistent
+/// session. Kubernetes expands `$(VAR)` from [`env`].
+fn forwarder_args() -> Vec<String> {
+    vec![
+        "--config".to_owned(),
+        format!("{CONFIG_DIR}/{CONFIG_FILE}"),
+        "--no-env-substitution".to_owned(),
+        "--mqtt-client-id".to_owned(),
+        crate::sessions::client_id(
+            &format!("$({ENV_POD_NAMESPACE})"),
+            &format!("$({ENV_POD_NAME})"),
+        ),
+    ]
 }
 
 /// The pod's identity from the downward API (its client id).
@@ -604,6 +620,17 @@ spec:
             env,
             vec!["POD_NAME", "POD_NAMESPACE"],
             "credentials are files, never environment variables"
+        );
+        assert_eq!(
+            container.args.as_deref().unwrap_or_default(),
+            [
+                "--config",
+                "/etc/ferry/config/config.yaml",
+                "--no-env-substitution",
+                "--mqtt-client-id",
+                "ferry.$(POD_NAMESPACE).$(POD_NAME)"
+            ],
+            "the config is read as written; each pod has its own client id"
         );
         let files = |volume: &str| -> Vec<(String, String)> {
             let v = pod.volumes.iter().flatten().find(|v| v.name == volume);

@@ -409,7 +409,7 @@ async fn reconcile_readable(
 
     let plan = plan::connection(connection, &rules, &secrets, image)?;
 
-    let applied = apply_groups(ctx, connection, &plan.groups).await?;
+    let applied = apply_groups(ctx, connection, &plan.groups).await;
     let recorded = connection
         .status
         .as_ref()
@@ -421,11 +421,13 @@ async fn reconcile_readable(
         Some(secret_data) => {
             let pruned = prune(client, ns, connection, &applied.serving()).await?;
             debug!(connection = %name, namespace = %ns, groups = applied.workloads.len(), pruned = pruned.deleted, "applied");
-            // An earlier name's StatefulSet still running keeps its sessions.
+            // An earlier name's StatefulSet still running keeps its sessions; so do the pods of
+            // a group that failed to apply (0 replicas: none of its sessions is ended).
             let replicas: BTreeMap<String, i32> = applied
                 .workloads
                 .values()
                 .map(|w| (w.name.clone(), w.wanted))
+                .chain(applied.failed.values().map(|f| (f.workload.clone(), 0)))
                 .chain(pruned.earlier)
                 .collect();
             end_gone_sessions(ctx, connection, secret_data, &recorded, &replicas).await?
@@ -433,10 +435,15 @@ async fn reconcile_readable(
     };
 
     write_statuses(ctx, connection, &plan, &applied, sessions.recorded).await?;
-    info!(connection = %name, namespace = %ns, groups = applied.workloads.len(), refused = applied.taken.len(), rules = plan.rules.len(), "reconciled");
+    info!(connection = %name, namespace = %ns, groups = applied.workloads.len(), refused = applied.taken.len(), failed = applied.failed.len(), rules = plan.rules.len(), "reconciled");
     // Looked at again soon: only marked Secrets are watched, so one created or changed without
     // the mark is seen here; and the removal of another owner's object is no trigger.
     let unresolved = !plan.missing_secrets.is_empty() || !applied.taken.is_empty();
+    // A group the API refused is retried as a whole, the way any failed reconcile is; the
+    // other groups are done.
+    if let Some(failure) = applied.failed.into_values().next() {
+        return Err(failure.error);
+    }
     Ok(Action::requeue(
         sessions
             .retry_in
@@ -452,29 +459,42 @@ struct Applied {
     workloads: BTreeMap<String, Workload>,
     /// The groups not applied because another owner holds a name of theirs: group → why.
     taken: BTreeMap<String, String>,
+    /// The groups whose children the API refused (or whose names could not be read).
+    failed: BTreeMap<String, GroupFailure>,
+}
+
+/// A group whose children could not be applied.
+struct GroupFailure {
+    workload: String,
+    error: Error,
 }
 
 impl Applied {
-    /// What pruning must keep.
+    /// What pruning must keep: a group refused or failed keeps what it runs.
     fn serving(&self) -> BTreeMap<String, Serving> {
         let applied = self.workloads.iter().map(|(g, w)| {
             let settled = w.ready >= w.wanted;
             let workload = w.name.clone();
             (g.clone(), Serving::Applied { workload, settled })
         });
-        let refused = self.taken.keys().map(|g| (g.clone(), Serving::Refused));
+        let refused = self
+            .taken
+            .keys()
+            .chain(self.failed.keys())
+            .map(|g| (g.clone(), Serving::Refused));
         applied.chain(refused).collect()
     }
 }
 
 /// Applies every group's children, except a group one of whose names another owner holds
 /// (refused on its rules, with a Warning Event on the connection); the StatefulSets as applied
-/// say how many pods each wants and has ready.
+/// say how many pods each wants and has ready. One group's failure (the API refusing a child)
+/// stops that group only.
 async fn apply_groups(
     ctx: &Context,
     connection: &BrokerConnection,
     groups: &[GroupPlan],
-) -> Result<Applied, Error> {
+) -> Applied {
     let client = &ctx.client;
     let ns = connection.namespace().unwrap_or_default();
     let ns = ns.as_str();
@@ -482,37 +502,55 @@ async fn apply_groups(
     let mut out = Applied::default();
     for group in groups {
         let c = &group.children;
-        if let Some(why) = taken(client, ns, &uid, c).await? {
-            warn!(connection = %connection.name_any(), namespace = %ns, group = %group.name, reason = %why, "group not applied");
-            let note = format!("group {:?} is not applied: {why}", group.name);
-            warn_event(
-                ctx,
-                &connection.object_ref(&()),
-                "ApplyGroup",
-                "NameTaken",
-                note,
-            )
-            .await;
-            out.taken.insert(group.name.clone(), why);
-            continue;
-        }
-        apply(client, ns, &c.config_map).await?;
-        apply(client, ns, &c.secret).await?;
-        apply(client, ns, &c.service).await?;
-        apply(client, ns, &c.pdb).await?;
-        let applied = apply(client, ns, &c.stateful_set).await?;
-        let workload = Workload {
-            name: applied.name_any(),
-            wanted: applied.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
-            ready: applied
-                .status
-                .as_ref()
-                .and_then(|s| s.ready_replicas)
-                .unwrap_or(0),
+        let result = match taken(client, ns, &uid, c).await {
+            Ok(Some(why)) => {
+                warn!(connection = %connection.name_any(), namespace = %ns, group = %group.name, reason = %why, "group not applied");
+                let note = format!("group {:?} is not applied: {why}", group.name);
+                warn_event(
+                    ctx,
+                    &connection.object_ref(&()),
+                    "ApplyGroup",
+                    "NameTaken",
+                    note,
+                )
+                .await;
+                out.taken.insert(group.name.clone(), why);
+                continue;
+            }
+            Ok(None) => apply_group(client, ns, group).await,
+            Err(error) => Err(error),
         };
-        out.workloads.insert(group.name.clone(), workload);
+        match result {
+            Ok(workload) => {
+                out.workloads.insert(group.name.clone(), workload);
+            }
+            Err(error) => {
+                warn!(group = %group.name, namespace = %ns, error = %error, "cannot apply the group's children");
+                let workload = c.stateful_set.name_any();
+                out.failed
+                    .insert(group.name.clone(), GroupFailure { workload, error });
+            }
+        }
     }
-    Ok(out)
+    out
+}
+
+async fn apply_group(client: &Client, ns: &str, group: &GroupPlan) -> Result<Workload, Error> {
+    let c = &group.children;
+    apply(client, ns, &c.config_map).await?;
+    apply(client, ns, &c.secret).await?;
+    apply(client, ns, &c.service).await?;
+    apply(client, ns, &c.pdb).await?;
+    let applied = apply(client, ns, &c.stateful_set).await?;
+    Ok(Workload {
+        name: applied.name_any(),
+        wanted: applied.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+        ready: applied
+            .status
+            .as_ref()
+            .and_then(|s| s.ready_replicas)
+            .unwrap_or(0),
+    })
 }
 
 /// The connection's status and each rule's `Accepted`/`Ready`, each written only when it
@@ -548,7 +586,18 @@ async fn write_statuses(
     publish(ctx, &connection.object_ref(&()), &transitions).await;
     let rule_api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
     for (rule, fate) in &plan.rules {
-        let outcome = fate.outcome(rule, &applied.workloads, &applied.taken);
+        let outcome = match fate {
+            plan::RulePlan::Served { group } => match applied.failed.get(group) {
+                // Read again and retried at once: the rule's status stays as it is.
+                Some(f) if f.error.is_conflict() => continue,
+                Some(f) => RuleOutcome::GroupNotApplied(format!(
+                    "the children of group {group:?} could not be applied: {}",
+                    f.error
+                )),
+                None => fate.outcome(rule, &applied.workloads, &applied.taken),
+            },
+            plan::RulePlan::Refused(_) => fate.outcome(rule, &applied.workloads, &applied.taken),
+        };
         write_rule_control(ctx, &rule_api, rule, &outcome, now).await?;
     }
     Ok(())
@@ -565,20 +614,35 @@ async fn report_invalid_spec(
     let name = guarded.name_any();
     let current =
         current_status::<BrokerConnection, BrokerConnectionStatus>(&ctx.client, ns, &name).await?;
-    let (conditions, transitions) = crate::conditions::merge(
-        current
-            .as_ref()
-            .map(|s| s.conditions.as_slice())
-            .unwrap_or_default(),
+    let current_conditions = current
+        .as_ref()
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let (conditions, mut transitions) = crate::conditions::merge(
+        current_conditions,
         &[crate::conditions::Desired::new(
             status::READY,
             FALSE,
             "InvalidSpec",
-            message,
+            message.clone(),
         )],
         guarded.meta().generation,
         jiff::Timestamp::now(),
     );
+    // Ready may already be False for another reason (pods not ready): a spec now refused is
+    // news all the same, and said in an Event.
+    let was = current_conditions.iter().find(|c| c.type_ == status::READY);
+    if transitions.is_empty()
+        && was.is_some_and(|c| c.reason != "InvalidSpec" || c.message != message)
+    {
+        transitions.push(crate::conditions::Transition {
+            type_: status::READY.to_owned(),
+            status: FALSE.to_owned(),
+            reason: "InvalidSpec".to_owned(),
+            message,
+            first: false,
+        });
+    }
     // The rest (groups, what `kubectl get` prints) stays as last rendered.
     let status = BrokerConnectionStatus {
         conditions,
@@ -606,7 +670,9 @@ async fn write_rule_control(
     | RuleOutcome::NameTaken(reason)
     | RuleOutcome::SecretMissing(reason)
     | RuleOutcome::Invalid(reason)
-    | RuleOutcome::InvalidExpression(reason) = outcome
+    | RuleOutcome::InvalidExpression(reason)
+    | RuleOutcome::GroupFull(reason)
+    | RuleOutcome::GroupNotApplied(reason) = outcome
     {
         warn!(rule = %rule.name_any(), namespace = ?rule.namespace(), reason = %reason, "rule not rendered");
     }

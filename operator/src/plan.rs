@@ -5,11 +5,12 @@
 use std::collections::BTreeMap;
 
 use ferry_api::Problem;
+use ferry_api::config::MAX_RULES;
 use ferry_api::crd::{BrokerConnection, ForwardingRule};
 use k8s_openapi::ByteString;
 use kube::ResourceExt;
 
-use crate::children::{self, Children};
+use crate::children::{self, CONFIG_FILE, Children};
 use crate::image::ForwarderImage;
 use crate::render::{Group, RenderError, render};
 use crate::status::{RuleOutcome, Workload};
@@ -63,7 +64,9 @@ impl RulePlan {
                 },
                 (None, Some(why)) => RuleOutcome::NameTaken(format!("group {group:?}: {why}")),
                 // Only if the caller skipped a group of the plan.
-                (None, None) => RuleOutcome::Invalid(format!("group {group:?} was not applied")),
+                (None, None) => {
+                    RuleOutcome::GroupNotApplied(format!("group {group:?} was not applied"))
+                }
             },
         }
     }
@@ -109,16 +112,18 @@ pub fn connection<'a>(
     let mut fates: BTreeMap<String, RulePlan> = BTreeMap::new();
     let mut groups = Vec::new();
     for (group, members) in &by_group {
-        let refused = refused_in_group(connection, group, members)?;
+        let mut refused = refused_in_group(connection, group, members)?;
         let accepted: Vec<&ForwardingRule> = members
             .iter()
             .copied()
             .filter(|r| !refused.contains_key(&r.name_any()))
             .collect();
+        let (fitting, full) = fit_group(connection, group, accepted)?;
+        refused.extend(full);
         let rendered = render(&Group {
             connection,
             name: group,
-            rules: accepted,
+            rules: fitting,
         })?;
         groups.push(GroupPlan {
             name: (*group).to_owned(),
@@ -167,6 +172,66 @@ fn refused_in_group(
     Ok(refused)
 }
 
+/// Kubernetes refuses a ConfigMap whose keys and values together take more than 1 MiB.
+pub const CONFIG_MAP_MAX_BYTES: usize = 1024 * 1024;
+
+/// What a group's forwarder and its ConfigMap can hold of its `rules`, and the others refused
+/// (`GroupFull`, by name). Rules are admitted oldest first (creation, then name), so a new rule
+/// never pushes out a running one: the first that would take the group past
+/// [`MAX_RULES`] rules or its ConfigMap past [`CONFIG_MAP_MAX_BYTES`], and every newer one,
+/// are refused. Paused rules are not in the config: they always fit.
+fn fit_group<'a>(
+    connection: &BrokerConnection,
+    group: &str,
+    rules: Vec<&'a ForwardingRule>,
+) -> Result<(Vec<&'a ForwardingRule>, BTreeMap<String, RuleOutcome>), RenderError> {
+    let (mut fitting, mut running): (Vec<_>, Vec<_>) =
+        rules.into_iter().partition(|r| r.spec.paused);
+    running.sort_by_key(|r| (r.creation_timestamp(), r.name_any()));
+    let mut refused = BTreeMap::new();
+    if running.len() > MAX_RULES {
+        for r in running.drain(MAX_RULES..) {
+            refused.insert(
+                r.name_any(),
+                RuleOutcome::GroupFull(format!(
+                    "group {group:?} already has {MAX_RULES} older rules, the most one forwarder serves; move this rule to another group (spec.group)"
+                )),
+            );
+        }
+    }
+    let bytes = |n: usize| -> Result<usize, RenderError> {
+        let rendered = render(&Group {
+            connection,
+            name: group,
+            rules: running[..n].to_vec(),
+        })?;
+        Ok(CONFIG_FILE.len() + rendered.config_yaml.len())
+    };
+    if bytes(running.len())? > CONFIG_MAP_MAX_BYTES {
+        // The config grows with every rule: the longest prefix that fits, by bisection.
+        let (mut fits, mut over) = (0, running.len());
+        while over - fits > 1 {
+            let mid = fits + (over - fits) / 2;
+            if bytes(mid)? <= CONFIG_MAP_MAX_BYTES {
+                fits = mid;
+            } else {
+                over = mid;
+            }
+        }
+        let used = bytes(fits)?;
+        for r in running.drain(fits..) {
+            refused.insert(
+                r.name_any(),
+                RuleOutcome::GroupFull(format!(
+                    "group {group:?}'s config would not fit its ConfigMap: its {fits} older rules take {used} of the {CONFIG_MAP_MAX_BYTES} bytes Kubernetes allows, and rules are admitted oldest first; move this rule to another group (spec.group) or make it smaller"
+                )),
+            );
+        }
+    }
+    fitting.extend(running);
+    Ok((fitting, refused))
+}
+
 /// What the forwarder would say about the connection's own settings (what CEL cannot judge,
 /// such as a value librdkafka or Rust's address parser refuses), each named by its spec field.
 /// What already runs keeps running: nothing is rendered from a refused spec.
@@ -176,11 +241,15 @@ pub fn connection_refused(connection: &BrokerConnection) -> Result<Option<String
         name: "default",
         rules: Vec::new(),
     })?;
-    let problems: Vec<String> = alone
-        .config
-        .validate()
+    let mut problems = alone.config.validate();
+    problems.retain(|p| p.path.starts_with("mqtt.") || p.path.starts_with("kafka."));
+    if problems.is_empty() {
+        // What librdkafka refuses, as the forwarder asks it at start: the same library, so
+        // a pod never exits on a setting this let through.
+        problems.extend(ferry_forwarder::kafka::config_problem(&alone.config.kafka));
+    }
+    let problems: Vec<String> = problems
         .iter()
-        .filter(|p| p.path.starts_with("mqtt.") || p.path.starts_with("kafka."))
         .map(|p| {
             let message = p.message.replace(
                 "kafka.allow_weaker_delivery",
@@ -401,6 +470,171 @@ mod tests {
         super::connection(conn, rules, &secrets(), &ForwarderImage::default()).expect("plan")
     }
 
+    /// The config a group's ConfigMap holds, loaded as its pods load it (as written, their own
+    /// client id): the forwarder accepts every group the plan renders.
+    fn served_config(plan: &ConnectionPlan<'_>, group: &str) -> ferry_api::ValidConfig {
+        let g = plan.groups.iter().find(|g| g.name == group).expect("group");
+        let text = g
+            .children
+            .config_map
+            .data
+            .as_ref()
+            .and_then(|d| d.get(CONFIG_FILE))
+            .expect("config");
+        let options = ferry_api::LoadOptions {
+            variables: None,
+            mqtt_client_id: Some("ferry.n.c-0".into()),
+        };
+        ferry_api::load_with(text, &options, |_| Ok(b"x".to_vec()))
+            .unwrap_or_else(|e| panic!("the forwarder refuses group {group}: {e}"))
+            .config
+    }
+
+    fn config_map_bytes(plan: &ConnectionPlan<'_>, group: &str) -> usize {
+        let g = plan.groups.iter().find(|g| g.name == group).expect("group");
+        g.children
+            .config_map
+            .data
+            .iter()
+            .flatten()
+            .map(|(k, v)| k.len() + v.len())
+            .sum()
+    }
+
+    #[test]
+    fn dollar_braces_in_a_rule_are_rendered_as_written() {
+        let mut r = rule(
+            "home",
+            "default",
+            "c/${HOME}/x",
+            "t",
+            "2026-01-01T00:00:00Z",
+        );
+        r.spec.kafka.headers.prefix = Some("${TENANT_X}.".into());
+        r.spec.kafka.headers.metadata = true;
+        let conn = connection("mqtt", "[\"k:9092\"]", "{}");
+        let plan = connection_plan(&conn, &[&r]);
+        assert_eq!(
+            fate(&plan, "home"),
+            &RulePlan::Served {
+                group: "default".into()
+            }
+        );
+        let config = served_config(&plan, "default");
+        assert_eq!(config.rules[0].mqtt.topics, ["c/${HOME}/x"]);
+        assert_eq!(config.rules[0].kafka.headers.prefix, "${TENANT_X}.");
+        assert!(
+            !config.mqtt.client_id.contains("${"),
+            "the rendered config is no template: {}",
+            config.mqtt.client_id
+        );
+    }
+
+    #[test]
+    fn rules_past_the_forwarders_limit_are_refused_newest_first() {
+        let conn = connection("mqtt", "[\"k:9092\"]", "{}");
+        // One more than the limit, each older than the next; names in the reverse order, so
+        // age decides, not the name.
+        let rules: Vec<ForwardingRule> = (0..=MAX_RULES)
+            .map(|i| {
+                let at =
+                    jiff::Timestamp::from_second(1_767_225_600 + i64::try_from(i).expect("small"))
+                        .expect("time");
+                rule(
+                    &format!("r{:05}", MAX_RULES - i),
+                    "default",
+                    &format!("t/{i}"),
+                    &format!("t{i}"),
+                    &at.to_string(),
+                )
+            })
+            .collect();
+        let newest = rules.last().expect("rules").name_any();
+        let mut refs: Vec<&ForwardingRule> = rules.iter().collect();
+        refs.reverse();
+        let plan = connection_plan(&conn, &refs);
+        let refused: Vec<(&str, &RuleOutcome)> = plan
+            .rules
+            .iter()
+            .filter_map(|(r, fate)| match fate {
+                RulePlan::Refused(outcome) => Some((r.metadata.name.as_deref()?, outcome)),
+                RulePlan::Served { .. } => None,
+            })
+            .collect();
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(refused[0].0, newest);
+        assert!(
+            matches!(refused[0].1, RuleOutcome::GroupFull(m) if m.contains("4096 older rules") && m.contains("spec.group")),
+            "{:?}",
+            refused[0].1
+        );
+        assert_eq!(served_config(&plan, "default").rules.len(), MAX_RULES);
+    }
+
+    /// A rule whose expressions are all at the CRD's maximum length (4,096 characters): four
+    /// fields and 25 headers, about 119 KB rendered, so 8 fit a 1 MiB ConfigMap and a 9th does not.
+    pub(crate) fn maximum_size_rule(name: &str, group: &str, created: &str) -> ForwardingRule {
+        let literal = |fill: char, rest: &str| {
+            let pad = ferry_api::expr::MAX_LEN - rest.len() - 2;
+            format!("'{}'{rest}", fill.to_string().repeat(pad))
+        };
+        let mut r = rule(name, group, &format!("{name}/#"), name, created);
+        r.spec.filter = Some(literal('f', " != topic"));
+        r.spec.kafka.topic = None;
+        r.spec.kafka.topic_expression = Some(literal('t', " + topic"));
+        r.spec.kafka.key.strategy = ferry_api::crd::KeyStrategy::Expression;
+        r.spec.kafka.key.expression = Some(literal('k', " + topic"));
+        r.spec.payload_transform = Some(literal('p', " + topic"));
+        r.spec.kafka.headers.expressions = (0..25)
+            .map(|i| (format!("h{i:02}"), literal('h', " + topic")))
+            .collect();
+        r
+    }
+
+    #[test]
+    fn rules_past_the_configmaps_bytes_are_refused_and_the_other_groups_are_rendered() {
+        let conn = connection("mqtt", "[\"k:9092\"]", "{}");
+        let mut rules: Vec<ForwardingRule> = (1..=9)
+            .map(|i| {
+                maximum_size_rule(
+                    &format!("big{i}"),
+                    "big",
+                    &format!("2026-01-0{i}T00:00:00Z"),
+                )
+            })
+            .collect();
+        rules.push(rule("small", "small", "s/#", "s", "2026-02-01T00:00:00Z"));
+        let refs: Vec<&ForwardingRule> = rules.iter().rev().collect();
+        let plan = connection_plan(&conn, &refs);
+        for i in 1..=8 {
+            assert_eq!(
+                fate(&plan, &format!("big{i}")),
+                &RulePlan::Served {
+                    group: "big".into()
+                }
+            );
+        }
+        assert!(
+            matches!(fate(&plan, "big9"), RulePlan::Refused(RuleOutcome::GroupFull(m))
+                if m.contains("its 8 older rules take") && m.contains("1048576 bytes")),
+            "{:?}",
+            fate(&plan, "big9")
+        );
+        let bytes = config_map_bytes(&plan, "big");
+        assert!(
+            bytes <= CONFIG_MAP_MAX_BYTES && bytes > CONFIG_MAP_MAX_BYTES * 8 / 9,
+            "{bytes}"
+        );
+        assert_eq!(served_config(&plan, "big").rules.len(), 8);
+        assert_eq!(
+            fate(&plan, "small"),
+            &RulePlan::Served {
+                group: "small".into()
+            }
+        );
+        assert_eq!(served_config(&plan, "small").rules.len(), 1);
+    }
+
     #[test]
     fn a_missing_secret_renders_nothing_and_names_it_on_every_rule() {
         let conn = connection("mqtt", "[\"k:9092\"]", "{}");
@@ -555,5 +789,36 @@ mod tests {
         }
         let good = connection("mqtt", "[\"k:9092\"]", "{ acks: all }");
         assert_eq!(connection_refused(&good).expect("renders"), None);
+    }
+
+    #[test]
+    fn what_librdkafka_refuses_is_refused_on_the_connection_naming_the_property() {
+        for (config, field) in [
+            (
+                "{ max.in.flight.requests.per.connection: \"6\" }",
+                "spec.kafka.config.max.in.flight.requests.per.connection: librdkafka refuses to create a producer with it",
+            ),
+            (
+                "{ retries: \"0\" }",
+                "spec.kafka.config.retries: librdkafka refuses to create a producer with it",
+            ),
+            (
+                "{ queue.buffering.backpressure.threshold: \"2\" }",
+                "spec.kafka.config.queue.buffering.backpressure.threshold: librdkafka refuses to create a producer with it",
+            ),
+            (
+                "{ lingr.ms: \"5\" }",
+                "spec.kafka.config.lingr.ms: librdkafka refuses it: No such configuration property",
+            ),
+            (
+                "{ client.rack: \"${TENANT_X}\", linger.ms: \"${LINGER}\" }",
+                "spec.kafka.config.linger.ms: librdkafka refuses it",
+            ),
+        ] {
+            let message = connection_refused(&connection("mqtt", "[\"k:9092\"]", config))
+                .expect("renders")
+                .unwrap_or_else(|| panic!("{config} is refused"));
+            assert!(message.contains(field), "{field:?} in {message}");
+        }
     }
 }

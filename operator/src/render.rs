@@ -24,7 +24,8 @@ pub const MQTT_TLS_DIR: &str = "/etc/ferry/mqtt-tls";
 pub const KAFKA_TLS_DIR: &str = "/etc/ferry/kafka-tls";
 /// The credentials, one file per key of the group's Secret (`mqtt-password`, ...).
 pub const CREDENTIALS_DIR: &str = "/etc/ferry/credentials";
-/// Environment variables the pod template sets from the downward API.
+/// Environment variables the pod template sets from the downward API, for its arguments'
+/// `$(VAR)` (Kubernetes expands them; the forwarder's config is read as written).
 pub const ENV_POD_NAME: &str = "POD_NAME";
 pub const ENV_POD_NAMESPACE: &str = "POD_NAMESPACE";
 /// Keys of the group's Secret, filled by the dereference step from the referenced Secrets.
@@ -186,9 +187,11 @@ fn mqtt_config(m: &crd::MqttEndpoint, shared_group: String) -> MqttConfig {
             MqttProtocolVersion::V311 => MqttProtocol::V311,
             MqttProtocolVersion::V5 => MqttProtocol::V5,
         },
-        // Unique per pod and stable across its restarts (a StatefulSet's ordinal names), so
-        // each replica resumes its own persistent session.
-        client_id: format!("ferry.${{{ENV_POD_NAMESPACE}}}.${{{ENV_POD_NAME}}}"),
+        // Each pod replaces it with its own (`--mqtt-client-id`, see
+        // [`crate::children`]): the config is one file for every replica, and never a
+        // template (the pods read it with `--no-env-substitution`, so `${` in a rule means
+        // those characters).
+        client_id: shared_group.clone(),
         clean_session: false,
         session_expiry_secs: match m.protocol {
             MqttProtocolVersion::V5 => Some(
@@ -418,7 +421,10 @@ spec:
             "sorted, paused left out"
         );
         let c = &r.config;
-        assert_eq!(c.mqtt.client_id, "ferry.${POD_NAMESPACE}.${POD_NAME}");
+        assert_eq!(
+            c.mqtt.client_id, "ferry.factory.plant-default",
+            "no template: each pod's --mqtt-client-id replaces it"
+        );
         assert_eq!(
             c.mqtt.shared_group.as_deref(),
             Some("ferry.factory.plant-default")
@@ -445,13 +451,8 @@ spec:
             r.config_yaml
         );
 
-        // What the pod will load: the YAML, with the variables its environment provides and
-        // the credential files mounted from the group's Secret.
-        let env = |name: &str| match name {
-            "POD_NAME" => Some("plant-default-0".to_string()),
-            "POD_NAMESPACE" => Some("factory".to_string()),
-            _ => None,
-        };
+        // What the pod will load: the YAML as written, its own client id from the command
+        // line, the credential files mounted from the group's Secret.
         let password = "a: b #c\n'd\"{e}\n";
         let files = |path: &std::path::Path| {
             let key = path
@@ -463,7 +464,11 @@ spec:
                 _ => Err(std::io::ErrorKind::NotFound.into()),
             }
         };
-        let loaded = ferry_api::load_str_reading(&r.config_yaml, env, files).unwrap_or_else(|e| {
+        let options = ferry_api::LoadOptions {
+            variables: None,
+            mqtt_client_id: Some("ferry.factory.plant-default-0".to_owned()),
+        };
+        let loaded = ferry_api::load_with(&r.config_yaml, &options, files).unwrap_or_else(|e| {
             panic!(
                 "the forwarder refuses the rendered config: {e}\n{}",
                 r.config_yaml

@@ -73,6 +73,11 @@ pub enum RuleOutcome {
     InvalidExpression(String),
     ConnectionNotFound(String),
     InvalidSpec(String),
+    /// It does not fit its group (the forwarder's rules per group, the ConfigMap's bytes):
+    /// the group's older rules keep their place.
+    GroupFull(String),
+    /// Its group's children could not be applied (the message has the API's answer).
+    GroupNotApplied(String),
 }
 
 /// The reconciler's part of a rule's status.
@@ -144,6 +149,8 @@ pub fn rule_control(
         RuleOutcome::NameTaken(m) => (not_accepted("NameTaken", m), None),
         RuleOutcome::Invalid(m) => (not_accepted("Invalid", m), None),
         RuleOutcome::InvalidExpression(m) => (not_accepted("InvalidExpression", m), None),
+        RuleOutcome::GroupFull(m) => (not_accepted("GroupFull", m), None),
+        RuleOutcome::GroupNotApplied(m) => (not_accepted("GroupNotApplied", m), None),
         RuleOutcome::ConnectionNotFound(m) => (not_accepted("ConnectionNotFound", m), None),
         RuleOutcome::InvalidSpec(m) => (not_accepted("InvalidSpec", m), None),
     };

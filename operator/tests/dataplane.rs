@@ -53,18 +53,13 @@ fn run_pod(cp: &ControlPlane, workload: &str, name: &str, ip: Ipv4Addr) -> Pod {
     let dir = cp.dir().join(name);
     std::fs::create_dir_all(&dir).expect("pod dir");
     std::fs::write(dir.join("config.yaml"), config).expect("config");
-    let forwarder = std::env::current_exe()
-        .expect("test path")
-        .parent()
-        .and_then(|d| d.parent())
-        .map(|d| d.join("ferry-forwarder"))
-        .filter(|p| p.exists())
-        .expect("ferry-forwarder next to the tests (cargo test --workspace builds it)");
     let log = dir.join("forwarder.log");
     let file = std::fs::File::create(&log).expect("log");
-    let child = Command::new(forwarder)
-        .arg("--config")
-        .arg(dir.join("config.yaml"))
+    // The container's arguments, with what Kubernetes expands in them and the config where
+    // this stand-in pod has it.
+    let args = common::forwarder_args(cp, NS, workload, name, &dir.join("config.yaml"));
+    let child = Command::new(common::forwarder_binary())
+        .args(args)
         .args(["--http-listen", &format!("{ip}:8080")])
         // What the pod template's fieldRefs give the container.
         .env("POD_NAME", name)

@@ -10,7 +10,7 @@ use crate::config::{
     ConfigError, KeyStrategy, LogFormat, MqttProtocol, PayloadFormat, Problem, SaslMechanism,
     Secret,
 };
-use crate::load::{SourceFormat, load_str};
+use crate::load::{LoadOptions, SourceFormat, load_str, load_with};
 
 fn no_env(_: &str) -> Option<String> {
     None
@@ -92,6 +92,42 @@ fn unset_variables_fail_ferry_format() {
     assert_eq!(problems[0].path, "${MQTT_HOST}");
     let ok = load_str(&text, |n| (n == "MQTT_HOST").then(|| "broker".to_string())).unwrap();
     assert_eq!(ok.config.mqtt.host, "broker");
+}
+
+#[test]
+fn without_variables_the_text_means_what_it_says() {
+    let text = FERRY.replace("plant/+/telemetry", "c/${HOME}/x").replace(
+        "linger.ms: 10",
+        "linger.ms: 10\n    client.rack: \"${TENANT_X}\"",
+    );
+    let literal = LoadOptions {
+        variables: None,
+        mqtt_client_id: None,
+    };
+    let loaded = load_with(&text, &literal, |_| Ok(Vec::new())).expect("loads as written");
+    assert_eq!(loaded.config.rules[0].mqtt.topics, ["c/${HOME}/x"]);
+    assert_eq!(loaded.config.kafka.config["client.rack"], "${TENANT_X}");
+    // The same text as a standalone file is a template, and TENANT_X is not set.
+    let home = |n: &str| (n == "HOME").then(|| "/root".to_owned());
+    let Err(ConfigError::Invalid(problems)) = crate::load_str(&text, home) else {
+        panic!("expected invalid")
+    };
+    assert_eq!(problems[0].path, "${TENANT_X}");
+}
+
+#[test]
+fn a_client_id_from_outside_replaces_the_files_and_is_validated() {
+    let with = |id: &str| LoadOptions {
+        variables: None,
+        mqtt_client_id: Some(id.to_owned()),
+    };
+    let loaded = load_with(FERRY, &with("ferry.ns.pod-0"), |_| Ok(Vec::new())).expect("loads");
+    assert_eq!(loaded.config.mqtt.client_id, "ferry.ns.pod-0");
+    let Err(ConfigError::Invalid(problems)) = load_with(FERRY, &with(""), |_| Ok(Vec::new()))
+    else {
+        panic!("an empty id with a persistent session is refused")
+    };
+    assert_eq!(problems[0].path, "mqtt.client_id");
 }
 
 #[test]

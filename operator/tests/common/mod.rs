@@ -160,3 +160,45 @@ pub fn jsonpath(cp: &ControlPlane, ns: &str, kind: &str, name: &str, path: &str)
     ])
     .unwrap_or_default()
 }
+
+/// The `ferry-forwarder` binary built next to the tests (`cargo build -p ferry-forwarder`, or
+/// `cargo test --workspace`).
+pub fn forwarder_binary() -> PathBuf {
+    std::env::current_exe()
+        .expect("test path")
+        .parent()
+        .and_then(|d| d.parent())
+        .map(|d| d.join("ferry-forwarder"))
+        .filter(|p| p.exists())
+        .expect("ferry-forwarder next to the tests (cargo build -p ferry-forwarder)")
+}
+
+/// The arguments of StatefulSet `workload`'s forwarder container as its pod `pod` gets them
+/// (Kubernetes expands `$(POD_NAME)` and `$(POD_NAMESPACE)`), its config file at `config`.
+pub fn forwarder_args(
+    cp: &ControlPlane,
+    ns: &str,
+    workload: &str,
+    pod: &str,
+    config: &std::path::Path,
+) -> Vec<String> {
+    let args = jsonpath(
+        cp,
+        ns,
+        "statefulset",
+        workload,
+        "{.spec.template.spec.containers[0].args}",
+    );
+    let args: Vec<String> = serde_json::from_str(&args)
+        .unwrap_or_else(|e| panic!("StatefulSet {workload}'s args {args:?}: {e}"));
+    args.iter()
+        .map(|a| {
+            if a.ends_with("/config.yaml") {
+                config.display().to_string()
+            } else {
+                a.replace("$(POD_NAME)", pod)
+                    .replace("$(POD_NAMESPACE)", ns)
+            }
+        })
+        .collect()
+}
