@@ -128,7 +128,7 @@ fn one_rule_or_setting_breaks_neither_its_group_nor_its_connection() {
     let op = Operator::start(&cp, "operator", &[]);
     let s = Scene { cp: &cp, op: &op };
     s.apply(
-        "apiVersion: v1\nkind: Secret\nmetadata: { name: mqtt-credentials, namespace: ferry }\n\
+        "apiVersion: v1\nkind: Secret\nmetadata: { name: mqtt-credentials, namespace: ferry, labels: { ferry.dev/broker-credentials: \"true\" } }\n\
          stringData: { username: ferry, password: pw }\n",
     );
     s.apply(CONNECTION);
