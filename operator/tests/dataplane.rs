@@ -411,3 +411,199 @@ fn not_ready_pods_still_report_until_kafka_is_back(
             && cond(cp, "fr", "temps", "Forwarding").0 == "True"
     });
 }
+
+/// Writes the group's current ConfigMap into pod `name`'s config file, as the kubelet updates
+/// a mounted ConfigMap (the forwarder polls the file and reloads).
+fn sync_config(cp: &ControlPlane, workload: &str, name: &str) -> String {
+    let config = jsonpath(cp, NS, "configmap", workload, "{.data.config\\.yaml}");
+    assert!(!config.is_empty(), "ConfigMap {workload} has a config");
+    std::fs::write(cp.dir().join(name).join("config.yaml"), &config).expect("config");
+    config
+}
+
+/// The REASON column of `kubectl get fr` per rule: the third column (NAME and READY are one
+/// word each).
+fn reason_column(cp: &ControlPlane) -> Vec<(String, String)> {
+    let table = cp
+        .run_kubectl(["get", "fr", "-n", NS])
+        .expect("kubectl get fr");
+    let mut lines = table.lines();
+    let header = lines.next().unwrap_or_default();
+    assert!(
+        header
+            .split_whitespace()
+            .take(3)
+            .eq(["NAME", "READY", "REASON"]),
+        "{table}"
+    );
+    lines
+        .filter_map(|l| {
+            let mut cols = l.split_whitespace();
+            let name = cols.next()?.to_owned();
+            Some((name, cols.nth(1)?.to_owned()))
+        })
+        .collect()
+}
+
+/// A record Kafka can never take, on a rule without a dead-letter topic (the default
+/// `onUnwritable: hold`), holds the group: the holding rule's Ready is False with `Held`
+/// naming the record, its neighbour's with `BlockedByRule` naming the rule, and `kubectl get fr`
+/// shows both reasons. Changing the rule to `onUnwritable: drop` releases it: both Ready again,
+/// the neighbour's messages all forwarded.
+#[test]
+fn a_held_record_makes_its_rule_held_and_its_neighbour_blocked_by_it() {
+    let cp = common::control_plane_with_crds(NS);
+    let mosquitto = Mosquitto::start().expect("mosquitto");
+    let kafka = Kafka::start().expect("kafka");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    for topic in ["images", "telemetry"] {
+        rt.block_on(kafka.create_topic(topic, 1)).expect("topic");
+    }
+    let op = Operator::start(&cp, "operator", &["--status-interval-seconds", "1"]);
+    let rules = |images_extra: &str| {
+        format!(
+            r#"
+apiVersion: ferry.dev/v1alpha1
+kind: BrokerConnection
+metadata: {{ name: depot, namespace: {NS} }}
+spec:
+  mqtt: {{ host: 127.0.0.1, port: {} }}
+  kafka: {{ bootstrapServers: ["{}"] }}
+  forwarder: {{ replicas: 1 }}
+---
+apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata: {{ name: images, namespace: {NS} }}
+spec:
+  connectionRef: {{ name: depot }}
+  mqtt: {{ topics: ["images/#"] }}
+  kafka: {{ topic: images }}
+{images_extra}
+---
+apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata: {{ name: telemetry, namespace: {NS} }}
+spec:
+  connectionRef: {{ name: depot }}
+  mqtt: {{ topics: ["sensors/+/data"] }}
+  kafka: {{ topic: telemetry }}
+"#,
+            mosquitto.port(),
+            kafka.bootstrap()
+        )
+    };
+    common::apply(&cp, &rules(""));
+    let pod = "depot-default-0";
+    op.wait_for("the StatefulSet's pod", WAIT, || {
+        cp.run_kubectl(["get", "pod", pod, "-n", NS]).is_ok()
+    });
+    let _pod = run_pod(&cp, "depot-default", pod, Ipv4Addr::new(127, 77, 1, 1));
+    op.wait_for("both rules Ready", WAIT, || {
+        ["images", "telemetry"]
+            .iter()
+            .all(|r| cond(&cp, "fr", r, "Ready").0 == "True")
+    });
+
+    // Over librdkafka's message.max.bytes (1,000,000): Kafka can never take it as it is.
+    let big: Vec<u8> = (0..1_200_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let stream = 100;
+    let mut messages = vec![("images/cam1".to_owned(), big)];
+    messages.extend((0..stream).map(|i| {
+        (
+            format!("sensors/{}/data", i % 4),
+            format!("s{i}").into_bytes(),
+        )
+    }));
+    rt.block_on(ferry_e2e::publish(
+        mosquitto.port(),
+        "publisher",
+        rumqttc::QoS::AtLeastOnce,
+        messages,
+    ))
+    .expect("publish");
+
+    op.wait_for("Held and BlockedByRule", WAIT, || {
+        cond(&cp, "fr", "images", "Ready").1 == "Held"
+            && cond(&cp, "fr", "telemetry", "Ready").1 == "BlockedByRule"
+    });
+    let (status, _, message) = cond(&cp, "fr", "images", "Ready");
+    assert_eq!(status, "False");
+    for part in [
+        pod,
+        "too_large",
+        "images/cam1",
+        "1200000 bytes",
+        "Kafka topic images",
+    ] {
+        assert!(
+            message.contains(part),
+            "{part} in the Held message: {message}"
+        );
+    }
+    let (status, _, message) = cond(&cp, "fr", "telemetry", "Ready");
+    assert_eq!(status, "False");
+    assert!(message.contains("rule images"), "{message}");
+    let forwarded = |rule: &str| jsonpath(&cp, NS, "fr", rule, "{.status.forwarded}");
+    op.wait_for("the blocked rule's records in Kafka", WAIT, || {
+        forwarded("telemetry") == stream.to_string()
+    });
+    let mut columns = reason_column(&cp);
+    columns.sort();
+    assert_eq!(
+        columns,
+        [
+            ("images".to_owned(), "Held".to_owned()),
+            ("telemetry".to_owned(), "BlockedByRule".to_owned())
+        ]
+    );
+    eprintln!(
+        "{}",
+        cp.run_kubectl(["get", "fr", "-n", NS])
+            .expect("kubectl get fr")
+    );
+
+    // The fix, live: the rule drops what Kafka can never take.
+    let before = jsonpath(
+        &cp,
+        NS,
+        "configmap",
+        "depot-default",
+        "{.data.config\\.yaml}",
+    );
+    common::apply(&cp, &rules("  onUnwritable: Drop"));
+    op.wait_for("the group's config rendered anew", WAIT, || {
+        jsonpath(
+            &cp,
+            NS,
+            "configmap",
+            "depot-default",
+            "{.data.config\\.yaml}",
+        ) != before
+    });
+    sync_config(&cp, "depot-default", pod);
+    op.wait_for("both rules Ready again", WAIT, || {
+        ["images", "telemetry"]
+            .iter()
+            .all(|r| cond(&cp, "fr", r, "Ready").0 == "True")
+    });
+    assert_eq!(jsonpath(&cp, NS, "fr", "images", "{.status.failed}"), "1");
+    let mut columns = reason_column(&cp);
+    columns.sort();
+    assert_eq!(
+        columns,
+        [
+            ("images".to_owned(), "ForwarderReady".to_owned()),
+            ("telemetry".to_owned(), "ForwarderReady".to_owned())
+        ]
+    );
+    let records = kafka
+        .read_all("telemetry", stream, Duration::from_secs(1), WAIT)
+        .expect("read telemetry");
+    assert_eq!(
+        records.len(),
+        stream,
+        "every blocked message forwarded once"
+    );
+}
