@@ -725,6 +725,10 @@ mod tests {
             retries
         );
         assert_eq!(
+            documented("ferry_rule_held_records", "reason"),
+            PermanentReason::ALL.map(|r| r.as_str().to_owned()).into()
+        );
+        assert_eq!(
             documented("ferry_config_reloads_total", "result"),
             BTreeSet::from(["applied".to_owned(), "rejected".to_owned()])
         );
