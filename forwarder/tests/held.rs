@@ -42,6 +42,20 @@ fn telemetry_rule(topic: &str) -> String {
     )
 }
 
+/// The rules of scenario `name`: `images` (with `images_extra`, lines of its own) to
+/// `<name>.images`, and `telemetry` to `<name>.telemetry`.
+fn scenario_rules(name: &str, images_extra: &str) -> String {
+    images_rule(&format!("{name}.images"), images_extra)
+        + &telemetry_rule(&format!("{name}.telemetry"))
+}
+
+/// The only record of `topic` (waits 20 s at most, then 2 s of quiet for a second one).
+fn only_record(brokers: &Brokers, topic: &str) -> ferry_e2e::Record {
+    let mut records = brokers.read(topic, 1, Duration::from_secs(2), Duration::from_secs(20));
+    assert_eq!(records.len(), 1, "exactly one record in {topic}");
+    records.remove(0)
+}
+
 /// How a scenario releases the held record.
 enum Fix {
     /// The config is reloaded with these rules.
@@ -221,12 +235,8 @@ fn a_held_record_blocks_its_group_visibly_and_a_reloaded_rule_releases_it() {
 
     let name = "dlqfix";
     create_topics(&brokers, name, &["images"], &["telemetry", "dlq"]);
-    let v1 =
-        images_rule(&format!("{name}.images"), "") + &telemetry_rule(&format!("{name}.telemetry"));
-    let v2 = images_rule(
-        &format!("{name}.images"),
-        &format!("    dead_letter: {{ topic: {name}.dlq }}\n"),
-    ) + &telemetry_rule(&format!("{name}.telemetry"));
+    let v1 = scenario_rules(name, "");
+    let v2 = scenario_rules(name, &format!("    dead_letter: {{ topic: {name}.dlq }}\n"));
     let fwd = held_then_fixed(
         &brokers,
         name,
@@ -235,15 +245,13 @@ fn a_held_record_blocks_its_group_visibly_and_a_reloaded_rule_releases_it() {
         Fix::Reload(v2),
         RELOAD_BOUND,
     );
-    let dlq = brokers.read(
-        "dlqfix.dlq",
-        1,
-        Duration::from_secs(2),
-        Duration::from_secs(20),
+    let dlq = only_record(&brokers, "dlqfix.dlq");
+    assert_eq!(
+        dlq.value,
+        incompressible(BIG),
+        "the held record, dead-lettered"
     );
-    assert_eq!(dlq.len(), 1, "the held record, dead-lettered once");
-    assert_eq!(dlq[0].value, incompressible(BIG));
-    assert_eq!(dlq[0].header("ferry.mqtt.topic"), Some("images/cam1"));
+    assert_eq!(dlq.header("ferry.mqtt.topic"), Some("images/cam1"));
     let images = fwd
         .status()
         .and_then(|s| s.rule("images").cloned())
@@ -253,10 +261,8 @@ fn a_held_record_blocks_its_group_visibly_and_a_reloaded_rule_releases_it() {
 
     let name = "dropfix";
     create_topics(&brokers, name, &["images"], &["telemetry"]);
-    let v1 =
-        images_rule(&format!("{name}.images"), "") + &telemetry_rule(&format!("{name}.telemetry"));
-    let v2 = images_rule(&format!("{name}.images"), "    on_unwritable: drop\n")
-        + &telemetry_rule(&format!("{name}.telemetry"));
+    let v1 = scenario_rules(name, "");
+    let v2 = scenario_rules(name, "    on_unwritable: drop\n");
     let fwd = held_then_fixed(
         &brokers,
         name,
@@ -274,8 +280,7 @@ fn a_held_record_blocks_its_group_visibly_and_a_reloaded_rule_releases_it() {
 
     let name = "removefix";
     create_topics(&brokers, name, &["images"], &["telemetry"]);
-    let v1 =
-        images_rule(&format!("{name}.images"), "") + &telemetry_rule(&format!("{name}.telemetry"));
+    let v1 = scenario_rules(name, "");
     let fwd = held_then_fixed(
         &brokers,
         name,
@@ -303,8 +308,7 @@ fn a_held_record_is_released_when_the_broker_takes_it_and_a_refused_dead_letter_
 
     let name = "limitfix";
     create_topics(&brokers, name, &["images"], &["telemetry"]);
-    let v1 =
-        images_rule(&format!("{name}.images"), "") + &telemetry_rule(&format!("{name}.telemetry"));
+    let v1 = scenario_rules(name, "");
     drop(held_then_fixed(
         &brokers,
         name,
@@ -313,24 +317,16 @@ fn a_held_record_is_released_when_the_broker_takes_it_and_a_refused_dead_letter_
         Fix::RaiseLimit("limitfix.images".into()),
         BROKER_FIX_BOUND,
     ));
-    let images = brokers.read(
-        "limitfix.images",
-        1,
-        Duration::from_secs(2),
-        Duration::from_secs(20),
-    );
+    let images = only_record(&brokers, "limitfix.images");
     assert_eq!(
-        images.len(),
-        1,
+        images.value,
+        incompressible(BIG),
         "written to its own topic once the limit allows"
     );
 
     let name = "dlqrefused";
     create_topics(&brokers, name, &["images", "dlq"], &["telemetry"]);
-    let v1 = images_rule(
-        &format!("{name}.images"),
-        &format!("    dead_letter: {{ topic: {name}.dlq }}\n"),
-    ) + &telemetry_rule(&format!("{name}.telemetry"));
+    let v1 = scenario_rules(name, &format!("    dead_letter: {{ topic: {name}.dlq }}\n"));
     let dead_letter_refused = |s: &ForwarderStatus| {
         s.rule("images")
             .and_then(|r| r.held.as_ref())
@@ -350,13 +346,8 @@ fn a_held_record_is_released_when_the_broker_takes_it_and_a_refused_dead_letter_
         Fix::RaiseLimit("dlqrefused.dlq".into()),
         BROKER_FIX_BOUND,
     );
-    let dlq = brokers.read(
-        "dlqrefused.dlq",
-        1,
-        Duration::from_secs(2),
-        Duration::from_secs(20),
-    );
-    assert_eq!(dlq.len(), 1);
+    let dlq = only_record(&brokers, "dlqrefused.dlq");
+    assert_eq!(dlq.value, incompressible(BIG));
     let images = fwd
         .status()
         .and_then(|s| s.rule("images").cloned())

@@ -154,6 +154,27 @@ fn rules_report_what_their_forwarder_pods_forward_and_steady_state_reconciles_no
     not_ready_pods_still_report_until_kafka_is_back(&cp, &op, &mut kafka);
 }
 
+/// A BrokerConnection `name` in {NS} to these brokers, with `replicas` forwarder pods.
+fn connection_yaml(name: &str, replicas: u32, mosquitto: &Mosquitto, kafka: &Kafka) -> String {
+    format!(
+        "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\nmetadata: {{ name: {name}, namespace: {NS} }}\n\
+         spec:\n  mqtt: {{ host: 127.0.0.1, port: {} }}\n  kafka: {{ bootstrapServers: [\"{}\"] }}\n\
+         \x20 forwarder: {{ replicas: {replicas} }}\n",
+        mosquitto.port(),
+        kafka.bootstrap()
+    )
+}
+
+/// A ForwardingRule `name` in {NS} of `connection` from `filter` to `topic`; `extra` is more of
+/// its spec (lines indented two spaces).
+fn rule_yaml(name: &str, connection: &str, filter: &str, topic: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: ferry.dev/v1alpha1\nkind: ForwardingRule\nmetadata: {{ name: {name}, namespace: {NS} }}\n\
+         spec:\n  connectionRef: {{ name: {connection} }}\n  mqtt: {{ topics: [\"{filter}\"] }}\n\
+         \x20 kafka: {{ topic: {topic} }}\n{extra}"
+    )
+}
+
 /// A condition of an object in {NS}: (status, reason, message), empty while it has none.
 fn cond(cp: &ControlPlane, kind: &str, name: &str, type_: &str) -> (String, String, String) {
     condition(cp, NS, kind, name, type_).unwrap_or_default()
@@ -169,36 +190,18 @@ fn rules_become_ready_with_their_pods(
 ) -> Vec<Pod> {
     common::apply(
         cp,
-        &format!(
-            r#"
-apiVersion: ferry.dev/v1alpha1
-kind: BrokerConnection
-metadata: {{ name: plant, namespace: {NS} }}
-spec:
-  mqtt: {{ host: 127.0.0.1, port: {} }}
-  kafka: {{ bootstrapServers: ["{}"] }}
-  forwarder: {{ replicas: 2 }}
----
-apiVersion: ferry.dev/v1alpha1
-kind: ForwardingRule
-metadata: {{ name: temps, namespace: {NS} }}
-spec:
-  connectionRef: {{ name: plant }}
-  mqtt: {{ topics: ["plant/+/temp"] }}
-  kafka: {{ topic: temps }}
----
-apiVersion: ferry.dev/v1alpha1
-kind: ForwardingRule
-metadata: {{ name: alarms, namespace: {NS} }}
-spec:
-  connectionRef: {{ name: plant }}
-  mqtt: {{ topics: ["plant/+/alarm"] }}
-  filter: "!string(payload).endsWith('0')"
-  kafka: {{ topic: alarms }}
-"#,
-            mosquitto.port(),
-            kafka.bootstrap()
-        ),
+        &[
+            connection_yaml("plant", 2, mosquitto, kafka),
+            rule_yaml("temps", "plant", "plant/+/temp", "temps", ""),
+            rule_yaml(
+                "alarms",
+                "plant",
+                "plant/+/alarm",
+                "alarms",
+                "  filter: \"!string(payload).endsWith('0')\"\n",
+            ),
+        ]
+        .join("---\n"),
     );
     // The StatefulSet controller creates the pods; the test runs them.
     let names = ["plant-default-0", "plant-default-1"];
@@ -461,36 +464,12 @@ fn a_held_record_makes_its_rule_held_and_its_neighbour_blocked_by_it() {
     }
     let op = Operator::start(&cp, "operator", &["--status-interval-seconds", "1"]);
     let rules = |images_extra: &str| {
-        format!(
-            r#"
-apiVersion: ferry.dev/v1alpha1
-kind: BrokerConnection
-metadata: {{ name: depot, namespace: {NS} }}
-spec:
-  mqtt: {{ host: 127.0.0.1, port: {} }}
-  kafka: {{ bootstrapServers: ["{}"] }}
-  forwarder: {{ replicas: 1 }}
----
-apiVersion: ferry.dev/v1alpha1
-kind: ForwardingRule
-metadata: {{ name: images, namespace: {NS} }}
-spec:
-  connectionRef: {{ name: depot }}
-  mqtt: {{ topics: ["images/#"] }}
-  kafka: {{ topic: images }}
-{images_extra}
----
-apiVersion: ferry.dev/v1alpha1
-kind: ForwardingRule
-metadata: {{ name: telemetry, namespace: {NS} }}
-spec:
-  connectionRef: {{ name: depot }}
-  mqtt: {{ topics: ["sensors/+/data"] }}
-  kafka: {{ topic: telemetry }}
-"#,
-            mosquitto.port(),
-            kafka.bootstrap()
-        )
+        [
+            connection_yaml("depot", 1, &mosquitto, &kafka),
+            rule_yaml("images", "depot", "images/#", "images", images_extra),
+            rule_yaml("telemetry", "depot", "sensors/+/data", "telemetry", ""),
+        ]
+        .join("---\n")
     };
     common::apply(&cp, &rules(""));
     let pod = "depot-default-0";
@@ -572,7 +551,7 @@ spec:
         "depot-default",
         "{.data.config\\.yaml}",
     );
-    common::apply(&cp, &rules("  onUnwritable: Drop"));
+    common::apply(&cp, &rules("  onUnwritable: Drop\n"));
     op.wait_for("the group's config rendered anew", WAIT, || {
         jsonpath(
             &cp,
