@@ -175,6 +175,17 @@ fn rule_yaml(name: &str, connection: &str, filter: &str, topic: &str, extra: &st
     )
 }
 
+/// Publishes `messages` at QoS 1, in order, and waits for the broker's acks.
+fn publish(rt: &tokio::runtime::Runtime, mosquitto: &Mosquitto, messages: Vec<(String, Vec<u8>)>) {
+    rt.block_on(ferry_e2e::publish(
+        mosquitto.port(),
+        "publisher",
+        rumqttc::QoS::AtLeastOnce,
+        messages,
+    ))
+    .expect("publish");
+}
+
 /// A condition of an object in {NS}: (status, reason, message), empty while it has none.
 fn cond(cp: &ControlPlane, kind: &str, name: &str, type_: &str) -> (String, String, String) {
     condition(cp, NS, kind, name, type_).unwrap_or_default()
@@ -257,13 +268,7 @@ fn forwarded_counts_reach_the_rules_status(
             )
         }))
         .collect();
-    rt.block_on(ferry_e2e::publish(
-        mosquitto.port(),
-        "publisher",
-        rumqttc::QoS::AtLeastOnce,
-        messages,
-    ))
-    .expect("publish");
+    publish(rt, mosquitto, messages);
     let records = kafka
         .read_all("temps", temps, Duration::from_secs(1), WAIT)
         .expect("read temps");
@@ -495,13 +500,7 @@ fn a_held_record_makes_its_rule_held_and_its_neighbour_blocked_by_it() {
             format!("s{i}").into_bytes(),
         )
     }));
-    rt.block_on(ferry_e2e::publish(
-        mosquitto.port(),
-        "publisher",
-        rumqttc::QoS::AtLeastOnce,
-        messages,
-    ))
-    .expect("publish");
+    publish(&rt, &mosquitto, messages);
 
     op.wait_for("Held and BlockedByRule", WAIT, || {
         cond(&cp, "fr", "images", "Ready").1 == "Held"
