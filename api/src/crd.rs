@@ -358,6 +358,12 @@ pub struct BrokerConnectionStatus {
         json_path = ".status.conditions[?(@.type==\"Ready\")].status"
     ),
     printcolumn(
+        name = "Reason",
+        type_ = "string",
+        description = "Why the rule is (not) Ready: e.g. Held (it holds a record Kafka can never take), BlockedByRule (its messages wait behind one another rule holds)",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason"
+    ),
+    printcolumn(
         name = "MQTT Topics",
         type_ = "string",
         json_path = ".status.mqttTopics"

@@ -85,6 +85,49 @@ pub struct RuleStatus {
     /// since when. Cleared when one of its records goes through.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<Waiting>,
+    /// Set while a record of this rule is held (`on_unwritable: hold`): Kafka can never take
+    /// it as it is and no dead-letter topic took it, so it stays unacknowledged and every
+    /// message after it, of every rule of the forwarder, waits (acks go out in order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<Held>,
+    /// Set while messages of this rule are complete but wait behind a record another rule
+    /// holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocked_by: Option<BlockedBy>,
+}
+
+/// The first record a rule holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Held {
+    /// `too_large`, `invalid_topic`, `invalid_record`, `invalid_json` or `expression_failed`.
+    pub reason: String,
+    /// The message's MQTT topic (at most 256 bytes, then cut with `…`).
+    pub mqtt_topic: String,
+    /// The message's payload, in bytes.
+    pub size: u64,
+    /// The Kafka topic that refused it; absent when its topic resolved to no legal name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka_topic: Option<String>,
+    /// The refusal was of its dead-letter copy: the dead-letter topic cannot take it either.
+    #[serde(default)]
+    pub dead_letter: bool,
+    /// Kafka's error (or the expression's), with the topic.
+    pub error: String,
+    /// Records of this rule held now (this one and any later ones).
+    pub records: u64,
+    pub since: Timestamp,
+}
+
+/// Which rules hold the record this rule's messages wait behind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BlockedBy {
+    /// The rules of the first held record (usually one).
+    pub rules: Vec<String>,
+    /// This rule's messages waiting behind it.
+    pub messages: u64,
+    pub since: Timestamp,
 }
 
 /// Why a rule's records are not getting into Kafka right now.
@@ -127,7 +170,16 @@ mod tests {
   "kafka": {"reachable": false, "lastError": {"message": "broker down", "at": "2026-11-22T10:07:00Z"}},
   "inflight": 12,
   "rules": [{"name": "telemetry", "received": 10, "forwarded": 9, "acked": 8, "deadLettered": 1,
-             "failed": 0, "ratePerSecond": 0.5, "lastForwardedAt": "2026-11-22T10:07:30Z"}]
+             "failed": 0, "ratePerSecond": 0.5, "lastForwardedAt": "2026-11-22T10:07:30Z"},
+            {"name": "images", "received": 1, "forwarded": 0, "acked": 0, "deadLettered": 0,
+             "failed": 0, "ratePerSecond": 0,
+             "held": {"reason": "too_large", "mqttTopic": "cam/1", "size": 2000000,
+                      "kafkaTopic": "images", "deadLetter": false,
+                      "error": "kafka topic images: Broker: Message size too large",
+                      "records": 1, "since": "2026-11-22T10:07:00Z"}},
+            {"name": "metrics", "received": 5, "forwarded": 5, "acked": 0, "deadLettered": 0,
+             "failed": 0, "ratePerSecond": 1,
+             "blockedBy": {"rules": ["images"], "messages": 5, "since": "2026-11-22T10:07:00Z"}}]
 }"#;
 
     #[test]
@@ -139,6 +191,16 @@ mod tests {
         assert_eq!((rule.forwarded, rule.dead_lettered), (9, 1));
         assert!(rule.last_error.is_none());
         assert!(!status.kafka.reachable);
+        let held = status.rule("images").and_then(|r| r.held.as_ref()).unwrap();
+        assert_eq!((held.reason.as_str(), held.size), ("too_large", 2_000_000));
+        let blocked = status
+            .rule("metrics")
+            .and_then(|r| r.blocked_by.as_ref())
+            .unwrap();
+        assert_eq!(
+            (blocked.rules.as_slice(), blocked.messages),
+            (&["images".to_owned()][..], 5)
+        );
         let again: ForwarderStatus =
             serde_json::from_str(&serde_json::to_string(&status).unwrap()).unwrap();
         assert_eq!(again, status);

@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ferry_api::status::{
-    ConfigStatus, ForwarderStatus, KafkaStatus, LastError, MqttStatus, RuleStatus, Waiting,
+    BlockedBy, ConfigStatus, ForwarderStatus, Held, KafkaStatus, LastError, MqttStatus, RuleStatus,
+    Waiting,
 };
 use jiff::Timestamp;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -63,6 +64,8 @@ struct RuleFamilies {
     filtered: Family<RuleLabel, Counter>,
     failed: Family<FailureLabel, Counter>,
     retries: Family<RetryLabel, Counter>,
+    held: Family<FailureLabel, Gauge>,
+    blocked: Family<RuleLabel, Gauge>,
 }
 
 /// One rule's counters, resolved once so the data path never hashes label sets. Kept across
@@ -76,7 +79,11 @@ pub struct RuleStats {
     filtered: Counter,
     failed_family: Family<FailureLabel, Counter>,
     retries_family: Family<RetryLabel, Counter>,
+    held_family: Family<FailureLabel, Gauge>,
+    blocked_messages: Gauge,
     failed: AtomicU64,
+    held: Mutex<Option<Held>>,
+    blocked_by: Mutex<Option<BlockedBy>>,
     waiting: Mutex<Option<Waiting>>,
     waiting_set: AtomicBool,
     /// Unix milliseconds; 0 = never.
@@ -161,6 +168,64 @@ impl RuleStats {
         });
     }
 
+    /// What this rule holds now (`records` per reason, the first record's details), as the
+    /// pipeline found it in the window; keeps `since` while the same record is held.
+    pub fn set_held(&self, held: Option<Held>, per_reason: &[u64; PermanentReason::ALL.len()]) {
+        for (reason, count) in PermanentReason::ALL.iter().zip(per_reason) {
+            let label = FailureLabel {
+                rule: self.name.clone(),
+                reason: reason.as_str(),
+            };
+            if *count > 0 {
+                self.held_family
+                    .get_or_create(&label)
+                    .set(i64::try_from(*count).unwrap_or(i64::MAX));
+            } else {
+                self.held_family.remove(&label);
+            }
+        }
+        let mut current = lock(&self.held);
+        *current = held.map(|mut h| {
+            if let Some(c) = current.as_ref()
+                && (
+                    c.reason.as_str(),
+                    c.mqtt_topic.as_str(),
+                    c.size,
+                    c.dead_letter,
+                ) == (
+                    h.reason.as_str(),
+                    h.mqtt_topic.as_str(),
+                    h.size,
+                    h.dead_letter,
+                )
+            {
+                h.since = c.since;
+            }
+            h
+        });
+    }
+
+    /// Which rules' held record this rule's messages wait behind now; keeps `since` while the
+    /// same rules hold it.
+    pub fn set_blocked_by(&self, blocked: Option<BlockedBy>) {
+        let messages = blocked.as_ref().map_or(0, |b| b.messages);
+        self.blocked_messages
+            .set(i64::try_from(messages).unwrap_or(i64::MAX));
+        let mut current = lock(&self.blocked_by);
+        *current = blocked.map(|mut b| {
+            if let Some(c) = current.as_ref()
+                && c.rules == b.rules
+            {
+                b.since = c.since;
+            }
+            b
+        });
+    }
+
+    pub fn is_held_or_blocked(&self) -> bool {
+        lock(&self.held).is_some() || lock(&self.blocked_by).is_some()
+    }
+
     fn sample(&self, now: Instant) {
         let mut s = lock(&self.samples);
         s.push_back((now, self.forwarded.get()));
@@ -199,6 +264,8 @@ impl RuleStats {
                 .flatten(),
             last_error: lock(&self.last_error).clone(),
             waiting: lock(&self.waiting).clone(),
+            held: lock(&self.held).clone(),
+            blocked_by: lock(&self.blocked_by).clone(),
         }
     }
 }
@@ -363,6 +430,16 @@ impl Metrics {
             self.families.failed.clone(),
         );
         r.register(
+            "rule_held_records",
+            "Records of a rule held now by on_unwritable: hold (Kafka can never take them and no dead-letter topic did), by reason; every later message of the forwarder waits behind the first",
+            self.families.held.clone(),
+        );
+        r.register(
+            "rule_blocked_messages",
+            "Messages of a rule waiting now behind a record another rule holds",
+            self.families.blocked.clone(),
+        );
+        r.register(
             "rule_produce_retries",
             "Records of a rule that failed and wait to be produced again, by reason (unauthorized, unknown_topic, queue_full, unavailable, or too_large/invalid_topic/invalid_record held by on_unwritable: hold)",
             self.families.retries.clone(),
@@ -453,11 +530,14 @@ impl Metrics {
             self.families.acked.remove(&label);
             self.families.dead_lettered.remove(&label);
             self.families.filtered.remove(&label);
+            self.families.blocked.remove(&label);
             for reason in PermanentReason::ALL {
-                self.families.failed.remove(&FailureLabel {
+                let label = FailureLabel {
                     rule: gone.name.clone(),
                     reason: reason.as_str(),
-                });
+                };
+                self.families.failed.remove(&label);
+                self.families.held.remove(&label);
             }
             // Every `reason` a retry is counted under.
             let reasons = BlockReason::ALL
@@ -488,7 +568,11 @@ impl Metrics {
             filtered: self.families.filtered.get_or_create(&label).clone(),
             failed_family: self.families.failed.clone(),
             retries_family: self.families.retries.clone(),
+            held_family: self.families.held.clone(),
+            blocked_messages: self.families.blocked.get_or_create(&label).clone(),
             failed: AtomicU64::new(0),
+            held: Mutex::new(None),
+            blocked_by: Mutex::new(None),
             waiting: Mutex::new(None),
             waiting_set: AtomicBool::new(false),
             last_forwarded_ms: AtomicI64::new(0),
@@ -639,6 +723,10 @@ mod tests {
         assert_eq!(
             documented("ferry_rule_produce_retries_total", "reason"),
             retries
+        );
+        assert_eq!(
+            documented("ferry_rule_held_records", "reason"),
+            PermanentReason::ALL.map(|r| r.as_str().to_owned()).into()
         );
         assert_eq!(
             documented("ferry_config_reloads_total", "result"),

@@ -6,12 +6,14 @@
 //! messages and the pipeline stops taking PUBLISHes while it is full.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ferry_api::config::KafkaConfig;
 use ferry_api::expr::JsonReads;
+use ferry_api::status::{BlockedBy, Held};
 use ferry_api::{KafkaTopic, KeyStrategy, PayloadFormat};
 use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedHeaders;
@@ -26,8 +28,15 @@ use crate::metrics::Metrics;
 use crate::mqtt::{Link, Message, Outbound, Subscriptions};
 use crate::route::{Routed, Router, RuleSet, Target, header, record_key, wrap_json};
 use crate::window::{
-    Action, Backoff, BlockReason, Dest, Outcome, PermanentReason, TargetRef, TargetSpec, Window,
+    Action, Backoff, BlockReason, Dest, HeldRecord, Outcome, PermanentReason, Policy, Seq,
+    TargetRef, TargetSpec, Window,
 };
+
+/// How often rules' `held` and `blocked_by` are brought up to date while any record is held.
+const HOLDS_REPORT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A held message's MQTT topic is cut to this many bytes in `/status` (MQTT allows 65,535).
+const HELD_TOPIC_MAX: usize = 256;
 
 // A delivery opaque packs (producer generation, message sequence, target position).
 const POS_BITS: u32 = 12;
@@ -96,6 +105,10 @@ pub struct Pipeline {
     window: Window<Inflight>,
     max_inflight: usize,
     scratch: Vec<Routed>,
+    /// When `held`/`blocked_by` were last brought up to date, if they say anything now.
+    holds_reported: Option<Instant>,
+    /// A record was held or released since the last report.
+    holds_changed: bool,
 }
 
 /// What the pipeline is connected to.
@@ -127,6 +140,8 @@ impl Pipeline {
             window: Window::new(Backoff::default()),
             max_inflight,
             scratch: Vec::new(),
+            holds_reported: None,
+            holds_changed: false,
         })
     }
 
@@ -146,6 +161,7 @@ impl Pipeline {
         let mut batch = Vec::with_capacity(256);
         loop {
             let retry_at = self.window.next_deadline().map(Instant::from_std);
+            let holds_at = self.holds_reported.map(|at| at + HOLDS_REPORT_INTERVAL);
             let has_room = self.window.len() < self.max_inflight;
             tokio::select! {
                 biased;
@@ -156,6 +172,9 @@ impl Pipeline {
                 }
                 _ = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)), if retry_at.is_some() => {
                     self.window.tick(std::time::Instant::now());
+                }
+                _ = tokio::time::sleep_until(holds_at.unwrap_or_else(Instant::now)), if holds_at.is_some() => {
+                    self.report_holds();
                 }
                 _ = tokio::time::sleep_until(drain_deadline.unwrap_or_else(Instant::now)), if drain_deadline.is_some() => {
                     warn!(abandoned = self.window.len(), "drain bound passed; leaving unconfirmed messages unacknowledged for redelivery");
@@ -191,10 +210,13 @@ impl Pipeline {
         }
     }
 
-    /// Swaps in new rules. In-flight messages keep the targets they were routed to. The new
-    /// router is in place before new filters are subscribed, so nothing arrives unrouted.
+    /// Swaps in new rules. In-flight messages keep the targets they were routed to, under what
+    /// their rules now say about a record Kafka can never take (a held record is judged again
+    /// at once). The new router is in place before new filters are subscribed, so nothing
+    /// arrives unrouted.
     fn apply(&mut self, reload: Reload) {
         self.router = Arc::new(reload.router);
+        self.rejudge();
         let old = {
             let mut subs = self
                 .subscriptions
@@ -272,6 +294,7 @@ impl Pipeline {
                     reason,
                     error,
                 } => self.on_dropped(target, reason, &error),
+                Action::Released { target } => self.on_released(target),
                 Action::Complete {
                     message: Some(message),
                     ..
@@ -280,6 +303,110 @@ impl Pipeline {
             }
         }
         self.metrics.inflight.set(self.window.len() as i64);
+        if self.holds_changed
+            && self
+                .holds_reported
+                .is_none_or(|at| at.elapsed() >= HOLDS_REPORT_INTERVAL / 4)
+        {
+            self.report_holds();
+        }
+    }
+
+    /// Every target of the window takes what its rules (of the new router) say about a record
+    /// Kafka can never take. The rules of a target are matched by name; rules that now
+    /// disagree leave it as it was, and a target none of whose rules is left is orphaned.
+    fn rejudge(&mut self) {
+        let policies = self.router.policies();
+        let mut rejudged = 0usize;
+        self.window.rejudge(
+            |target, inflight| {
+                let leg = inflight.legs.get(target.pos)?;
+                let mut now: Option<&Policy> = None;
+                for rule in leg.target.matched(&leg.matched) {
+                    match (policies.get(rule.name.as_str()), now) {
+                        (None, _) => {}
+                        (Some(p), None) => now = Some(p),
+                        (Some(p), Some(q)) if p != q => return None,
+                        (Some(_), Some(_)) => {}
+                    }
+                }
+                rejudged += 1;
+                Some(now.cloned().unwrap_or(Policy::Orphaned))
+            },
+            std::time::Instant::now(),
+        );
+        debug!(
+            targets = rejudged,
+            "in-flight targets judged under the new rules"
+        );
+        self.holds_changed = true;
+    }
+
+    /// Brings every rule's `held` and `blocked_by` (in `/status` and the metrics) up to date
+    /// from the window: the rules of each held record hold; every other rule with a message at
+    /// or after the first held one is blocked by that record's rules.
+    fn report_holds(&mut self) {
+        self.holds_changed = false;
+        let mut held: HashMap<&str, (Held, [u64; PermanentReason::ALL.len()])> = HashMap::new();
+        let mut first: Option<(Seq, Vec<String>)> = None;
+        for h in self.window.held() {
+            let Some(m) = self.window.message(h.target.seq) else {
+                continue;
+            };
+            let Some(leg) = m.legs.get(h.target.pos) else {
+                continue;
+            };
+            let reason_index = PermanentReason::ALL
+                .iter()
+                .position(|r| *r == h.reason)
+                .unwrap_or_default();
+            for rule in leg.target.matched(&leg.matched) {
+                let (record, per_reason) = held.entry(rule.name.as_str()).or_insert_with(|| {
+                    (held_record(&h, &m.message), [0; PermanentReason::ALL.len()])
+                });
+                record.records += 1;
+                per_reason[reason_index] += 1;
+            }
+            match &mut first {
+                None => first = Some((h.target.seq, leg.target.matched_names_vec(&leg.matched))),
+                Some((seq, rules)) if *seq == h.target.seq => {
+                    rules.extend(leg.target.matched_names_vec(&leg.matched));
+                }
+                Some(_) => {}
+            }
+        }
+        let mut blocked: HashMap<&str, u64> = HashMap::new();
+        if let Some((first_seq, _)) = &first {
+            for (_, m) in self.window.messages().filter(|(seq, _)| seq >= first_seq) {
+                for leg in &m.legs {
+                    for rule in leg.target.matched(&leg.matched) {
+                        if !held.contains_key(rule.name.as_str()) {
+                            *blocked.entry(rule.name.as_str()).or_default() += 1;
+                        }
+                    }
+                }
+            }
+        }
+        let holders = first.map(|(_, mut rules)| {
+            rules.dedup();
+            rules
+        });
+        let mut any = false;
+        for rule in self.router.rules() {
+            let (record, per_reason) = match held.remove(rule.name.as_str()) {
+                Some((record, per_reason)) => (Some(record), per_reason),
+                None => (None, [0; PermanentReason::ALL.len()]),
+            };
+            let blocked_by = blocked.get(rule.name.as_str()).map(|messages| BlockedBy {
+                rules: holders.clone().unwrap_or_default(),
+                messages: *messages,
+                since: jiff::Timestamp::now(),
+            });
+            any |= record.is_some() || blocked_by.is_some();
+            rule.set_held(record, &per_reason);
+            rule.set_blocked_by(blocked_by);
+        }
+        self.holds_reported = any.then(Instant::now);
     }
 
     fn produce(&mut self, target: TargetRef, topic: &str, dest: &Dest) {
@@ -436,6 +563,7 @@ impl Pipeline {
     }
 
     fn on_held(&mut self, target: TargetRef, reason: PermanentReason, error: &str) {
+        self.holds_changed = true;
         let Some((t, matched, mqtt_topic)) = self.rules_of(target) else {
             return;
         };
@@ -452,7 +580,20 @@ impl Pipeline {
         }
     }
 
+    fn on_released(&mut self, target: TargetRef) {
+        self.holds_changed = true;
+        let Some((t, matched, mqtt_topic)) = self.rules_of(target) else {
+            return;
+        };
+        warn!(
+            rule = %t.matched_names(&matched),
+            mqtt_topic,
+            "the rules of a message Kafka can never take were removed; acknowledged unwritten"
+        );
+    }
+
     fn on_dropped(&mut self, target: TargetRef, reason: PermanentReason, error: &str) {
+        self.holds_changed = true;
         let Some((t, matched, mqtt_topic)) = self.rules_of(target) else {
             return;
         };
@@ -683,6 +824,32 @@ fn filter_rules(
         }
     }
     (passed, None)
+}
+
+/// What `/status` says of a held record (`records` counted by the caller).
+fn held_record(h: &HeldRecord<'_>, message: &Message) -> Held {
+    Held {
+        reason: h.reason.as_str().to_owned(),
+        mqtt_topic: cut(&message.topic, HELD_TOPIC_MAX),
+        size: message.payload.len() as u64,
+        kafka_topic: h.topic.as_deref().map(str::to_owned),
+        dead_letter: h.dead_letter,
+        error: h.error.to_owned(),
+        records: 0,
+        since: jiff::Timestamp::now(),
+    }
+}
+
+/// `text` cut to at most `max` bytes at a character boundary, marked with `…`.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
 }
 
 /// The dead-letter record's headers: the original record's (if any) and where it came from,

@@ -1,6 +1,7 @@
 //! Which Kafka records an MQTT message becomes: matching against the rules, one record per
 //! distinct target, and the record's key and value.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use base64::Engine as _;
@@ -15,6 +16,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 
 use crate::metrics::{Metrics, RuleStats};
 use crate::mqtt::Message;
+use crate::window::Policy;
 
 /// A distinct destination: rules with the same topic, key, payload format, headers and dead
 /// letter topic share one, so a message matching several is written once.
@@ -51,6 +53,11 @@ impl Target {
             .enumerate()
             .filter(move |(i, _)| matched.contains(*i))
             .map(|(_, r)| r)
+    }
+
+    /// The names of the rules in `matched`.
+    pub fn matched_names_vec(&self, matched: &RuleSet) -> Vec<String> {
+        self.matched(matched).map(|r| r.name.clone()).collect()
     }
 
     /// The names of the rules in `matched`, comma-separated (for logs and headers).
@@ -208,6 +215,27 @@ impl Router {
 
     pub fn targets(&self) -> &[Arc<Target>] {
         &self.targets
+    }
+
+    /// The rules, in config order.
+    pub fn rules(&self) -> &[Arc<RuleStats>] {
+        &self.rules
+    }
+
+    /// What each rule says about a record Kafka can never take, by rule name.
+    pub fn policies(&self) -> HashMap<&str, Policy> {
+        self.targets
+            .iter()
+            .flat_map(|t| {
+                t.rules.iter().map(|r| {
+                    let policy = Policy::Rule {
+                        dead_letter: t.dead_letter.clone(),
+                        on_unwritable: t.on_unwritable,
+                    };
+                    (r.name.as_str(), policy)
+                })
+            })
+            .collect()
     }
 
     /// The distinct targets of a topic, in rule order, with the rules each matched, into

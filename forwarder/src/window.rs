@@ -128,6 +128,43 @@ pub enum Dest {
     DeadLetter { error: String },
 }
 
+/// A record held by `on_unwritable: hold`, as `Window::held` reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldRecord<'w> {
+    pub target: TargetRef,
+    pub reason: PermanentReason,
+    /// Kafka's error, with the topic that refused it.
+    pub error: &'w str,
+    /// The Kafka topic that refused it (`None`: its topic resolved to no legal name).
+    pub topic: Option<Arc<str>>,
+    /// The dead-letter copy was refused too.
+    pub dead_letter: bool,
+}
+
+/// What a target's rules say about a record Kafka can never take, after a reload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Policy {
+    Rule {
+        dead_letter: Option<Arc<str>>,
+        on_unwritable: OnUnwritable,
+    },
+    /// Every rule it was routed for is gone: it is written if Kafka takes it, and released
+    /// (acknowledged unwritten) if Kafka can never take it.
+    Orphaned,
+}
+
+impl Policy {
+    fn is_of(&self, t: &Target) -> bool {
+        match self {
+            Self::Rule {
+                dead_letter,
+                on_unwritable,
+            } => !t.orphaned && t.dead_letter == *dead_letter && t.on_unwritable == *on_unwritable,
+            Self::Orphaned => t.orphaned,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub enum Action<M> {
     /// Hand this record to the producer and report its outcome to `on_outcome`.
@@ -161,6 +198,9 @@ pub enum Action<M> {
         reason: PermanentReason,
         error: String,
     },
+    /// Every rule it was routed for was removed (config reload) and Kafka can never take it:
+    /// given up, for nobody.
+    Released { target: TargetRef },
     /// Kafka can never take it and its rule says drop: given up, counted.
     Dropped {
         target: TargetRef,
@@ -176,8 +216,11 @@ pub enum Action<M> {
 enum State {
     /// To its own topic: queued in its lane or out at the producer.
     Primary,
+    /// To a dead-letter topic (`topic`), because its own topic refused it for `reason`.
     DeadLettering {
+        reason: PermanentReason,
         error: String,
+        topic: Arc<str>,
     },
     Done,
 }
@@ -190,15 +233,19 @@ struct Target {
     state: State,
     /// Out at the producer (a report is due).
     in_flight: bool,
-    /// Reported as held already (report once).
-    held: bool,
+    /// Held (reported once): the refusal that holds it, from its own topic or, when the
+    /// dead-letter copy was refused too, from the dead-letter topic.
+    held: Option<(PermanentReason, String)>,
+    /// Every rule it was routed for is gone (config reload): a permanent failure releases it
+    /// instead of holding it.
+    orphaned: bool,
 }
 
 impl Target {
     /// Where its next (or current) produce goes.
     fn dest(&self) -> Dest {
         match &self.state {
-            State::DeadLettering { error } => Dest::DeadLetter {
+            State::DeadLettering { error, .. } => Dest::DeadLetter {
                 error: error.clone(),
             },
             _ => Dest::Primary,
@@ -207,9 +254,9 @@ impl Target {
 
     /// The topic its next (or current) produce goes to.
     fn lane_topic(&self) -> Option<&Arc<str>> {
-        match self.state {
+        match &self.state {
             State::Primary => self.topic.as_ref(),
-            State::DeadLettering { .. } => self.dead_letter.as_ref(),
+            State::DeadLettering { topic, .. } => Some(topic),
             State::Done => None,
         }
     }
@@ -297,6 +344,8 @@ pub struct Window<M> {
     closed_lanes: usize,
     actions: VecDeque<Action<M>>,
     backoff: Backoff,
+    /// Targets held now; lets `held` skip the scan in the common case.
+    held_count: usize,
 }
 
 impl<M> Window<M> {
@@ -309,6 +358,7 @@ impl<M> Window<M> {
             closed_lanes: 0,
             actions: VecDeque::new(),
             backoff,
+            held_count: 0,
         }
     }
 
@@ -368,7 +418,8 @@ impl<M> Window<M> {
                     on_unwritable: spec.on_unwritable,
                     state: State::Primary,
                     in_flight: false,
-                    held: false,
+                    held: None,
+                    orphaned: false,
                 }
             })
             .collect();
@@ -405,7 +456,7 @@ impl<M> Window<M> {
             return;
         };
         let dead_letter = match &t.state {
-            State::DeadLettering { error } => Some(error.clone()),
+            State::DeadLettering { error, .. } => Some(error.clone()),
             _ => None,
         };
         let Some(lane) = self.lanes.get_mut(&topic) else {
@@ -522,6 +573,118 @@ impl<M> Window<M> {
             .collect();
         for topic in due {
             self.start_probe(&topic, now);
+        }
+    }
+
+    /// The records held now, in arrival order (the first one holds everything after it).
+    pub fn held(&self) -> impl Iterator<Item = HeldRecord<'_>> {
+        let slots = if self.held_count == 0 {
+            self.slots.range(0..0)
+        } else {
+            self.slots.range(..)
+        };
+        slots.enumerate().flat_map(move |(i, slot)| {
+            let seq = self.head + i as Seq;
+            slot.targets.iter().enumerate().filter_map(move |(pos, t)| {
+                let (reason, error) = t.held.as_ref()?;
+                Some(HeldRecord {
+                    target: TargetRef { seq, pos },
+                    reason: *reason,
+                    error,
+                    topic: t.lane_topic().cloned(),
+                    dead_letter: matches!(t.state, State::DeadLettering { .. }),
+                })
+            })
+        })
+    }
+
+    /// The messages in the window, in arrival order.
+    pub fn messages(&self) -> impl Iterator<Item = (Seq, &M)> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| Some((self.head + i as Seq, s.message.as_ref()?)))
+    }
+
+    /// A reload changed the rules: every unfinished target takes the policy `policy` gives it
+    /// now (`None`: unchanged), and a held one is judged again at once under it, so a fix
+    /// (a dead-letter topic, `on_unwritable: drop`, the rule removed) releases it. Its place
+    /// is kept: a record that goes on to its dead-letter topic is queued there in order.
+    pub fn rejudge(
+        &mut self,
+        mut policy: impl FnMut(TargetRef, &M) -> Option<Policy>,
+        now: Instant,
+    ) {
+        let mut changed: Vec<(TargetRef, Policy)> = Vec::new();
+        for (i, slot) in self.slots.iter().enumerate() {
+            let Some(message) = slot.message.as_ref() else {
+                continue;
+            };
+            let seq = self.head + i as Seq;
+            for (pos, t) in slot.targets.iter().enumerate() {
+                if t.state == State::Done {
+                    continue;
+                }
+                let target = TargetRef { seq, pos };
+                if let Some(p) = policy(target, message).filter(|p| !p.is_of(t)) {
+                    changed.push((target, p));
+                }
+            }
+        }
+        for (target, p) in changed {
+            self.apply_policy(target, p, now);
+        }
+        self.complete_ready();
+    }
+
+    fn apply_policy(&mut self, target: TargetRef, policy: Policy, now: Instant) {
+        let Some(t) = self.target_mut(target) else {
+            return;
+        };
+        match policy {
+            Policy::Rule {
+                dead_letter,
+                on_unwritable,
+            } => {
+                t.dead_letter = dead_letter;
+                t.on_unwritable = on_unwritable;
+                t.orphaned = false;
+            }
+            Policy::Orphaned => t.orphaned = true,
+        }
+        // Out at the producer: its outcome is judged under the new policy when it comes.
+        if t.in_flight {
+            return;
+        }
+        let Some((reason, error)) = t.held.take() else {
+            return;
+        };
+        let lane_topic = t.lane_topic().cloned();
+        self.held_count -= 1;
+        if let Some(topic) = &lane_topic {
+            self.withdraw(topic, target, now);
+        }
+        self.on_permanent(target, reason, error, now);
+        if let Some(topic) = &lane_topic {
+            self.start_probe(topic, now);
+        }
+    }
+
+    /// Takes a target out of its lane's queue; a lane it headed probes its next head at once
+    /// (the held record was what kept it waiting).
+    fn withdraw(&mut self, topic: &Arc<str>, target: TargetRef, now: Instant) {
+        let Some(lane) = self.lanes.get_mut(topic) else {
+            return;
+        };
+        let was_head = lane.queue.first() == Some(&target);
+        if !lane.queue.remove(&target) {
+            return;
+        }
+        if was_head && let Probe::Waiting { .. } = lane.probe {
+            lane.probe = Probe::Waiting {
+                at: now,
+                failures: 0,
+            };
         }
     }
 
@@ -677,10 +840,37 @@ impl<M> Window<M> {
         let Some(t) = self.target_mut(target) else {
             return false;
         };
-        if t.state == State::Primary && t.dead_letter.is_some() {
-            t.state = State::DeadLettering { error };
+        if t.orphaned {
+            self.finish(target);
+            self.actions.push_back(Action::Released { target });
+            return false;
+        }
+        let next_dead_letter = match (&t.state, &t.dead_letter) {
+            (State::Primary, Some(d)) => Some((reason, error.clone(), Arc::clone(d))),
+            // A reload named another dead-letter topic than the one that refused the copy.
+            (
+                State::DeadLettering {
+                    reason,
+                    error,
+                    topic,
+                },
+                Some(d),
+            ) if topic != d => Some((*reason, error.clone(), Arc::clone(d))),
+            _ => None,
+        };
+        if let Some((reason, error, topic)) = next_dead_letter {
+            t.state = State::DeadLettering {
+                reason,
+                error,
+                topic,
+            };
             self.dispatch(target, now);
             return false;
+        }
+        // A reload took the dead-letter topic away: back to its own topic, where a broker-side
+        // fix can still help.
+        if matches!(t.state, State::DeadLettering { .. }) && t.dead_letter.is_none() {
+            t.state = State::Primary;
         }
         match t.on_unwritable {
             OnUnwritable::Drop => {
@@ -693,12 +883,12 @@ impl<M> Window<M> {
                 false
             }
             OnUnwritable::Hold => {
-                let first = !t.held;
-                t.held = true;
+                let first = t.held.is_none();
+                t.held = Some((reason, error.clone()));
                 // Without a lane topic (an illegal name, nowhere to dead-letter it) nothing
-                // can help this process: the target stays put, never produced, and a restart
-                // with a fixed config routes the redelivered message anew. Otherwise a
-                // broker-side fix (a larger limit) can help: keep trying, slowly.
+                // can help but a new rule: the target stays put, never produced, until a reload
+                // re-judges it (`rejudge`). Otherwise a broker-side fix (a larger limit) can
+                // help too: keep trying, slowly.
                 if let Some(topic) = t.lane_topic().cloned() {
                     let failures = match self.lanes.get(&topic).map(|l| l.probe) {
                         Some(Probe::InFlight { failures, .. }) => failures + 1,
@@ -713,6 +903,7 @@ impl<M> Window<M> {
                     );
                 }
                 if first {
+                    self.held_count += 1;
                     self.actions.push_back(Action::Held {
                         target,
                         reason,
@@ -741,6 +932,9 @@ impl<M> Window<M> {
         if t.state != State::Done {
             t.state = State::Done;
             slot.remaining -= 1;
+        }
+        if t.held.take().is_some() {
+            self.held_count -= 1;
         }
     }
 
@@ -787,6 +981,38 @@ mod tests {
         /// A topic starts or stops refusing everything (authorization, unknown topic).
         Toggle(u8),
         Advance(u64),
+        /// A config reload: every rule now says this about a record Kafka can never take.
+        Reload(Rejudged),
+    }
+
+    /// A rule's policy in the model: (dead-letter topic, drop), or the rule was removed.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Rejudged {
+        Rule { dlq: bool, drop: bool },
+        Removed,
+    }
+
+    impl Rejudged {
+        fn policy(self) -> Policy {
+            match self {
+                Self::Rule { dlq, drop } => Policy::Rule {
+                    dead_letter: dlq.then(|| Arc::from("dlq")),
+                    on_unwritable: if drop {
+                        OnUnwritable::Drop
+                    } else {
+                        OnUnwritable::Hold
+                    },
+                },
+                Self::Removed => Policy::Orphaned,
+            }
+        }
+    }
+
+    fn rejudged() -> impl Strategy<Value = Rejudged> {
+        prop_oneof![
+            3 => (any::<bool>(), any::<bool>()).prop_map(|(dlq, drop)| Rejudged::Rule { dlq, drop }),
+            1 => Just(Rejudged::Removed),
+        ]
     }
 
     const TOPICS: [&str; 4] = ["a", "b", "c", "dlq"];
@@ -810,6 +1036,7 @@ mod tests {
             4 => (0u8..4, 1usize..4).prop_map(|(t, n)| Op::Batch(t, n)),
             1 => (0u8..4).prop_map(Op::Toggle),
             1 => (0u64..300).prop_map(Op::Advance),
+            1 => rejudged().prop_map(Op::Reload),
         ]
     }
 
@@ -825,6 +1052,11 @@ mod tests {
         completed: Vec<Seq>,
         dropped: HashSet<TargetRef>,
         held: HashSet<TargetRef>,
+        released: HashSet<TargetRef>,
+        /// Targets finished (delivered, dropped, released): a reload no longer changes them.
+        finished: HashSet<TargetRef>,
+        /// Every policy each target had after a reload (its own at accept time aside).
+        policies: BTreeMap<TargetRef, Vec<Rejudged>>,
         /// Records that were refused in a batch too large: records already in flight behind
         /// them may land first (the one order exception, documented).
         in_too_large_batch: HashSet<TargetRef>,
@@ -842,6 +1074,9 @@ mod tests {
                 completed: Vec::new(),
                 dropped: HashSet::new(),
                 held: HashSet::new(),
+                released: HashSet::new(),
+                finished: HashSet::new(),
+                policies: BTreeMap::new(),
                 in_too_large_batch: HashSet::new(),
             }
         }
@@ -883,8 +1118,43 @@ mod tests {
                     self.now += Duration::from_millis(ms);
                     self.window.tick(self.now);
                 }
+                Op::Reload(r) => self.reload(r),
             }
             self.drain();
+        }
+
+        fn reload(&mut self, r: Rejudged) {
+            let first = self.completed.len() as Seq;
+            for (seq, m) in self.msgs.iter().enumerate().skip(first as usize) {
+                for pos in 0..m.targets.len() {
+                    let t = TargetRef {
+                        seq: seq as Seq,
+                        pos,
+                    };
+                    if !self.finished.contains(&t) {
+                        self.policies.entry(t).or_default().push(r);
+                    }
+                }
+            }
+            self.window.rejudge(|_, _| Some(r.policy()), self.now);
+        }
+
+        /// The policy a target has now, and whether it ever had a dead-letter topic, `drop`,
+        /// or was orphaned.
+        fn policy_of(&self, t: TargetRef) -> (Rejudged, bool, bool, bool) {
+            let (_, dlq, drop) = self.msgs[t.seq as usize].targets[t.pos];
+            let own = Rejudged::Rule { dlq, drop };
+            let all: Vec<Rejudged> = std::iter::once(own)
+                .chain(self.policies.get(&t).into_iter().flatten().copied())
+                .collect();
+            let last = all.last().copied().unwrap_or(own);
+            let ever = |f: fn(&Rejudged) -> bool| all.iter().any(f);
+            (
+                last,
+                ever(|p| matches!(p, Rejudged::Rule { dlq: true, .. })),
+                ever(|p| matches!(p, Rejudged::Rule { drop: true, .. })),
+                ever(|p| *p == Rejudged::Removed),
+            )
         }
 
         fn batch(&mut self, topic: usize, n: usize) {
@@ -967,11 +1237,19 @@ mod tests {
                     }
                     Action::Dropped { target, .. } => {
                         assert!(self.dropped.insert(target), "dropped twice");
+                        assert!(self.finished.insert(target), "finished twice");
+                    }
+                    Action::Released { target } => {
+                        assert!(self.released.insert(target), "released twice");
+                        assert!(self.finished.insert(target), "finished twice");
+                    }
+                    Action::Delivered { target, .. } => {
+                        assert!(self.finished.insert(target), "finished twice");
                     }
                     Action::Held { target, .. } => {
                         self.held.insert(target);
                     }
-                    Action::Delivered { .. } | Action::Blocked { .. } => {}
+                    Action::Blocked { .. } => {}
                 }
             }
         }
@@ -1030,28 +1308,41 @@ mod tests {
         for (seq, m) in sim.msgs.iter().enumerate() {
             let done = seq < first_stuck;
             let mut held = false;
-            for (pos, (topic, dlq, drop)) in m.targets.iter().enumerate() {
+            for (pos, (topic, _, _)) in m.targets.iter().enumerate() {
                 let t = TargetRef {
                     seq: seq as Seq,
                     pos,
                 };
+                let (now, ever_dlq, ever_drop, ever_removed) = sim.policy_of(t);
                 let permanent = topic.is_none() || m.size > LIMIT;
                 let in_primary = topic.is_some_and(|x| in_topic.contains(&(usize::from(x), t)));
                 let in_dlq = in_topic.contains(&(3, t));
-                match (permanent, dlq, drop) {
-                    (false, _, _) => {
-                        assert!(in_primary || !done, "{t:?} completed but not in its topic");
-                        assert!(!in_dlq, "{t:?} valid yet dead-lettered");
-                    }
-                    (true, true, _) => {
-                        assert!(in_dlq || !done, "{t:?} completed but not dead-lettered");
-                        assert!(!in_primary);
-                    }
-                    (true, false, true) => assert!(sim.dropped.contains(&t) || !done),
-                    (true, false, false) => {
-                        assert!(!done, "{t:?} permanent with hold was completed");
-                        held |= sim.held.contains(&t);
-                    }
+                let dropped = sim.dropped.contains(&t);
+                let released = sim.released.contains(&t);
+                assert!(!in_dlq || ever_dlq, "{t:?} dead-lettered, never told to");
+                assert!(!dropped || ever_drop, "{t:?} dropped, never told to");
+                assert!(!released || ever_removed, "{t:?} released, never orphaned");
+                if !permanent {
+                    assert!(in_primary || !done, "{t:?} completed but not in its topic");
+                    assert!(!in_dlq && !dropped && !released, "{t:?} valid yet given up");
+                    continue;
+                }
+                assert!(!in_primary, "{t:?} too large yet in its topic");
+                assert!(
+                    in_dlq || dropped || released || !done,
+                    "{t:?} completed but neither dead-lettered, dropped nor released"
+                );
+                if !(in_dlq || dropped || released) && sim.held.contains(&t) {
+                    // Still held: only a policy that says hold keeps it.
+                    assert_eq!(
+                        now,
+                        Rejudged::Rule {
+                            dlq: false,
+                            drop: false
+                        },
+                        "{t:?} still held under {now:?}"
+                    );
+                    held = true;
                 }
             }
             // After healing, only a held record keeps a message (and those after it) back.
@@ -1076,6 +1367,31 @@ mod tests {
             }
             sim.settle();
             check(&sim);
+        }
+
+        /// A reload that gives every rule a way out (a dead-letter topic, drop, or the rule
+        /// removed) releases everything held, keeping the order and the failure rule.
+        #[test]
+        fn a_reload_with_a_way_out_releases_every_held_record(
+            ops in proptest::collection::vec(op(), 1..120),
+            way_out in prop_oneof![
+                Just(Rejudged::Rule { dlq: true, drop: false }),
+                Just(Rejudged::Rule { dlq: false, drop: true }),
+                Just(Rejudged::Removed),
+            ],
+        ) {
+            let mut sim = Sim::new();
+            for op in ops {
+                sim.apply(op);
+            }
+            sim.settle();
+            sim.reload(way_out);
+            sim.drain();
+            sim.settle();
+            check(&sim);
+            prop_assert_eq!(sim.completed.len(), sim.msgs.len(), "everything completed");
+            prop_assert!(sim.window.is_empty());
+            prop_assert_eq!(sim.window.held().count(), 0);
         }
     }
 
@@ -1186,6 +1502,179 @@ mod tests {
         assert_eq!(produces(&mut w), vec![(t(1), "a".into())]);
         w.on_outcome(t(1), too_large(), now);
         assert_eq!(produces(&mut w), vec![(t(1), "dlq".into())]);
+    }
+
+    /// Drives a target of topic `topic` through "too large" twice (once in flight with
+    /// others, once alone), as Kafka answers a record over the topic's limit.
+    fn refuse_too_large(w: &mut Window<u32>, target: TargetRef, topic: &str, now: Instant) {
+        let too_large = || Outcome::Permanent {
+            reason: PermanentReason::TooLarge,
+            error: "Broker: Message size too large".into(),
+        };
+        w.on_outcome(target, too_large(), now);
+        assert!(
+            produces(w).contains(&(target, topic.to_owned())),
+            "judged again alone"
+        );
+        w.on_outcome(target, too_large(), now);
+    }
+
+    fn completions(w: &mut Window<u32>) -> Vec<Seq> {
+        std::iter::from_fn(|| w.next_action())
+            .filter_map(|a| match a {
+                Action::Complete { seq, .. } => Some(seq),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_held_record_is_released_in_order_when_a_reload_gives_it_a_dead_letter_topic() {
+        let now = Instant::now();
+        let mut w = Window::new(Backoff::default());
+        w.accept(0, vec![spec("a")], now);
+        w.accept(1, vec![spec("a")], now);
+        w.accept(2, vec![spec("b")], now);
+        assert_eq!(produces(&mut w).len(), 3);
+        w.on_outcome(
+            t(1),
+            Outcome::Blocked {
+                reason: BlockReason::Unavailable,
+                error: "gap".into(),
+            },
+            now,
+        );
+        w.on_outcome(t(2), Outcome::Delivered, now);
+        refuse_too_large(&mut w, t(0), "a", now);
+        let held: Vec<_> = w
+            .held()
+            .map(|h| (h.target, h.reason, h.topic, h.dead_letter))
+            .collect();
+        assert_eq!(
+            held,
+            vec![(t(0), PermanentReason::TooLarge, Some(Arc::from("a")), false)]
+        );
+        assert!(
+            completions(&mut w).is_empty(),
+            "everything waits behind the held record"
+        );
+        w.rejudge(
+            |_, _| {
+                Some(Policy::Rule {
+                    dead_letter: Some(Arc::from("dlq")),
+                    on_unwritable: OnUnwritable::Hold,
+                })
+            },
+            now,
+        );
+        assert_eq!(
+            produces(&mut w),
+            vec![(t(0), "dlq".into()), (t(1), "a".into())],
+            "dead-lettered at once; the topic's next record is probed without waiting"
+        );
+        assert_eq!(w.held().count(), 0);
+        w.on_outcome(t(1), Outcome::Delivered, now);
+        w.on_outcome(t(0), Outcome::Delivered, now);
+        assert_eq!(completions(&mut w), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_dead_letter_copy_refused_too_is_held_visibly_and_released_by_drop() {
+        let now = Instant::now();
+        let mut w = Window::new(Backoff::default());
+        let with_dlq = TargetSpec {
+            dead_letter: Some(Arc::from("dlq")),
+            ..spec("a")
+        };
+        w.accept(0, vec![with_dlq], now);
+        assert_eq!(produces(&mut w), vec![(t(0), "a".into())]);
+        refuse_too_large(&mut w, t(0), "a", now);
+        assert_eq!(produces(&mut w), vec![(t(0), "dlq".into())]);
+        refuse_too_large(&mut w, t(0), "dlq", now);
+        let held: Vec<_> = w
+            .held()
+            .map(|h| (h.topic, h.dead_letter, h.error.to_owned()))
+            .collect();
+        assert_eq!(
+            held,
+            vec![(
+                Some(Arc::from("dlq")),
+                true,
+                "kafka topic dlq: Broker: Message size too large".to_owned()
+            )]
+        );
+        // The same dead-letter topic, now with drop.
+        w.rejudge(
+            |_, _| {
+                Some(Policy::Rule {
+                    dead_letter: Some(Arc::from("dlq")),
+                    on_unwritable: OnUnwritable::Drop,
+                })
+            },
+            now,
+        );
+        // The dead-letter topic refused it already: dropped at once.
+        let dropped = std::iter::from_fn(|| w.next_action())
+            .filter(|a| matches!(a, Action::Dropped { .. } | Action::Complete { .. }))
+            .count();
+        assert_eq!(dropped, 2, "dropped, then completed");
+        assert!(w.is_empty());
+    }
+
+    #[test]
+    fn a_held_record_out_at_the_producer_is_judged_under_the_new_rules_when_it_comes_back() {
+        let start = Instant::now();
+        let mut w = Window::new(Backoff::default());
+        w.accept(0, vec![spec("a")], start);
+        produces(&mut w);
+        refuse_too_large(&mut w, t(0), "a", start);
+        // The slow retry of a held record (a raised limit would let it through).
+        let at = w.next_deadline().unwrap_or(start);
+        w.tick(at);
+        assert_eq!(produces(&mut w), vec![(t(0), "a".into())]);
+        w.rejudge(|_, _| Some(Policy::Orphaned), at);
+        assert_eq!(produces(&mut w), vec![], "nothing while it is out");
+        w.on_outcome(
+            t(0),
+            Outcome::Permanent {
+                reason: PermanentReason::TooLarge,
+                error: "too large".into(),
+            },
+            at,
+        );
+        let actions: Vec<_> = std::iter::from_fn(|| w.next_action()).collect();
+        assert!(
+            matches!(
+                actions[..],
+                [Action::Released { .. }, Action::Complete { seq: 0, .. }]
+            ),
+            "{actions:?}"
+        );
+    }
+
+    #[test]
+    fn a_reload_that_still_says_hold_keeps_it_held_and_reports_nothing_new() {
+        let now = Instant::now();
+        let mut w = Window::new(Backoff::default());
+        w.accept(0, vec![spec("a")], now);
+        produces(&mut w);
+        refuse_too_large(&mut w, t(0), "a", now);
+        std::iter::from_fn(|| w.next_action()).for_each(drop);
+        w.rejudge(
+            |_, _| {
+                Some(Policy::Rule {
+                    dead_letter: None,
+                    on_unwritable: OnUnwritable::Hold,
+                })
+            },
+            now,
+        );
+        assert_eq!(
+            w.next_action().map(|_| ()),
+            None,
+            "unchanged policy: untouched"
+        );
+        assert_eq!(w.held().count(), 1);
     }
 
     #[test]

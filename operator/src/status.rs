@@ -6,7 +6,7 @@
 //! the forwarder pods' `/status`).
 
 use ferry_api::crd::{BoundedString, BrokerConnectionStatus, ForwardingRuleStatus};
-use ferry_api::status::{ForwarderStatus, LastError, RuleStatus};
+use ferry_api::status::{ForwarderStatus, Held, LastError, RuleStatus};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -31,10 +31,22 @@ pub const RECENT_ERROR: SignedDuration = SignedDuration::from_secs(60);
 /// transient hiccup does not flip the condition but a missing topic or a revoked ACL does.
 pub const STALLED_AFTER: SignedDuration = SignedDuration::from_secs(30);
 
+/// The rule holds a record Kafka can never take (`onUnwritable: hold`): nothing after it, of any
+/// rule of the group, is acknowledged.
+pub const HELD: &str = "Held";
+/// The rule's messages wait behind a record another rule of its group holds.
+pub const BLOCKED_BY_RULE: &str = "BlockedByRule";
+
 /// `Forwarding` reasons that also make the rule not `Ready`: data is not flowing. (A record
 /// dead-lettered now and then, `RecordsFailing`, is worth a condition but the rule still
 /// forwards.)
-pub const BLOCKING_REASONS: [&str; 3] = ["MqttDisconnected", "KafkaUnreachable", "Stalled"];
+pub const BLOCKING_REASONS: [&str; 5] = [
+    "MqttDisconnected",
+    "KafkaUnreachable",
+    HELD,
+    BLOCKED_BY_RULE,
+    "Stalled",
+];
 
 /// A group's forwarder StatefulSet as last seen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -386,6 +398,24 @@ fn forwarding(
             "KafkaUnreachable",
             with_error(format!("pod {pod}: Kafka unreachable"), &r.kafka.last_error),
         )
+    } else if let Some((pod, h)) = loaded
+        .iter()
+        .find_map(|(pod, _, r)| Some((pod, r.held.as_ref()?)))
+    {
+        Desired::new(FORWARDING, FALSE, HELD, held_message(pod, h))
+    } else if let Some((pod, b)) = loaded
+        .iter()
+        .find_map(|(pod, _, r)| Some((pod, r.blocked_by.as_ref()?)))
+    {
+        Desired::new(
+            FORWARDING,
+            FALSE,
+            BLOCKED_BY_RULE,
+            format!(
+                "pod {pod}: messages wait behind a record held by rule {} (acknowledgements go out in order); see that rule's status",
+                b.rules.join(", ")
+            ),
+        )
     } else if let Some((pod, w)) = loaded
         .iter()
         .filter_map(|(pod, _, r)| Some((pod, r.waiting.as_ref()?)))
@@ -411,6 +441,20 @@ fn forwarding(
             format!("{} pods: MQTT connected, Kafka reachable", loaded.len()),
         )
     }
+}
+
+/// What a held record is and how to release it. Only what identifies the record, so the
+/// message stays the same (and nothing is written) while the same record is held.
+fn held_message(pod: &str, h: &Held) -> String {
+    let refused_by = match (&h.kafka_topic, h.dead_letter) {
+        (Some(t), true) => format!("its dead-letter topic {t} refused the copy too"),
+        (Some(t), false) => format!("Kafka topic {t}"),
+        (None, _) => "no legal Kafka topic".to_owned(),
+    };
+    format!(
+        "pod {pod}: holds a record Kafka can never take as it is ({}: MQTT topic {}, {} bytes; {refused_by}: {}); every later message of its group waits. Release it: give the rule a deadLetter topic that can take it, set onUnwritable: drop, remove the rule, or raise the topic's max.message.bytes",
+        h.reason, h.mqtt_topic, h.size, h.error
+    )
 }
 
 /// Whether the poller writes a rule's data-plane status now (`current` and `desired` as
@@ -656,7 +700,97 @@ mod tests {
                 at: at(s),
             }),
             waiting: None,
+            held: None,
+            blocked_by: None,
         }
+    }
+
+    #[test]
+    fn a_held_record_and_the_rules_behind_it_are_not_ready_with_their_own_reasons() {
+        let mut images = rule(0, 0.0, None);
+        images.name = "images".into();
+        images.held = Some(Held {
+            reason: "too_large".into(),
+            mqtt_topic: "cam/1".into(),
+            size: 5000,
+            kafka_topic: Some("images".into()),
+            dead_letter: false,
+            error: "kafka topic images: Broker: Message size too large".into(),
+            records: 1,
+            since: at(50),
+        });
+        let mut telemetry = rule(10, 1.0, None);
+        telemetry.blocked_by = Some(ferry_api::status::BlockedBy {
+            rules: vec!["images".into()],
+            messages: 10,
+            since: at(50),
+        });
+        let mut both = report(true, true, Some(images.clone()));
+        both.rules.push(telemetry.clone());
+        let reports = vec![("p-0".to_owned(), both)];
+        let (held, _) = rule_data(None, "images", &reports, at(60));
+        let c = condition(&held.conditions, FORWARDING).unwrap();
+        assert_eq!((c.status.as_str(), c.reason.as_str()), (FALSE, HELD));
+        for part in [
+            "p-0",
+            "too_large",
+            "cam/1",
+            "5000 bytes",
+            "Kafka topic images",
+            "deadLetter",
+        ] {
+            assert!(c.message.contains(part), "{part} in {}", c.message);
+        }
+        let (blocked, _) = rule_data(None, "telemetry", &reports, at(60));
+        let c = condition(&blocked.conditions, FORWARDING).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            (FALSE, BLOCKED_BY_RULE)
+        );
+        assert!(c.message.contains("rule images"), "{}", c.message);
+
+        // The same record held later (its count grew, time passed): nothing to write.
+        let mut more = reports.clone();
+        if let Some(h) = more[0].1.rules[0].held.as_mut() {
+            h.records = 3;
+        }
+        if let Some(b) = more[0].1.rules[1].blocked_by.as_mut() {
+            b.messages = 500;
+        }
+        let (held_later, t) = rule_data(Some(&held), "images", &more, at(90));
+        assert!(t.is_empty());
+        assert_eq!(held_later.conditions, held.conditions);
+        let (blocked_later, t) = rule_data(Some(&blocked), "telemetry", &more, at(90));
+        assert!(t.is_empty());
+        assert_eq!(blocked_later.conditions, blocked.conditions);
+
+        // Ready follows with the same reasons (what the REASON column shows).
+        let rendered = RuleOutcome::Rendered {
+            workload: workload(1, 1),
+            paused: false,
+        };
+        for (status, reason) in [(&held, HELD), (&blocked, BLOCKED_BY_RULE)] {
+            let (s, _) = rule_control(Some(status), Some(1), &rendered, at(60));
+            let ready = condition(&s.conditions, READY).unwrap();
+            assert_eq!(
+                (ready.status.as_str(), ready.reason.as_str()),
+                (FALSE, reason)
+            );
+        }
+
+        // A dead-letter copy refused too says so.
+        let mut refused = reports.clone();
+        if let Some(h) = refused[0].1.rules[0].held.as_mut() {
+            h.dead_letter = true;
+            h.kafka_topic = Some("dlq".into());
+        }
+        let (s, _) = rule_data(None, "images", &refused, at(60));
+        let c = condition(&s.conditions, FORWARDING).unwrap();
+        assert!(
+            c.message.contains("dead-letter topic dlq refused"),
+            "{}",
+            c.message
+        );
     }
 
     #[test]

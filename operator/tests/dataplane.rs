@@ -149,6 +149,38 @@ fn rules_report_what_their_forwarder_pods_forward_and_steady_state_reconciles_no
     not_ready_pods_still_report_until_kafka_is_back(&cp, &op, &mut kafka);
 }
 
+/// A BrokerConnection `name` in {NS} to these brokers, with `replicas` forwarder pods.
+fn connection_yaml(name: &str, replicas: u32, mosquitto: &Mosquitto, kafka: &Kafka) -> String {
+    format!(
+        "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\nmetadata: {{ name: {name}, namespace: {NS} }}\n\
+         spec:\n  mqtt: {{ host: 127.0.0.1, port: {} }}\n  kafka: {{ bootstrapServers: [\"{}\"] }}\n\
+         \x20 forwarder: {{ replicas: {replicas} }}\n",
+        mosquitto.port(),
+        kafka.bootstrap()
+    )
+}
+
+/// A ForwardingRule `name` in {NS} of `connection` from `filter` to `topic`; `extra` is more of
+/// its spec (lines indented two spaces).
+fn rule_yaml(name: &str, connection: &str, filter: &str, topic: &str, extra: &str) -> String {
+    format!(
+        "apiVersion: ferry.dev/v1alpha1\nkind: ForwardingRule\nmetadata: {{ name: {name}, namespace: {NS} }}\n\
+         spec:\n  connectionRef: {{ name: {connection} }}\n  mqtt: {{ topics: [\"{filter}\"] }}\n\
+         \x20 kafka: {{ topic: {topic} }}\n{extra}"
+    )
+}
+
+/// Publishes `messages` at QoS 1, in order, and waits for the broker's acks.
+fn publish(rt: &tokio::runtime::Runtime, mosquitto: &Mosquitto, messages: Vec<(String, Vec<u8>)>) {
+    rt.block_on(ferry_e2e::publish(
+        mosquitto.port(),
+        "publisher",
+        rumqttc::QoS::AtLeastOnce,
+        messages,
+    ))
+    .expect("publish");
+}
+
 /// A condition of an object in {NS}: (status, reason, message), empty while it has none.
 fn cond(cp: &ControlPlane, kind: &str, name: &str, type_: &str) -> (String, String, String) {
     condition(cp, NS, kind, name, type_).unwrap_or_default()
@@ -164,36 +196,18 @@ fn rules_become_ready_with_their_pods(
 ) -> Vec<Pod> {
     common::apply(
         cp,
-        &format!(
-            r#"
-apiVersion: ferry.dev/v1alpha1
-kind: BrokerConnection
-metadata: {{ name: plant, namespace: {NS} }}
-spec:
-  mqtt: {{ host: 127.0.0.1, port: {} }}
-  kafka: {{ bootstrapServers: ["{}"] }}
-  forwarder: {{ replicas: 2 }}
----
-apiVersion: ferry.dev/v1alpha1
-kind: ForwardingRule
-metadata: {{ name: temps, namespace: {NS} }}
-spec:
-  connectionRef: {{ name: plant }}
-  mqtt: {{ topics: ["plant/+/temp"] }}
-  kafka: {{ topic: temps }}
----
-apiVersion: ferry.dev/v1alpha1
-kind: ForwardingRule
-metadata: {{ name: alarms, namespace: {NS} }}
-spec:
-  connectionRef: {{ name: plant }}
-  mqtt: {{ topics: ["plant/+/alarm"] }}
-  filter: "!string(payload).endsWith('0')"
-  kafka: {{ topic: alarms }}
-"#,
-            mosquitto.port(),
-            kafka.bootstrap()
-        ),
+        &[
+            connection_yaml("plant", 2, mosquitto, kafka),
+            rule_yaml("temps", "plant", "plant/+/temp", "temps", ""),
+            rule_yaml(
+                "alarms",
+                "plant",
+                "plant/+/alarm",
+                "alarms",
+                "  filter: \"!string(payload).endsWith('0')\"\n",
+            ),
+        ]
+        .join("---\n"),
     );
     // The StatefulSet controller creates the pods; the test runs them.
     let names = ["plant-default-0", "plant-default-1"];
@@ -249,13 +263,7 @@ fn forwarded_counts_reach_the_rules_status(
             )
         }))
         .collect();
-    rt.block_on(ferry_e2e::publish(
-        mosquitto.port(),
-        "publisher",
-        rumqttc::QoS::AtLeastOnce,
-        messages,
-    ))
-    .expect("publish");
+    publish(rt, mosquitto, messages);
     let records = kafka
         .read_all("temps", temps, Duration::from_secs(1), WAIT)
         .expect("read temps");
@@ -405,4 +413,170 @@ fn not_ready_pods_still_report_until_kafka_is_back(
         cond(cp, "fr", "temps", "Ready").0 == "True"
             && cond(cp, "fr", "temps", "Forwarding").0 == "True"
     });
+}
+
+/// Writes the group's current ConfigMap into pod `name`'s config file, as the kubelet updates
+/// a mounted ConfigMap (the forwarder polls the file and reloads).
+fn sync_config(cp: &ControlPlane, workload: &str, name: &str) -> String {
+    let config = jsonpath(cp, NS, "configmap", workload, "{.data.config\\.yaml}");
+    assert!(!config.is_empty(), "ConfigMap {workload} has a config");
+    std::fs::write(cp.dir().join(name).join("config.yaml"), &config).expect("config");
+    config
+}
+
+/// The REASON column of `kubectl get fr` per rule: the third column (NAME and READY are one
+/// word each).
+fn reason_column(cp: &ControlPlane) -> Vec<(String, String)> {
+    let table = cp
+        .run_kubectl(["get", "fr", "-n", NS])
+        .expect("kubectl get fr");
+    let mut lines = table.lines();
+    let header = lines.next().unwrap_or_default();
+    assert!(
+        header
+            .split_whitespace()
+            .take(3)
+            .eq(["NAME", "READY", "REASON"]),
+        "{table}"
+    );
+    lines
+        .filter_map(|l| {
+            let mut cols = l.split_whitespace();
+            let name = cols.next()?.to_owned();
+            Some((name, cols.nth(1)?.to_owned()))
+        })
+        .collect()
+}
+
+/// A record Kafka can never take, on a rule without a dead-letter topic (the default
+/// `onUnwritable: hold`), holds the group: the holding rule's Ready is False with `Held`
+/// naming the record, its neighbour's with `BlockedByRule` naming the rule, and `kubectl get fr`
+/// shows both reasons. Changing the rule to `onUnwritable: drop` releases it: both Ready again,
+/// the neighbour's messages all forwarded.
+#[test]
+fn a_held_record_makes_its_rule_held_and_its_neighbour_blocked_by_it() {
+    let cp = common::control_plane_with_crds(NS);
+    let mosquitto = Mosquitto::start().expect("mosquitto");
+    let kafka = Kafka::start().expect("kafka");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    for topic in ["images", "telemetry"] {
+        rt.block_on(kafka.create_topic(topic, 1)).expect("topic");
+    }
+    let op = Operator::start(&cp, "operator", &["--status-interval-seconds", "1"]);
+    let rules = |images_extra: &str| {
+        [
+            connection_yaml("depot", 1, &mosquitto, &kafka),
+            rule_yaml("images", "depot", "images/#", "images", images_extra),
+            rule_yaml("telemetry", "depot", "sensors/+/data", "telemetry", ""),
+        ]
+        .join("---\n")
+    };
+    common::apply(&cp, &rules(""));
+    let pod = "depot-default-0";
+    op.wait_for("the StatefulSet's pod", WAIT, || {
+        cp.run_kubectl(["get", "pod", pod, "-n", NS]).is_ok()
+    });
+    let _pod = run_pod(&cp, "depot-default", pod, Ipv4Addr::new(127, 77, 1, 1));
+    op.wait_for("both rules Ready", WAIT, || {
+        ["images", "telemetry"]
+            .iter()
+            .all(|r| cond(&cp, "fr", r, "Ready").0 == "True")
+    });
+
+    // Over librdkafka's message.max.bytes (1,000,000): Kafka can never take it as it is.
+    let big: Vec<u8> = (0..1_200_000u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let stream = 100;
+    let mut messages = vec![("images/cam1".to_owned(), big)];
+    messages.extend((0..stream).map(|i| {
+        (
+            format!("sensors/{}/data", i % 4),
+            format!("s{i}").into_bytes(),
+        )
+    }));
+    publish(&rt, &mosquitto, messages);
+
+    op.wait_for("Held and BlockedByRule", WAIT, || {
+        cond(&cp, "fr", "images", "Ready").1 == "Held"
+            && cond(&cp, "fr", "telemetry", "Ready").1 == "BlockedByRule"
+    });
+    let (status, _, message) = cond(&cp, "fr", "images", "Ready");
+    assert_eq!(status, "False");
+    for part in [
+        pod,
+        "too_large",
+        "images/cam1",
+        "1200000 bytes",
+        "Kafka topic images",
+    ] {
+        assert!(
+            message.contains(part),
+            "{part} in the Held message: {message}"
+        );
+    }
+    let (status, _, message) = cond(&cp, "fr", "telemetry", "Ready");
+    assert_eq!(status, "False");
+    assert!(message.contains("rule images"), "{message}");
+    let forwarded = |rule: &str| jsonpath(&cp, NS, "fr", rule, "{.status.forwarded}");
+    op.wait_for("the blocked rule's records in Kafka", WAIT, || {
+        forwarded("telemetry") == stream.to_string()
+    });
+    let mut columns = reason_column(&cp);
+    columns.sort();
+    assert_eq!(
+        columns,
+        [
+            ("images".to_owned(), "Held".to_owned()),
+            ("telemetry".to_owned(), "BlockedByRule".to_owned())
+        ]
+    );
+    eprintln!(
+        "{}",
+        cp.run_kubectl(["get", "fr", "-n", NS])
+            .expect("kubectl get fr")
+    );
+
+    // The fix, live: the rule drops what Kafka can never take.
+    let before = jsonpath(
+        &cp,
+        NS,
+        "configmap",
+        "depot-default",
+        "{.data.config\\.yaml}",
+    );
+    common::apply(&cp, &rules("  onUnwritable: Drop\n"));
+    op.wait_for("the group's config rendered anew", WAIT, || {
+        jsonpath(
+            &cp,
+            NS,
+            "configmap",
+            "depot-default",
+            "{.data.config\\.yaml}",
+        ) != before
+    });
+    sync_config(&cp, "depot-default", pod);
+    op.wait_for("both rules Ready again", WAIT, || {
+        ["images", "telemetry"]
+            .iter()
+            .all(|r| cond(&cp, "fr", r, "Ready").0 == "True")
+    });
+    assert_eq!(jsonpath(&cp, NS, "fr", "images", "{.status.failed}"), "1");
+    let mut columns = reason_column(&cp);
+    columns.sort();
+    assert_eq!(
+        columns,
+        [
+            ("images".to_owned(), "ForwarderReady".to_owned()),
+            ("telemetry".to_owned(), "ForwarderReady".to_owned())
+        ]
+    );
+    let records = kafka
+        .read_all("telemetry", stream, Duration::from_secs(1), WAIT)
+        .expect("read telemetry");
+    assert_eq!(
+        records.len(),
+        stream,
+        "every blocked message forwarded once"
+    );
 }
