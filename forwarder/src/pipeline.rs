@@ -96,6 +96,8 @@ pub struct Pipeline {
     window: Window<Inflight>,
     max_inflight: usize,
     scratch: Vec<Routed>,
+    /// The producer's `message.max.bytes`: what a record's expressions may build.
+    record_max_bytes: usize,
 }
 
 /// What the pipeline is connected to.
@@ -114,6 +116,7 @@ impl Pipeline {
     ) -> Result<Self, KafkaError> {
         let (reports_tx, reports) = mpsc::unbounded_channel();
         let producer = kafka::producer(&kafka, Arc::clone(&wiring.metrics), reports_tx.clone())?;
+        let record_max_bytes = eval::record_max_bytes(&kafka.config);
         Ok(Self {
             router: Arc::new(router),
             metrics: wiring.metrics,
@@ -127,6 +130,7 @@ impl Pipeline {
             window: Window::new(Backoff::default()),
             max_inflight,
             scratch: Vec::new(),
+            record_max_bytes,
         })
     }
 
@@ -230,7 +234,7 @@ impl Pipeline {
             self.metrics.unmatched.inc();
         }
         let now = Instant::now();
-        let legs = legs(&mut self.scratch, &message, now);
+        let legs = legs(&mut self.scratch, &message, now, self.record_max_bytes);
         let specs = legs.iter().map(|leg| leg.spec(&message.topic)).collect();
         let inflight = Inflight {
             message,
@@ -589,7 +593,12 @@ impl Leg {
 
 /// A message's legs: its routed targets less those whose every matched rule's filter was
 /// false, each with what its expressions made of the message.
-fn legs(routed: &mut Vec<Routed>, message: &Message, now: Instant) -> Vec<Leg> {
+fn legs(
+    routed: &mut Vec<Routed>,
+    message: &Message,
+    now: Instant,
+    record_max_bytes: usize,
+) -> Vec<Leg> {
     // `json` is parsed once for all of them, with what they read together.
     let json_reads = json_reads(routed);
     let mut scope: Option<Scope<'_>> = None;
@@ -617,7 +626,7 @@ fn legs(routed: &mut Vec<Routed>, message: &Message, now: Instant) -> Vec<Leg> {
                         KafkaTopic::Expression(e) => Some(e),
                         KafkaTopic::Template(_) => None,
                     };
-                    eval::record(scope, topic, &target.expressions)
+                    eval::record(scope, topic, &target.expressions, record_max_bytes)
                 }
             };
             Some(Leg {

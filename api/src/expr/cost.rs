@@ -33,8 +33,9 @@ pub const LEVELS_MAX: u64 = TOPIC_MAX_BYTES.div_ceil(2);
 /// The largest MQTT packet, which bounds a message's user properties together.
 pub const MQTT_PACKET_MAX_BYTES: u64 = 268_435_455;
 
-/// What compiling a `matches` pattern costs, in steps: the crate compiles it at every call.
-const REGEX_COMPILE_STEPS: u64 = 300;
+/// What a `matches` call costs beyond its scan, in steps: finding the compiled pattern (the
+/// patched crate compiles each once per thread, see third_party/cel/FERRY-PATCH.md).
+const REGEX_CALL_STEPS: u64 = 100;
 
 /// A scalar's size (an int, a bool, a timestamp).
 const SCALAR_BYTES: u64 = 8;
@@ -431,8 +432,7 @@ fn call_estimate(name: &str, args: &[IdedExpr], operands: &[Estimate]) -> Estima
             };
             let text = operands.first().copied().unwrap_or_default();
             let mut e = own(Estimate::scalar()).scanning(&[text]);
-            // The crate compiles the pattern at every call.
-            e.cost = e.cost.saturating_add(REGEX_COMPILE_STEPS);
+            e.cost = e.cost.saturating_add(REGEX_CALL_STEPS);
             let factor = 1 + pattern / 16;
             e.cost = e
                 .cost
