@@ -42,6 +42,8 @@ pub struct Scope<'m> {
     json_error: Option<String>,
     /// Why `payload` could not be bound (too large), once tried.
     payload_error: Option<String>,
+    /// Steps its evaluations used so far (counted by the CEL interpreter).
+    steps: u64,
 }
 
 impl<'m> Scope<'m> {
@@ -60,7 +62,13 @@ impl<'m> Scope<'m> {
             bound: 0,
             json_error: None,
             payload_error: None,
+            steps: 0,
         }
+    }
+
+    /// Steps its evaluations used so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
     }
 
     /// Evaluates `e`; `field` names it in errors (`filter`, `kafka.key.expression`, ...).
@@ -90,8 +98,9 @@ impl<'m> Scope<'m> {
         }
         // The estimate bounds what an accepted expression costs; the budget stops, as this
         // message's failure, whatever it missed.
-        let (result, _steps) =
+        let (result, steps) =
             cel::budget::with_budget(COST_BUDGET, || e.program().execute(&self.context));
+        self.steps = self.steps.saturating_add(steps);
         result.map_err(|error| match error {
             cel::ExecutionError::CostLimitExceeded => failed(
                 field,

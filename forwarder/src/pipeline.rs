@@ -29,6 +29,10 @@ use crate::window::{
     Action, Backoff, BlockReason, Dest, Outcome, PermanentReason, TargetRef, TargetSpec, Window,
 };
 
+/// Steps of evaluation (about a millisecond's worth) after which the pipeline lets the
+/// runtime's other tasks run before taking the next message.
+const YIELD_AFTER_STEPS: u64 = 20_000;
+
 // A delivery opaque packs (producer generation, message sequence, target position).
 const POS_BITS: u32 = 12;
 const SEQ_BITS: u32 = 44;
@@ -175,7 +179,13 @@ impl Pipeline {
                 }
                 Some(reload) = reloads.recv(), if accepting => self.apply(reload),
                 msg = inbound.recv(), if accepting && has_room => match msg {
-                    Some(message) => self.accept(message),
+                    Some(message) => {
+                        // Evaluation runs on this task: after a costly one, the MQTT driver
+                        // (keep-alive, acks) and the HTTP endpoints get their turn first.
+                        if self.accept(message) > YIELD_AFTER_STEPS {
+                            tokio::task::yield_now().await;
+                        }
+                    }
                     None => {
                         // The reader is gone: nothing more will arrive.
                         accepting = false;
@@ -228,13 +238,14 @@ impl Pipeline {
         info!(subscribed, unsubscribed, "rules reloaded");
     }
 
-    fn accept(&mut self, message: Message) {
+    /// Takes `message` into the window; returns the steps its expressions used.
+    fn accept(&mut self, message: Message) -> u64 {
         self.router.route(&message.topic, &mut self.scratch);
         if self.scratch.is_empty() {
             self.metrics.unmatched.inc();
         }
         let now = Instant::now();
-        let legs = legs(&mut self.scratch, &message, now, self.record_max_bytes);
+        let (legs, steps) = legs(&mut self.scratch, &message, now, self.record_max_bytes);
         let specs = legs.iter().map(|leg| leg.spec(&message.topic)).collect();
         let inflight = Inflight {
             message,
@@ -243,6 +254,7 @@ impl Pipeline {
         };
         // The gauge is set once the window's actions are carried out.
         self.window.accept(inflight, specs, now.into_std());
+        steps
     }
 
     /// Carries out what the window asks for, until it asks for nothing more.
@@ -592,17 +604,17 @@ impl Leg {
 }
 
 /// A message's legs: its routed targets less those whose every matched rule's filter was
-/// false, each with what its expressions made of the message.
+/// false, each with what its expressions made of the message; and the steps they used.
 fn legs(
     routed: &mut Vec<Routed>,
     message: &Message,
     now: Instant,
     record_max_bytes: usize,
-) -> Vec<Leg> {
+) -> (Vec<Leg>, u64) {
     // `json` is parsed once for all of them, with what they read together.
     let json_reads = json_reads(routed);
     let mut scope: Option<Scope<'_>> = None;
-    routed
+    let legs = routed
         .drain(..)
         .filter_map(|Routed { target, matched }| {
             if !target.evaluates {
@@ -636,7 +648,8 @@ fn legs(
                 evaluated: Some(Box::new(evaluated)),
             })
         })
-        .collect()
+        .collect();
+    (legs, scope.as_ref().map_or(0, Scope::steps))
 }
 
 /// What the targets a message was routed to read of `json`, together: only what its own
