@@ -573,12 +573,18 @@ mod budget {
             "levels.exists(l, l == 'b') || size(topic) > 0",
             "[0,1,2,3,4,5,6,7,8,9].all(a, [0,1,2,3,4,5,6,7,8,9].all(b, [0,1,2,3,4,5,6,7,8,9].all(c, topic != '')))",
             "{'n': json.n, 'items': json.items, 'site': levels[1]}",
+            "'readings.' + levels[1] + '.' + topic",
+            "has(json.n) ? json.n + 1 : size(json.items)",
+            "{'a': topic + topic, 'b': levels, 'c': [qos, retain]}",
+            "json.items.filter(x, x > 0).size() == size(json.items)",
+            "[1, 2, 3].map(v, v * qos).size() == 3 && [1, 2].exists(v, v == qos)",
+            "levels.map(l, l + l).size() > 0",
         ] {
             let e = expr(source);
             let mut scope = Scope::new(&m, None, SystemTime::now());
-            scope.bind("json");
-            scope.bind("levels");
-            scope.bind("topic");
+            for variable in VARIABLES {
+                scope.bind(variable.name);
+            }
             let (result, used) =
                 cel::budget::with_budget(COST_BUDGET, || e.program().execute(&scope.context));
             assert!(result.is_ok(), "{source}: {result:?}");
