@@ -785,8 +785,6 @@ mod cost_tests {
         let levels = (0..80).map(|i| format!("levels[{i}]")).collect::<Vec<_>>();
         let e = refused(&levels.join(" + "));
         assert!(e.message.contains("result may be"), "{e}");
-        // A pattern compiled for every level of the longest topic.
-        refused("levels.all(l, l.matches('^[a-z]+$'))");
     }
 
     #[test]
@@ -828,11 +826,71 @@ mod cost_tests {
             "json.items.exists(i, i.ok) && json.items[0].id == 1",
             "json.items.map(x, x * 2).size() > 0 && json.items.filter(y, y > 2).size() > 0 && json.items.exists_one(z, z == 4)",
             "topic.matches('^plant/[0-9]+$')",
+            // A pattern on every level of the longest topic: compiled once, not per call.
+            "levels.all(l, l.matches('^[a-z]+$'))",
             "properties['site'] == 'north' && 'site' in properties",
             "{'data': json, 'topic': topic, 'props': properties['a']}",
         ] {
             let e = compile(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
             assert!(e.cost().steps <= COST_BUDGET, "{ok}");
+        }
+    }
+
+    /// Bool expressions over the variables, with comprehensions over literal lists and
+    /// `json` fields.
+    fn bool_expr() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just("topic != ''".to_owned()),
+            Just("json.a == 'x'".to_owned()),
+            Just("size(levels) > 2".to_owned()),
+            Just("qos == 1".to_owned()),
+            Just("topic.startsWith('a/')".to_owned()),
+            Just("json.items.exists(i, i == 1)".to_owned()),
+        ];
+        leaf.prop_recursive(4, 24, 3, |inner| {
+            prop_oneof![
+                (inner.clone(), inner.clone()).prop_map(|(a, b)| format!("({a}) && ({b})")),
+                (inner.clone(), inner.clone()).prop_map(|(a, b)| format!("({a}) || ({b})")),
+                (1usize..6, inner.clone()).prop_map(|(n, a)| {
+                    let list = (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+                    format!("[{list}].all(v, {a})")
+                }),
+                inner.prop_map(|a| format!("!({a})")),
+            ]
+        })
+    }
+
+    /// The estimate without the budget (so that the properties hold beyond it).
+    fn estimate(source: &str) -> Cost {
+        let program = ENV.compile(source).expect("parses");
+        cost::Estimator::default().expr(program.expression()).cost()
+    }
+
+    proptest::proptest! {
+        /// Combining never costs less than either part, and a comprehension over n literals
+        /// costs at least n times its body; what compiles is within both budgets, and what is
+        /// refused for its cost is over one of them.
+        #[test]
+        fn estimates_compose(a in bool_expr(), b in bool_expr(), n in 1usize..12) {
+            let (ca, cb) = (estimate(&a).steps, estimate(&b).steps);
+            let both = estimate(&format!("({a}) && ({b})")).steps;
+            proptest::prop_assert!(both >= ca.max(cb), "{} < {} or {}", both, ca, cb);
+            let list = (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+            let looped = estimate(&format!("[{list}].all(w, {a})")).steps;
+            proptest::prop_assert!(looped >= n as u64 * ca, "{} < {} x {}", looped, n, ca);
+            let whole = estimate(&a);
+            match compile(&a) {
+                Ok(e) => {
+                    proptest::prop_assert_eq!(e.cost(), whole);
+                    proptest::prop_assert!(whole.steps <= COST_BUDGET && whole.result_bytes <= RESULT_BUDGET_BYTES);
+                }
+                Err(e) if e.message.contains("over the budget") => {
+                    proptest::prop_assert!(whole.steps > COST_BUDGET || whole.result_bytes > RESULT_BUDGET_BYTES);
+                }
+                // Refused for its structure (a non-scalar variable inside a comprehension).
+                Err(_) => {}
+            }
         }
     }
 

@@ -40,6 +40,9 @@ const REGEX_CALL_STEPS: u64 = 100;
 /// A scalar's size (an int, a bool, a timestamp).
 const SCALAR_BYTES: u64 = 8;
 
+/// The longest string a scalar converts to.
+const SCALAR_STRING_BYTES: u64 = 32;
+
 /// What a compiled expression costs at worst.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cost {
@@ -441,6 +444,10 @@ fn call_estimate(name: &str, args: &[IdedExpr], operands: &[Estimate]) -> Estima
                 .part_cost
                 .saturating_add((text.part_bytes / BYTES_PER_STEP).saturating_mul(factor));
             e
+        }
+        // A scalar written as a string: at most 32 bytes (a timestamp in RFC 3339).
+        ("string", [operand]) if is_scalar(operand) => {
+            own(Estimate::sized(SCALAR_STRING_BYTES, 0, 1))
         }
         // Conversions, timestamps, durations: a scan of the operands, and a result no larger
         // than they are.
