@@ -13,8 +13,11 @@
 //!   never over what the expression built (a chain of `map(t, t + t)` doubles at every step);
 //! - `matches` takes a literal pattern, never one from the message.
 //!
-//! With `json` and `payload` capped at [`PAYLOAD_MAX_BYTES`], what one evaluation builds is at
-//! most in proportion to the expression's length times that, whatever the message.
+//! Then its worst-case cost is estimated (`cost.rs`: every variable at its largest, nesting
+//! multiplies) and bounded: over [`COST_BUDGET`] steps or [`RESULT_BUDGET_BYTES`] of result, it
+//! is refused with the estimate and the budget. The forwarder runs each evaluation within the
+//! same budget (a patch of the `cel` crate counts the steps), which stops what the estimate
+//! missed as that message's failure.
 //!
 //! The walk also records which of `json`'s fields an expression reads ([`JsonReads`]), so that
 //! a message's payload is turned into values only where some expression looks.
