@@ -376,23 +376,21 @@ fn call_estimate(name: &str, args: &[IdedExpr], operands: &[Estimate]) -> Estima
     };
     match (name, operands) {
         // Short-circuits: at most the condition and the costlier branch.
-        ("_?_:_", [condition, a, b]) => {
-            let larger = if a.cost().steps >= b.cost().steps {
-                a
-            } else {
-                b
-            };
-            Estimate {
-                cost: 1 + condition.cost + larger.cost,
-                part_cost: condition.part_cost + larger.part_cost,
-                bytes: a.bytes.max(b.bytes),
-                part_bytes: a.part_bytes.max(b.part_bytes),
-                items: a.items.max(b.items),
-                elem_bytes: a.elem_bytes.max(b.elem_bytes),
-                elem_items: a.elem_items.max(b.elem_items),
-                map: a.map && b.map,
-            }
-        }
+        ("_?_:_", [condition, a, b]) => Estimate {
+            cost: condition
+                .cost
+                .saturating_add(a.cost.max(b.cost))
+                .saturating_add(1),
+            part_cost: condition
+                .part_cost
+                .saturating_add(a.part_cost.max(b.part_cost)),
+            bytes: a.bytes.max(b.bytes),
+            part_bytes: a.part_bytes.max(b.part_bytes),
+            items: a.items.max(b.items),
+            elem_bytes: a.elem_bytes.max(b.elem_bytes),
+            elem_items: a.elem_items.max(b.elem_items),
+            map: a.map && b.map,
+        },
         (
             "_&&_" | "_||_" | "!_" | "-_" | "size" | "type" | "has" | "_-_" | "_*_" | "_/_" | "_%_",
             _,
