@@ -29,6 +29,8 @@ COPY bench bench
 COPY e2e e2e
 COPY forwarder forwarder
 COPY operator operator
+# The patched crates ([patch.crates-io] in Cargo.toml): rdkafka, cel.
+COPY third_party third_party
 RUN cargo build --release --locked -p ferry-operator -p ferry-forwarder
 
 FROM build AS rootfs-operator

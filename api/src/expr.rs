@@ -13,8 +13,11 @@
 //!   never over what the expression built (a chain of `map(t, t + t)` doubles at every step);
 //! - `matches` takes a literal pattern, never one from the message.
 //!
-//! With `json` and `payload` capped at [`PAYLOAD_MAX_BYTES`], what one evaluation builds is at
-//! most in proportion to the expression's length times that, whatever the message.
+//! Then its worst-case cost is estimated (`cost.rs`: every variable at its largest, nesting
+//! multiplies) and bounded: over [`COST_BUDGET`] steps or [`RESULT_BUDGET_BYTES`] of result, it
+//! is refused with the estimate and the budget. The forwarder runs each evaluation within the
+//! same budget (a patch of the `cel` crate counts the steps), which stops what the estimate
+//! missed as that message's failure.
 //!
 //! The walk also records which of `json`'s fields an expression reads ([`JsonReads`]), so that
 //! a message's payload is turned into values only where some expression looks.
@@ -25,6 +28,9 @@ use std::sync::{Arc, LazyLock};
 
 use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
 use cel::{Context, Env, Program};
+
+mod cost;
+pub use cost::{BYTES_PER_STEP, COST_BUDGET, Cost, RESULT_BUDGET_BYTES};
 
 /// Longest expression accepted, in bytes (the CRD's `maxLength` is the same).
 pub const MAX_LEN: usize = 4096;
@@ -135,6 +141,8 @@ pub struct Expression {
     uses: u32,
     /// What of `json` it reads; `None` when it does not read `json`.
     json_reads: Option<JsonReads>,
+    /// What one evaluation costs at worst.
+    cost: Cost,
 }
 
 /// The parts of the payload's JSON that expressions read: an object's fields by name, down to
@@ -219,6 +227,11 @@ impl Expression {
     pub fn json_reads(&self) -> Option<&JsonReads> {
         self.json_reads.as_ref()
     }
+
+    /// What one evaluation costs at worst (within [`COST_BUDGET`] and [`RESULT_BUDGET_BYTES`]).
+    pub fn cost(&self) -> Cost {
+        self.cost
+    }
 }
 
 impl fmt::Debug for Expression {
@@ -277,12 +290,43 @@ pub fn compile(source: &str) -> Result<Expression, CompileError> {
     };
     check.expr(program.expression())?;
     let (uses, json_reads) = (check.uses, check.json_reads);
+    let cost = within_budget(&program)?;
     Ok(Expression {
         source: Arc::from(source),
         program: Arc::new(program),
         uses,
         json_reads,
+        cost,
     })
+}
+
+/// What `program` costs at worst ([`cost`]), or why that is too much.
+fn within_budget(program: &Program) -> Result<Cost, CompileError> {
+    let cost = cost::Estimator::default().expr(program.expression()).cost();
+    let refuse = |message: String| CompileError {
+        line: 1,
+        column: 1,
+        message,
+    };
+    if cost.steps > COST_BUDGET {
+        return Err(refuse(format!(
+            "one evaluation may cost an estimated {} steps at worst, over the budget of {COST_BUDGET}: \
+             every variable is counted at its largest (a topic of 65,535 bytes and 32,768 levels, \
+             a payload of {PAYLOAD_MAX_BYTES} bytes) and a comprehension multiplies its body's \
+             cost by its range's size; nest fewer comprehensions or range over less",
+            cost.steps
+        )));
+    }
+    if cost.result_bytes > RESULT_BUDGET_BYTES {
+        return Err(refuse(format!(
+            "its result may be an estimated {} bytes at worst, over the budget of \
+             {RESULT_BUDGET_BYTES}: every variable is counted at its largest (a topic of 65,535 \
+             bytes, a payload of {PAYLOAD_MAX_BYTES} bytes) and concatenations and literals add \
+             their parts; copy fewer of them",
+            cost.result_bytes
+        )));
+    }
+    Ok(cost)
 }
 
 /// One walk over a compiled program's tree.
@@ -684,5 +728,186 @@ mod tests {
     fn positions_count_characters_not_bytes() {
         let e = refused("'é' == jsn");
         assert_eq!((e.line, e.column), (1, 8), "{e}");
+    }
+}
+
+#[cfg(test)]
+mod cost_tests {
+    use super::*;
+
+    /// The nine-nested `all` over ten literals of issue 21: 10^9 evaluations of its body.
+    pub(crate) fn nine_nested_all() -> String {
+        let mut e = "topic != ''".to_owned();
+        for v in ["a", "b", "c", "d", "e", "f", "g", "h", "i"] {
+            e = format!("[0,1,2,3,4,5,6,7,8,9].all({v}, {e})");
+        }
+        e
+    }
+
+    fn refused(source: &str) -> CompileError {
+        match compile(source) {
+            Ok(e) => panic!("{source:?} compiled, at an estimated {:?}", e.cost()),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn hostile_expressions_are_refused_with_the_estimate_and_the_budget() {
+        let e = refused(&nine_nested_all());
+        assert!(
+            e.message.contains(&format!("the budget of {COST_BUDGET}")),
+            "{e}"
+        );
+        let estimate: u64 = e
+            .message
+            .split("an estimated ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no estimate in {e}"));
+        assert!(
+            estimate >= 1_000_000_000,
+            "10^9 iterations estimated at {estimate}"
+        );
+        // A map that copies a 65,535-byte topic into each of 131,072 elements.
+        let e = refused("json.items.map(i, {'t': topic, 'v': i})");
+        assert!(e.message.contains("over the budget"), "{e}");
+        // `json` copied a few hundred times into one transform.
+        let copies = |n| format!("[{}]", vec!["json"; n].join(", "));
+        let e = refused(&copies(300));
+        assert!(e.message.contains("over the budget"), "{e}");
+        // Fewer copies cost little to make, but are still too large to keep.
+        let e = refused(&copies(20));
+        assert!(
+            e.message
+                .contains(&format!("over the budget of {RESULT_BUDGET_BYTES}")),
+            "{e}"
+        );
+        assert!(e.message.contains("its result may be an estimated"), "{e}");
+        // A key built from many levels of a topic that may be 65,535 bytes.
+        let levels = (0..80).map(|i| format!("levels[{i}]")).collect::<Vec<_>>();
+        let e = refused(&levels.join(" + "));
+        assert!(e.message.contains("result may be"), "{e}");
+    }
+
+    #[test]
+    fn nesting_multiplies_and_one_level_less_fits() {
+        let nested = |n: usize| {
+            (0..n).fold("topic != ''".to_owned(), |e, i| {
+                format!("[0,1,2,3,4,5,6,7,8,9].all(v{i}, {e})")
+            })
+        };
+        let costs: Vec<u64> = (1..=5)
+            .map(|n| compile(&nested(n)).expect("compiles").cost().steps)
+            .collect();
+        for pair in costs.windows(2) {
+            assert!(
+                pair[1] >= 10 * pair[0],
+                "each level multiplies by ten: {costs:?}"
+            );
+        }
+        refused(&nested(6));
+    }
+
+    /// Whatever the README, the examples, the tests and the bench write still compiles.
+    #[test]
+    fn legitimate_expressions_fit() {
+        for ok in [
+            "json.type != 'heartbeat'",
+            "json.device",
+            "'readings.' + levels[1]",
+            "levels[1]",
+            "{'device': json.device, 'celsius': json.temp, 'plant': levels[1]}",
+            "{'device': json.device, 'value': json.value, 'site': levels[1], 'n': json.n}",
+            "{'seq': json.seq, 'sent': json.sent, 'device': json.device, 'temp': json.temp}",
+            "has(json.unit) ? json.unit : null",
+            "json.temp > 50.0",
+            "json.items.map(x, x > 0, x * 2).size() > 0",
+            "{'count': size(json.items), 'n': json.n}",
+            "json.a.all(x, x.b.exists(y, y == topic))",
+            "[1, 2].exists(n, n == qos) && json['a'][0].b.all(x, x > 0)",
+            "json.items.exists(i, i.ok) && json.items[0].id == 1",
+            "json.items.map(x, x * 2).size() > 0 && json.items.filter(y, y > 2).size() > 0 && json.items.exists_one(z, z == 4)",
+            "topic.matches('^plant/[0-9]+$')",
+            // A pattern on every level of the longest topic: compiled once, not per call.
+            "levels.all(l, l.matches('^[a-z]+$'))",
+            "properties['site'] == 'north' && 'site' in properties",
+            "{'data': json, 'topic': topic, 'props': properties['a']}",
+        ] {
+            let e = compile(ok).unwrap_or_else(|e| panic!("{ok}: {e}"));
+            assert!(e.cost().steps <= COST_BUDGET, "{ok}");
+        }
+    }
+
+    /// Bool expressions over the variables, with comprehensions over literal lists and
+    /// `json` fields.
+    fn bool_expr() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just("topic != ''".to_owned()),
+            Just("json.a == 'x'".to_owned()),
+            Just("size(levels) > 2".to_owned()),
+            Just("qos == 1".to_owned()),
+            Just("topic.startsWith('a/')".to_owned()),
+            Just("json.items.exists(i, i == 1)".to_owned()),
+        ];
+        leaf.prop_recursive(4, 24, 3, |inner| {
+            prop_oneof![
+                (inner.clone(), inner.clone()).prop_map(|(a, b)| format!("({a}) && ({b})")),
+                (inner.clone(), inner.clone()).prop_map(|(a, b)| format!("({a}) || ({b})")),
+                (1usize..6, inner.clone()).prop_map(|(n, a)| {
+                    let list = (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+                    format!("[{list}].all(v, {a})")
+                }),
+                inner.prop_map(|a| format!("!({a})")),
+            ]
+        })
+    }
+
+    /// The estimate without the budget (so that the properties hold beyond it).
+    fn estimate(source: &str) -> Cost {
+        let program = ENV.compile(source).expect("parses");
+        cost::Estimator::default().expr(program.expression()).cost()
+    }
+
+    proptest::proptest! {
+        /// Combining never costs less than either part, and a comprehension over n literals
+        /// costs at least n times its body; what compiles is within both budgets, and what is
+        /// refused for its cost is over one of them.
+        #[test]
+        fn estimates_compose(a in bool_expr(), b in bool_expr(), n in 1usize..12) {
+            let (ca, cb) = (estimate(&a).steps, estimate(&b).steps);
+            let both = estimate(&format!("({a}) && ({b})")).steps;
+            proptest::prop_assert!(both >= ca.max(cb), "{} < {} or {}", both, ca, cb);
+            let list = (0..n).map(|i| i.to_string()).collect::<Vec<_>>().join(", ");
+            let looped = estimate(&format!("[{list}].all(w, {a})")).steps;
+            proptest::prop_assert!(looped >= n as u64 * ca, "{} < {} x {}", looped, n, ca);
+            let whole = estimate(&a);
+            match compile(&a) {
+                Ok(e) => {
+                    proptest::prop_assert_eq!(e.cost(), whole);
+                    proptest::prop_assert!(whole.steps <= COST_BUDGET && whole.result_bytes <= RESULT_BUDGET_BYTES);
+                }
+                Err(e) if e.message.contains("over the budget") => {
+                    proptest::prop_assert!(whole.steps > COST_BUDGET || whole.result_bytes > RESULT_BUDGET_BYTES);
+                }
+                // Refused for its structure (a non-scalar variable inside a comprehension).
+                Err(_) => {}
+            }
+        }
+    }
+
+    #[test]
+    fn a_comprehension_over_its_enclosing_element_costs_the_outer_range_once() {
+        // The inner loops together visit the elements of json.a once, not |json.a| squared.
+        let flat = compile("json.a.all(x, x > 0)")
+            .expect("compiles")
+            .cost()
+            .steps;
+        let nested = compile("json.a.all(x, x.b.exists(y, y > 0))")
+            .expect("compiles")
+            .cost()
+            .steps;
+        assert!(nested < 4 * flat, "{nested} vs {flat}");
     }
 }

@@ -13,7 +13,7 @@ use cel::common::types::{
 use cel::common::value::Val;
 use cel::objects::{Key, Map};
 use cel::{Context, Value};
-use ferry_api::expr::{ENV, Expression, JsonReads, PAYLOAD_MAX_BYTES, VARIABLES};
+use ferry_api::expr::{COST_BUDGET, ENV, Expression, JsonReads, PAYLOAD_MAX_BYTES, VARIABLES};
 use ferry_api::validate_kafka_topic;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 
@@ -42,6 +42,8 @@ pub struct Scope<'m> {
     json_error: Option<String>,
     /// Why `payload` could not be bound (too large), once tried.
     payload_error: Option<String>,
+    /// Steps its evaluations used so far (counted by the CEL interpreter).
+    steps: u64,
 }
 
 impl<'m> Scope<'m> {
@@ -60,7 +62,13 @@ impl<'m> Scope<'m> {
             bound: 0,
             json_error: None,
             payload_error: None,
+            steps: 0,
         }
+    }
+
+    /// Steps its evaluations used so far.
+    pub fn steps(&self) -> u64 {
+        self.steps
     }
 
     /// Evaluates `e`; `field` names it in errors (`filter`, `kafka.key.expression`, ...).
@@ -88,9 +96,22 @@ impl<'m> Scope<'m> {
                 });
             }
         }
-        e.program()
-            .execute(&self.context)
-            .map_err(|error| failed(field, &error.to_string()))
+        // The estimate bounds what an accepted expression costs; the budget stops, as this
+        // message's failure, whatever it missed.
+        let (result, steps) =
+            cel::budget::with_budget(COST_BUDGET, || e.program().execute(&self.context));
+        self.steps = self.steps.saturating_add(steps);
+        result.map_err(|error| match error {
+            cel::ExecutionError::CostLimitExceeded => failed(
+                field,
+                &format!(
+                    "the evaluation exceeded its budget of {COST_BUDGET} steps (its estimate at \
+                     worst was {})",
+                    e.cost().steps
+                ),
+            ),
+            error => failed(field, &error.to_string()),
+        })
     }
 
     pub fn filter(&mut self, e: &Expression) -> Result<bool, EvalError> {
@@ -203,17 +224,48 @@ impl Evaluated {
     }
 }
 
-/// Evaluates the expressions of a target's record (not its rules' filters).
+/// librdkafka's default `message.max.bytes`: the largest record a producer sends.
+pub const RECORD_MAX_BYTES: usize = 1_000_000;
+
+/// Evaluates the expressions of a target's record (not its rules' filters). A record whose
+/// key, headers and value built by expressions come to more than `max_bytes` (the producer's
+/// `message.max.bytes`) could never be written: it fails as this record's failure, and what
+/// was built is not kept.
 pub fn record(
     scope: &mut Scope<'_>,
     topic: Option<&Expression>,
     e: &ferry_api::RuleExpressions,
+    max_bytes: usize,
 ) -> Evaluated {
     let mut out = Evaluated::default();
     if let Err(error) = record_parts(scope, topic, e, &mut out) {
-        out.error = Some(error);
+        return Evaluated::failed(error);
+    }
+    let built = out.key.as_ref().map_or(0, Vec::len)
+        + out
+            .headers
+            .iter()
+            .map(|(name, value)| name.len() + value.len())
+            .sum::<usize>()
+        + out.value.as_ref().map_or(0, Vec::len);
+    if built > max_bytes {
+        return Evaluated::failed(EvalError {
+            reason: PermanentReason::Expression,
+            message: format!(
+                "the record's expressions (key, headers, transform) built {built} bytes, more than \
+                 the {max_bytes} bytes of the producer's message.max.bytes: it could never be written"
+            ),
+        });
     }
     out
+}
+
+/// The producer's `message.max.bytes` in `config` (librdkafka's default when not set).
+pub fn record_max_bytes(config: &std::collections::BTreeMap<String, String>) -> usize {
+    config
+        .get("message.max.bytes")
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(RECORD_MAX_BYTES)
 }
 
 fn record_parts(
@@ -489,6 +541,116 @@ mod tests {
             .filter(&expr("has(json.x)"))
             .unwrap_err();
         assert!(e.message.contains("larger than"), "{}", e.message);
+    }
+}
+
+#[cfg(test)]
+mod budget {
+    use super::*;
+
+    fn expr(source: &str) -> Expression {
+        ferry_api::expr::compile(source).unwrap_or_else(|e| panic!("{source}: {e}"))
+    }
+
+    /// A message at the model's worst case: the longest topic, and a payload of the most
+    /// elements `json` can hold.
+    fn worst_message() -> Message {
+        let topic = format!("{}a", "a/".repeat(32_767));
+        let items = (PAYLOAD_MAX_BYTES - 64) / 2;
+        let payload = format!(r#"{{"n":1,"items":[{}]}}"#, vec!["1"; items].join(","));
+        tests::message(&topic, payload.as_bytes())
+    }
+
+    /// The runtime budget is the compile-time one, counted in nodes evaluated: an accepted
+    /// expression uses no more than its estimate, even on the worst message.
+    #[test]
+    fn an_accepted_expression_uses_at_most_its_estimate() {
+        let m = worst_message();
+        for source in [
+            "json.items.map(x, x > 0, x * 2).size() > 0",
+            "json.items.exists_one(z, z == 4)",
+            "levels.all(l, l.matches('^[a-z]+$'))",
+            "levels.exists(l, l == 'b') || size(topic) > 0",
+            "[0,1,2,3,4,5,6,7,8,9].all(a, [0,1,2,3,4,5,6,7,8,9].all(b, [0,1,2,3,4,5,6,7,8,9].all(c, topic != '')))",
+            "{'n': json.n, 'items': json.items, 'site': levels[1]}",
+            "'readings.' + levels[1] + '.' + topic",
+            "has(json.n) ? json.n + 1 : size(json.items)",
+            "{'a': topic + topic, 'b': levels, 'c': [qos, retain]}",
+            "json.items.filter(x, x > 0).size() == size(json.items)",
+            "[1, 2, 3].map(v, v * qos).size() == 3 && [1, 2].exists(v, v == qos)",
+            "levels.map(l, l + l).size() > 0",
+        ] {
+            let e = expr(source);
+            let mut scope = Scope::new(&m, None, SystemTime::now());
+            for variable in VARIABLES {
+                scope.bind(variable.name);
+            }
+            let (result, used) =
+                cel::budget::with_budget(COST_BUDGET, || e.program().execute(&scope.context));
+            assert!(result.is_ok(), "{source}: {result:?}");
+            assert!(
+                used <= e.cost().steps,
+                "{source}: used {used} steps, estimated {}",
+                e.cost().steps
+            );
+        }
+    }
+
+    /// What the estimate misses stops at the budget, as an error: the nine nested `all` of
+    /// issue 21 (10^9 iterations) run unchecked, as if the model had let it through.
+    #[test]
+    fn an_evaluation_over_budget_stops_as_an_error() {
+        let nested = (0..9).fold("topic != ''".to_owned(), |e, i| {
+            format!("[0,1,2,3,4,5,6,7,8,9].all(v{i}, {e})")
+        });
+        let program = ENV.compile(&nested).expect("parses");
+        let m = tests::message("a/b", b"{}");
+        let mut scope = Scope::new(&m, None, SystemTime::now());
+        scope.bind("topic");
+        let (result, used) =
+            cel::budget::with_budget(COST_BUDGET, || program.execute(&scope.context));
+        assert_eq!(result, Err(cel::ExecutionError::CostLimitExceeded));
+        assert_eq!(used, COST_BUDGET);
+        // Outside a budget nothing is counted, and a budget does not outlive its call.
+        let small = ENV.compile("[1, 2].all(x, x > 0)").expect("parses");
+        let (result, used) = cel::budget::with_budget(3, || small.execute(&scope.context));
+        assert_eq!(result, Err(cel::ExecutionError::CostLimitExceeded));
+        assert_eq!(used, 3);
+        assert_eq!(small.execute(&scope.context), Ok(Value::Bool(true)));
+    }
+
+    #[test]
+    fn a_record_larger_than_the_producer_takes_fails_and_keeps_nothing() {
+        let big = "x".repeat(200_000);
+        let m = tests::message("a/b", format!(r#"{{"s":"{big}"}}"#).as_bytes());
+        let mut scope = Scope::new(&m, None, SystemTime::now());
+        let five = expr("[json.s, json.s, json.s, json.s, json.s]");
+        let rule = |transform: &Expression| ferry_api::RuleExpressions {
+            filter: None,
+            key: Some(expr("json.s")),
+            headers: Vec::new(),
+            transform: Some(transform.clone()),
+        };
+        let out = record(&mut scope, None, &rule(&five), RECORD_MAX_BYTES);
+        let error = out.error.expect("too large");
+        assert_eq!(error.reason, PermanentReason::Expression);
+        assert!(
+            error.message.contains("more than the 1000000 bytes"),
+            "{}",
+            error.message
+        );
+        assert!(
+            out.key.is_none() && out.value.is_none(),
+            "what was built is dropped"
+        );
+        // The same record fits a producer that takes more.
+        let out = record(&mut scope, None, &rule(&five), 2_000_000);
+        assert!(out.error.is_none(), "{:?}", out.error);
+        assert_eq!(
+            record_max_bytes(&[("message.max.bytes".to_owned(), "2000000".to_owned())].into()),
+            2_000_000
+        );
+        assert_eq!(record_max_bytes(&Default::default()), RECORD_MAX_BYTES);
     }
 }
 

@@ -38,6 +38,10 @@ const HOLDS_REPORT_INTERVAL: Duration = Duration::from_secs(1);
 /// A held message's MQTT topic is cut to this many bytes in `/status` (MQTT allows 65,535).
 const HELD_TOPIC_MAX: usize = 256;
 
+/// Steps of evaluation (about a millisecond's worth) after which the pipeline lets the
+/// runtime's other tasks run before taking the next message.
+const YIELD_AFTER_STEPS: u64 = 20_000;
+
 // A delivery opaque packs (producer generation, message sequence, target position).
 const POS_BITS: u32 = 12;
 const SEQ_BITS: u32 = 44;
@@ -109,6 +113,8 @@ pub struct Pipeline {
     holds_reported: Option<Instant>,
     /// A record was held or released since the last report.
     holds_changed: bool,
+    /// The producer's `message.max.bytes`: what a record's expressions may build.
+    record_max_bytes: usize,
 }
 
 /// What the pipeline is connected to.
@@ -127,6 +133,7 @@ impl Pipeline {
     ) -> Result<Self, KafkaError> {
         let (reports_tx, reports) = mpsc::unbounded_channel();
         let producer = kafka::producer(&kafka, Arc::clone(&wiring.metrics), reports_tx.clone())?;
+        let record_max_bytes = eval::record_max_bytes(&kafka.config);
         Ok(Self {
             router: Arc::new(router),
             metrics: wiring.metrics,
@@ -142,6 +149,7 @@ impl Pipeline {
             scratch: Vec::new(),
             holds_reported: None,
             holds_changed: false,
+            record_max_bytes,
         })
     }
 
@@ -190,7 +198,13 @@ impl Pipeline {
                 }
                 Some(reload) = reloads.recv(), if accepting => self.apply(reload),
                 msg = inbound.recv(), if accepting && has_room => match msg {
-                    Some(message) => self.accept(message),
+                    Some(message) => {
+                        // Evaluation runs on this task: after a costly one, the MQTT driver
+                        // (keep-alive, acks) and the HTTP endpoints get their turn first.
+                        if self.accept(message) > YIELD_AFTER_STEPS {
+                            tokio::task::yield_now().await;
+                        }
+                    }
                     None => {
                         // The reader is gone: nothing more will arrive.
                         accepting = false;
@@ -246,13 +260,14 @@ impl Pipeline {
         info!(subscribed, unsubscribed, "rules reloaded");
     }
 
-    fn accept(&mut self, message: Message) {
+    /// Takes `message` into the window; returns the steps its expressions used.
+    fn accept(&mut self, message: Message) -> u64 {
         self.router.route(&message.topic, &mut self.scratch);
         if self.scratch.is_empty() {
             self.metrics.unmatched.inc();
         }
         let now = Instant::now();
-        let legs = legs(&mut self.scratch, &message, now);
+        let (legs, steps) = legs(&mut self.scratch, &message, now, self.record_max_bytes);
         let specs = legs.iter().map(|leg| leg.spec(&message.topic)).collect();
         let inflight = Inflight {
             message,
@@ -261,6 +276,7 @@ impl Pipeline {
         };
         // The gauge is set once the window's actions are carried out.
         self.window.accept(inflight, specs, now.into_std());
+        steps
     }
 
     /// Carries out what the window asks for, until it asks for nothing more.
@@ -729,12 +745,17 @@ impl Leg {
 }
 
 /// A message's legs: its routed targets less those whose every matched rule's filter was
-/// false, each with what its expressions made of the message.
-fn legs(routed: &mut Vec<Routed>, message: &Message, now: Instant) -> Vec<Leg> {
+/// false, each with what its expressions made of the message; and the steps they used.
+fn legs(
+    routed: &mut Vec<Routed>,
+    message: &Message,
+    now: Instant,
+    record_max_bytes: usize,
+) -> (Vec<Leg>, u64) {
     // `json` is parsed once for all of them, with what they read together.
     let json_reads = json_reads(routed);
     let mut scope: Option<Scope<'_>> = None;
-    routed
+    let legs = routed
         .drain(..)
         .filter_map(|Routed { target, matched }| {
             if !target.evaluates {
@@ -758,7 +779,7 @@ fn legs(routed: &mut Vec<Routed>, message: &Message, now: Instant) -> Vec<Leg> {
                         KafkaTopic::Expression(e) => Some(e),
                         KafkaTopic::Template(_) => None,
                     };
-                    eval::record(scope, topic, &target.expressions)
+                    eval::record(scope, topic, &target.expressions, record_max_bytes)
                 }
             };
             Some(Leg {
@@ -768,7 +789,8 @@ fn legs(routed: &mut Vec<Routed>, message: &Message, now: Instant) -> Vec<Leg> {
                 evaluated: Some(Box::new(evaluated)),
             })
         })
-        .collect()
+        .collect();
+    (legs, scope.as_ref().map_or(0, Scope::steps))
 }
 
 /// What the targets a message was routed to read of `json`, together: only what its own

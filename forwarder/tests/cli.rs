@@ -334,3 +334,37 @@ fn a_bad_log_level_is_a_config_error() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("log.level"), "{stderr}");
 }
+
+/// Issue 21's 281-byte filter (nine nested `all` over ten literals: 10^9 evaluations of its
+/// body) is refused by `--check`, naming the field, the estimate and the budget; one that fits
+/// beside it in the same config passes once the other is removed.
+#[test]
+fn check_refuses_an_expression_over_its_cost_budget() {
+    let nested = (0..9).fold("topic != ''".to_owned(), |e, i| {
+        format!("[0,1,2,3,4,5,6,7,8,9].all(v{i}, {e})")
+    });
+    let rule = |name: &str, filter: &str| {
+        format!(
+            "  - name: {name}\n    mqtt: {{ topics: [t/{name}] }}\n    filter: \"{filter}\"\n    kafka: {{ topic: {name} }}\n"
+        )
+    };
+    let head = "mqtt: { host: 192.0.2.1, client_id: c }\nkafka: { bootstrap_servers: \"192.0.2.1:9092\" }\nrules:\n";
+    let fits = rule("fits", "json.items.map(x, x > 0, x * 2).size() > 0");
+    let (code, stderr) = check(&format!("{head}{fits}{}", rule("hostile", &nested)));
+    assert_eq!(code, Some(2), "{stderr}");
+    let budget = ferry_api::expr::COST_BUDGET;
+    assert!(
+        stderr.contains("rules[1].filter: does not compile: one evaluation may cost an estimated"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("over the budget of {budget}")),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("rules[0]"),
+        "the rule that fits is not named: {stderr}"
+    );
+    let (code, stderr) = check(&format!("{head}{fits}"));
+    assert_eq!(code, Some(0), "{stderr}");
+}

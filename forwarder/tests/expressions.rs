@@ -437,3 +437,116 @@ fn an_expensive_expression_does_not_starve_the_pipeline() {
     );
     fwd.kill();
 }
+
+/// Issue 21, case 1. One rule runs about the costliest filter the compile-time model accepts,
+/// on payloads at the model's worst case; another builds records larger than the producer's
+/// `message.max.bytes` (accepted at compile time: what it builds depends on the payload); a
+/// neighbour rule streams beside them. The neighbour's every message arrives, `/healthz`
+/// answers throughout, the oversized records are dead-lettered on their own rule with the
+/// error, and the costly rule forwards every message it passes.
+#[test]
+fn the_costliest_accepted_expression_and_an_oversized_record_stay_on_their_own_rules() {
+    let costly =
+        "json.items.filter(x, x > 0).size() > 0 && json.items.map(x, x > 0, x * 2).size() > 0";
+    let estimate = ferry_api::expr::compile(costly)
+        .expect("accepted")
+        .cost()
+        .steps;
+    let budget = ferry_api::expr::COST_BUDGET;
+    assert!(
+        estimate > budget / 2 && estimate <= budget,
+        "the filter costs {estimate} of {budget} steps"
+    );
+    let brokers = Brokers::start();
+    let rt = runtime();
+    for topic in ["costly", "big", "big.dlq", "light"] {
+        rt.block_on(brokers.kafka.create_topic(topic, 1))
+            .expect("topic");
+    }
+    let rules = format!(
+        "  - name: costly\n    mqtt: {{ topics: [\"costly/+\"] }}\n    filter: \"{costly}\"\n    kafka: {{ topic: costly }}\n    payload: {{ transform: \"{{'n': json.n}}\" }}\n\
+         \x20 - name: big\n    mqtt: {{ topics: [\"big/+\"] }}\n    kafka: {{ topic: big }}\n    payload: {{ transform: \"[json.s, json.s, json.s, json.s, json.s]\" }}\n    dead_letter: {{ topic: big.dlq }}\n\
+         \x20 - name: light\n    mqtt: {{ topics: [\"light/+\"] }}\n    kafka: {{ topic: light }}\n"
+    );
+    let mut fwd = Forwarder::start(&brokers.config("ferry-costly", &rules));
+    fwd.wait_ready(Duration::from_secs(30));
+    // The most elements `json` holds: items of "1," fill the payload.
+    let items = (ferry_api::expr::PAYLOAD_MAX_BYTES - 64) / 2;
+    let (costly_n, big_n, light_n) = (10, 3, 3_000);
+    let mut msgs = Vec::new();
+    for n in 0..light_n {
+        if n % (light_n / costly_n) == 0 {
+            let body = format!(r#"{{"n":{n},"items":[{}]}}"#, vec!["1"; items].join(","));
+            msgs.push((format!("costly/{n}"), body.into_bytes()));
+        }
+        if n % (light_n / big_n) == 1 {
+            // Five copies of 200,000 bytes: more than librdkafka's default 1,000,000.
+            let body = format!(r#"{{"n":{n},"s":"{}"}}"#, "x".repeat(200_000));
+            msgs.push((format!("big/{n}"), body.into_bytes()));
+        }
+        msgs.push((format!("light/{}", n % 4), format!("{n}").into_bytes()));
+    }
+    let total = msgs.len();
+    // /healthz is probed all along: every probe must be answered.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let prober = {
+        let (stop, port) = (std::sync::Arc::clone(&stop), fwd.http_port);
+        std::thread::spawn(move || {
+            let mut slowest = Duration::ZERO;
+            let mut probes = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let asked = Instant::now();
+                let answer = ferry_e2e::http_get(port, "/healthz");
+                assert!(
+                    matches!(answer, Ok((200, _))),
+                    "/healthz did not answer: {answer:?}"
+                );
+                slowest = slowest.max(asked.elapsed());
+                probes += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            (probes, slowest)
+        })
+    };
+    let started = Instant::now();
+    brokers.publish_acked(&fwd, "pub-costly", msgs, total, Duration::from_secs(180));
+    let elapsed = started.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (probes, slowest) = prober.join().expect("every /healthz probe answered");
+    let read = |topic: &str, n: usize| {
+        brokers.read(topic, n, Duration::from_secs(2), Duration::from_secs(30))
+    };
+    assert_eq!(
+        read("light", light_n).len(),
+        light_n,
+        "the neighbour's stream"
+    );
+    let costly_records = read("costly", costly_n);
+    assert_eq!(costly_records.len(), costly_n);
+    let dlq = read("big.dlq", big_n);
+    assert_eq!(dlq.len(), big_n, "every oversized record dead-lettered");
+    for r in &dlq {
+        let error = header(r, "ferry.error").expect("ferry.error");
+        assert!(
+            error.contains("built") && error.contains("more than the 1000000 bytes"),
+            "{error}"
+        );
+        assert_eq!(header(r, "ferry.rule"), Some("big"));
+    }
+    let written = brokers.read("big", 1, Duration::from_secs(1), Duration::from_secs(3));
+    assert_eq!(written.len(), 0, "nothing oversized was written");
+    let status = fwd.status().expect("status");
+    let rule = |name: &str| status.rule(name).expect("rule").clone();
+    assert_eq!(rule("light").forwarded, light_n as u64);
+    assert_eq!(rule("costly").forwarded, costly_n as u64);
+    assert_eq!(rule("big").dead_lettered, big_n as u64);
+    assert_eq!(rule("costly").failed + rule("light").failed, 0);
+    eprintln!(
+        "{costly_n} messages through a filter estimated at {estimate} of {budget} steps and {big_n} \
+         oversized records among {light_n} others: all acked in {:.2} s; /healthz answered \
+         {probes} probes, the slowest in {:.0} ms",
+        elapsed.as_secs_f64(),
+        slowest.as_secs_f64() * 1e3
+    );
+    fwd.kill();
+}

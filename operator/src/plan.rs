@@ -705,6 +705,22 @@ mod tests {
         r
     }
 
+    /// Issue 21: an expression over its cost budget is refused on its rule, with the estimate
+    /// and the budget, by the same validation the forwarder runs.
+    #[test]
+    fn an_expression_over_its_cost_budget_is_refused_with_the_estimate() {
+        let nested = (0..9).fold("topic != ''".to_owned(), |e, i| {
+            format!("[0,1,2,3,4,5,6,7,8,9].all(v{i}, {e})")
+        });
+        let m = refused_expression(&with_filter(&nested));
+        let budget = ferry_api::expr::COST_BUDGET;
+        assert!(
+            m.starts_with("spec.filter does not compile: one evaluation may cost an estimated")
+                && m.contains(&format!("over the budget of {budget}")),
+            "{m}"
+        );
+    }
+
     #[test]
     fn an_expression_that_does_not_compile_is_refused_naming_the_field_and_position() {
         let m = refused_expression(&with_filter("json.a +"));
