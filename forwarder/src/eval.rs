@@ -44,6 +44,10 @@ pub struct Scope<'m> {
     payload_error: Option<String>,
     /// Steps its evaluations used so far (counted by the CEL interpreter).
     steps: u64,
+    /// Steps left to the target being evaluated: one rule's expressions together (a filter, a
+    /// topic, a key, a transform, 25 headers) get one evaluation's budget per message, so that
+    /// no rule costs a message more than that, however many expressions it has.
+    target_left: u64,
 }
 
 impl<'m> Scope<'m> {
@@ -63,7 +67,13 @@ impl<'m> Scope<'m> {
             json_error: None,
             payload_error: None,
             steps: 0,
+            target_left: COST_BUDGET,
         }
+    }
+
+    /// Starts the evaluations of another target: it gets a whole budget of its own.
+    pub fn begin_target(&mut self) {
+        self.target_left = COST_BUDGET;
     }
 
     /// Steps its evaluations used so far.
@@ -98,10 +108,22 @@ impl<'m> Scope<'m> {
         }
         // The estimate bounds what an accepted expression costs; the budget stops, as this
         // message's failure, whatever it missed.
+        let budget = self.target_left;
         let (result, steps) =
-            cel::budget::with_budget(COST_BUDGET, || e.program().execute(&self.context));
+            cel::budget::with_budget(budget, || e.program().execute(&self.context));
         self.steps = self.steps.saturating_add(steps);
+        self.target_left = self.target_left.saturating_sub(steps);
         result.map_err(|error| match error {
+            cel::ExecutionError::CostLimitExceeded if budget < COST_BUDGET => failed(
+                field,
+                &format!(
+                    "the rule's expressions together exceeded their budget of {COST_BUDGET} \
+                     steps on this message ({} were left for this one, whose estimate at worst \
+                     was {})",
+                    budget,
+                    e.cost().steps
+                ),
+            ),
             cel::ExecutionError::CostLimitExceeded => failed(
                 field,
                 &format!(
@@ -594,6 +616,33 @@ mod budget {
                 e.cost().steps
             );
         }
+    }
+
+    /// One rule's expressions share one budget per message: what the first used is not there
+    /// for the next, and the next target starts whole.
+    #[test]
+    fn a_targets_expressions_share_one_budget_per_message() {
+        let m = tests::message("a/b/c", b"{}");
+        let e = expr("levels.all(l, l != '') && levels.exists(l, l == 'c')");
+        let mut scope = Scope::new(&m, None, SystemTime::now());
+        scope.begin_target();
+        scope.eval(&e, "filter").expect("within a whole budget");
+        let used = scope.steps();
+        assert!(used > 3, "{used}");
+        // As if the target's earlier expressions had left three steps.
+        scope.target_left = 3;
+        let error = scope
+            .eval(&e, "kafka.key.expression")
+            .expect_err("over what is left");
+        assert!(
+            error.message.contains("together exceeded their budget"),
+            "{}",
+            error.message
+        );
+        scope.begin_target();
+        scope
+            .eval(&e, "filter")
+            .expect("the next target has a whole budget");
     }
 
     /// What the estimate misses stops at the budget, as an error: the nine nested `all` of

@@ -393,17 +393,27 @@ impl Pipeline {
         }
         let mut blocked: HashMap<&str, u64> = HashMap::new();
         if let Some((first_seq, _)) = &first {
+            // A message counts once per rule, however many of its targets the rule has.
+            let mut rules_of_message: Vec<&str> = Vec::new();
             for (_, m) in self.window.messages().filter(|(seq, _)| seq >= first_seq) {
+                rules_of_message.clear();
                 for leg in &m.legs {
                     for rule in leg.target.matched(&leg.matched) {
                         if !held.contains_key(rule.name.as_str()) {
-                            *blocked.entry(rule.name.as_str()).or_default() += 1;
+                            rules_of_message.push(rule.name.as_str());
                         }
                     }
                 }
+                rules_of_message.sort_unstable();
+                rules_of_message.dedup();
+                for rule in &rules_of_message {
+                    *blocked.entry(rule).or_default() += 1;
+                }
             }
         }
+        // Sorted, so that the holders read the same at every report (a stable condition).
         let holders = first.map(|(_, mut rules)| {
+            rules.sort_unstable();
             rules.dedup();
             rules
         });
@@ -768,6 +778,7 @@ fn legs(
             }
             let scope = scope
                 .get_or_insert_with(|| Scope::new(message, json_reads.clone(), SystemTime::now()));
+            scope.begin_target();
             let (matched, failed) = filter_rules(scope, &target, matched);
             if matched.is_empty() {
                 return None;
