@@ -15,6 +15,10 @@ use crate::defaults;
 /// delivery opaque) and a config reviewable.
 pub const MAX_RULES: usize = 4096;
 
+/// Upper bound for `shutdown_timeout_secs` (a day): a drain bound beyond it is no bound, and
+/// adding it to the clock must not overflow.
+pub const MAX_SHUTDOWN_TIMEOUT_SECS: u64 = 86_400;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ForwarderConfig {
@@ -44,17 +48,20 @@ impl ForwarderConfig {
         let mut subs: BTreeMap<String, u8> = BTreeMap::new();
         for rule in &self.rules {
             for filter in &rule.mqtt.topics {
-                let subscribed = match &self.mqtt.shared_group {
-                    Some(group) if !filter.starts_with("$share/") => {
-                        format!("$share/{group}/{filter}")
-                    }
-                    _ => filter.clone(),
-                };
-                let qos = subs.entry(subscribed).or_insert(0);
+                let qos = subs.entry(self.subscribed_as(filter)).or_insert(0);
                 *qos = (*qos).max(rule.mqtt.qos);
             }
         }
         subs.into_iter().collect()
+    }
+
+    /// What a rule's `filter` is subscribed as: `$share/<group>/<filter>` with
+    /// `mqtt.shared_group` (unless already shared), else itself.
+    pub fn subscribed_as(&self, filter: &str) -> String {
+        match &self.mqtt.shared_group {
+            Some(group) if !filter.starts_with("$share/") => format!("$share/{group}/{filter}"),
+            _ => filter.to_owned(),
+        }
     }
 
     /// The dead-letter topic of a rule: its own, else the top-level one.
@@ -154,6 +161,10 @@ pub struct MqttConfig {
     pub reconnect_min_ms: u64,
     #[serde(default = "default_reconnect_max_ms")]
     pub reconnect_max_ms: u64,
+    /// Accept session settings that lose messages across a disconnect (`clean_session: true`,
+    /// `session_expiry_secs: 0`): the explicit opt-out, off by default.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_weaker_delivery: bool,
 }
 
 /// PEM files for TLS. The broker's certificate is always verified: against `ca_file`, or the

@@ -72,7 +72,10 @@ pub struct BrokerConnectionSpec {
 /// The MQTT broker.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("!has(self.sessionExpirySeconds) || self.protocol == '5'").message("sessionExpirySeconds is an MQTT 5 setting: set protocol: \"5\" or remove it"))]
+#[x_kube(
+    validation = Rule::new("!has(self.sessionExpirySeconds) || self.protocol == '5'").message("sessionExpirySeconds is an MQTT 5 setting: set protocol: \"5\" or remove it"),
+    validation = Rule::new("!has(self.sessionExpirySeconds) || self.sessionExpirySeconds != 0 || (has(self.allowWeakerDelivery) && self.allowWeakerDelivery)").message("sessionExpirySeconds 0 ends the session at every disconnect: messages published while a forwarder is away, and those it received and had not acknowledged yet, are lost; set allowWeakerDelivery: true to accept that")
+)]
 pub struct MqttEndpoint {
     /// Host name or address of the broker (also the name checked against its TLS certificate):
     /// a DNS name, an IPv4 address or an IPv6 address without brackets; no scheme or port.
@@ -102,6 +105,9 @@ pub struct MqttEndpoint {
     #[serde(default = "default_max_inflight")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 65535").message("maxInflight must be between 1 and 65535"))]
     pub max_inflight: i32,
+    /// Accept `sessionExpirySeconds: 0`, which loses messages across a disconnect.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_weaker_delivery: bool,
 }
 
 #[derive(
@@ -122,7 +128,8 @@ pub enum MqttProtocolVersion {
     validation = Rule::new("!has(self.sasl) || self.sasl.mechanism != 'PLAIN' || has(self.tls)").message("SASL PLAIN sends the password in clear text: it needs tls"),
     validation = weaker_rule(&kafka_props::ACKS),
     validation = weaker_rule(&kafka_props::IDEMPOTENCE),
-    validation = weaker_rule(&kafka_props::MESSAGE_TIMEOUT)
+    validation = weaker_rule(&kafka_props::MESSAGE_TIMEOUT),
+    validation = weaker_rule(&kafka_props::PARTITIONER)
 )]
 pub struct KafkaEndpoint {
     /// `host:port` of one or more brokers: a DNS name or IPv4 address, or an IPv6 address in
@@ -138,8 +145,8 @@ pub struct KafkaEndpoint {
     pub sasl: Option<Sasl>,
     /// librdkafka producer properties, passed through (they override Ferry's defaults).
     /// Settings that weaken at-least-once or in-order delivery (`acks` other than `all`,
-    /// `enable.idempotence` other than `true`, `message.timeout.ms` other than `0`) need
-    /// `allowWeakerDelivery`; some (`transactional.id`, `delivery.report.only.error`,
+    /// `enable.idempotence` other than `true`, `message.timeout.ms` other than `0`,
+    /// `partitioner: random`) need `allowWeakerDelivery`; some (`transactional.id`, `delivery.report.only.error`,
     /// consumer properties) are never accepted. The operator also asks librdkafka, as the
     /// forwarder does, and refuses the connection (Ready False, InvalidSpec) over a property
     /// it does not know or a value it refuses, including when creating the producer

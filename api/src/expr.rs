@@ -30,7 +30,9 @@ use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
 use cel::{Context, Env, Program};
 
 mod cost;
+mod types;
 pub use cost::{BYTES_PER_STEP, COST_BUDGET, Cost, RESULT_BUDGET_BYTES};
+pub use types::Kinds;
 
 /// Longest expression accepted, in bytes (the CRD's `maxLength` is the same).
 pub const MAX_LEN: usize = 4096;
@@ -143,6 +145,8 @@ pub struct Expression {
     json_reads: Option<JsonReads>,
     /// What one evaluation costs at worst.
     cost: Cost,
+    /// The types it can return.
+    returns: Kinds,
 }
 
 /// The parts of the payload's JSON that expressions read: an object's fields by name, down to
@@ -232,6 +236,11 @@ impl Expression {
     pub fn cost(&self) -> Cost {
         self.cost
     }
+
+    /// The types it can return, as far as its tree says (`json.a` could be any).
+    pub fn returns(&self) -> Kinds {
+        self.returns
+    }
 }
 
 impl fmt::Debug for Expression {
@@ -291,13 +300,52 @@ pub fn compile(source: &str) -> Result<Expression, CompileError> {
     check.expr(program.expression())?;
     let (uses, json_reads) = (check.uses, check.json_reads);
     let cost = within_budget(&program)?;
+    let returns = types::result(program.expression(), &|name| {
+        VARIABLES
+            .iter()
+            .find(|v| v.name == name)
+            .map(|v| variable_kinds(v.kind))
+    });
     Ok(Expression {
         source: Arc::from(source),
         program: Arc::new(program),
         uses,
         json_reads,
         cost,
+        returns,
     })
+}
+
+/// Compiles `source` for a field whose value must be one of `wanted` (`what` says so in
+/// words): refused when its result can never be.
+pub fn compile_returning(
+    source: &str,
+    wanted: Kinds,
+    what: &str,
+) -> Result<Expression, CompileError> {
+    let e = compile(source)?;
+    if e.returns.intersects(wanted) {
+        return Ok(e);
+    }
+    Err(CompileError {
+        line: 1,
+        column: 1,
+        message: format!("returns {}, never {what}", e.returns),
+    })
+}
+
+/// The types of a [`Variable`]'s `kind`.
+fn variable_kinds(kind: &str) -> Kinds {
+    match kind {
+        "string" => Kinds::STRING,
+        "int" => Kinds::INT,
+        "bool" => Kinds::BOOL,
+        "bytes" => Kinds::BYTES,
+        "timestamp" => Kinds::TIMESTAMP,
+        k if k.starts_with("list") => Kinds::LIST,
+        k if k.starts_with("map") => Kinds::MAP,
+        _ => Kinds::ANY,
+    }
 }
 
 /// What `program` costs at worst ([`cost`]), or why that is too much.
@@ -363,16 +411,8 @@ impl Check<'_> {
             }
             Expr::Call(call) => {
                 self.function(e, &call.func_name)?;
-                if call.func_name == "matches"
-                    && !matches!(
-                        call.args.last().map(|a| &a.expr),
-                        Some(Expr::Literal(LiteralValue::String(_)))
-                    )
-                {
-                    return Err(self.error(
-                        e,
-                        "matches takes its pattern as a string literal: a pattern from the message could be any regular expression, of any cost".to_owned(),
-                    ));
+                if call.func_name == "matches" {
+                    self.pattern(e, call.args.last())?;
                 }
                 if let Some(target) = &call.target {
                     self.expr(target)?;
@@ -422,6 +462,29 @@ impl Check<'_> {
             Expr::Literal(_) => Ok(()),
             // The crate cannot evaluate it (it would panic): refused rather than run.
             Expr::Unspecified => Err(self.error(e, "an incomplete expression".to_owned())),
+        }
+    }
+
+    /// `matches`' pattern: a string literal that compiles as the evaluation will compile it,
+    /// so that a typo is refused here rather than failing every message.
+    fn pattern(&self, call: &IdedExpr, pattern: Option<&IdedExpr>) -> Result<(), CompileError> {
+        let Some((at, Expr::Literal(LiteralValue::String(text)))) = pattern.map(|p| (p, &p.expr))
+        else {
+            return Err(self.error(
+                call,
+                "matches takes its pattern as a string literal: a pattern from the message could be any regular expression, of any cost".to_owned(),
+            ));
+        };
+        match regex::Regex::new(text.inner()) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.error(
+                at,
+                format!(
+                    "matches' pattern {:?} is not a valid regular expression: {}",
+                    text.inner(),
+                    regex_error(&e)
+                ),
+            )),
         }
     }
 
@@ -540,6 +603,15 @@ fn json_field_path(e: &IdedExpr) -> Option<(&IdedExpr, Vec<&str>)> {
     let (root, mut path) = json_field_path(operand)?;
     path.push(field);
     Some((root, path))
+}
+
+/// A regex error on one line: a syntax error's own line (`error: ...`) rather than its
+/// drawing of the pattern.
+fn regex_error(e: &regex::Error) -> String {
+    let text = e.to_string();
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("error: "))
+        .map_or_else(|| text.replace('\n', " "), str::to_owned)
 }
 
 fn scalar_names() -> String {
@@ -707,6 +779,61 @@ mod tests {
         refused("[json.s].map(a, [a + a].map(b, b + b))");
         refused("json.a.map(x, x.v).filter(v, v > 0)");
         refused("(json.a + json.b).exists(x, x == 1)");
+    }
+
+    #[test]
+    fn an_invalid_pattern_is_refused_with_the_regex_error_where_it_is() {
+        let e = refused("topic.matches('^plant/(+$')");
+        assert!(
+            e.message
+                .contains(r#"matches' pattern "^plant/(+$" is not a valid regular expression"#),
+            "{e}"
+        );
+        assert!(
+            e.message.contains("repetition operator missing expression"),
+            "{e}"
+        );
+        assert!(!e.message.contains('\n'), "{e}");
+        assert_eq!((e.line, e.column), (1, 15), "{e}");
+        let e = refused("json.ok && matches(topic, '[z-a]')");
+        assert!(e.message.contains("invalid character class range"), "{e}");
+        refused("levels.all(l, l.matches('a{1000}{1000}{1000}'))");
+    }
+
+    #[test]
+    fn what_an_expression_returns_is_known_where_its_tree_says() {
+        let returns = |s: &str| compile(s).expect("compiles").returns();
+        for (source, kinds) in [
+            ("topic + '/x'", Kinds::STRING),
+            ("json.a + '/x'", Kinds::STRING),
+            ("levels[1]", Kinds::ANY),
+            ("json.temp > 5.0 && retain", Kinds::BOOL),
+            ("size(payload)", Kinds::INT),
+            ("payload", Kinds::BYTES),
+            ("qos", Kinds::INT),
+            ("json.items.all(x, x > 0)", Kinds::BOOL),
+            ("json.items.exists_one(x, x > 0)", Kinds::BOOL),
+            ("json.items.map(x, x * 2)", Kinds::LIST),
+            ("{'a': 1}", Kinds::MAP),
+            ("has(json.a) ? 'x' : null", Kinds::STRING.or(Kinds::NULL)),
+            ("string(qos)", Kinds::STRING),
+            ("[1].map(topic, topic)", Kinds::LIST),
+            ("json", Kinds::ANY),
+            ("dyn(json.a)", Kinds::ANY),
+        ] {
+            assert_eq!(returns(source), kinds, "{source}");
+        }
+        let e = compile_returning("topic + '/x'", Kinds::BOOL, "a bool").unwrap_err();
+        assert_eq!(e.message, "returns a string, never a bool", "{e}");
+        let e = compile_returning("size(topic) + 1", Kinds::STRING, "a string").unwrap_err();
+        assert!(
+            e.message
+                .starts_with("returns an int or a uint or a double"),
+            "{e}"
+        );
+        for unknown in ["json.ok", "levels[0] == 'a'", "json.a ? true : json.b"] {
+            compile_returning(unknown, Kinds::BOOL, "a bool").expect(unknown);
+        }
     }
 
     #[test]

@@ -95,8 +95,25 @@ pub const MESSAGE_TIMEOUT: Weaker = Weaker {
     why: "a record that times out is produced again by the forwarder, after later records of its partition and possibly twice",
 };
 
+/// `random` puts each record on any partition, whatever its key: records of one key (one MQTT
+/// topic, by default) land in different partitions, out of order. The other partitioners hash
+/// the key (the `*_random` ones spread only records without a key, which have no order).
+pub const PARTITIONER: Weaker = Weaker {
+    keys: &["partitioner"],
+    safe: &[
+        "consistent_random",
+        "consistent",
+        "murmur2_random",
+        "murmur2",
+        "fnv1a_random",
+        "fnv1a",
+    ],
+    expected: "a partitioner that hashes the key (consistent_random, the default, consistent, murmur2, murmur2_random, fnv1a or fnv1a_random)",
+    why: "random spreads the records of one key over partitions, so they are no longer in order",
+};
+
 /// Every guarded setting, in the order the CRD's rules are generated.
-pub const WEAKER: [Weaker; 3] = [ACKS, IDEMPOTENCE, MESSAGE_TIMEOUT];
+pub const WEAKER: [Weaker; 4] = [ACKS, IDEMPOTENCE, MESSAGE_TIMEOUT, PARTITIONER];
 
 /// Set from `bootstrap_servers`, `tls` and `sasl`.
 pub fn is_managed(key: &str) -> bool {
@@ -154,6 +171,9 @@ mod tests {
         );
         assert_eq!(weakens("message.timeout.ms", "0"), None);
         assert_eq!(weakens("linger.ms", "0"), None);
+        assert_eq!(weakens("partitioner", "random"), Some(&PARTITIONER));
+        assert_eq!(weakens("partitioner", "murmur2_random"), None);
+        assert_eq!(weakens("partitioner", "Consistent"), None);
     }
 
     #[test]

@@ -116,6 +116,8 @@ impl LegacyMqtt {
             }),
             reconnect_min_ms: defaults::RECONNECT_MIN_MS,
             reconnect_max_ms: defaults::RECONNECT_MAX_MS,
+            // Set by the loader, with a warning, when the file asks for a clean session.
+            allow_weaker_delivery: false,
         }
     }
 }

@@ -133,6 +133,12 @@ fn load_legacy(
     // The replaced forwarder's files are accepted unchanged, so settings that weaken the
     // guarantee are allowed there, and said loudly.
     config.kafka.allow_weaker_delivery = true;
+    if config.mqtt.clean_session {
+        config.mqtt.allow_weaker_delivery = true;
+        warnings.push(
+            "mqtt.client_id is empty, so the session is clean: messages published while the forwarder is away, or received and not yet acknowledged, are lost; set a client_id for a persistent session".to_owned(),
+        );
+    }
     for (key, value) in &config.kafka.config {
         if let Some(w) = kafka_props::weakens(key, value) {
             warnings.push(format!(

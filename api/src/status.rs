@@ -65,7 +65,7 @@ pub struct RuleStatus {
     pub received: u64,
     /// Records Kafka confirmed for this rule.
     pub forwarded: u64,
-    /// Matching messages acknowledged to MQTT (forwarded, dead-lettered or failed).
+    /// Matching messages acknowledged to MQTT (forwarded, dead-lettered, filtered or failed).
     pub acked: u64,
     /// Messages Kafka could never take that went to the dead-letter topic.
     pub dead_lettered: u64,
@@ -94,6 +94,22 @@ pub struct RuleStatus {
     /// holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocked_by: Option<BlockedBy>,
+    /// Set while the broker refuses subscriptions of this rule (its SUBACK refused them, e.g.
+    /// by an ACL): nothing arrives through those filters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subscription_refused: Option<SubscriptionRefused>,
+}
+
+/// Filters of a rule the broker refused to subscribe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SubscriptionRefused {
+    /// As subscribed (`$share/<group>/<filter>` with a shared group), sorted.
+    pub filters: Vec<String>,
+    /// The broker's reason for the first of them: an MQTT 5 reason code (`not authorized
+    /// (0x87)`), or `failure (0x80)`, all MQTT 3.1.1 says.
+    pub reason: String,
+    pub since: Timestamp,
 }
 
 /// The first record a rule holds.

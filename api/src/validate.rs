@@ -12,11 +12,11 @@ use std::ops::Deref;
 
 use crate::addr;
 use crate::config::{
-    DeadLetter, ForwarderConfig, KafkaConfig, MAX_RULES, MqttConfig, MqttProtocol, Problem, Rule,
-    Sasl, SaslMechanism, Tls,
+    DeadLetter, ForwarderConfig, KafkaConfig, MAX_RULES, MAX_SHUTDOWN_TIMEOUT_SECS, MqttConfig,
+    MqttProtocol, Problem, Rule, Sasl, SaslMechanism, Tls,
 };
 use crate::config::{KeyStrategy, PayloadFormat};
-use crate::expr::{self, Expression};
+use crate::expr::{self, Expression, Kinds};
 use crate::kafka_props;
 use crate::topic::{TopicFilter, TopicTemplate, is_valid_share_group, validate_kafka_topic};
 
@@ -111,6 +111,15 @@ fn check(config: &ForwarderConfig) -> (Vec<Problem>, Option<Vec<RuleTopics>>) {
         check_dead_letter(&mut p, "dead_letter.topic", dl);
     }
     let topics = check_rules(&mut p, &config.rules);
+    if config.shutdown_timeout_secs > MAX_SHUTDOWN_TIMEOUT_SECS {
+        p.add(
+            "shutdown_timeout_secs",
+            format!(
+                "{} is over the bound of {MAX_SHUTDOWN_TIMEOUT_SECS} (a day)",
+                config.shutdown_timeout_secs
+            ),
+        );
+    }
     (p.0, topics)
 }
 
@@ -167,6 +176,11 @@ fn check_client_id(p: &mut Problems, m: &MqttConfig) {
     }
 }
 
+/// What a session that ends with the connection loses.
+const SESSION_LOSS: &str = "the broker discards the forwarder's session, and the messages it holds for it, \
+     so what is published while the forwarder is away, and what it received and had not \
+     acknowledged yet, is lost";
+
 /// Session expiry and shared subscriptions.
 fn check_session(p: &mut Problems, m: &MqttConfig) {
     if m.protocol == MqttProtocol::V311 && m.session_expiry_secs.is_some() {
@@ -174,6 +188,24 @@ fn check_session(p: &mut Problems, m: &MqttConfig) {
             "mqtt.session_expiry_secs",
             "is an MQTT 5 setting; set mqtt.protocol: 5 or remove it (3.1.1 sessions follow clean_session)",
         );
+    }
+    if !m.allow_weaker_delivery {
+        if m.clean_session {
+            p.add(
+                "mqtt.clean_session",
+                format!(
+                    "true weakens the delivery guarantee: at every connect {SESSION_LOSS}; set mqtt.allow_weaker_delivery: true to accept that"
+                ),
+            );
+        }
+        if m.session_expiry_secs == Some(0) {
+            p.add(
+                "mqtt.session_expiry_secs",
+                format!(
+                    "0 weakens the delivery guarantee: at every disconnect {SESSION_LOSS}; set mqtt.allow_weaker_delivery: true to accept that"
+                ),
+            );
+        }
     }
     if let Some(group) = &m.shared_group
         && !is_valid_share_group(group)
@@ -389,7 +421,7 @@ fn check_kafka_topic(
     let k = &rule.kafka;
     match (&k.topic_expression, k.topic.is_empty()) {
         (Some(source), true) => {
-            compiled(p, &at("kafka.topic_expression"), source).map(KafkaTopic::Expression)
+            compiled(p, &at("kafka.topic_expression"), source, STRING).map(KafkaTopic::Expression)
         }
         (Some(_), false) => {
             p.add(
@@ -431,14 +463,17 @@ fn check_expressions(
     rule: &Rule,
 ) -> Option<RuleExpressions> {
     let mut ok = true;
-    let mut one = |p: &mut Problems, path: String, source: &str| {
-        let compiled = compiled(p, &path, source);
+    let mut one = |p: &mut Problems, path: String, source: &str, returns: Returns| {
+        let compiled = compiled(p, &path, source, returns);
         ok &= compiled.is_some();
         compiled
     };
-    let filter = rule.filter.as_deref().and_then(|f| one(p, at("filter"), f));
+    let filter = rule
+        .filter
+        .as_deref()
+        .and_then(|f| one(p, at("filter"), f, BOOL));
     let key = match &rule.kafka.key {
-        KeyStrategy::Expression(source) => one(p, at("kafka.key.expression"), source),
+        KeyStrategy::Expression(source) => one(p, at("kafka.key.expression"), source, BYTES),
         _ => None,
     };
     let mut headers = Vec::new();
@@ -452,12 +487,12 @@ fn check_expressions(
             );
             bad_name = true;
         }
-        if let Some(e) = one(p, path, source) {
+        if let Some(e) = one(p, path, source, BYTES) {
             headers.push((name.clone(), e));
         }
     }
     let transform = match &rule.payload {
-        PayloadFormat::Transform(source) => one(p, at("payload.transform"), source),
+        PayloadFormat::Transform(source) => one(p, at("payload.transform"), source, ANY),
         _ => None,
     };
     (ok && !bad_name).then_some(RuleExpressions {
@@ -468,8 +503,18 @@ fn check_expressions(
     })
 }
 
-fn compiled(p: &mut Problems, path: &str, source: &str) -> Option<Expression> {
-    match expr::compile(source) {
+/// What a field's expression must return, in types and in words.
+type Returns = (Kinds, &'static str);
+const BOOL: Returns = (Kinds::BOOL, "a bool");
+const STRING: Returns = (Kinds::STRING, "a string");
+const BYTES: Returns = (
+    Kinds::STRING.or(Kinds::BYTES).or(Kinds::NULL),
+    "a string, bytes or null",
+);
+const ANY: Returns = (Kinds::ANY, "a value");
+
+fn compiled(p: &mut Problems, path: &str, source: &str, returns: Returns) -> Option<Expression> {
+    match expr::compile_returning(source, returns.0, returns.1) {
         Ok(e) => Some(e),
         Err(e) => {
             p.add(path, e.to_string());
@@ -574,5 +619,29 @@ rules:
         let paths: Vec<&str> = problems.iter().map(|p| p.path.as_str()).collect();
         assert_eq!(paths, ["mqtt.host", "rules[1].mqtt.topics[0]"]);
         assert_eq!(ValidConfig::new(config), Err(problems));
+    }
+
+    #[test]
+    fn an_expression_that_can_never_return_its_fields_type_is_refused_by_field() {
+        let rules = TWO_RULES.replace(
+            "    kafka: { topic: x }\n",
+            "    kafka: { topic_expression: \"size(topic)\", key: { expression: \"qos > 1\" } }\n    filter: \"topic + '/x'\"\n",
+        );
+        let problems = parsed(&rules).validate();
+        let found: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            found,
+            [
+                "rules[1].kafka.topic_expression: does not compile: returns an int, never a string (at line 1, column 1)",
+                "rules[1].filter: does not compile: returns a string, never a bool (at line 1, column 1)",
+                "rules[1].kafka.key.expression: does not compile: returns a bool, never a string, bytes or null (at line 1, column 1)",
+            ]
+        );
+        // A value only the message decides is left to the evaluation.
+        let open = TWO_RULES.replace(
+            "    kafka: { topic: x }\n",
+            "    kafka: { topic: x }\n    filter: \"json.enabled\"\n",
+        );
+        assert_eq!(parsed(&open).validate(), []);
     }
 }

@@ -3,14 +3,14 @@
 //! topics (bounded cardinality). Label values are lower-case snake_case, as documented in the
 //! README: alerts are written from there.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ferry_api::status::{
     BlockedBy, ConfigStatus, ForwarderStatus, Held, KafkaStatus, LastError, MqttStatus, RuleStatus,
-    Waiting,
+    SubscriptionRefused, Waiting,
 };
 use jiff::Timestamp;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -89,6 +89,8 @@ pub struct RuleStats {
     /// Unix milliseconds; 0 = never.
     last_forwarded_ms: AtomicI64,
     last_error: Mutex<Option<LastError>>,
+    /// Its filters, as subscribed.
+    subscribed: Mutex<Vec<String>>,
     /// (when, forwarded count) samples for the rate, oldest first.
     samples: Mutex<VecDeque<(Instant, u64)>>,
 }
@@ -248,7 +250,32 @@ impl RuleStats {
         }
     }
 
-    fn status(&self) -> RuleStatus {
+    /// What the broker refused of this rule's filters (`refused`: every refused filter).
+    fn refused(
+        &self,
+        refused: &BTreeMap<String, (&'static str, Timestamp)>,
+    ) -> Option<SubscriptionRefused> {
+        let mine: Vec<(&String, &(&'static str, Timestamp))> = lock(&self.subscribed)
+            .iter()
+            .filter_map(|f| refused.get_key_value(f))
+            .collect();
+        let (_, (reason, _)) = mine.first()?;
+        let mut filters: Vec<String> = mine.iter().map(|(f, _)| (*f).clone()).collect();
+        filters.sort_unstable();
+        filters.dedup();
+        Some(SubscriptionRefused {
+            filters,
+            reason: (*reason).to_owned(),
+            since: mine.iter().map(|(_, (_, since))| *since).min()?,
+        })
+    }
+
+    /// What this rule's filters are subscribed as (`$share/<group>/...` with a shared group).
+    pub fn set_subscribed(&self, filters: Vec<String>) {
+        *lock(&self.subscribed) = filters;
+    }
+
+    fn status(&self, refused: &BTreeMap<String, (&'static str, Timestamp)>) -> RuleStatus {
         let ms = self.last_forwarded_ms.load(Ordering::Relaxed);
         RuleStatus {
             name: self.name.clone(),
@@ -266,6 +293,7 @@ impl RuleStats {
             waiting: lock(&self.waiting).clone(),
             held: lock(&self.held).clone(),
             blocked_by: lock(&self.blocked_by).clone(),
+            subscription_refused: self.refused(refused),
         }
     }
 }
@@ -303,6 +331,8 @@ pub struct Metrics {
     pub health: Health,
     started_at: Timestamp,
     mqtt_last_error: Mutex<Option<LastError>>,
+    /// Subscribed filters the broker refused: (its reason, since when).
+    mqtt_refused: Mutex<BTreeMap<String, (&'static str, Timestamp)>>,
     kafka_last_error: Mutex<Option<LastError>>,
     /// A permanent Kafka error, seen since the last probe looked.
     kafka_permanent: Mutex<Option<KafkaFailure>>,
@@ -374,6 +404,7 @@ impl Metrics {
             health: Health::default(),
             started_at: Timestamp::now(),
             mqtt_last_error: Mutex::new(None),
+            mqtt_refused: Mutex::new(BTreeMap::new()),
             kafka_last_error: Mutex::new(None),
             kafka_permanent: Mutex::new(None),
             config: Mutex::new(ConfigStatus {
@@ -411,7 +442,7 @@ impl Metrics {
         );
         r.register(
             "rule_acked_messages",
-            "Messages of a rule acknowledged to MQTT",
+            "Messages of a rule acknowledged to MQTT, whatever became of them (forwarded, dead-lettered, filtered or dropped)",
             self.families.acked.clone(),
         );
         r.register(
@@ -577,6 +608,7 @@ impl Metrics {
             waiting_set: AtomicBool::new(false),
             last_forwarded_ms: AtomicI64::new(0),
             last_error: Mutex::new(None),
+            subscribed: Mutex::new(Vec::new()),
             samples: Mutex::new(VecDeque::new()),
         }
     }
@@ -597,9 +629,33 @@ impl Metrics {
         self.mqtt_connected.set(i64::from(up));
     }
 
-    pub fn set_mqtt_subscribed(&self) {
-        self.health.mqtt_subscribed.store(true, Ordering::Relaxed);
+    /// The broker's answers so far on this connection: subscribed while it granted at least
+    /// one filter (a SUBACK refusing every filter leaves the forwarder unsubscribed, and not
+    /// ready if it never was); `refused` fail their rules in `/status`.
+    pub fn set_mqtt_subscriptions(
+        &self,
+        any_granted: bool,
+        refused: &BTreeMap<String, &'static str>,
+    ) {
+        self.health
+            .mqtt_subscribed
+            .store(any_granted, Ordering::Relaxed);
         self.health.note_progress();
+        self.set_mqtt_refused(refused);
+    }
+
+    /// Filters the broker refused (as subscribed), with its reason; a filter refused before
+    /// keeps its `since`.
+    pub fn set_mqtt_refused(&self, refused: &BTreeMap<String, &'static str>) {
+        let mut current = lock(&self.mqtt_refused);
+        let now = Timestamp::now();
+        *current = refused
+            .iter()
+            .map(|(filter, reason)| {
+                let since = current.get(filter).map_or(now, |(_, since)| *since);
+                (filter.clone(), (*reason, since))
+            })
+            .collect();
     }
 
     pub fn mqtt_error(&self, message: String) {
@@ -668,7 +724,13 @@ impl Metrics {
                 last_error: lock(&self.kafka_last_error).clone(),
             },
             inflight: self.inflight.get().max(0) as u64,
-            rules: lock(&self.rules).iter().map(|r| r.status()).collect(),
+            rules: {
+                let refused = lock(&self.mqtt_refused);
+                lock(&self.rules)
+                    .iter()
+                    .map(|r| r.status(&refused))
+                    .collect()
+            },
         }
     }
 
@@ -694,7 +756,13 @@ mod tests {
         let m = Metrics::new();
         assert!(!m.health.ready(), "not ready before any broker answered");
         m.set_mqtt_connected(true);
-        m.set_mqtt_subscribed();
+        m.set_kafka_reachable(true);
+        // A SUBACK refusing every filter: not subscribed, so never ready.
+        let refused = BTreeMap::from([("secret/#".to_owned(), "not authorized (0x87)")]);
+        m.set_mqtt_subscriptions(false, &refused);
+        assert!(!m.health.mqtt_subscribed() && !m.health.ready());
+        m.set_kafka_reachable(false);
+        m.set_mqtt_subscriptions(true, &BTreeMap::new());
         assert!(!m.health.ready(), "Kafka has not answered yet");
         m.set_kafka_reachable(true);
         assert!(m.health.ready());
@@ -705,6 +773,34 @@ mod tests {
             "an outage after the start keeps the pod Ready"
         );
         assert!(!m.health.kafka_reachable() && !m.health.mqtt_subscribed());
+    }
+
+    #[test]
+    fn refused_filters_fail_the_rules_that_subscribe_them() {
+        let m = Metrics::new();
+        let rules = m.set_rules(&["open".to_owned(), "secret".to_owned()]);
+        rules[0].set_subscribed(vec!["open/#".to_owned()]);
+        rules[1].set_subscribed(vec!["secret/b".to_owned(), "secret/a".to_owned()]);
+        let refused = BTreeMap::from([
+            ("secret/a".to_owned(), "not authorized (0x87)"),
+            ("secret/b".to_owned(), "not authorized (0x87)"),
+        ]);
+        m.set_mqtt_subscriptions(true, &refused);
+        let first = m.status();
+        assert!(first.mqtt.subscribed, "another filter was granted");
+        assert_eq!(first.rules[0].subscription_refused, None);
+        let r = first.rules[1]
+            .subscription_refused
+            .clone()
+            .expect("refused");
+        assert_eq!(r.filters, ["secret/a", "secret/b"]);
+        assert_eq!(r.reason, "not authorized (0x87)");
+        // Refused again (a reconnect): the same since; granted later: cleared.
+        std::thread::sleep(Duration::from_millis(5));
+        m.set_mqtt_subscriptions(true, &refused);
+        assert_eq!(m.status().rules[1].subscription_refused, Some(r));
+        m.set_mqtt_subscriptions(true, &BTreeMap::new());
+        assert_eq!(m.status().rules[1].subscription_refused, None);
     }
 
     #[test]

@@ -19,7 +19,7 @@
 mod conn;
 mod wire;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -227,6 +227,10 @@ struct Session {
     last_pkid: u16,
     /// SUBSCRIBE packet ids awaiting their SUBACK, with the filters they asked for.
     pending_subs: HashMap<u16, Vec<String>>,
+    /// Filters the broker granted on this connection.
+    granted: BTreeSet<String>,
+    /// Filters the broker refused on this connection, with its reason.
+    refused: BTreeMap<String, &'static str>,
 }
 
 impl Driver {
@@ -318,6 +322,8 @@ impl Driver {
             silent_since: None,
             last_pkid: 0,
             pending_subs: HashMap::new(),
+            granted: BTreeSet::new(),
+            refused: BTreeMap::new(),
         };
         let codec = self.settings.codec;
         // Subscribing again on every connect is harmless with a resumed session and required
@@ -420,7 +426,8 @@ impl Driver {
             // answers a PUBREL the broker re-sends after a reconnect.
             Incoming::PubRel(pkid) => self.settings.codec.pubcomp(pkid, &mut s.conn.write_buf)?,
             Incoming::SubAck { pkid, granted } => {
-                self.on_suback(s.pending_subs.remove(&pkid), &granted);
+                let filters = s.pending_subs.remove(&pkid);
+                self.on_suback(s, filters, &granted);
             }
             Incoming::UnsubAck(pkid) => debug!(pkid, "unsubscribed"),
             Incoming::PingResp => {}
@@ -443,22 +450,43 @@ impl Driver {
         }
     }
 
-    fn on_suback(&self, filters: Option<Vec<String>>, granted: &[bool]) {
-        self.metrics.set_mqtt_subscribed();
+    /// The broker's answer to a SUBSCRIBE: the connection counts as subscribed while the broker
+    /// granted at least one filter; the refused ones fail their rules (see
+    /// [`Metrics::set_mqtt_subscriptions`]).
+    fn on_suback(
+        &self,
+        s: &mut Session,
+        filters: Option<Vec<String>>,
+        granted: &[Result<u8, &'static str>],
+    ) {
         let filters = filters.unwrap_or_default();
-        for (i, ok) in granted.iter().enumerate() {
-            let filter = filters.get(i).map_or("(unknown)", String::as_str);
-            if *ok {
-                debug!(filter, "subscribed");
-            } else {
-                error!(
-                    filter,
-                    "mqtt broker refused the subscription (check its ACL)"
-                );
-                self.metrics
-                    .mqtt_error(format!("broker refused the subscription to {filter:?}"));
+        for (i, filter) in filters.into_iter().enumerate() {
+            // A SUBACK with fewer codes than filters answered none of the rest.
+            match granted
+                .get(i)
+                .copied()
+                .unwrap_or(Err("no answer in the SUBACK"))
+            {
+                Ok(qos) => {
+                    debug!(filter, qos, "subscribed");
+                    s.refused.remove(&filter);
+                    s.granted.insert(filter);
+                }
+                Err(reason) => {
+                    error!(
+                        filter,
+                        reason, "mqtt broker refused the subscription (check its ACL)"
+                    );
+                    self.metrics.mqtt_error(format!(
+                        "broker refused the subscription to {filter:?}: {reason}"
+                    ));
+                    s.granted.remove(&filter);
+                    s.refused.insert(filter, reason);
+                }
             }
         }
+        self.metrics
+            .set_mqtt_subscriptions(!s.granted.is_empty(), &s.refused);
     }
 
     /// Encodes everything the pipeline queued and writes it with one write and flush; only then
@@ -485,7 +513,12 @@ impl Driver {
                     }
                 }
                 Outbound::Subscribe(filters) => s.subscribe(codec, &filters),
-                Outbound::Unsubscribe(filters) => s.unsubscribe(codec, &filters),
+                Outbound::Unsubscribe(filters) => {
+                    let step = s.unsubscribe(codec, &filters);
+                    // A refusal of a filter no rule has any more says nothing.
+                    self.metrics.set_mqtt_refused(&s.refused);
+                    step
+                }
             };
             if encoded.is_ok() {
                 encoded = step;
@@ -640,6 +673,10 @@ impl Session {
     fn unsubscribe(&mut self, codec: Codec, filters: &[String]) -> Result<(), ConnError> {
         if filters.is_empty() {
             return Ok(());
+        }
+        for f in filters {
+            self.granted.remove(f);
+            self.refused.remove(f);
         }
         let pkid = self.next_pkid();
         codec.unsubscribe(pkid, filters, &mut self.conn.write_buf)?;

@@ -24,7 +24,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::eval::{self, EvalError, Evaluated, Scope};
 use crate::kafka::{self, Classified, KafkaProducer, Report};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RuleStats};
 use crate::mqtt::{Link, Message, Outbound, Subscriptions};
 use crate::route::{Routed, Router, RuleSet, Target, header, record_key, wrap_json};
 use crate::window::{
@@ -66,6 +66,9 @@ struct Inflight {
     message: Message,
     /// One per target, in the window's target order.
     legs: Vec<Leg>,
+    /// Rules the message settled without a record of theirs (their filter was false, or
+    /// failed while another rule of the target wrote it): acknowledged with the message.
+    settled: Vec<Arc<RuleStats>>,
     received_at: Instant,
 }
 
@@ -165,6 +168,8 @@ impl Pipeline {
     ) -> PipelineExit {
         tokio::pin!(shutdown);
         let mut accepting = true;
+        // None while reading, and for a bound past the clock's end: the drain then ends only
+        // when the window is empty.
         let mut drain_deadline: Option<Instant> = None;
         let mut batch = Vec::with_capacity(256);
         loop {
@@ -190,7 +195,7 @@ impl Pipeline {
                 }
                 () = &mut shutdown, if accepting => {
                     accepting = false;
-                    drain_deadline = Some(Instant::now() + drain_bound);
+                    drain_deadline = Instant::now().checked_add(drain_bound);
                     // Closing makes the reader stop handing over messages; those it still held
                     // were never acked and will be redelivered.
                     inbound.close();
@@ -208,7 +213,7 @@ impl Pipeline {
                     None => {
                         // The reader is gone: nothing more will arrive.
                         accepting = false;
-                        drain_deadline = Some(Instant::now() + drain_bound);
+                        drain_deadline = Instant::now().checked_add(drain_bound);
                     }
                 },
             }
@@ -267,11 +272,18 @@ impl Pipeline {
             self.metrics.unmatched.inc();
         }
         let now = Instant::now();
-        let (legs, steps) = legs(&mut self.scratch, &message, now, self.record_max_bytes);
+        let mut settled = Vec::new();
+        let (legs, steps) = legs(
+            &mut self.scratch,
+            &message,
+            (now, self.record_max_bytes),
+            &mut settled,
+        );
         let specs = legs.iter().map(|leg| leg.spec(&message.topic)).collect();
         let inflight = Inflight {
             message,
             legs,
+            settled,
             received_at: now,
         };
         // The gauge is set once the window's actions are carried out.
@@ -644,6 +656,9 @@ impl Pipeline {
                 rule.on_acked();
             }
         }
+        for rule in &done.settled {
+            rule.on_acked();
+        }
         // QoS 0 too: the driver frees the message's window slot.
         self.send_mqtt(Outbound::Complete {
             epoch: done.message.epoch,
@@ -755,12 +770,13 @@ impl Leg {
 }
 
 /// A message's legs: its routed targets less those whose every matched rule's filter was
-/// false, each with what its expressions made of the message; and the steps they used.
+/// false, each with what its expressions made of the message; and the steps they used. The
+/// rules it settles without a record go into `settled`.
 fn legs(
     routed: &mut Vec<Routed>,
     message: &Message,
-    now: Instant,
-    record_max_bytes: usize,
+    (now, record_max_bytes): (Instant, usize),
+    settled: &mut Vec<Arc<RuleStats>>,
 ) -> (Vec<Leg>, u64) {
     // `json` is parsed once for all of them, with what they read together.
     let json_reads = json_reads(routed);
@@ -779,7 +795,7 @@ fn legs(
             let scope = scope
                 .get_or_insert_with(|| Scope::new(message, json_reads.clone(), SystemTime::now()));
             scope.begin_target();
-            let (matched, failed) = filter_rules(scope, &target, matched);
+            let (matched, failed) = filter_rules(scope, &target, matched, settled);
             if matched.is_empty() {
                 return None;
             }
@@ -819,10 +835,12 @@ fn json_reads(routed: &[Routed]) -> Option<Arc<JsonReads>> {
 /// and the first error of a rule whose filter failed. A failing rule stays in the set only when
 /// no rule passed: the message then goes to the dead-letter path in its name; otherwise the
 /// record is written for the rules that passed, and the failure is counted against its rule.
+/// The rules left out (filtered, or failed and counted) go into `settled`.
 fn filter_rules(
     scope: &mut Scope<'_>,
     target: &Target,
     matched: RuleSet,
+    settled: &mut Vec<Arc<RuleStats>>,
 ) -> (RuleSet, Option<EvalError>) {
     let mut passed = matched.clone();
     let mut failed: Vec<(usize, EvalError)> = Vec::new();
@@ -836,6 +854,7 @@ fn filter_rules(
                 passed.remove(i);
                 if let Some(rule) = target.rules.get(i) {
                     rule.on_filtered();
+                    settled.push(Arc::clone(rule));
                 }
             }
             Err(e) => {
@@ -854,6 +873,7 @@ fn filter_rules(
     for (i, e) in failed {
         if let Some(rule) = target.rules.get(i) {
             rule.on_failed(e.reason, e.message);
+            settled.push(Arc::clone(rule));
         }
     }
     (passed, None)

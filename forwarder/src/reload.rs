@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferry_api::config::MqttConfig;
 use ferry_api::{ForwarderConfig, ValidConfig};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
@@ -40,9 +41,15 @@ impl ConfigSource {
 }
 
 /// Settings a running forwarder cannot change without reconnecting or restarting.
+/// `mqtt.shared_group` is not one: it only changes what is subscribed, and a reload subscribes
+/// the filters under the new group before it unsubscribes them under the old one.
 pub fn restart_required(running: &ForwarderConfig, new: &ForwarderConfig) -> Vec<String> {
     let mut changed = Vec::new();
-    if running.mqtt != new.mqtt {
+    let connection = |c: &ForwarderConfig| MqttConfig {
+        shared_group: None,
+        ..c.mqtt.clone()
+    };
+    if connection(running) != connection(new) {
         changed.push("mqtt".to_owned());
     }
     if running.kafka != new.kafka {

@@ -171,6 +171,13 @@ impl Router {
         let mut targets: Vec<Target> = Vec::new();
         let mut filters = Vec::new();
         for (i, (rule, parsed)) in config.rules_with_topics().enumerate() {
+            rules[i].set_subscribed(
+                rule.mqtt
+                    .topics
+                    .iter()
+                    .map(|f| config.subscribed_as(f))
+                    .collect(),
+            );
             let dead_letter: Option<Arc<str>> = config
                 .dead_letter_of(rule)
                 .map(|d| Arc::from(d.topic.as_str()));

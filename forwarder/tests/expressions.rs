@@ -311,6 +311,10 @@ fn rules_sharing_a_target_are_credited_only_with_what_they_matched_and_passed() 
     filter: "json.temp > 50.0"
     kafka: { topic: hot }
     on_unwritable: drop
+  - name: no-status
+    mqtt: { topics: ["plant/+/status"] }
+    filter: "size(payload) == 0"
+    kafka: { topic: hot }
 "#;
     let mut fwd = Forwarder::start(&brokers.config("ferry-credit", rules));
     fwd.wait_ready(Duration::from_secs(30));
@@ -373,16 +377,34 @@ fn rules_sharing_a_target_are_credited_only_with_what_they_matched_and_passed() 
         )
     };
     assert_eq!((failed("audit-hot"), failed("only-hot")), (100.0, 100.0));
-    let acked = |rule: &str| status.rule(rule).expect("rule").acked;
     assert_eq!(
-        (
-            acked("audit-all"),
-            acked("audit-readings"),
-            acked("only-hot")
-        ),
-        (300, 200, 150),
-        "acked: what each rule forwarded or gave up on"
+        rule("no-status"),
+        (0, 100, 0, 0),
+        "its filter drops everything"
     );
+    // Acked: every message of the rule, whatever became of it (forwarded, filtered, failed);
+    // so a rule whose filter drops everything is not stalled (FerryRuleStalled compares
+    // received with acked).
+    for (name, received) in [
+        ("audit-all", 300),
+        ("audit-readings", 200),
+        ("audit-hot", 200),
+        ("only-hot", 200),
+        ("no-status", 100),
+    ] {
+        let label = format!("rule=\"{name}\"");
+        let metric = |m: &str| fwd.metric_with(m, &[&label]);
+        let r = status.rule(name).expect("rule");
+        assert_eq!((r.received, r.acked), (received, received), "{name}");
+        assert_eq!(
+            (
+                metric("ferry_rule_received_messages_total"),
+                metric("ferry_rule_acked_messages_total")
+            ),
+            (received as f64, received as f64),
+            "{name}"
+        );
+    }
     fwd.kill();
 }
 

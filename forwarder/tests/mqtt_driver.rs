@@ -53,6 +53,7 @@ fn config(
         tls: None,
         reconnect_min_ms: 50,
         reconnect_max_ms: 500,
+        allow_weaker_delivery: false,
     }
 }
 

@@ -251,10 +251,16 @@ pub fn connection_refused(connection: &BrokerConnection) -> Result<Option<String
     let problems: Vec<String> = problems
         .iter()
         .map(|p| {
-            let message = p.message.replace(
-                "kafka.allow_weaker_delivery",
-                "spec.kafka.allowWeakerDelivery",
-            );
+            let message = p
+                .message
+                .replace(
+                    "kafka.allow_weaker_delivery",
+                    "spec.kafka.allowWeakerDelivery",
+                )
+                .replace(
+                    "mqtt.allow_weaker_delivery",
+                    "spec.mqtt.allowWeakerDelivery",
+                );
             format!("{}: {message}", spec_field(&p.path))
         })
         .collect();
@@ -275,6 +281,10 @@ fn spec_field(path: &str) -> String {
         (
             "kafka.allow_weaker_delivery",
             "spec.kafka.allowWeakerDelivery",
+        ),
+        (
+            "mqtt.allow_weaker_delivery",
+            "spec.mqtt.allowWeakerDelivery",
         ),
     ];
     FIELDS

@@ -212,6 +212,7 @@ fn mqtt_config(m: &crd::MqttEndpoint, shared_group: String) -> MqttConfig {
         tls: m.tls.as_ref().map(|t| tls_files(t, MQTT_TLS_DIR)),
         reconnect_min_ms: defaults::RECONNECT_MIN_MS,
         reconnect_max_ms: defaults::RECONNECT_MAX_MS,
+        allow_weaker_delivery: m.allow_weaker_delivery,
     }
 }
 

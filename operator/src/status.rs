@@ -36,13 +36,16 @@ pub const STALLED_AFTER: SignedDuration = SignedDuration::from_secs(30);
 pub const HELD: &str = "Held";
 /// The rule's messages wait behind a record another rule of its group holds.
 pub const BLOCKED_BY_RULE: &str = "BlockedByRule";
+/// The MQTT broker refused (some of) the rule's subscriptions.
+pub const SUBSCRIPTION_REFUSED: &str = "SubscriptionRefused";
 
 /// `Forwarding` reasons that also make the rule not `Ready`: data is not flowing. (A record
 /// dead-lettered now and then, `RecordsFailing`, is worth a condition but the rule still
 /// forwards.)
-pub const BLOCKING_REASONS: [&str; 5] = [
+pub const BLOCKING_REASONS: [&str; 6] = [
     "MqttDisconnected",
     "KafkaUnreachable",
+    SUBSCRIPTION_REFUSED,
     HELD,
     BLOCKED_BY_RULE,
     "Stalled",
@@ -398,6 +401,20 @@ fn forwarding(
             "KafkaUnreachable",
             with_error(format!("pod {pod}: Kafka unreachable"), &r.kafka.last_error),
         )
+    } else if let Some((pod, refused)) = loaded
+        .iter()
+        .find_map(|(pod, _, r)| Some((pod, r.subscription_refused.as_ref()?)))
+    {
+        Desired::new(
+            FORWARDING,
+            FALSE,
+            SUBSCRIPTION_REFUSED,
+            format!(
+                "pod {pod}: the MQTT broker refused the subscription to {} ({}): nothing arrives through it; check the broker's ACL for the forwarder's user",
+                refused.filters.join(", "),
+                refused.reason
+            ),
+        )
     } else if let Some((pod, h)) = loaded
         .iter()
         .find_map(|(pod, _, r)| Some((pod, r.held.as_ref()?)))
@@ -702,6 +719,7 @@ mod tests {
             waiting: None,
             held: None,
             blocked_by: None,
+            subscription_refused: None,
         }
     }
 
@@ -881,6 +899,37 @@ mod tests {
             condition(&s.conditions, FORWARDING).unwrap().reason,
             "KafkaUnreachable"
         );
+    }
+
+    #[test]
+    fn a_refused_subscription_fails_its_rule_naming_filters_and_reason() {
+        let mut refused = rule(10, 0.0, None);
+        refused.subscription_refused = Some(ferry_api::status::SubscriptionRefused {
+            filters: vec!["secret/#".into()],
+            reason: "not authorized (0x87)".into(),
+            since: at(100),
+        });
+        let reports = vec![("p-0".to_owned(), report(true, true, Some(refused)))];
+        let (s, _) = rule_data(None, "telemetry", &reports, at(101));
+        let c = condition(&s.conditions, FORWARDING).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            (FALSE, SUBSCRIPTION_REFUSED)
+        );
+        assert!(
+            c.message.contains("p-0")
+                && c.message.contains("secret/#")
+                && c.message.contains("not authorized (0x87)"),
+            "{}",
+            c.message
+        );
+        assert!(
+            BLOCKING_REASONS.contains(&SUBSCRIPTION_REFUSED),
+            "Ready follows"
+        );
+        // The same refusal later: the same condition, nothing to write.
+        let (later, _) = rule_data(Some(&s), "telemetry", &reports, at(500));
+        assert_eq!(later.conditions, s.conditions);
     }
 
     #[test]

@@ -42,10 +42,10 @@ pub enum Incoming {
     /// Its `epoch` is the driver's to set.
     Publish(Message),
     PubRel(u16),
-    /// Per filter, in subscribe order: whether the broker granted it.
+    /// Per filter, in subscribe order: the QoS the broker granted, or why it refused.
     SubAck {
         pkid: u16,
-        granted: Vec<bool>,
+        granted: Vec<Result<u8, &'static str>>,
     },
     UnsubAck(u16),
     PingResp,
@@ -264,7 +264,10 @@ fn from_v4(packet: v4::Packet) -> Incoming {
             granted: a
                 .return_codes
                 .iter()
-                .map(|c| matches!(c, v4::SubscribeReasonCode::Success(_)))
+                .map(|c| match c {
+                    v4::SubscribeReasonCode::Success(qos) => Ok(*qos as u8),
+                    v4::SubscribeReasonCode::Failure => Err("failure (0x80)"),
+                })
                 .collect(),
         },
         P::UnsubAck(a) => Incoming::UnsubAck(a.pkid),
@@ -304,11 +307,7 @@ fn from_v5(packet: v5::Packet) -> Incoming {
         P::PubRel(r) => Incoming::PubRel(r.pkid),
         P::SubAck(a) => Incoming::SubAck {
             pkid: a.pkid,
-            granted: a
-                .return_codes
-                .iter()
-                .map(|c| matches!(c, v5::SubscribeReasonCode::Success(_)))
-                .collect(),
+            granted: a.return_codes.iter().map(|c| suback5(*c)).collect(),
         },
         P::UnsubAck(a) => Incoming::UnsubAck(a.pkid),
         P::PingResp(_) => Incoming::PingResp,
@@ -342,6 +341,23 @@ fn qos5(level: u8) -> mb5::QoS {
         1 => mb5::QoS::AtLeastOnce,
         _ => mb5::QoS::ExactlyOnce,
     }
+}
+
+/// An MQTT 5 SUBACK reason code: the granted QoS, or the refusal in words with its code.
+fn suback5(code: v5::SubscribeReasonCode) -> Result<u8, &'static str> {
+    use v5::SubscribeReasonCode as C;
+    Err(match code {
+        C::Success(qos) => return Ok(qos as u8),
+        C::Failure | C::Unspecified => "unspecified error (0x80)",
+        C::ImplementationSpecific => "implementation specific error (0x83)",
+        C::NotAuthorized => "not authorized (0x87)",
+        C::TopicFilterInvalid => "topic filter invalid (0x8F)",
+        C::PkidInUse => "packet identifier in use (0x91)",
+        C::QuotaExceeded => "quota exceeded (0x97)",
+        C::SharedSubscriptionsNotSupported => "shared subscriptions not supported (0x9E)",
+        C::SubscriptionIdNotSupported => "subscription identifiers not supported (0xA1)",
+        C::WildcardSubscriptionsNotSupported => "wildcard subscriptions not supported (0xA2)",
+    })
 }
 
 #[cfg(test)]

@@ -41,12 +41,19 @@ fn legacy_env_credentials_and_clean_session() {
         .replace("wrap_as_json: false", "wrap_as_json: true");
     let loaded = load_str(&text, |n| (n == "PW").then(|| "s3cret".to_string())).unwrap();
     let c = loaded.config;
-    assert!(c.mqtt.clean_session);
+    // Accepted as it was, and said: a clean session loses what it held.
+    assert!(c.mqtt.clean_session && c.mqtt.allow_weaker_delivery);
+    assert_eq!(loaded.warnings.len(), 1, "{:?}", loaded.warnings);
+    assert!(
+        loaded.warnings[0].contains("session is clean"),
+        "{:?}",
+        loaded.warnings
+    );
     assert_eq!(c.mqtt.password.as_ref().map(|p| p.expose()), Some("s3cret"));
     assert_eq!(c.rules[0].payload, PayloadFormat::WrappedJson);
     // Unset variables become "" as in the original, with a warning.
     let loaded = load_str(&text, |_| None).unwrap();
-    assert_eq!(loaded.warnings.len(), 1);
+    assert_eq!(loaded.warnings.len(), 2);
 }
 
 #[test]

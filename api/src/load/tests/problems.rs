@@ -151,6 +151,11 @@ fn weaker_kafka_settings_need_the_opt_out() {
             "kafka.config.delivery.timeout.ms",
             "0 (never time out)",
         ),
+        (
+            "partitioner: random",
+            "kafka.config.partitioner",
+            "a partitioner that hashes the key",
+        ),
     ] {
         let text = with_kafka_config(&format!("    {entry}\n"));
         let problems = problems_of(&text);
@@ -181,6 +186,7 @@ fn weaker_kafka_settings_need_the_opt_out() {
         "acks: ALL",
         "message.timeout.ms: 0",
         "enable.gapless.guarantee: true",
+        "partitioner: murmur2_random",
     ] {
         let text = with_kafka_config(&format!("    {safe}\n"));
         assert!(load_str(&text, no_env).is_ok(), "{safe}");
@@ -231,4 +237,63 @@ fn the_producer_queue_must_hold_the_window() {
     );
     assert!(load_str(&queue("1000"), no_env).is_ok());
     assert!(load_str(&queue("0"), no_env).is_ok());
+}
+
+#[test]
+fn sessions_that_lose_messages_need_the_opt_out() {
+    let v5 = FERRY.replace("client_id: ferry-1", "client_id: ferry-1\n  protocol: 5");
+    for (text, path) in [
+        (
+            FERRY.replace(
+                "client_id: ferry-1",
+                "client_id: ferry-1\n  clean_session: true",
+            ),
+            "mqtt.clean_session",
+        ),
+        (
+            v5.replace("protocol: 5", "protocol: 5\n  clean_session: true"),
+            "mqtt.clean_session",
+        ),
+        (
+            v5.replace("protocol: 5", "protocol: 5\n  session_expiry_secs: 0"),
+            "mqtt.session_expiry_secs",
+        ),
+    ] {
+        let problems = problems_of(&text);
+        assert_eq!(problems.len(), 1, "{text}: {problems:?}");
+        assert_eq!(problems[0].path, path);
+        assert!(
+            problems[0]
+                .message
+                .contains("weakens the delivery guarantee")
+                && problems[0]
+                    .message
+                    .contains("set mqtt.allow_weaker_delivery: true to accept that"),
+            "{}",
+            problems[0]
+        );
+        let allowed = text.replace(
+            "client_id: ferry-1",
+            "client_id: ferry-1\n  allow_weaker_delivery: true",
+        );
+        let loaded = load_str(&allowed, no_env).unwrap_or_else(|e| panic!("{path}: {e}"));
+        assert!(loaded.config.mqtt.allow_weaker_delivery);
+    }
+    // A session that outlives a disconnect keeps the guarantee.
+    let kept = v5.replace("protocol: 5", "protocol: 5\n  session_expiry_secs: 1");
+    assert!(load_str(&kept, no_env).is_ok());
+}
+
+#[test]
+fn a_shutdown_timeout_beyond_a_day_is_refused_by_name() {
+    let at = |secs: u64| format!("{FERRY}shutdown_timeout_secs: {secs}\n");
+    assert!(load_str(&at(86_400), no_env).is_ok());
+    for secs in [86_401, u64::MAX] {
+        let problems = problems_of(&at(secs));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(
+            problems[0].to_string(),
+            format!("shutdown_timeout_secs: {secs} is over the bound of 86400 (a day)")
+        );
+    }
 }
