@@ -190,6 +190,7 @@ fn evaluation_cost(rule: ExprRule, size: usize) -> Result<EvaluationCost> {
             content_type: None,
             user_properties: Vec::new(),
             epoch: 1,
+            subscription_ids: Vec::new(),
         })
         .collect();
     // Shared as the pipeline shares a target's: one reference count per message.

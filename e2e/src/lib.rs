@@ -277,6 +277,43 @@ pub struct MosquittoOptions<'a> {
     /// `persistence true` in the broker's dir: sessions and their queued messages are saved on
     /// a graceful stop and survive [`Mosquitto::stop`]/[`Mosquitto::resume`].
     pub persistence: bool,
+    /// Topic filter patterns no client may subscribe to, as an ACL does it: Mosquitto's
+    /// dynamic-security plugin with a `subscribePattern` deny per pattern for the anonymous
+    /// group, so its SUBACK refuses them (0x80 in MQTT 3.1.1, 0x87 not authorized in MQTT 5).
+    /// A shared subscription is judged by its whole filter: deny `$share/+/secret/#` too. Only
+    /// with anonymous access (no `users`).
+    pub deny_subscribe: Vec<String>,
+}
+
+/// Where Debian's `mosquitto` package puts the dynamic-security plugin.
+const DYNSEC_PLUGIN: &str = "/usr/lib/x86_64-linux-gnu/mosquitto_dynamic_security.so";
+
+/// The dynamic-security plugin, denying `patterns` to anonymous clients and allowing the rest.
+fn write_subscribe_denials(f: &mut fs::File, dir: &Path, patterns: &[String]) -> Result<()> {
+    if !Path::new(DYNSEC_PLUGIN).exists() {
+        bail!("{DYNSEC_PLUGIN} not found (package mosquitto 2.0): run e2e/install.sh");
+    }
+    let acls: Vec<serde_json::Value> = patterns
+        .iter()
+        .map(|p| {
+            serde_json::json!({"acltype": "subscribePattern", "topic": p, "priority": 0, "allow": false})
+        })
+        .collect();
+    let config = serde_json::json!({
+        "defaultACLAccess": {
+            "publishClientSend": true, "publishClientReceive": true,
+            "subscribe": true, "unsubscribe": true
+        },
+        "clients": [],
+        "groups": [{"groupname": "anonymous", "roles": [{"rolename": "denied"}]}],
+        "roles": [{"rolename": "denied", "acls": acls}],
+        "anonymousGroup": "anonymous"
+    });
+    let path = dir.join("dynamic-security.json");
+    fs::write(&path, serde_json::to_vec_pretty(&config)?)?;
+    writeln!(f, "plugin {DYNSEC_PLUGIN}")?;
+    writeln!(f, "plugin_opt_config_file {}", path.display())?;
+    Ok(())
 }
 
 /// A TLS listener of [`Mosquitto`].
@@ -428,7 +465,13 @@ impl Mosquitto {
         let tls_port = options.tls.map(|_| free_port()).transpose()?;
         let conf = dir.path().join("mosquitto.conf");
         let mut f = fs::File::create(&conf)?;
-        let secured = options.tls.is_some() || !options.users.is_empty() || options.persistence;
+        if !options.deny_subscribe.is_empty() && !options.users.is_empty() {
+            bail!("MosquittoOptions::deny_subscribe works with anonymous access only");
+        }
+        let secured = options.tls.is_some()
+            || !options.users.is_empty()
+            || options.persistence
+            || !options.deny_subscribe.is_empty();
         // SAFETY: geteuid(2) has no preconditions.
         if secured && unsafe { libc::geteuid() } == 0 {
             // Otherwise Mosquitto, started as root, drops to the `mosquitto` user before it
@@ -440,6 +483,9 @@ impl Mosquitto {
             write_tls_listener(&mut f, dir.path(), host, tls_port, tls)?;
         }
         write_users(&mut f, dir.path(), &options.users)?;
+        if !options.deny_subscribe.is_empty() {
+            write_subscribe_denials(&mut f, dir.path(), &options.deny_subscribe)?;
+        }
         if options.persistence {
             writeln!(f, "persistence true")?;
             writeln!(f, "persistence_location {}/", dir.path().display())?;

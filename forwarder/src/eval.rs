@@ -484,6 +484,7 @@ mod tests {
             content_type: Some("application/json".into()),
             user_properties: vec![("site".into(), "north".into())],
             epoch: 1,
+            subscription_ids: Vec::new(),
         }
     }
 

@@ -62,6 +62,22 @@ pub struct Message {
     pub user_properties: Vec<(String, String)>,
     /// The connection (counted from 1) it arrived on; its ack is only written on that one.
     pub epoch: u64,
+    /// MQTT 5: the identifiers of the subscriptions it was delivered for
+    /// ([`subscription_id`]); empty from MQTT 3.1.1 or a broker without them.
+    pub subscription_ids: Vec<u32>,
+}
+
+/// The largest MQTT 5 Subscription Identifier.
+const SUBSCRIPTION_ID_MAX: u32 = 268_435_455;
+
+/// The MQTT 5 Subscription Identifier of a subscribed filter: derived from its text (FNV-1a),
+/// so that it is the same across reloads and restarts, and a message the broker queued for
+/// the session before either still names the filter it was delivered for.
+pub fn subscription_id(filter: &str) -> u32 {
+    let hash = filter.bytes().fold(0x811c_9dc5_u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    });
+    hash % SUBSCRIPTION_ID_MAX + 1
 }
 
 /// What the pipeline sends back, in the order messages arrived.
@@ -231,6 +247,17 @@ struct Session {
     granted: BTreeSet<String>,
     /// Filters the broker refused on this connection, with its reason.
     refused: BTreeMap<String, &'static str>,
+    /// MQTT 5 with a broker that has them: each filter is subscribed with its
+    /// [`subscription_id`], so a message says which subscription it was delivered for.
+    subscription_ids: bool,
+}
+
+/// What the broker's CONNACK said.
+struct Accepted {
+    session_present: bool,
+    /// MQTT 5: its Server Keep Alive.
+    server_keep_alive: Option<u16>,
+    subscription_ids: bool,
 }
 
 impl Driver {
@@ -242,9 +269,9 @@ impl Driver {
                 return ReaderExit::ConnectionLost;
             };
             match connected {
-                Ok((conn, session_present, server_keep_alive)) => {
+                Ok((conn, accepted)) => {
                     let up_since = Instant::now();
-                    let end = match self.on_connected(conn, session_present, server_keep_alive) {
+                    let end = match self.on_connected(conn, accepted) {
                         Ok(session) => self.session(session).await,
                         Err(e) => End::Lost(e),
                     };
@@ -301,12 +328,12 @@ impl Driver {
     }
 
     /// Starts a new epoch and (re)subscribes.
-    fn on_connected(
-        &mut self,
-        conn: Conn,
-        session_present: bool,
-        server_keep_alive: Option<u16>,
-    ) -> Result<Session, ConnError> {
+    fn on_connected(&mut self, conn: Conn, accepted: Accepted) -> Result<Session, ConnError> {
+        let Accepted {
+            session_present,
+            server_keep_alive,
+            subscription_ids,
+        } = accepted;
         self.epoch += 1;
         self.ever_connected = true;
         self.metrics.set_mqtt_connected(true);
@@ -324,6 +351,7 @@ impl Driver {
             pending_subs: HashMap::new(),
             granted: BTreeSet::new(),
             refused: BTreeMap::new(),
+            subscription_ids,
         };
         let codec = self.settings.codec;
         // Subscribing again on every connect is harmless with a resumed session and required
@@ -607,9 +635,9 @@ impl Driver {
     }
 }
 
-/// Opens the connection and sends CONNECT; returns it with the CONNACK's session present flag
-/// and Server Keep Alive. Owns what it needs, so it can run while the driver drops completions.
-async fn connect(s: Arc<Settings>) -> Result<(Conn, bool, Option<u16>), ConnError> {
+/// Opens the connection and sends CONNECT; returns it with what the CONNACK said. Owns what
+/// it needs, so it can run while the driver drops completions.
+async fn connect(s: Arc<Settings>) -> Result<(Conn, Accepted), ConnError> {
     let attempt = async {
         let mut conn = Conn::open(&s.host, s.port, s.tls.as_ref()).await?;
         s.codec.connect(&s.connect, &mut conn.write_buf)?;
@@ -623,8 +651,16 @@ async fn connect(s: Arc<Settings>) -> Result<(Conn, bool, Option<u16>), ConnErro
             Incoming::ConnAck {
                 session_present,
                 server_keep_alive,
+                subscription_ids,
                 ..
-            } => Ok((conn, session_present, server_keep_alive)),
+            } => Ok((
+                conn,
+                Accepted {
+                    session_present,
+                    server_keep_alive,
+                    subscription_ids,
+                },
+            )),
             _ => Err(ConnError::NotConnAck),
         }
     };
@@ -663,8 +699,24 @@ impl Session {
         if filters.is_empty() {
             return Ok(());
         }
+        if self.subscription_ids {
+            for one in filters.chunks(1) {
+                let id = one.first().map(|(f, _)| subscription_id(f));
+                self.subscribe_packet(codec, one, id)?;
+            }
+            return Ok(());
+        }
+        self.subscribe_packet(codec, filters, None)
+    }
+
+    fn subscribe_packet(
+        &mut self,
+        codec: Codec,
+        filters: &[(String, u8)],
+        id: Option<u32>,
+    ) -> Result<(), ConnError> {
         let pkid = self.next_pkid();
-        codec.subscribe(pkid, filters, &mut self.conn.write_buf)?;
+        codec.subscribe(pkid, filters, id, &mut self.conn.write_buf)?;
         self.pending_subs
             .insert(pkid, filters.iter().map(|(f, _)| f.clone()).collect());
         Ok(())

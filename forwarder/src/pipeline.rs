@@ -267,7 +267,8 @@ impl Pipeline {
 
     /// Takes `message` into the window; returns the steps its expressions used.
     fn accept(&mut self, message: Message) -> u64 {
-        self.router.route(&message.topic, &mut self.scratch);
+        self.router
+            .route(&message.topic, &message.subscription_ids, &mut self.scratch);
         if self.scratch.is_empty() {
             self.metrics.unmatched.inc();
         }
@@ -953,7 +954,7 @@ rules:
         let router = crate::route::Router::new(&config, &crate::metrics::Metrics::new());
         let reads = |topic: &str| {
             let mut routed = Vec::new();
-            router.route(topic, &mut routed);
+            router.route(topic, &[], &mut routed);
             json_reads(&routed).map(|r| JsonReads::clone(&r))
         };
         let fields = |names: &[&str]| {

@@ -15,7 +15,7 @@ use ferry_api::{
 use rdkafka::message::{Header, OwnedHeaders};
 
 use crate::metrics::{Metrics, RuleStats};
-use crate::mqtt::Message;
+use crate::mqtt::{self, Message};
 use crate::window::Policy;
 
 /// A distinct destination: rules with the same topic, key, payload format, headers and dead
@@ -157,8 +157,8 @@ pub struct Routed {
 #[derive(Debug)]
 pub struct Router {
     /// (filter, index of its rule's target, index of the rule, the rule's position in the
-    /// target's rules).
-    filters: Vec<(TopicFilter, usize, usize, usize)>,
+    /// target's rules, the MQTT 5 identifier of its subscription).
+    filters: Vec<(TopicFilter, usize, usize, usize, u32)>,
     targets: Vec<Arc<Target>>,
     rules: Vec<Arc<RuleStats>>,
 }
@@ -203,7 +203,8 @@ impl Router {
             };
             let position = targets[t].rules.len() - 1;
             for f in &parsed.filters {
-                filters.push((f.clone(), t, i, position));
+                let id = mqtt::subscription_id(&config.subscribed_as(f.as_str()));
+                filters.push((f.clone(), t, i, position, id));
             }
         }
         Self {
@@ -245,17 +246,40 @@ impl Router {
             .collect()
     }
 
-    /// The distinct targets of a topic, in rule order, with the rules each matched, into
-    /// `out`; counts the message as received for every rule it matched.
-    pub fn route(&self, topic: &str, out: &mut Vec<Routed>) {
+    /// The distinct targets of a message on `topic`, in rule order, with the rules each
+    /// matched, into `out`; counts the message as received for every rule it matched.
+    /// `delivered_for`: the subscriptions it was delivered for
+    /// (MQTT 5 identifiers; empty when unknown). A broker may deliver a message once per
+    /// matching subscription (Mosquitto does with MQTT 5): a rule then takes only the copy
+    /// delivered for the first of its filters that matches, so it gets the message once
+    /// however its filters overlap its own or other rules'. Identifiers that name no filter
+    /// matching the topic (a config since replaced) route by the topic alone: a duplicate at
+    /// worst, never a loss.
+    pub fn route(&self, topic: &str, delivered_for: &[u32], out: &mut Vec<Routed>) {
+        let known = !delivered_for.is_empty()
+            && self
+                .filters
+                .iter()
+                .any(|(f, _, _, _, id)| delivered_for.contains(id) && f.matches(topic));
+        if known {
+            self.route_where(topic, out, |id| delivered_for.contains(&id));
+        } else {
+            self.route_where(topic, out, |_| true);
+        }
+    }
+
+    fn route_where(&self, topic: &str, out: &mut Vec<Routed>, delivered: impl Fn(u32) -> bool) {
         out.clear();
         let mut last_rule = usize::MAX;
-        for (filter, t, rule, position) in &self.filters {
+        for (filter, t, rule, position, id) in &self.filters {
             if *rule == last_rule || !filter.matches(topic) {
                 continue;
             }
-            // A rule with two matching filters still received the message once.
+            // The rule's first matching filter decides; a copy for another is not its own.
             last_rule = *rule;
+            if !delivered(*id) {
+                continue;
+            }
             self.rules[*rule].on_received();
             let target = &self.targets[*t];
             match out.iter_mut().find(|o| Arc::ptr_eq(&o.target, target)) {
@@ -409,6 +433,55 @@ rules:
     payload: wrapped_json
 "#;
 
+    /// The names of the rules `out` reaches, sorted.
+    fn rules_reached(out: &[Routed]) -> Vec<String> {
+        let mut names: Vec<String> = out
+            .iter()
+            .flat_map(|o| o.target.matched_names_vec(&o.matched))
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_copy_per_subscription_reaches_each_rule_once() {
+        let c = config(
+            r#"
+mqtt: { host: h, client_id: c, protocol: 5, shared_group: g }
+kafka: { bootstrap_servers: "k:9092" }
+rules:
+  - name: wide
+    mqtt: { topics: ["a/#"] }
+    kafka: { topic: wide }
+  - name: narrow
+    mqtt: { topics: ["a/+/c"] }
+    kafka: { topic: narrow }
+  - name: both
+    mqtt: { topics: ["a/+/c", "a/#"] }
+    kafka: { topic: both }
+"#,
+        );
+        let router = Router::new(&c, &Metrics::new());
+        let id = |f: &str| mqtt::subscription_id(&format!("$share/g/{f}"));
+        let mut out = Vec::new();
+        let mut reached = |ids: &[u32]| {
+            router.route("a/b/c", ids, &mut out);
+            rules_reached(&out)
+        };
+        // Mosquitto with MQTT 5: one copy per matching subscription, each with its identifier.
+        let mut per_copy = [reached(&[id("a/#")]), reached(&[id("a/+/c")])].concat();
+        per_copy.sort();
+        assert_eq!(per_copy, ["both", "narrow", "wide"], "each rule once");
+        // One copy for both subscriptions, identifiers unknown (a replaced config) or none
+        // (MQTT 3.1.1): every matching rule.
+        for ids in [&[id("a/#"), id("a/+/c")][..], &[7], &[]] {
+            assert_eq!(reached(ids), ["both", "narrow", "wide"], "{ids:?}");
+        }
+        // A copy delivered for a filter that matches nothing else falls back to the topic.
+        router.route("a/x", &[id("a/+/c")], &mut out);
+        assert_eq!(rules_reached(&out), ["both", "wide"]);
+    }
+
     fn indices(router: &Router, out: &[Routed]) -> Vec<usize> {
         out.iter()
             .map(|o| {
@@ -427,7 +500,7 @@ rules:
         let router = Router::new(&config(TWO_RULES_SAME_TARGET), &metrics);
         assert_eq!(router.targets().len(), 2);
         let mut out = Vec::new();
-        router.route("plant/1/temp", &mut out);
+        router.route("plant/1/temp", &[], &mut out);
         assert_eq!(indices(&router, &out), vec![0, 1]);
         let names: Vec<&str> = router.targets()[0]
             .rules
@@ -440,7 +513,7 @@ rules:
             RuleSet::Small(0b11),
             "both rules of the shared target"
         );
-        router.route("plant/1/pressure", &mut out);
+        router.route("plant/1/pressure", &[], &mut out);
         assert_eq!(indices(&router, &out), vec![0]);
         let matched: Vec<&str> = out[0]
             .target
@@ -448,7 +521,7 @@ rules:
             .map(|r| r.name.as_str())
             .collect();
         assert_eq!(matched, ["all"], "only the rule that matched is credited");
-        router.route("other/1/temp", &mut out);
+        router.route("other/1/temp", &[], &mut out);
         assert!(out.is_empty());
         let received: Vec<u64> = metrics.status().rules.iter().map(|r| r.received).collect();
         assert_eq!(received, vec![2, 1, 1], "per rule, once per message");
@@ -469,7 +542,7 @@ rules:
         assert_eq!(router.targets().len(), 1);
         let mut out = Vec::new();
         for i in [0, 63, 64, 65, 129] {
-            router.route(&format!("t/{i}"), &mut out);
+            router.route(&format!("t/{i}"), &[], &mut out);
             let names: Vec<&str> = out[0]
                 .target
                 .matched(&out[0].matched)
@@ -496,6 +569,7 @@ rules:
             retain: true,
             content_type: Some("application/json".into()),
             user_properties: vec![("trace".into(), "abc".into())],
+            subscription_ids: Vec::new(),
         };
         let off = Headers::default();
         assert!(HeaderPlan::new(&off).build(&m).is_none());

@@ -67,8 +67,14 @@ struct Driver {
 
 impl Driver {
     fn start(cfg: &MqttConfig, filter: &str, qos: u8) -> Result<Self> {
+        Self::start_with(cfg, &[filter], qos)
+    }
+
+    fn start_with(cfg: &MqttConfig, filters: &[&str], qos: u8) -> Result<Self> {
         let metrics = Arc::new(Metrics::new());
-        let subscriptions = Arc::new(Mutex::new(vec![(filter.to_owned(), qos)]));
+        let subscriptions = Arc::new(Mutex::new(
+            filters.iter().map(|f| ((*f).to_owned(), qos)).collect(),
+        ));
         let (to_pipeline, inbound) = mpsc::channel(usize::from(cfg.max_inflight));
         let (link, task) = mqtt::start(cfg, subscriptions, Arc::clone(&metrics), to_pipeline)?;
         Ok(Self {
@@ -1005,5 +1011,122 @@ async fn an_unverifiable_certificate_or_refused_password_is_permanent_naming_the
     let d = Driver::start(&with(&pki, "right-password"), "t/#", 1)?;
     d.wait_subscribed(Duration::from_secs(10)).await?;
     ensure!(matches!(d.finish().await?, ReaderExit::Disconnected));
+    Ok(())
+}
+
+/// A SUBACK refusing a filter (Mosquitto's ACL, dynamic-security plugin): with every filter
+/// refused the driver is not subscribed (so never ready) and says why; with some refused, it
+/// is subscribed, delivers what the granted filters match, and the refused filter fails the
+/// rule that subscribes it, with the broker's reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_subscription_fails_its_rule_and_all_refused_is_not_subscribed() -> Result<()> {
+    let broker = Mosquitto::start_with(MosquittoOptions {
+        deny_subscribe: vec!["secret/#".into()],
+        ..MosquittoOptions::default()
+    })?;
+    for (protocol, reason) in [
+        (MqttProtocol::V311, "failure (0x80)"),
+        (MqttProtocol::V5, "not authorized (0x87)"),
+    ] {
+        let cfg = config(broker.port(), &format!("acl-{protocol:?}"), protocol, 10, 30);
+        let d = Driver::start(&cfg, "secret/a", 1)?;
+        let rules = d.metrics.set_rules(&["secret".to_owned()]);
+        rules[0].set_subscribed(vec!["secret/a".to_owned()]);
+        wait_until("the refusal", Duration::from_secs(10), || {
+            d.metrics.status().rules[0].subscription_refused.is_some()
+        })
+        .await?;
+        let status = d.metrics.status();
+        ensure!(
+            !status.mqtt.subscribed && !d.metrics.health.ready(),
+            "{protocol:?}: every filter refused, yet subscribed"
+        );
+        let refused = status.rules[0].subscription_refused.clone();
+        ensure!(
+            refused.as_ref().map(|r| (r.filters.clone(), r.reason.as_str()))
+                == Some((vec!["secret/a".to_owned()], reason)),
+            "{protocol:?}: {refused:?}"
+        );
+        ensure!(matches!(d.finish().await?, ReaderExit::Disconnected));
+
+        let mut d = Driver::start_with(&cfg, &["open/a", "secret/a"], 1)?;
+        let rules = d.metrics.set_rules(&["open".to_owned(), "secret".to_owned()]);
+        rules[0].set_subscribed(vec!["open/a".to_owned()]);
+        rules[1].set_subscribed(vec!["secret/a".to_owned()]);
+        d.wait_subscribed(Duration::from_secs(10)).await?;
+        wait_until("the refusal", Duration::from_secs(10), || {
+            d.metrics.status().rules[1].subscription_refused.is_some()
+        })
+        .await?;
+        let status = d.metrics.status();
+        ensure!(
+            status.mqtt.subscribed && status.rules[0].subscription_refused.is_none()
+                && status.rules[1]
+                    .subscription_refused
+                    .as_ref()
+                    .is_some_and(|r| r.reason == reason),
+            "{protocol:?}: {:?}",
+            status.rules
+        );
+        let one = numbered("open/a", 0..1);
+        ferry_e2e::publish(broker.port(), "acl-pub", QoS::AtLeastOnce, one).await?;
+        let m = d.recv(1, Duration::from_secs(10)).await?;
+        d.complete(&m[0]);
+        ensure!(matches!(d.finish().await?, ReaderExit::Disconnected));
+        eprintln!("{protocol:?}: a refused filter: {reason}");
+    }
+    Ok(())
+}
+
+/// What Mosquitto delivers to one session whose subscriptions overlap (plain and shared):
+/// MQTT 3.1.1, one copy per message; MQTT 5, one copy per matching subscription, each
+/// carrying the identifier of the subscription it was delivered for, which is how the router
+/// gives each rule the message once (`route.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlapping_subscriptions_one_copy_in_3_1_1_one_per_subscription_with_its_id_in_5()
+-> Result<()> {
+    let broker = Mosquitto::start()?;
+    for protocol in BOTH {
+        let plain = ["over/#".to_owned(), "over/+/c".to_owned()];
+        // A group of its own: Mosquitto gives an offline member (an earlier case's session)
+        // its share of the messages.
+        let shared = plain.clone().map(|f| format!("$share/{protocol:?}/{f}"));
+        for (kind, filters) in [("plain", plain), ("shared", shared)] {
+            let filters = filters.each_ref().map(String::as_str);
+            // A session of its own: one resumed from another case would keep its filters.
+            let id = format!("overlap-{kind}-{protocol:?}");
+            let cfg = config(broker.port(), &id, protocol, 10, 30);
+            let mut d = Driver::start_with(&cfg, &filters, 1)?;
+            d.wait_subscribed(Duration::from_secs(10)).await?;
+            // Both SUBACKs (one SUBSCRIBE per filter in MQTT 5).
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let one = numbered("over/b/c", 0..1);
+            ferry_e2e::publish(broker.port(), "overlap-pub", QoS::AtLeastOnce, one).await?;
+            let copies = if protocol == MqttProtocol::V5 { 2 } else { 1 };
+            let got = d.recv(copies, Duration::from_secs(10)).await?;
+            // Nothing more comes.
+            let extra = tokio::time::timeout(Duration::from_millis(500), d.inbound.recv()).await;
+            ensure!(
+                extra.is_err(),
+                "{protocol:?} {filters:?}: more than {copies} copies: {got:?} then {extra:?}"
+            );
+            let mut ids: Vec<u32> = got.iter().flat_map(|m| m.subscription_ids.clone()).collect();
+            ids.sort_unstable();
+            let mut want: Vec<u32> = match protocol {
+                MqttProtocol::V5 => filters.iter().map(|f| mqtt::subscription_id(f)).collect(),
+                MqttProtocol::V311 => Vec::new(),
+            };
+            want.sort_unstable();
+            ensure!(
+                ids == want && got.iter().all(|m| m.subscription_ids.len() <= 1),
+                "{protocol:?} {filters:?}: ids {ids:?}, want {want:?}"
+            );
+            for m in &got {
+                d.complete(m);
+            }
+            ensure!(matches!(d.finish().await?, ReaderExit::Disconnected));
+            eprintln!("{protocol:?} {filters:?}: {copies} copies of one message");
+        }
+    }
     Ok(())
 }

@@ -38,6 +38,8 @@ pub enum Incoming {
         refused: Option<String>,
         /// MQTT 5: the broker's Server Keep Alive, which replaces ours.
         server_keep_alive: Option<u16>,
+        /// MQTT 5, unless the broker says it has none: subscriptions carry identifiers.
+        subscription_ids: bool,
     },
     /// Its `epoch` is the driver's to set.
     Publish(Message),
@@ -144,16 +146,23 @@ impl Codec {
         }
     }
 
+    /// One SUBSCRIBE; MQTT 5 with `id`, which the broker puts on every message it delivers for
+    /// these filters (one identifier per packet: a filter per packet to tell them apart).
     pub fn subscribe(
         &self,
         pkid: u16,
         filters: &[(String, u8)],
+        id: Option<u32>,
         out: &mut BytesMut,
     ) -> Result<(), WireError> {
         if self.v5 {
+            let properties = id.map(|id| v5::SubscribeProperties {
+                id: Some(id as usize),
+                user_properties: Vec::new(),
+            });
             let mut s = v5::Subscribe::new_many(
                 filters.iter().map(|(f, q)| v5::Filter::new(f, qos5(*q))),
-                None,
+                properties,
             );
             s.pkid = pkid;
             self.write5(v5::Packet::Subscribe(s), out)
@@ -247,6 +256,7 @@ fn from_v4(packet: v4::Packet) -> Incoming {
             session_present: a.session_present,
             refused: (a.code != v4::ConnectReturnCode::Success).then(|| format!("{:?}", a.code)),
             server_keep_alive: None,
+            subscription_ids: false,
         },
         P::Publish(p) => Incoming::Publish(Message {
             topic: p.topic,
@@ -257,6 +267,7 @@ fn from_v4(packet: v4::Packet) -> Incoming {
             content_type: None,
             user_properties: Vec::new(),
             epoch: 0,
+            subscription_ids: Vec::new(),
         }),
         P::PubRel(r) => Incoming::PubRel(r.pkid),
         P::SubAck(a) => Incoming::SubAck {
@@ -288,7 +299,11 @@ fn from_v5(packet: v5::Packet) -> Incoming {
         P::ConnAck(a) => Incoming::ConnAck {
             session_present: a.session_present,
             refused: (a.code != v5::ConnectReturnCode::Success).then(|| format!("{:?}", a.code)),
-            server_keep_alive: a.properties.and_then(|p| p.server_keep_alive),
+            server_keep_alive: a.properties.as_ref().and_then(|p| p.server_keep_alive),
+            subscription_ids: a
+                .properties
+                .and_then(|p| p.subscription_identifiers_available)
+                != Some(0),
         },
         P::Publish(p) => {
             let props = p.properties.unwrap_or_default();
@@ -302,6 +317,11 @@ fn from_v5(packet: v5::Packet) -> Incoming {
                 content_type: props.content_type,
                 user_properties: props.user_properties,
                 epoch: 0,
+                subscription_ids: props
+                    .subscription_identifiers
+                    .iter()
+                    .filter_map(|id| u32::try_from(*id).ok())
+                    .collect(),
             })
         }
         P::PubRel(r) => Incoming::PubRel(r.pkid),
