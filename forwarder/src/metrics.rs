@@ -488,7 +488,7 @@ impl Metrics {
         );
         r.register(
             "mqtt_unmatched_messages",
-            "Messages that matched no rule",
+            "Messages that matched no rule, or (MQTT 5) copies delivered for a subscription whose rules took the message through another",
             self.unmatched.clone(),
         );
         r.register(

@@ -490,7 +490,10 @@ fn overlapping_filters_give_each_rule_each_message_once() {
         let msgs: Vec<(String, Vec<u8>)> = (0..on_both + on_wide)
             .map(|i| {
                 let topic = if i < on_both { "over/b/c" } else { "over/x" };
-                (topic.to_owned(), format!("{version}-{kind}-{i}").into_bytes())
+                (
+                    topic.to_owned(),
+                    format!("{version}-{kind}-{i}").into_bytes(),
+                )
             })
             .collect();
         let copies = if version == "5" { 2 } else { 1 };
@@ -516,7 +519,12 @@ fn overlapping_filters_give_each_rule_each_message_once() {
     for (rule, per_variant) in [("wide", 40), ("narrow", 30), ("both", 40)] {
         let want = per_variant * variants.len();
         let topic = format!("over-{rule}");
-        let records = brokers.read(&topic, want, Duration::from_secs(1), Duration::from_secs(30));
+        let records = brokers.read(
+            &topic,
+            want,
+            Duration::from_secs(1),
+            Duration::from_secs(30),
+        );
         let distinct: std::collections::BTreeSet<&str> =
             records.iter().map(|r| r.value_str()).collect();
         assert_eq!(
@@ -578,4 +586,82 @@ fn a_changed_shared_group_is_resubscribed_live_and_status_agrees() {
         "one group subscribed: {d:?}"
     );
     fwd.kill();
+}
+
+/// Mosquitto's ACL (dynamic-security plugin) refuses `secret/#`: the rule subscribing it fails
+/// in `/status` with the broker's reason while the other rule forwards; a forwarder whose every
+/// filter is refused is not subscribed and never ready, though Kafka is reachable.
+#[test]
+fn a_refused_subscription_fails_its_rule_and_all_refused_is_never_ready() {
+    let brokers = Brokers {
+        mqtt: ferry_e2e::Mosquitto::start_with(ferry_e2e::MosquittoOptions {
+            deny_subscribe: vec!["secret/#".into()],
+            ..Default::default()
+        })
+        .expect("mosquitto"),
+        kafka: ferry_e2e::Kafka::start().expect("kafka"),
+    };
+    let rt = runtime();
+    rt.block_on(brokers.kafka.create_topic("opened", 1))
+        .expect("topic");
+    let secret =
+        "  - name: secret\n    mqtt: { topics: [\"secret/#\"] }\n    kafka: { topic: opened }\n";
+    let both = format!(
+        "  - name: open\n    mqtt: {{ topics: [\"open/#\"] }}\n    kafka: {{ topic: opened }}\n{secret}"
+    );
+    let mut fwd = Forwarder::start(&brokers.config("ferry-acl-some", &both));
+    fwd.wait_ready(Duration::from_secs(30));
+    wait_until(&fwd, Duration::from_secs(10), "the refusal", || {
+        fwd.status()
+            .and_then(|s| s.rule("secret").cloned())
+            .is_some_and(|r| r.subscription_refused.is_some())
+    });
+    let status = fwd.status().expect("status");
+    let refused = status
+        .rule("secret")
+        .and_then(|r| r.subscription_refused.clone());
+    assert_eq!(
+        refused.map(|r| (r.filters, r.reason)),
+        Some((vec!["secret/#".to_owned()], "failure (0x80)".to_owned()))
+    );
+    assert_eq!(
+        status
+            .rule("open")
+            .and_then(|r| r.subscription_refused.clone()),
+        None
+    );
+    assert!(status.mqtt.subscribed, "open/# was granted");
+    brokers.publish_acked(
+        &fwd,
+        "pub-acl",
+        vec![("open/1".to_owned(), b"x".to_vec())],
+        1,
+        Duration::from_secs(30),
+    );
+    fwd.kill();
+
+    let fwd = Forwarder::start(&brokers.config("ferry-acl-all", secret));
+    wait_until(
+        &fwd,
+        Duration::from_secs(30),
+        "Kafka reached and the refusal",
+        || {
+            fwd.status().is_some_and(|s| {
+                s.kafka.reachable
+                    && s.rule("secret")
+                        .is_some_and(|r| r.subscription_refused.is_some())
+            })
+        },
+    );
+    let status = fwd.status().expect("status");
+    assert!(
+        status.mqtt.connected && !status.mqtt.subscribed,
+        "{:?}",
+        status.mqtt
+    );
+    assert_eq!(
+        fwd.ready_status(),
+        Some(503),
+        "subscribed to nothing: not ready"
+    );
 }

@@ -368,3 +368,47 @@ fn check_refuses_an_expression_over_its_cost_budget() {
     let (code, stderr) = check(&format!("{head}{fits}"));
     assert_eq!(code, Some(0), "{stderr}");
 }
+
+/// What `--check` refuses that used to pass and then fail later: session settings that lose
+/// messages, a random partitioner (without the opt-outs), a `matches` pattern that is no
+/// regular expression, a filter that can never be a bool, and a drain bound that overflowed
+/// the clock on SIGTERM; each named by its field.
+#[test]
+fn settings_that_fail_later_or_weaken_delivery_exit_2_at_check() {
+    let config = "mqtt: { host: 192.0.2.1, client_id: c, protocol: 5, session_expiry_secs: 0 }\n\
+                  kafka: { bootstrap_servers: \"192.0.2.1:9092\", config: { partitioner: random } }\n\
+                  shutdown_timeout_secs: 18446744073709551615\n\
+                  rules:\n\
+                  \x20 - name: r\n    mqtt: { topics: [\"plant/+\"] }\n    filter: \"topic + '/x'\"\n    kafka: { topic: t }\n\
+                  \x20 - name: s\n    mqtt: { topics: [\"plant/+\"] }\n    filter: \"topic.matches('(+')\"\n    kafka: { topic: t }\n";
+    let (code, stderr) = check(config);
+    assert_eq!(code, Some(2), "{stderr}");
+    for expected in [
+        "mqtt.session_expiry_secs: 0 weakens the delivery guarantee",
+        "set mqtt.allow_weaker_delivery: true to accept that",
+        "kafka.config.partitioner: \"random\" weakens the delivery guarantee",
+        "shutdown_timeout_secs: 18446744073709551615 is over the bound of 86400 (a day)",
+        "rules[0].filter: does not compile: returns a string, never a bool",
+        "rules[1].filter: does not compile: matches' pattern \"(+\" is not a valid regular expression: repetition operator missing expression",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "missing {expected:?} in:\n{stderr}"
+        );
+    }
+    let clean = "mqtt: { host: 192.0.2.1, client_id: c, clean_session: true }\n\
+                 kafka: { bootstrap_servers: \"192.0.2.1:9092\" }\n\
+                 rules:\n  - name: r\n    mqtt: { topics: [t] }\n    kafka: { topic: t }\n";
+    let (code, stderr) = check(clean);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("mqtt.clean_session: true weakens the delivery guarantee"),
+        "{stderr}"
+    );
+    let allowed = clean.replace(
+        "clean_session: true",
+        "clean_session: true, allow_weaker_delivery: true",
+    );
+    let (code, stderr) = check(&allowed);
+    assert_eq!(code, Some(0), "the opt-out: {stderr}");
+}

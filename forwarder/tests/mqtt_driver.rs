@@ -1028,7 +1028,13 @@ async fn a_refused_subscription_fails_its_rule_and_all_refused_is_not_subscribed
         (MqttProtocol::V311, "failure (0x80)"),
         (MqttProtocol::V5, "not authorized (0x87)"),
     ] {
-        let cfg = config(broker.port(), &format!("acl-{protocol:?}"), protocol, 10, 30);
+        let cfg = config(
+            broker.port(),
+            &format!("acl-{protocol:?}"),
+            protocol,
+            10,
+            30,
+        );
         let d = Driver::start(&cfg, "secret/a", 1)?;
         let rules = d.metrics.set_rules(&["secret".to_owned()]);
         rules[0].set_subscribed(vec!["secret/a".to_owned()]);
@@ -1043,14 +1049,18 @@ async fn a_refused_subscription_fails_its_rule_and_all_refused_is_not_subscribed
         );
         let refused = status.rules[0].subscription_refused.clone();
         ensure!(
-            refused.as_ref().map(|r| (r.filters.clone(), r.reason.as_str()))
+            refused
+                .as_ref()
+                .map(|r| (r.filters.clone(), r.reason.as_str()))
                 == Some((vec!["secret/a".to_owned()], reason)),
             "{protocol:?}: {refused:?}"
         );
         ensure!(matches!(d.finish().await?, ReaderExit::Disconnected));
 
         let mut d = Driver::start_with(&cfg, &["open/a", "secret/a"], 1)?;
-        let rules = d.metrics.set_rules(&["open".to_owned(), "secret".to_owned()]);
+        let rules = d
+            .metrics
+            .set_rules(&["open".to_owned(), "secret".to_owned()]);
         rules[0].set_subscribed(vec!["open/a".to_owned()]);
         rules[1].set_subscribed(vec!["secret/a".to_owned()]);
         d.wait_subscribed(Duration::from_secs(10)).await?;
@@ -1060,7 +1070,8 @@ async fn a_refused_subscription_fails_its_rule_and_all_refused_is_not_subscribed
         .await?;
         let status = d.metrics.status();
         ensure!(
-            status.mqtt.subscribed && status.rules[0].subscription_refused.is_none()
+            status.mqtt.subscribed
+                && status.rules[0].subscription_refused.is_none()
                 && status.rules[1]
                     .subscription_refused
                     .as_ref()
@@ -1110,7 +1121,10 @@ async fn overlapping_subscriptions_one_copy_in_3_1_1_one_per_subscription_with_i
                 extra.is_err(),
                 "{protocol:?} {filters:?}: more than {copies} copies: {got:?} then {extra:?}"
             );
-            let mut ids: Vec<u32> = got.iter().flat_map(|m| m.subscription_ids.clone()).collect();
+            let mut ids: Vec<u32> = got
+                .iter()
+                .flat_map(|m| m.subscription_ids.clone())
+                .collect();
             ids.sort_unstable();
             let mut want: Vec<u32> = match protocol {
                 MqttProtocol::V5 => filters.iter().map(|f| mqtt::subscription_id(f)).collect(),

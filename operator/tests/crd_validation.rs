@@ -167,6 +167,11 @@ fn invalid_objects() -> Vec<(&'static str, String, &'static str)> {
             "supported values: \"Always\", \"IfNotPresent\", \"Never\"",
         ),
         (
+            "a session that ends at every disconnect",
+            conn("sessionExpirySeconds: 3600", "sessionExpirySeconds: 0"),
+            "sessionExpirySeconds 0 ends the session at every disconnect",
+        ),
+        (
             "session expiry above MQTT 5's largest",
             conn(
                 "sessionExpirySeconds: 3600",
@@ -296,6 +301,11 @@ fn refused_kafka_settings() -> Vec<(&'static str, String, &'static str)> {
             "a delivery timeout",
             config("delivery.timeout.ms: \"5000\""),
             timeout,
+        ),
+        (
+            "a random partitioner",
+            config("partitioner: random"),
+            "config partitioner must be a partitioner that hashes the key",
         ),
         (
             "transactional.id",
@@ -468,12 +478,20 @@ fn accepted_objects() -> Vec<(String, String)> {
     }
     cases.push((
         "weaker settings with the opt-out".to_owned(),
-        config("acks: \"1\", enable.idempotence: \"false\", message.timeout.ms: \"30000\"")
+        config("acks: \"1\", enable.idempotence: \"false\", message.timeout.ms: \"30000\", partitioner: random")
             .replacen(
                 "    tls: { useSystemRoots: true }\n",
                 "    tls: { useSystemRoots: true }\n    allowWeakerDelivery: true\n",
                 1,
             ),
+    ));
+    cases.push((
+        "a session ending at disconnect with the opt-out".to_owned(),
+        CONNECTION.replacen(
+            "sessionExpirySeconds: 3600",
+            "sessionExpirySeconds: 0\n    allowWeakerDelivery: true",
+            1,
+        ),
     ));
     cases.push((
         "the largest session expiry".to_owned(),
