@@ -644,6 +644,14 @@ impl Metrics {
         self.set_mqtt_refused(refused);
     }
 
+    /// The filters the broker refused, with its reason.
+    pub fn mqtt_refused(&self) -> BTreeMap<String, &'static str> {
+        lock(&self.mqtt_refused)
+            .iter()
+            .map(|(filter, (reason, _))| (filter.clone(), *reason))
+            .collect()
+    }
+
     /// Filters the broker refused (as subscribed), with its reason; a filter refused before
     /// keeps its `since`.
     pub fn set_mqtt_refused(&self, refused: &BTreeMap<String, &'static str>) {

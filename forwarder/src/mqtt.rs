@@ -350,7 +350,8 @@ impl Driver {
             last_pkid: 0,
             pending_subs: HashMap::new(),
             granted: BTreeSet::new(),
-            refused: BTreeMap::new(),
+            // Until the broker answers again: a refusal keeps its `since` across reconnects.
+            refused: self.metrics.mqtt_refused(),
             subscription_ids,
         };
         let codec = self.settings.codec;

@@ -401,10 +401,7 @@ fn forwarding(
             "KafkaUnreachable",
             with_error(format!("pod {pod}: Kafka unreachable"), &r.kafka.last_error),
         )
-    } else if let Some((pod, refused)) = loaded
-        .iter()
-        .find_map(|(pod, _, r)| Some((pod, r.subscription_refused.as_ref()?)))
-    {
+    } else if let Some((pod, refused)) = first(loaded, |r| r.subscription_refused.as_ref()) {
         Desired::new(
             FORWARDING,
             FALSE,
@@ -415,15 +412,9 @@ fn forwarding(
                 refused.reason
             ),
         )
-    } else if let Some((pod, h)) = loaded
-        .iter()
-        .find_map(|(pod, _, r)| Some((pod, r.held.as_ref()?)))
-    {
+    } else if let Some((pod, h)) = first(loaded, |r| r.held.as_ref()) {
         Desired::new(FORWARDING, FALSE, HELD, held_message(pod, h))
-    } else if let Some((pod, b)) = loaded
-        .iter()
-        .find_map(|(pod, _, r)| Some((pod, r.blocked_by.as_ref()?)))
-    {
+    } else if let Some((pod, b)) = first(loaded, |r| r.blocked_by.as_ref()) {
         Desired::new(
             FORWARDING,
             FALSE,
@@ -458,6 +449,16 @@ fn forwarding(
             format!("{} pods: MQTT connected, Kafka reachable", loaded.len()),
         )
     }
+}
+
+/// The first pod whose report of the rule has `field`, with it.
+fn first<'a, T>(
+    loaded: &[Loaded<'a>],
+    field: impl Fn(&'a RuleStatus) -> Option<&'a T>,
+) -> Option<(&'a str, &'a T)> {
+    loaded
+        .iter()
+        .find_map(|(pod, _, r)| Some((*pod, field(r)?)))
 }
 
 /// What a held record is and how to release it. Only what identifies the record, so the
