@@ -24,7 +24,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::eval::{self, EvalError, Evaluated, Scope};
 use crate::kafka::{self, Classified, KafkaProducer, Report};
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RuleStats};
 use crate::mqtt::{Link, Message, Outbound, Subscriptions};
 use crate::route::{Routed, Router, RuleSet, Target, header, record_key, wrap_json};
 use crate::window::{
@@ -38,9 +38,10 @@ const HOLDS_REPORT_INTERVAL: Duration = Duration::from_secs(1);
 /// A held message's MQTT topic is cut to this many bytes in `/status` (MQTT allows 65,535).
 const HELD_TOPIC_MAX: usize = 256;
 
-/// Steps of evaluation (about a millisecond's worth) after which the pipeline lets the
-/// runtime's other tasks run before taking the next message.
-const YIELD_AFTER_STEPS: u64 = 20_000;
+/// Steps a message's expressions may take on the runtime's only thread (about a millisecond's
+/// worth). A message that needs more is evaluated again, from the start, on a blocking thread:
+/// the MQTT keep-alive, the acks and the probes never wait for an evaluation longer than this.
+const INLINE_STEPS: u64 = 20_000;
 
 // A delivery opaque packs (producer generation, message sequence, target position).
 const POS_BITS: u32 = 12;
@@ -198,13 +199,7 @@ impl Pipeline {
                 }
                 Some(reload) = reloads.recv(), if accepting => self.apply(reload),
                 msg = inbound.recv(), if accepting && has_room => match msg {
-                    Some(message) => {
-                        // Evaluation runs on this task: after a costly one, the MQTT driver
-                        // (keep-alive, acks) and the HTTP endpoints get their turn first.
-                        if self.accept(message) > YIELD_AFTER_STEPS {
-                            tokio::task::yield_now().await;
-                        }
-                    }
+                    Some(message) => self.accept(message).await,
                     None => {
                         // The reader is gone: nothing more will arrive.
                         accepting = false;
@@ -260,14 +255,29 @@ impl Pipeline {
         info!(subscribed, unsubscribed, "rules reloaded");
     }
 
-    /// Takes `message` into the window; returns the steps its expressions used.
-    fn accept(&mut self, message: Message) -> u64 {
+    /// Takes `message` into the window.
+    async fn accept(&mut self, message: Message) {
         self.router.route(&message.topic, &mut self.scratch);
         if self.scratch.is_empty() {
             self.metrics.unmatched.inc();
         }
         let now = Instant::now();
-        let (legs, steps) = legs(&mut self.scratch, &message, now, self.record_max_bytes);
+        let judged = judge(
+            &self.scratch,
+            &message,
+            now,
+            self.record_max_bytes,
+            Some(INLINE_STEPS),
+        );
+        let (judged, message) = match judged {
+            Some(judged) => (judged, message),
+            None => self.judge_off_thread(message, now).await,
+        };
+        self.scratch.clear();
+        for verdict in judged.verdicts {
+            verdict.count();
+        }
+        let legs = judged.legs;
         let specs = legs.iter().map(|leg| leg.spec(&message.topic)).collect();
         let inflight = Inflight {
             message,
@@ -276,7 +286,49 @@ impl Pipeline {
         };
         // The gauge is set once the window's actions are carried out.
         self.window.accept(inflight, specs, now.into_std());
-        steps
+    }
+
+    /// Judges a message whose expressions need more than [`INLINE_STEPS`] on a blocking
+    /// thread, while this one keeps the MQTT session and the probes answered. The pipeline
+    /// waits for it: messages keep their order.
+    async fn judge_off_thread(&mut self, message: Message, now: Instant) -> (Judged, Message) {
+        let routed: Vec<Routed> = self.scratch.iter().map(Routed::clone).collect();
+        let record_max_bytes = self.record_max_bytes;
+        let kept = message.clone();
+        let evaluation = tokio::task::spawn_blocking(move || {
+            let judged = judge(&routed, &message, now, record_max_bytes, None);
+            (judged, message)
+        });
+        match evaluation.await {
+            Ok((Some(judged), message)) => (judged, message),
+            // Without a limit, judging always comes to an end.
+            Ok((None, message)) => (self.unjudged(now, "was stopped unfinished"), message),
+            // A panic in an evaluation: the message fails on each of its rules, not the group.
+            Err(error) => (self.unjudged(now, &error.to_string()), kept),
+        }
+    }
+
+    /// Every routed target of a message whose evaluation did not finish: failed on its rules,
+    /// so that the message takes their dead-letter path (or is held) in their name.
+    fn unjudged(&self, now: Instant, why: &str) -> Judged {
+        error!(error = %why, "a message's evaluation did not finish");
+        let legs = self
+            .scratch
+            .iter()
+            .map(|r| Leg {
+                target: Arc::clone(&r.target),
+                matched: r.matched.clone(),
+                sent_at: now,
+                evaluated: Some(Box::new(Evaluated::failed(EvalError {
+                    reason: PermanentReason::Expression,
+                    message: format!("the evaluation {why}"),
+                }))),
+            })
+            .collect();
+        Judged {
+            legs,
+            verdicts: Vec::new(),
+        }
     }
 
     /// Carries out what the window asks for, until it asks for nothing more.
@@ -754,54 +806,91 @@ impl Leg {
     }
 }
 
+/// What evaluating a message's targets made of it: its legs, and what to count against rules.
+struct Judged {
+    legs: Vec<Leg>,
+    verdicts: Vec<Verdict>,
+}
+
+/// What a message's evaluation counts against one rule, once the evaluation is final.
+enum Verdict {
+    Filtered(Arc<RuleStats>),
+    Failed(Arc<RuleStats>, EvalError),
+}
+
+impl Verdict {
+    fn count(self) {
+        match self {
+            Verdict::Filtered(rule) => rule.on_filtered(),
+            Verdict::Failed(rule, e) => rule.on_failed(e.reason, e.message),
+        }
+    }
+}
+
 /// A message's legs: its routed targets less those whose every matched rule's filter was
-/// false, each with what its expressions made of the message; and the steps they used.
-fn legs(
-    routed: &mut Vec<Routed>,
+/// false, each with what its expressions made of the message. `None` when `inline_steps` is
+/// given and the expressions needed more: nothing was counted, judge it again without.
+fn judge(
+    routed: &[Routed],
     message: &Message,
     now: Instant,
     record_max_bytes: usize,
-) -> (Vec<Leg>, u64) {
+    inline_steps: Option<u64>,
+) -> Option<Judged> {
     // `json` is parsed once for all of them, with what they read together.
     let json_reads = json_reads(routed);
     let mut scope: Option<Scope<'_>> = None;
-    let legs = routed
-        .drain(..)
-        .filter_map(|Routed { target, matched }| {
-            if !target.evaluates {
-                return Some(Leg {
-                    target,
-                    matched,
-                    sent_at: now,
-                    evaluated: None,
-                });
+    let mut legs = Vec::with_capacity(routed.len());
+    let mut verdicts = Vec::new();
+    for Routed { target, matched } in routed {
+        let target = Arc::clone(target);
+        if !target.evaluates {
+            legs.push(Leg {
+                target,
+                matched: matched.clone(),
+                sent_at: now,
+                evaluated: None,
+            });
+            continue;
+        }
+        let scope = scope.get_or_insert_with(|| {
+            let scope = Scope::new(message, json_reads.clone(), SystemTime::now());
+            match inline_steps {
+                Some(steps) => scope.inline_only(steps),
+                None => scope,
             }
-            let scope = scope
-                .get_or_insert_with(|| Scope::new(message, json_reads.clone(), SystemTime::now()));
-            scope.begin_target();
-            let (matched, failed) = filter_rules(scope, &target, matched);
-            if matched.is_empty() {
-                return None;
+        });
+        scope.begin_target();
+        let (matched, failed) = filter_rules(scope, &target, matched.clone(), &mut verdicts);
+        let evaluated = match failed {
+            _ if matched.is_empty() => None,
+            Some(error) => Some(Evaluated::failed(error)),
+            None => {
+                let topic = match &target.topic {
+                    KafkaTopic::Expression(e) => Some(e),
+                    KafkaTopic::Template(_) => None,
+                };
+                Some(eval::record(
+                    scope,
+                    topic,
+                    &target.expressions,
+                    record_max_bytes,
+                ))
             }
-            let evaluated = match failed {
-                Some(error) => Evaluated::failed(error),
-                None => {
-                    let topic = match &target.topic {
-                        KafkaTopic::Expression(e) => Some(e),
-                        KafkaTopic::Template(_) => None,
-                    };
-                    eval::record(scope, topic, &target.expressions, record_max_bytes)
-                }
-            };
-            Some(Leg {
+        };
+        if scope.overran() {
+            return None;
+        }
+        if let Some(evaluated) = evaluated {
+            legs.push(Leg {
                 target,
                 matched,
                 sent_at: now,
                 evaluated: Some(Box::new(evaluated)),
-            })
-        })
-        .collect();
-    (legs, scope.as_ref().map_or(0, Scope::steps))
+            });
+        }
+    }
+    Some(Judged { legs, verdicts })
 }
 
 /// What the targets a message was routed to read of `json`, together: only what its own
@@ -823,6 +912,7 @@ fn filter_rules(
     scope: &mut Scope<'_>,
     target: &Target,
     matched: RuleSet,
+    verdicts: &mut Vec<Verdict>,
 ) -> (RuleSet, Option<EvalError>) {
     let mut passed = matched.clone();
     let mut failed: Vec<(usize, EvalError)> = Vec::new();
@@ -835,7 +925,7 @@ fn filter_rules(
             Ok(false) => {
                 passed.remove(i);
                 if let Some(rule) = target.rules.get(i) {
-                    rule.on_filtered();
+                    verdicts.push(Verdict::Filtered(Arc::clone(rule)));
                 }
             }
             Err(e) => {
@@ -853,7 +943,7 @@ fn filter_rules(
     }
     for (i, e) in failed {
         if let Some(rule) = target.rules.get(i) {
-            rule.on_failed(e.reason, e.message);
+            verdicts.push(Verdict::Failed(Arc::clone(rule), e));
         }
     }
     (passed, None)
@@ -906,6 +996,13 @@ fn dead_letter_headers(
 mod tests {
     use super::*;
 
+    fn router_of(yaml: &str) -> Router {
+        let config = ferry_api::load_str(yaml, |_| None)
+            .map(|l| l.config)
+            .unwrap_or_else(|e| panic!("{e}"));
+        Router::new(&config, &crate::metrics::Metrics::new())
+    }
+
     #[test]
     fn a_message_builds_from_json_only_what_its_own_targets_read() {
         let yaml = r##"
@@ -927,10 +1024,7 @@ rules:
     mqtt: { topics: ["#"] }
     kafka: { topic: raw }
 "##;
-        let config = ferry_api::load_str(yaml, |_| None)
-            .map(|l| l.config)
-            .unwrap_or_else(|e| panic!("{e}"));
-        let router = crate::route::Router::new(&config, &crate::metrics::Metrics::new());
+        let router = router_of(yaml);
         let reads = |topic: &str| {
             let mut routed = Vec::new();
             router.route(topic, &mut routed);
@@ -948,6 +1042,65 @@ rules:
         assert_eq!(reads("trace/1"), Some(fields(&["trace"])));
         assert_eq!(reads("plant/trace"), Some(fields(&["device", "kind"])));
         assert_eq!(reads("elsewhere"), None, "no target of it reads json");
+    }
+
+    /// A message whose expressions need more than the inline limit is not judged (and nothing
+    /// is counted against its rules) until judged again without one; then it is judged as if
+    /// it had never been tried.
+    #[test]
+    fn a_costly_message_is_judged_again_from_the_start_without_the_inline_limit() {
+        let yaml = r##"
+mqtt: { host: h, client_id: c }
+kafka: { bootstrap_servers: "k:9092" }
+rules:
+  - name: cheap
+    mqtt: { topics: ["#"] }
+    filter: "topic == 'nope'"
+    kafka: { topic: cheap }
+  - name: costly
+    mqtt: { topics: ["#"] }
+    filter: "json.items.map(x, x * 2).size() > 0"
+    kafka: { topic: costly }
+"##;
+        let router = router_of(yaml);
+        let items = vec!["1"; 2_000].join(",");
+        let message = Message {
+            topic: "a/b".to_owned(),
+            payload: format!(r#"{{"items":[{items}]}}"#).into(),
+            qos: 1,
+            pkid: 1,
+            retain: false,
+            content_type: None,
+            user_properties: Vec::new(),
+            epoch: 1,
+        };
+        let mut routed = Vec::new();
+        router.route(&message.topic, &mut routed);
+        let now = Instant::now();
+        let judged = |limit| judge(&routed, &message, now, 1_000_000, limit);
+        assert!(judged(Some(1_000)).is_none(), "stopped at the inline limit");
+        let Some(whole) = judged(None) else {
+            panic!("judged without a limit")
+        };
+        let topics: Vec<_> = whole
+            .legs
+            .iter()
+            .filter_map(|leg| leg.target.static_topic.as_deref().map(str::to_owned))
+            .collect();
+        assert_eq!(topics, ["costly"]);
+        let filtered: Vec<_> = whole
+            .verdicts
+            .iter()
+            .map(|v| match v {
+                Verdict::Filtered(rule) => format!("filtered {}", rule.name),
+                Verdict::Failed(rule, e) => format!("failed {}: {}", rule.name, e.message),
+            })
+            .collect();
+        assert_eq!(filtered, ["filtered cheap"], "counted once, when final");
+        assert!(
+            judged(Some(1_000_000)).is_some(),
+            "within the limit: judged at once"
+        );
     }
 
     #[test]
