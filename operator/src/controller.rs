@@ -342,6 +342,11 @@ async fn reconcile_connection(
         .namespace()
         .ok_or(Error::NoNamespace { kind: CONNECTION })?;
     let action = if guarded.meta().deletion_timestamp.is_some() {
+        let prefix = group_key_prefix(&*guarded);
+        ctx.failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|key, _| !key.starts_with(&prefix));
         finalize(&ctx, &guarded, &ns).await?
     } else {
         set_finalizer(&ctx.client, &guarded, &ns, true).await?;
@@ -439,17 +444,49 @@ async fn reconcile_readable(
     // Looked at again soon: only marked Secrets are watched, so one created or changed without
     // the mark is seen here; and the removal of another owner's object is no trigger.
     let unresolved = !plan.missing_secrets.is_empty() || !applied.taken.is_empty();
-    // A group the API refused is retried as a whole, the way any failed reconcile is; the
-    // other groups are done.
-    if let Some(failure) = applied.failed.into_values().next() {
-        return Err(failure.error);
-    }
+    let retries = [
+        sessions.retry_in,
+        unresolved.then_some(UNRESOLVED_RETRY),
+        groups_retry(ctx, connection, &applied.failed),
+    ];
     Ok(Action::requeue(
-        sessions
-            .retry_in
-            .or(unresolved.then_some(UNRESOLVED_RETRY))
-            .unwrap_or(RESYNC),
+        retries.into_iter().flatten().min().unwrap_or(RESYNC),
     ))
+}
+
+/// When to apply again the groups the API refused: each on a backoff of its own, as a failed
+/// reconcile would be, so that a group the API keeps refusing neither holds back the
+/// connection's other retries (sessions to end, Secrets to resolve) nor counts against them.
+/// Forgets the groups that applied since.
+fn groups_retry(
+    ctx: &Context,
+    connection: &BrokerConnection,
+    failed: &BTreeMap<String, GroupFailure>,
+) -> Option<Duration> {
+    let prefix = group_key_prefix(connection);
+    let mut failures = ctx
+        .failures
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    failures.retain(|key, _| {
+        key.strip_prefix(&prefix)
+            .is_none_or(|group| failed.contains_key(group))
+    });
+    failed
+        .iter()
+        .map(|(group, failure)| {
+            ctx.metrics
+                .failed(Kind::BrokerConnection, failure.error.reason());
+            let n = failures.entry(format!("{prefix}{group}")).or_insert(0);
+            *n = n.saturating_add(1);
+            retry_delay(failure.error.is_conflict(), *n)
+        })
+        .min()
+}
+
+/// What keys a connection's groups' failures in [`Context::failures`].
+fn group_key_prefix<K: Resource<DynamicType = ()>>(connection: &K) -> String {
+    format!("{}#group/", key_of(connection))
 }
 
 /// What applying the groups made of them.

@@ -4,11 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use common::{Operator, condition, jsonpath};
+use common::{Operator, Scene, WAIT, condition, jsonpath};
 
 mod common;
 
-const WAIT: Duration = Duration::from_secs(60);
 /// The garbage collector may wait for its discovery resync (30 s) to learn a CRD that was
 /// installed moments before.
 const GC_WAIT: Duration = Duration::from_secs(120);
@@ -36,7 +35,7 @@ fn rule(name: &str, group: &str, filter: &str, topic: &str) -> String {
 fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets() {
     let cp = common::control_plane_with_crds("ferry");
     let op = Operator::start(&cp, "operator", &[]);
-    let s = Scene { cp: &cp, op: &op };
+    let s = Scene::new(&cp, &op, "ferry");
     missing_secret_is_a_condition_and_nothing_renders(&s);
     an_unmarked_secret_is_not_used(&s);
     the_secret_renders_one_forwarder_per_group(&s);
@@ -49,32 +48,14 @@ fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets()
 }
 
 /// The control plane and operator of one scenario, and what its steps ask of them.
-struct Scene<'a> {
-    cp: &'a ferry_e2e::kube::ControlPlane,
-    op: &'a Operator,
+/// What these tests ask of the objects besides [`Scene`]'s.
+trait ReconcileScene {
+    fn config(&self, name: &str) -> String;
+    fn restart_checksum(&self) -> String;
+    fn accepted_at(&self, rule: &str) -> String;
 }
 
-impl Scene<'_> {
-    fn apply(&self, yaml: &str) {
-        common::apply(self.cp, yaml);
-    }
-
-    /// A condition of an object in namespace ferry: (status, reason, message), empty if none.
-    fn cond(&self, kind: &str, name: &str, type_: &str) -> (String, String, String) {
-        condition(self.cp, "ferry", kind, name, type_).unwrap_or_default()
-    }
-
-    fn exists(&self, kind: &str, name: &str) -> bool {
-        self.cp
-            .run_kubectl(["get", kind, name, "-n", "ferry", "-o", "name"])
-            .is_ok()
-    }
-
-    /// `jsonpath` of an object in namespace ferry, empty when absent.
-    fn get(&self, kind: &str, name: &str, path: &str) -> String {
-        jsonpath(self.cp, "ferry", kind, name, path)
-    }
-
+impl ReconcileScene for Scene<'_> {
     /// A forwarder group's rendered config.
     fn config(&self, name: &str) -> String {
         self.get("configmap", name, "{.data.config\\.yaml}")
