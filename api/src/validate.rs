@@ -12,8 +12,8 @@ use std::ops::Deref;
 
 use crate::addr;
 use crate::config::{
-    DeadLetter, ForwarderConfig, KafkaConfig, MAX_RULES, MqttConfig, MqttProtocol, Problem, Rule,
-    Sasl, SaslMechanism, Tls,
+    DeadLetter, ForwarderConfig, KafkaConfig, MAX_RULES, MqttConfig, MqttProtocol, Problem,
+    ProblemKind, Rule, Sasl, SaslMechanism, Tls,
 };
 use crate::config::{KeyStrategy, PayloadFormat};
 use crate::expr::{self, Expression};
@@ -472,7 +472,10 @@ fn compiled(p: &mut Problems, path: &str, source: &str) -> Option<Expression> {
     match expr::compile(source) {
         Ok(e) => Some(e),
         Err(e) => {
-            p.add(path, e.to_string());
+            p.0.push(Problem {
+                kind: ProblemKind::Expression,
+                ..Problem::new(path, e.to_string())
+            });
             None
         }
     }
@@ -513,10 +516,7 @@ struct Problems(Vec<Problem>);
 
 impl Problems {
     fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.0.push(Problem {
-            path: path.into(),
-            message: message.into(),
-        });
+        self.0.push(Problem::new(path, message));
     }
 }
 

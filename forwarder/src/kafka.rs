@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_api::config::{KafkaConfig, Problem};
+use ferry_api::config::{KafkaConfig, Problem, ProblemKind};
 use rdkafka::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -93,12 +93,14 @@ pub fn config_problem(kafka: &KafkaConfig) -> Option<Problem> {
             return Some(Problem {
                 path: format!("kafka.config.{key}"),
                 message: format!("librdkafka refuses it: {description}"),
+                kind: ProblemKind::Setting,
             });
         }
         Err(other) => {
             return Some(Problem {
                 path: "kafka.config".into(),
                 message: format!("librdkafka refuses it: {other}"),
+                kind: ProblemKind::Setting,
             });
         }
     }
@@ -117,10 +119,12 @@ pub fn config_problem(kafka: &KafkaConfig) -> Option<Problem> {
         Err(KafkaError::ClientCreation(reason)) => Some(Problem {
             path: property_named(&reason, kafka),
             message: format!("librdkafka refuses to create a producer with it: {reason}"),
+            kind: ProblemKind::Setting,
         }),
         Err(other) => Some(Problem {
             path: "kafka.config".into(),
             message: format!("librdkafka refuses to create a producer with it: {other}"),
+            kind: ProblemKind::Setting,
         }),
     }
 }
