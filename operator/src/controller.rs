@@ -36,7 +36,7 @@ use tracing::{debug, info, warn};
 use crate::apply::{apply, prune, read_secrets, taken};
 use crate::children;
 use crate::conditions::FALSE;
-use crate::context::{Context, Error, listed, wait_listed};
+use crate::context::{At, Context, Error, Step, listed, wait_listed};
 use crate::finalize::{SessionsOutcome, end_gone_sessions, finalize, set_finalizer};
 use crate::image::ForwarderImage;
 use crate::metrics::{Kind, Metrics};
@@ -402,7 +402,8 @@ async fn reconcile_readable(
     let name = connection.name_any();
     let all_rules = Api::<DeserializeGuard<ForwardingRule>>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
-        .await?;
+        .await
+        .at(Step::Read)?;
     // Unreadable rules are the rule loop's to report; they are not rendered.
     let rules: Vec<&ForwardingRule> = all_rules
         .items

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use tracing::warn;
 
 use crate::conditions::{FALSE, Transition};
-use crate::context::{Context, Error};
+use crate::context::{At, Context, Error, Step};
 
 /// Field manager of children, connection status and the rules' `Accepted`/`Ready`.
 pub const FIELD_MANAGER: &str = "ferry-operator";
@@ -29,7 +29,7 @@ where
 {
     let api =
         Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ApiResource::erase::<K>(&()));
-    let Some(object) = api.get_opt(name).await? else {
+    let Some(object) = api.get_opt(name).await.at(Step::Read)? else {
         return Ok(None);
     };
     match object.data.get("status") {
@@ -63,7 +63,8 @@ where
         &PatchParams::apply(manager).force(),
         &Patch::Apply(&patch),
     )
-    .await?;
+    .await
+    .at(Step::Status)?;
     Ok(())
 }
 

@@ -272,6 +272,13 @@ fn a_group_the_api_refuses_fails_alone(s: &Scene) {
         message.contains("group \"extra\"") && message.contains("exceeded quota"),
         "{message}"
     );
+    // Counted under the step that failed, on the connection's reconcile.
+    let apply_errors =
+        s.op.metric("ferry_operator_reconcile_errors_total", "reason=\"apply\"");
+    assert!(
+        apply_errors.is_some_and(|n| n >= 1.0),
+        "the refused apply counted as reason apply: {apply_errors:?}"
+    );
     s.apply(&rule("later", "default", &["plant/+/later"], "later"));
     s.wait_accepted("later", "True");
     s.op.wait_for(
