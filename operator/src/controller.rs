@@ -45,7 +45,7 @@ use crate::plan::{self, GroupPlan};
 use crate::scope::Scope;
 use crate::status::{self, RuleOutcome, Workload};
 use crate::validate::{MARK_VALUE, SECRET_MARK, referenced_secrets};
-use crate::writer::{FIELD_MANAGER, current_status, publish, warn_event, write_status};
+use crate::writer::{FIELD_MANAGER, current_status, update_status, warn_event};
 
 const CONNECTION: &str = "BrokerConnection";
 const RULE: &str = "ForwardingRule";
@@ -616,12 +616,10 @@ async fn write_statuses(
     );
     desired.mqtt_sessions = sessions;
     let ns = connection.namespace().unwrap_or_default();
-    if connection.status.as_ref() != Some(&desired) {
-        let api = Api::<BrokerConnection>::namespaced(ctx.client.clone(), &ns);
-        write_status(&api, &connection.name_any(), FIELD_MANAGER, &desired).await?;
-        ctx.metrics.status_written(Kind::BrokerConnection);
-    }
-    publish(ctx, &connection.object_ref(&()), &transitions).await;
+    let changed = connection.status.as_ref() != Some(&desired);
+    let api = Api::<BrokerConnection>::namespaced(ctx.client.clone(), &ns);
+    let update = (&desired, changed);
+    update_status(ctx, &api, connection, FIELD_MANAGER, update, &transitions).await?;
     let rule_api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
     for (rule, fate) in &plan.rules {
         let outcome = match fate {
@@ -687,13 +685,10 @@ async fn report_invalid_spec(
         observed_generation: guarded.meta().generation,
         ..current.clone().unwrap_or_default()
     };
-    if current.as_ref() != Some(&status) {
-        // Through the guard: the answer carries the same spec, which may be unreadable.
-        let api = Api::<DeserializeGuard<BrokerConnection>>::namespaced(ctx.client.clone(), ns);
-        write_status(&api, &name, FIELD_MANAGER, &status).await?;
-        ctx.metrics.status_written(Kind::BrokerConnection);
-    }
-    publish(ctx, &guarded.object_ref(&()), &transitions).await;
+    // Through the guard: the answer carries the same spec, which may be unreadable.
+    let api = Api::<DeserializeGuard<BrokerConnection>>::namespaced(ctx.client.clone(), ns);
+    let update = (&status, current.as_ref() != Some(&status));
+    update_status(ctx, &api, guarded, FIELD_MANAGER, update, &transitions).await?;
     Ok(())
 }
 
@@ -723,11 +718,8 @@ async fn write_rule_control(
         .clone()
         .or_else(|| kafka.topic_expression.clone());
     let current = rule.status.as_ref().map(status::rule_control_view);
-    if current.as_ref() != Some(&desired) {
-        write_status(api, &rule.name_any(), FIELD_MANAGER, &desired).await?;
-        ctx.metrics.status_written(Kind::ForwardingRule);
-    }
-    publish(ctx, &rule.object_ref(&()), &transitions).await;
+    let update = (&desired, current.as_ref() != Some(&desired));
+    update_status(ctx, api, rule, FIELD_MANAGER, update, &transitions).await?;
     Ok(())
 }
 
@@ -782,16 +774,13 @@ async fn reconcile_rule(
                     &outcome,
                     now,
                 );
-                if current.as_ref().map(status::rule_control_view) != Some(desired.clone()) {
-                    // Through the guard: the answer carries the same unreadable spec.
-                    let api = Api::<DeserializeGuard<ForwardingRule>>::namespaced(
-                        ctx.client.clone(),
-                        &ns,
-                    );
-                    write_status(&api, &name, FIELD_MANAGER, &desired).await?;
-                    ctx.metrics.status_written(Kind::ForwardingRule);
-                }
-                publish(&ctx, &guarded.object_ref(&()), &transitions).await;
+                let changed =
+                    current.as_ref().map(status::rule_control_view) != Some(desired.clone());
+                // Through the guard: the answer carries the same unreadable spec.
+                let api =
+                    Api::<DeserializeGuard<ForwardingRule>>::namespaced(ctx.client.clone(), &ns);
+                let update = (&desired, changed);
+                update_status(&ctx, &api, &*guarded, FIELD_MANAGER, update, &transitions).await?;
             }
         }
     }
