@@ -205,6 +205,8 @@ fn default_render_is_strictly_valid_and_least_privileged() {
         kinds(&docs),
         [
             "ClusterRole",
+            "ClusterRole",
+            "ClusterRole",
             "ClusterRoleBinding",
             "ConfigMap",
             "CustomResourceDefinition",
@@ -217,6 +219,20 @@ fn default_render_is_strictly_valid_and_least_privileged() {
         ],
         "the default install: no monitors and no NetworkPolicy"
     );
+    // Two of the ClusterRoles are the application teams' (aggregated to admin/edit/view).
+    for (name, aggregate_to) in [
+        ("ferry-edit", vec!["admin", "edit"]),
+        ("ferry-view", vec!["view"]),
+    ] {
+        let labels = &find(&docs, "ClusterRole", name)["metadata"]["labels"];
+        for role in aggregate_to {
+            assert_eq!(
+                labels[format!("rbac.authorization.k8s.io/aggregate-to-{role}")],
+                "true",
+                "{name} aggregates to {role}"
+            );
+        }
+    }
     kubeconform(&rendered, docs.len());
 
     // The operator Deployment: what the brief of the image and the operator's flags ask for.
@@ -438,6 +454,8 @@ fn watch_namespaces_renders_a_role_per_namespace_instead_of_the_cluster_role() {
     assert_eq!(
         kinds(&docs),
         [
+            "ClusterRole",
+            "ClusterRole",
             "ConfigMap",
             "CustomResourceDefinition",
             "CustomResourceDefinition",
@@ -452,7 +470,17 @@ fn watch_namespaces_renders_a_role_per_namespace_instead_of_the_cluster_role() {
             "Service",
             "ServiceAccount",
         ],
-        "no ClusterRole nor ClusterRoleBinding"
+        "the operator's rights in Roles only: no ClusterRoleBinding"
+    );
+    let cluster_roles: Vec<&str> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRole")
+        .filter_map(|d| d["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(
+        cluster_roles,
+        ["ferry-edit", "ferry-view"],
+        "only the application teams' aggregated roles are cluster-wide"
     );
     kubeconform(&rendered, docs.len());
 
@@ -1255,6 +1283,89 @@ fn watch_namespaces_confines_the_operator_and_its_rights_to_those_namespaces() {
         &["create", "statefulsets.apps", "-n", "elsewhere"],
     ] {
         assert!(can_i(&cp, &wide, args), "cluster mode needs: {args:?}");
+    }
+
+    // Application teams: Kubernetes' own edit and view roles carry Ferry's kinds (aggregated
+    // by the controller-manager from the chart's two ClusterRoles); status stays the
+    // operator's, and nothing reaches past the namespace of the binding.
+    for (binding, role, user) in [
+        ("team-edit", "edit", "team-dev"),
+        ("team-view", "view", "team-viewer"),
+    ] {
+        cp.run_kubectl([
+            "create",
+            "rolebinding",
+            binding,
+            &format!("--clusterrole={role}"),
+            &format!("--user={user}"),
+            "-n",
+            "plant",
+        ])
+        .expect("rolebinding");
+    }
+    wait_for(
+        "edit and view to aggregate Ferry's kinds",
+        Duration::from_secs(30),
+        || {
+            can_i(
+                &cp,
+                "team-dev",
+                &["create", "forwardingrules.ferry.dev", "-n", "plant"],
+            ) && can_i(
+                &cp,
+                "team-viewer",
+                &["list", "brokerconnections.ferry.dev", "-n", "plant"],
+            )
+        },
+    );
+    for args in [
+        &["create", "brokerconnections.ferry.dev", "-n", "plant"][..],
+        &["patch", "forwardingrules.ferry.dev", "-n", "plant"],
+        &["delete", "brokerconnections.ferry.dev", "-n", "plant"],
+    ] {
+        assert!(can_i(&cp, "team-dev", args), "edit gives: {args:?}");
+    }
+    for args in [
+        &[
+            "get",
+            "forwardingrules.ferry.dev",
+            "--subresource=status",
+            "-n",
+            "plant",
+        ][..],
+        &["watch", "forwardingrules.ferry.dev", "-n", "plant"],
+    ] {
+        assert!(can_i(&cp, "team-viewer", args), "view gives: {args:?}");
+    }
+    for (user, args) in [
+        (
+            "team-dev",
+            &[
+                "patch",
+                "forwardingrules.ferry.dev",
+                "--subresource=status",
+                "-n",
+                "plant",
+            ][..],
+        ),
+        (
+            "team-dev",
+            &["create", "forwardingrules.ferry.dev", "-n", "factory"],
+        ),
+        (
+            "team-viewer",
+            &["create", "forwardingrules.ferry.dev", "-n", "plant"],
+        ),
+        (
+            "team-viewer",
+            &["delete", "brokerconnections.ferry.dev", "-n", "plant"],
+        ),
+        (
+            "someone",
+            &["list", "forwardingrules.ferry.dev", "-n", "plant"],
+        ),
+    ] {
+        assert!(!can_i(&cp, user, args), "{user} must not: {args:?}");
     }
 
     // The operator with the namespace-mode ServiceAccount's token and the Deployment's
