@@ -1522,13 +1522,14 @@ fn readme_values_table_is_generated_from_values_yaml() {
     let values_yaml = std::fs::read_to_string(chart.join("values.yaml")).expect("values.yaml");
     let table = ferry_operator::valuesdoc::table(&values_yaml)
         .unwrap_or_else(|e| panic!("{e}: document it with a `# --` comment above the key"));
-    let readme = std::fs::read_to_string(chart.join("README.md")).expect("README.md");
-    let updated = ferry_operator::valuesdoc::update_readme(&readme, &table).expect("markers");
+    let (readme, updated) =
+        ferry_operator::valuesdoc::chart_readme(chart).unwrap_or_else(|e| panic!("{e}"));
     assert!(
         updated == readme,
-        "charts/ferry/README.md's values table differs from values.yaml: run `make chart-docs` \
-         and commit the result"
+        "charts/ferry/README.md's values table or Argo CD checks differ from values.yaml or \
+         argocd/: run `make chart-docs` and commit the result"
     );
+    assert!(readme.contains("resource.customizations.health.ferry.dev_ForwardingRule: |"));
     let rows = table.lines().count() - 2;
     assert!(rows >= 60, "{rows} values documented:\n{table}");
     for key in [
