@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::warn;
 
-use crate::conditions::{FALSE, Transition};
+use crate::conditions::Transition;
 use crate::context::{At, Context, Error, Step};
 use crate::metrics::Kind;
 
@@ -101,7 +101,7 @@ pub(crate) async fn publish_with(
 ) {
     for t in transitions.iter().filter(|t| t.noteworthy()) {
         let event = Event {
-            type_: if t.status == FALSE {
+            type_: if t.warns() {
                 EventType::Warning
             } else {
                 EventType::Normal
