@@ -212,12 +212,35 @@ fn default_render_is_strictly_valid_and_least_privileged() {
             "CustomResourceDefinition",
             "CustomResourceDefinition",
             "Deployment",
+            "PodDisruptionBudget",
             "Role",
             "RoleBinding",
             "Service",
             "ServiceAccount",
         ],
         "the default install: no monitors and no NetworkPolicy"
+    );
+    // Two replicas: a drain takes one at a time, and they prefer different nodes.
+    let pdb = find(&docs, "PodDisruptionBudget", OPERATOR);
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    let spread = &find(&docs, "Deployment", OPERATOR)["spec"]["template"]["spec"]["topologySpreadConstraints"]
+        [0];
+    assert_eq!(spread["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(spread["whenUnsatisfiable"], "ScheduleAnyway");
+    assert_eq!(
+        spread["labelSelector"]["matchLabels"],
+        find(&docs, "Deployment", OPERATOR)["spec"]["selector"]["matchLabels"],
+        "it counts the operator's own pods"
+    );
+    let single = documents(&template(&[
+        "--set",
+        "replicaCount=1",
+        "--set",
+        "leaderElection.enabled=false",
+    ]));
+    assert!(
+        !kinds(&single).contains(&"PodDisruptionBudget".to_owned()),
+        "no budget for a single replica (it would block every drain)"
     );
     // Two of the ClusterRoles are the application teams' (aggregated to admin/edit/view).
     for (name, aggregate_to) in [
@@ -460,6 +483,7 @@ fn watch_namespaces_renders_a_role_per_namespace_instead_of_the_cluster_role() {
             "CustomResourceDefinition",
             "CustomResourceDefinition",
             "Deployment",
+            "PodDisruptionBudget",
             "PodMonitor",
             "Role",
             "Role",
