@@ -216,6 +216,65 @@ fn a_missing_topic_holds_messages_unacknowledged_until_it_exists() {
         Some(None),
         "waiting cleared once records go through: {status:?}"
     );
+    drop(fwd);
+    a_full_producer_queue_lets_no_record_overtake_an_earlier_one(&brokers);
+}
+
+/// The producer's queue (`queue.buffering.max.messages`) no larger than the window while each
+/// message has four targets: produce calls are refused synchronously (`QueueFull`) again and
+/// again. A refused record keeps its place: in each Kafka topic every record arrives exactly
+/// once, and per MQTT topic in order. (Before, the records handed out behind a refused one
+/// went ahead of it.)
+fn a_full_producer_queue_lets_no_record_overtake_an_earlier_one(brokers: &Brokers) {
+    let rt = runtime();
+    let kafka_topics = ["full-0", "full-1", "full-2", "full-3"];
+    let mut rules = String::new();
+    for t in kafka_topics {
+        rt.block_on(brokers.kafka.create_topic(t, 1)).expect("topic");
+        rules += &format!(
+            "  - name: {t}\n    mqtt: {{ topics: [\"full/+\"] }}\n    kafka: {{ topic: {t} }}\n"
+        );
+    }
+    let window = 100;
+    let config = brokers
+        .config("ferry-full", &rules)
+        .replace("max_inflight: 1000", &format!("max_inflight: {window}"))
+        .replace(
+            "  bootstrap_servers:",
+            &format!(
+                "  config: {{ queue.buffering.max.messages: {window}, linger.ms: 10 }}\n  bootstrap_servers:"
+            ),
+        );
+    let mut fwd = Forwarder::start(&config);
+    fwd.wait_ready(Duration::from_secs(30));
+    let total = 2000;
+    let want: BTreeSet<(String, usize)> = (0..total)
+        .map(|n| (format!("full/{}", n % 5), n))
+        .collect();
+    let mut msgs: Vec<(String, usize)> = want.iter().cloned().collect();
+    msgs.sort_by_key(|(_, n)| *n);
+    let msgs = msgs
+        .into_iter()
+        .map(|(topic, n)| {
+            let p = payload(&topic, n, false);
+            (topic, p)
+        })
+        .collect();
+    let started = Instant::now();
+    brokers.publish_acked(&fwd, "pub-full", msgs, total, Duration::from_secs(120));
+    let refused = fwd.metric_with("ferry_rule_produce_retries_total", &["reason=\"queue_full\""]);
+    eprintln!(
+        "{total} messages × 4 targets through a producer queue of {window}: {refused} produce calls refused as queue full, {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(refused > 0.0, "the producer's queue was full at times");
+    for t in kafka_topics {
+        let got = ids(&brokers
+            .kafka
+            .read_all(t, total, Duration::from_secs(1), Duration::from_secs(30))
+            .expect("read"));
+        assert_exactly_in_order(t, &got, &want);
+    }
 }
 
 /// Publishes `numbered_messages(topics, total)` in batches of `batch` every `every`, from a
