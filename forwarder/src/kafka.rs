@@ -175,8 +175,9 @@ pub struct Report {
     pub result: Result<(), KafkaError>,
 }
 
-/// What stops the forwarder using Kafka as it is, on one channel to the pipeline from wherever
-/// it is noticed: a librdkafka callback thread, the produce call, the reachability probe.
+/// What stops the forwarder using Kafka as it is, on one channel to the pipeline from where it
+/// is noticed off the pipeline's task: a producer's librdkafka thread, the reachability probe.
+/// (A fatal error a produce call or delivery report returns is the pipeline's own.)
 #[derive(Debug)]
 pub enum Fatal {
     /// librdkafka's fatal error: producer `generation` is unusable and is to be replaced.
@@ -233,20 +234,25 @@ pub struct Context {
 
 impl ClientContext for Context {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        // librdkafka logs each fatal error once, as it raises it, under this facility; its
+        // error event carries the underlying code (`ClusterAuthorizationFailed`, ...) with the
+        // fatal flag, which rdkafka drops. The pipeline confirms with `fatal_error`.
+        if fac == "FATAL" {
+            // Gone only while shutting down: nothing is to be replaced then.
+            let _ = self.fatal.send(Fatal::Producer {
+                generation: self.generation,
+                error: message.to_owned(),
+            });
+        }
         log_librdkafka(level, fac, message);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {
-        match error.rdkafka_error_code() {
-            Some(RDKafkaErrorCode::AllBrokersDown) => self.metrics.set_kafka_reachable(false),
-            Some(RDKafkaErrorCode::Fatal) => {
-                // Gone only while shutting down: nothing is to be replaced then.
-                let _ = self.fatal.send(Fatal::Producer {
-                    generation: self.generation,
-                    error: reason.to_owned(),
-                });
-            }
-            _ => {}
+        if matches!(
+            error.rdkafka_error_code(),
+            Some(RDKafkaErrorCode::AllBrokersDown)
+        ) {
+            self.metrics.set_kafka_reachable(false);
         }
         self.metrics.kafka_error(reason.to_owned());
         warn!(error = %error, reason, "kafka client error");

@@ -17,7 +17,7 @@ use ferry_api::status::{BlockedBy, Held};
 use ferry_api::{KafkaTopic, KeyStrategy, PayloadFormat};
 use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedHeaders;
-use rdkafka::producer::BaseRecord;
+use rdkafka::producer::{BaseRecord, Producer};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
@@ -201,7 +201,7 @@ impl Pipeline {
                 }
                 Some(fatal) = self.fatal.recv() => match fatal {
                     Fatal::Producer { generation, error } => {
-                        if generation == self.generation {
+                        if generation == self.generation && self.producer.client().fatal_error().is_some() {
                             self.lose_producer(&error);
                         }
                     }
