@@ -1051,7 +1051,10 @@ mod tests {
         /// callback. Of what is out at the producer, the first `landed` of each topic land
         /// (and are reported delivered), the rest are purged. A new producer replaces it at
         /// the next `Advance`.
-        Fatal { sync: bool, landed: usize },
+        Fatal {
+            sync: bool,
+            landed: usize,
+        },
     }
 
     /// A rule's policy in the model: (dead-letter topic, drop), or the rule was removed.
@@ -1656,7 +1659,11 @@ mod tests {
         };
         assert_eq!(target, t(2));
         w.producer_lost();
-        assert_eq!(produces(&mut w), vec![], "3 is not produced by a lost producer");
+        assert_eq!(
+            produces(&mut w),
+            vec![],
+            "3 is not produced by a lost producer"
+        );
         // 0 landed; its report still counts. The purge of 1 says nothing.
         w.on_outcome(t(0), Outcome::Delivered, now);
         let purged = Outcome::Blocked {
@@ -1665,7 +1672,11 @@ mod tests {
         };
         w.on_outcome(t(1), purged, now);
         w.accept(4, vec![spec("a")], now);
-        assert_eq!(produces(&mut w), vec![], "nothing while no producer is in place");
+        assert_eq!(
+            produces(&mut w),
+            vec![],
+            "nothing while no producer is in place"
+        );
         w.reset_producer(now);
         let again: Vec<TargetRef> = produces(&mut w).into_iter().map(|(t, _)| t).collect();
         assert_eq!(again, vec![t(1), t(2), t(3), t(4)], "each once, in order");

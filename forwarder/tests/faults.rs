@@ -230,7 +230,8 @@ fn a_full_producer_queue_lets_no_record_overtake_an_earlier_one(brokers: &Broker
     let kafka_topics = ["full-0", "full-1", "full-2", "full-3"];
     let mut rules = String::new();
     for t in kafka_topics {
-        rt.block_on(brokers.kafka.create_topic(t, 1)).expect("topic");
+        rt.block_on(brokers.kafka.create_topic(t, 1))
+            .expect("topic");
         rules += &format!(
             "  - name: {t}\n    mqtt: {{ topics: [\"full/+\"] }}\n    kafka: {{ topic: {t} }}\n"
         );
@@ -248,9 +249,8 @@ fn a_full_producer_queue_lets_no_record_overtake_an_earlier_one(brokers: &Broker
     let mut fwd = Forwarder::start(&config);
     fwd.wait_ready(Duration::from_secs(30));
     let total = 2000;
-    let want: BTreeSet<(String, usize)> = (0..total)
-        .map(|n| (format!("full/{}", n % 5), n))
-        .collect();
+    let want: BTreeSet<(String, usize)> =
+        (0..total).map(|n| (format!("full/{}", n % 5), n)).collect();
     let mut msgs: Vec<(String, usize)> = want.iter().cloned().collect();
     msgs.sort_by_key(|(_, n)| *n);
     let msgs = msgs
@@ -262,7 +262,10 @@ fn a_full_producer_queue_lets_no_record_overtake_an_earlier_one(brokers: &Broker
         .collect();
     let started = Instant::now();
     brokers.publish_acked(&fwd, "pub-full", msgs, total, Duration::from_secs(120));
-    let refused = fwd.metric_with("ferry_rule_produce_retries_total", &["reason=\"queue_full\""]);
+    let refused = fwd.metric_with(
+        "ferry_rule_produce_retries_total",
+        &["reason=\"queue_full\""],
+    );
     eprintln!(
         "{total} messages × 4 targets through a producer queue of {window}: {refused} produce calls refused as queue full, {:.1} s",
         started.elapsed().as_secs_f64()
@@ -572,7 +575,11 @@ fn fatal_producers_are_replaced_with_backoff_and_lose_nothing(
             msgs,
         ))
         .expect("publish");
-    let fatal_logged = || fwd.log().matches("kafka producer hit a fatal error").count();
+    let fatal_logged = || {
+        fwd.log()
+            .matches("kafka producer hit a fatal error")
+            .count()
+    };
     wait_until(fwd, Duration::from_secs(30), "three fatal errors", || {
         fatal_logged() >= 3
     });
@@ -594,22 +601,34 @@ fn fatal_producers_are_replaced_with_backoff_and_lose_nothing(
         fwd.metric("ferry_kafka_producer_fatal_errors_total"),
         fatal as f64
     );
-    assert!(fwd.metric_with("ferry_kafka_producer_replacements_total", &["result=\"created\""]) >= 1.0);
+    assert!(
+        fwd.metric_with(
+            "ferry_kafka_producer_replacements_total",
+            &["result=\"created\""]
+        ) >= 1.0
+    );
     assert_eq!(
         fwd.metric("ferry_mqtt_acked_messages_total"),
         0.0,
         "nothing acked without a working producer"
     );
     let status = fwd.status().expect("status");
-    let last = status.kafka.last_error.map(|e| e.message).unwrap_or_default();
+    let last = status
+        .kafka
+        .last_error
+        .map(|e| e.message)
+        .unwrap_or_default();
     assert!(last.contains("fatal error"), "status: {last}");
     grant();
     let granted = Instant::now();
     // The next producer comes at the latest one backoff step (at most the time since the
     // first fatal error) after the grant.
-    wait_until(fwd, Duration::from_secs(60), "every held message acked", || {
-        fwd.metric("ferry_mqtt_acked_messages_total") >= total as f64
-    });
+    wait_until(
+        fwd,
+        Duration::from_secs(60),
+        "every held message acked",
+        || fwd.metric("ferry_mqtt_acked_messages_total") >= total as f64,
+    );
     eprintln!(
         "granted: every held message acked {:.1} s later",
         granted.elapsed().as_secs_f64()
