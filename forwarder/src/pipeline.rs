@@ -705,18 +705,25 @@ impl Pipeline {
         }
         self.window.producer_lost();
         self.metrics.producer_fatal_errors.inc();
+        self.schedule_replacement(
+            &format!("kafka producer unusable (fatal error): {error}"),
+            "kafka producer hit a fatal error; holding its unconfirmed records for a new producer",
+        );
+    }
+
+    /// The next attempt at a producer, after the backoff; says why in the log and `/status`.
+    fn schedule_replacement(&mut self, error: &str, what: &'static str) {
         let delay = self.replacement.failed();
         self.replace_at = Some(Instant::now() + delay);
+        let retry_in_ms = delay.as_millis() as u64;
         error!(
             error,
             in_a_row = self.replacement.failures(),
-            retry_in_ms = delay.as_millis() as u64,
-            "kafka producer hit a fatal error; holding its unconfirmed records for a new producer"
+            retry_in_ms,
+            "{what}"
         );
-        self.metrics.kafka_error(format!(
-            "kafka producer unusable (fatal error): {error}; a new producer in {} ms",
-            delay.as_millis()
-        ));
+        self.metrics
+            .kafka_error(format!("{error}; next producer in {retry_in_ms} ms"));
     }
 
     /// Creates the producer that takes over every record not confirmed; if that fails, tries
@@ -739,18 +746,10 @@ impl Pipeline {
             }
             Err(e) => {
                 self.metrics.producer_replaced(false);
-                let delay = self.replacement.failed();
-                self.replace_at = Some(Instant::now() + delay);
-                error!(
-                    error = %e,
-                    in_a_row = self.replacement.failures(),
-                    retry_in_ms = delay.as_millis() as u64,
-                    "cannot create a new kafka producer; its records stay held for the next attempt"
+                self.schedule_replacement(
+                    &format!("cannot create a new kafka producer: {e}"),
+                    "cannot create a new kafka producer; the records stay held for the next attempt",
                 );
-                self.metrics.kafka_error(format!(
-                    "cannot create a new kafka producer: {e}; next attempt in {} ms",
-                    delay.as_millis()
-                ));
             }
         }
     }

@@ -61,6 +61,26 @@ fn assert_exactly(what: &str, got: &[(String, usize)], want: &BTreeSet<(String, 
     late
 }
 
+/// `total` numbered messages, round-robin over the MQTT topics `<prefix>/0` .. `<prefix>/<topics - 1>`:
+/// their ids, and the messages to publish in order.
+fn numbered(
+    prefix: &str,
+    topics: usize,
+    total: usize,
+) -> (BTreeSet<(String, usize)>, Vec<(String, Vec<u8>)>) {
+    let msgs: Vec<(String, Vec<u8>)> = (0..total)
+        .map(|n| {
+            let topic = format!("{prefix}/{}", n % topics);
+            let p = payload(&topic, n, false);
+            (topic, p)
+        })
+        .collect();
+    let want = (0..total)
+        .map(|n| (format!("{prefix}/{}", n % topics), n))
+        .collect();
+    (want, msgs)
+}
+
 /// Every id once, and per MQTT topic in increasing order.
 fn assert_exactly_in_order(what: &str, got: &[(String, usize)], want: &BTreeSet<(String, usize)>) {
     assert_eq!(
@@ -249,17 +269,7 @@ fn a_full_producer_queue_lets_no_record_overtake_an_earlier_one(brokers: &Broker
     let mut fwd = Forwarder::start(&config);
     fwd.wait_ready(Duration::from_secs(30));
     let total = 2000;
-    let want: BTreeSet<(String, usize)> =
-        (0..total).map(|n| (format!("full/{}", n % 5), n)).collect();
-    let mut msgs: Vec<(String, usize)> = want.iter().cloned().collect();
-    msgs.sort_by_key(|(_, n)| *n);
-    let msgs = msgs
-        .into_iter()
-        .map(|(topic, n)| {
-            let p = payload(&topic, n, false);
-            (topic, p)
-        })
-        .collect();
+    let (want, msgs) = numbered("full", 5, total);
     let started = Instant::now();
     brokers.publish_acked(&fwd, "pub-full", msgs, total, Duration::from_secs(120));
     let refused = fwd.metric_with(
@@ -555,18 +565,7 @@ fn fatal_producers_are_replaced_with_backoff_and_lose_nothing(
     read: impl FnOnce(usize) -> Vec<(String, usize)>,
 ) {
     let total = 200;
-    let want: BTreeSet<(String, usize)> = (0..total)
-        .map(|n| (format!("early/{}", n % 4), n))
-        .collect();
-    let mut msgs: Vec<(String, usize)> = want.iter().cloned().collect();
-    msgs.sort_by_key(|(_, n)| *n);
-    let msgs = msgs
-        .into_iter()
-        .map(|(topic, n)| {
-            let p = payload(&topic, n, false);
-            (topic, p)
-        })
-        .collect();
+    let (want, msgs) = numbered("early", 4, total);
     runtime()
         .block_on(ferry_e2e::publish(
             mqtt_port,
