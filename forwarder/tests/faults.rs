@@ -61,13 +61,12 @@ fn assert_exactly(what: &str, got: &[(String, usize)], want: &BTreeSet<(String, 
     late
 }
 
+/// Ids of numbered messages: (MQTT topic, number).
+type Ids = BTreeSet<(String, usize)>;
+
 /// `total` numbered messages, round-robin over the MQTT topics `<prefix>/0` .. `<prefix>/<topics - 1>`:
 /// their ids, and the messages to publish in order.
-fn numbered(
-    prefix: &str,
-    topics: usize,
-    total: usize,
-) -> (BTreeSet<(String, usize)>, Vec<(String, Vec<u8>)>) {
+fn numbered(prefix: &str, topics: usize, total: usize) -> (Ids, Vec<(String, Vec<u8>)>) {
     let msgs: Vec<(String, Vec<u8>)> = (0..total)
         .map(|n| {
             let topic = format!("{prefix}/{}", n % topics);
