@@ -17,13 +17,13 @@ use ferry_api::status::{BlockedBy, Held};
 use ferry_api::{KafkaTopic, KeyStrategy, PayloadFormat};
 use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedHeaders;
-use rdkafka::producer::BaseRecord;
+use rdkafka::producer::{BaseRecord, Producer};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::eval::{self, EvalError, Evaluated, Scope};
-use crate::kafka::{self, Classified, KafkaProducer, Report};
+use crate::kafka::{self, Classified, Fatal, KafkaProducer, ProducerWiring, Replacement, Report};
 use crate::metrics::{Metrics, RuleStats};
 use crate::mqtt::{Link, Message, Outbound, Subscriptions};
 use crate::route::{Routed, Router, RuleSet, Target, header, record_key, wrap_json};
@@ -94,6 +94,8 @@ pub struct PipelineExit {
     /// Messages still unconfirmed when the drain bound passed; left unacknowledged, so the
     /// broker redelivers them.
     pub abandoned: usize,
+    /// Kafka failed permanently before it was ever reached: the pipeline stopped for it.
+    pub kafka_permanent: Option<kafka::PermanentError>,
 }
 
 pub struct Pipeline {
@@ -105,8 +107,13 @@ pub struct Pipeline {
     kafka: KafkaConfig,
     producer: KafkaProducer,
     generation: u8,
-    reports_tx: mpsc::UnboundedSender<Report>,
+    producer_wiring: ProducerWiring,
     reports: mpsc::UnboundedReceiver<Report>,
+    fatal: mpsc::UnboundedReceiver<Fatal>,
+    /// The backoff of producer replacement after librdkafka's fatal errors.
+    replacement: Replacement,
+    /// The producer is lost: when to create the next one.
+    replace_at: Option<Instant>,
     window: Window<Inflight>,
     max_inflight: usize,
     scratch: Vec<Routed>,
@@ -123,6 +130,9 @@ pub struct Wiring {
     pub metrics: Arc<Metrics>,
     pub link: Link,
     pub subscriptions: Subscriptions,
+    /// The fatal channel (`kafka::Fatal`): its sender goes to every producer's callbacks and
+    /// to the reachability probe.
+    pub fatal: (kafka::FatalSender, mpsc::UnboundedReceiver<Fatal>),
 }
 
 impl Pipeline {
@@ -133,7 +143,13 @@ impl Pipeline {
         max_inflight: usize,
     ) -> Result<Self, KafkaError> {
         let (reports_tx, reports) = mpsc::unbounded_channel();
-        let producer = kafka::producer(&kafka, Arc::clone(&wiring.metrics), reports_tx.clone())?;
+        let (fatal_tx, fatal) = wiring.fatal;
+        let producer_wiring = ProducerWiring {
+            metrics: Arc::clone(&wiring.metrics),
+            reports: reports_tx,
+            fatal: fatal_tx,
+        };
+        let producer = kafka::producer(&kafka, &producer_wiring, 0)?;
         let record_max_bytes = eval::record_max_bytes(&kafka.config);
         Ok(Self {
             router: Arc::new(router),
@@ -143,8 +159,11 @@ impl Pipeline {
             kafka,
             producer,
             generation: 0,
-            reports_tx,
+            producer_wiring,
             reports,
+            fatal,
+            replacement: Replacement::default(),
+            replace_at: None,
             window: Window::new(Backoff::default()),
             max_inflight,
             scratch: Vec::new(),
@@ -167,8 +186,10 @@ impl Pipeline {
         tokio::pin!(shutdown);
         let mut accepting = true;
         let mut drain_deadline: Option<Instant> = None;
+        let mut kafka_permanent = None;
         let mut batch = Vec::with_capacity(256);
         loop {
+            let replace_at = self.replace_at;
             let retry_at = self.window.next_deadline().map(Instant::from_std);
             let holds_at = self.holds_reported.map(|at| at + HOLDS_REPORT_INTERVAL);
             let has_room = self.window.len() < self.max_inflight;
@@ -178,6 +199,20 @@ impl Pipeline {
                     for report in batch.drain(..n) {
                         self.on_report(report);
                     }
+                }
+                Some(fatal) = self.fatal.recv() => match fatal {
+                    Fatal::Producer { generation, error } => {
+                        if generation == self.generation && self.producer.client().fatal_error().is_some() {
+                            self.lose_producer(&error);
+                        }
+                    }
+                    Fatal::Permanent(e) => {
+                        error!(error = %e, "cannot use kafka, and retrying will not help");
+                        kafka_permanent = Some(e);
+                    }
+                },
+                _ = tokio::time::sleep_until(replace_at.unwrap_or_else(Instant::now)), if replace_at.is_some() => {
+                    self.replace_producer();
                 }
                 _ = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)), if retry_at.is_some() => {
                     self.window.tick(std::time::Instant::now());
@@ -207,6 +242,12 @@ impl Pipeline {
                     }
                 },
             }
+            if accepting && kafka_permanent.is_some() {
+                // Stops like a signal.
+                accepting = false;
+                drain_deadline = Some(Instant::now() + drain_bound);
+                inbound.close();
+            }
             self.run_actions();
             if !accepting && self.window.is_empty() {
                 break;
@@ -216,6 +257,7 @@ impl Pipeline {
         // disconnect.
         PipelineExit {
             abandoned: self.window.len(),
+            kafka_permanent,
         }
     }
 
@@ -554,13 +596,16 @@ impl Pipeline {
             Err(e) => match kafka::classify(e) {
                 Classified::Outcome(outcome) => outcome,
                 Classified::ReplaceProducer => {
-                    error!(error = %e, "kafka producer hit a fatal error; replacing it and re-sending unconfirmed records");
-                    self.metrics.kafka_error(e.to_string());
-                    self.replace_producer();
+                    // The window takes its record, and every other not confirmed, to the next
+                    // producer.
+                    self.lose_producer(&e.to_string());
                     return;
                 }
             },
         };
+        if outcome == Outcome::Delivered && !self.window.is_producer_lost() {
+            self.replacement.delivered();
+        }
         if outcome == Outcome::Delivered
             && let Some(at) = self
                 .window
@@ -704,20 +749,60 @@ impl Pipeline {
         });
     }
 
+    /// librdkafka's fatal error, from a report, the produce call or the error callback: no
+    /// record goes to this producer any more, and a new one is created after the backoff.
+    fn lose_producer(&mut self, error: &str) {
+        if self.window.is_producer_lost() {
+            return;
+        }
+        self.window.producer_lost();
+        self.metrics.producer_fatal_errors.inc();
+        self.schedule_replacement(
+            &format!("kafka producer unusable (fatal error): {error}"),
+            "kafka producer hit a fatal error; holding its unconfirmed records for a new producer",
+        );
+    }
+
+    /// The next attempt at a producer, after the backoff; says why in the log and `/status`.
+    fn schedule_replacement(&mut self, error: &str, what: &'static str) {
+        let delay = self.replacement.failed();
+        self.replace_at = Some(Instant::now() + delay);
+        let retry_in_ms = delay.as_millis() as u64;
+        error!(
+            error,
+            in_a_row = self.replacement.failures(),
+            retry_in_ms,
+            "{what}"
+        );
+        self.metrics
+            .kafka_error(format!("{error}; next producer in {retry_in_ms} ms"));
+    }
+
+    /// Creates the producer that takes over every record not confirmed; if that fails, tries
+    /// again after the backoff, the records held meanwhile.
     fn replace_producer(&mut self) {
-        match kafka::producer(
-            &self.kafka,
-            Arc::clone(&self.metrics),
-            self.reports_tx.clone(),
-        ) {
+        self.replace_at = None;
+        let generation = self.generation.wrapping_add(1);
+        match kafka::producer(&self.kafka, &self.producer_wiring, generation) {
             Ok(fresh) => {
                 let old = std::mem::replace(&mut self.producer, fresh);
                 // Dropping purges and flushes for up to 500 ms: keep it off the runtime.
                 tokio::task::spawn_blocking(move || drop(old));
-                self.generation = self.generation.wrapping_add(1);
+                self.generation = generation;
+                self.metrics.producer_replaced(true);
+                info!(
+                    inflight = self.window.len(),
+                    "new kafka producer in place; producing every unconfirmed record again"
+                );
                 self.window.reset_producer(std::time::Instant::now());
             }
-            Err(e) => error!(error = %e, "cannot create a new kafka producer"),
+            Err(e) => {
+                self.metrics.producer_replaced(false);
+                self.schedule_replacement(
+                    &format!("cannot create a new kafka producer: {e}"),
+                    "cannot create a new kafka producer; the records stay held for the next attempt",
+                );
+            }
         }
     }
 
