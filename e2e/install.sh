@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what Ferry's tests and demo run on, caching outside the repo:
 #   - Debian packages: Mosquitto (the real MQTT broker, mosquitto_passwd), the openssl CLI (test
-#     certificates), cmake/openssl headers (librdkafka's build), DejaVu fonts (benchmark plots)
+#     certificates), cmake/openssl headers (librdkafka's build), DejaVu fonts (benchmark plots),
+#     Lua 5.4 (runs the chart's Argo CD health checks)
 #   - Apache Kafka's jars from Maven Central (version pinned in e2e/kafka/pom.xml)
 # Idempotent and quiet when everything is already there.
 set -euo pipefail
@@ -12,7 +13,7 @@ kafka_libs="$cache/kafka-$kafka_version/libs"
 
 need_pkgs=()
 for bin_pkg in mosquitto:mosquitto mosquitto_pub:mosquitto-clients openssl:openssl cmake:cmake pkg-config:pkg-config \
-               java:openjdk-17-jre-headless mvn:maven g++:g++ make:make; do
+               java:openjdk-17-jre-headless mvn:maven g++:g++ make:make lua5.4:lua5.4; do
   command -v "${bin_pkg%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${bin_pkg%%:*}" ] || need_pkgs+=("${bin_pkg#*:}")
 done
 for dev_pkg in libssl-dev zlib1g-dev fonts-dejavu-core; do

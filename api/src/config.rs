@@ -486,6 +486,28 @@ fn scalar_map<'de, D: serde::Deserializer<'de>>(
 pub struct Problem {
     pub path: String,
     pub message: String,
+    pub kind: ProblemKind,
+}
+
+/// What a [`Problem`] is about, so that callers tell problems apart without reading messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProblemKind {
+    /// A setting or a name: missing, out of range, malformed.
+    #[default]
+    Setting,
+    /// An expression that does not compile, or that would cost more than its budget.
+    Expression,
+}
+
+impl Problem {
+    /// A problem with a setting at `path`.
+    pub fn new(path: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            path: path.into(),
+            message: message.into(),
+            kind: ProblemKind::Setting,
+        }
+    }
 }
 
 impl fmt::Display for Problem {

@@ -75,8 +75,5 @@ fn read_one(
 }
 
 fn problem(path: &str, message: String) -> Problem {
-    Problem {
-        path: path.to_owned(),
-        message,
-    }
+    Problem::new(path, message)
 }

@@ -19,7 +19,9 @@ pub mod status;
 pub mod topic;
 pub mod validate;
 
-pub use config::{ConfigError, ForwarderConfig, KeyStrategy, PayloadFormat, Problem, Rule};
+pub use config::{
+    ConfigError, ForwarderConfig, KeyStrategy, PayloadFormat, Problem, ProblemKind, Rule,
+};
 pub use load::{LoadOptions, Loaded, SourceFormat, load_str, load_str_reading, load_with};
 pub use topic::{TopicFilter, TopicTemplate, validate_kafka_topic};
 pub use validate::{KafkaTopic, RuleExpressions, ValidConfig};

@@ -153,9 +153,11 @@ fn load_legacy(
 fn missing_env_problems(missing: &[String]) -> Vec<Problem> {
     missing
         .iter()
-        .map(|name| Problem {
-            path: format!("${{{name}}}"),
-            message: "environment variable is not set (use ${NAME:-default} for a default)".into(),
+        .map(|name| {
+            Problem::new(
+                format!("${{{name}}}"),
+                "environment variable is not set (use ${NAME:-default} for a default)",
+            )
         })
         .collect()
 }
@@ -164,11 +166,10 @@ fn detect_format(text: &str) -> Result<SourceFormat, ConfigError> {
     let top: BTreeMap<String, serde::de::IgnoredAny> =
         serde_saphyr::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string()))?;
     match (top.contains_key("rules"), top.contains_key("forwarding")) {
-        (true, true) => Err(ConfigError::Invalid(vec![Problem {
-            path: "forwarding".into(),
-            message: "a config has either `rules` (Ferry format) or `forwarding` (legacy format), not both"
-                .into(),
-        }])),
+        (true, true) => Err(ConfigError::Invalid(vec![Problem::new(
+            "forwarding",
+            "a config has either `rules` (Ferry format) or `forwarding` (legacy format), not both",
+        )])),
         (false, true) => Ok(SourceFormat::Legacy),
         _ => Ok(SourceFormat::Ferry),
     }
@@ -188,12 +189,9 @@ fn parse<T: serde::de::DeserializeOwned>(text: &str) -> Result<T, ConfigError> {
         Ok(v) => Ok(v),
         Err(e) => match at {
             // A type or shape error at a known field: report it like a validation problem.
-            Some((path, message)) if path != "." && !path.is_empty() => {
-                Err(ConfigError::Invalid(vec![Problem {
-                    path,
-                    message: first_line(&message),
-                }]))
-            }
+            Some((path, message)) if path != "." && !path.is_empty() => Err(ConfigError::Invalid(
+                vec![Problem::new(path, first_line(&message))],
+            )),
             _ => Err(ConfigError::Syntax(first_line(&e.to_string()))),
         },
     }

@@ -13,7 +13,7 @@ use std::ops::Deref;
 use crate::addr;
 use crate::config::{
     DeadLetter, ForwarderConfig, KafkaConfig, MAX_RULES, MAX_SHUTDOWN_TIMEOUT_SECS, MqttConfig,
-    MqttProtocol, Problem, Rule, Sasl, SaslMechanism, Tls,
+    MqttProtocol, Problem, ProblemKind, Rule, Sasl, SaslMechanism, Tls,
 };
 use crate::config::{KeyStrategy, PayloadFormat};
 use crate::expr::{self, Expression, Kinds};
@@ -517,7 +517,10 @@ fn compiled(p: &mut Problems, path: &str, source: &str, returns: Returns) -> Opt
     match expr::compile_returning(source, returns.0, returns.1) {
         Ok(e) => Some(e),
         Err(e) => {
-            p.add(path, e.to_string());
+            p.0.push(Problem {
+                kind: ProblemKind::Expression,
+                ..Problem::new(path, e.to_string())
+            });
             None
         }
     }
@@ -558,10 +561,7 @@ struct Problems(Vec<Problem>);
 
 impl Problems {
     fn add(&mut self, path: impl Into<String>, message: impl Into<String>) {
-        self.0.push(Problem {
-            path: path.into(),
-            message: message.into(),
-        });
+        self.0.push(Problem::new(path, message));
     }
 }
 

@@ -70,6 +70,10 @@ fn temp_topic(n: usize) -> String {
     format!("plant/{}/temp", n % 5 + 1)
 }
 
+/// The forwarder's in-flight window: the connection leaves `spec.mqtt.maxInflight` at its
+/// default.
+const FORWARDER_WINDOW: usize = 1000;
+
 fn alarm_topic(n: usize) -> String {
     format!("plant/{}/alarm", n % 3 + 1)
 }
@@ -298,6 +302,9 @@ fn kafka_outage_is_reported(
         lost.len()
     ));
     ensure!(lost.is_empty(), "lost during the Kafka outage: {lost:?}");
+    // The MQTT session stays up while Kafka is away: nothing is redelivered, and the
+    // idempotent producer writes each record once.
+    ensure!(dup == 0, "{dup} duplicates across a Kafka outage");
     Ok(())
 }
 
@@ -478,6 +485,14 @@ fn delete_pod_under_load(
     ensure!(
         lost_kill.is_empty(),
         "lost after {how} {victim}: {lost_kill:?}"
+    );
+    // A graceful delete drains: every ack is written and read before the pod exits, so
+    // nothing is redelivered. A forced one replays what the broker had not seen acked: at
+    // most the forwarder's window (maxInflight, the default 1000).
+    let replay_bound = if force { FORWARDER_WINDOW } else { 0 };
+    ensure!(
+        dup_kill <= replay_bound,
+        "{dup_kill} duplicates after {how} {victim}: more than {replay_bound}"
     );
     // Same name, so the same client id; clean start off (c0), so the broker resumed the session.
     let client_id = format!("ferry.{NS}.{victim}");
@@ -767,6 +782,10 @@ fn publish_and_read_back(
         lost_t.is_empty() && lost_a.is_empty(),
         "lost temps {lost_t:?}, alarms {lost_a:?}"
     );
+    ensure!(
+        dup_t + dup_a == 0,
+        "duplicates without any fault: {dup_t} temps, {dup_a} alarms"
+    );
     for r in &temps {
         let line = n_of(r.value_str()) % 5 + 1;
         ensure!(
@@ -986,6 +1005,11 @@ fn edited_rule_lost_nothing_and_follows_the_new_mapping(
         lost_after.len()
     ));
     ensure!(lost_edit.is_empty(), "lost during the edit: {lost_edit:?}");
+    // A live reload keeps the session and the window: nothing is sent twice.
+    ensure!(
+        dup_edit + dup_after == 0,
+        "duplicates across a live edit: {dup_edit} during, {dup_after} after"
+    );
     ensure!(
         edit_new > 0,
         "nothing published during the edit reached temps.v2"

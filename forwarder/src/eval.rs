@@ -48,6 +48,11 @@ pub struct Scope<'m> {
     /// topic, a key, a transform, 25 headers) get one evaluation's budget per message, so that
     /// no rule costs a message more than that, however many expressions it has.
     target_left: u64,
+    /// Steps left to this message's evaluations together before they must move off the
+    /// runtime's thread ([`Scope::overran`]); `u64::MAX` where they may take their budgets.
+    inline_left: u64,
+    /// Whether an evaluation was stopped by `inline_left` rather than by a budget.
+    overran: bool,
 }
 
 impl<'m> Scope<'m> {
@@ -68,7 +73,22 @@ impl<'m> Scope<'m> {
             payload_error: None,
             steps: 0,
             target_left: COST_BUDGET,
+            inline_left: u64::MAX,
+            overran: false,
         }
+    }
+
+    /// Stops evaluating once the message's evaluations together took `steps`: the caller then
+    /// evaluates it again, from the start, where a long evaluation holds up nothing else.
+    pub fn inline_only(mut self, steps: u64) -> Self {
+        self.inline_left = steps;
+        self
+    }
+
+    /// Whether an evaluation stopped at the [`Scope::inline_only`] limit: what was evaluated
+    /// is incomplete and must be thrown away.
+    pub fn overran(&self) -> bool {
+        self.overran
     }
 
     /// Starts the evaluations of another target: it gets a whole budget of its own.
@@ -109,11 +129,18 @@ impl<'m> Scope<'m> {
         // The estimate bounds what an accepted expression costs; the budget stops, as this
         // message's failure, whatever it missed.
         let budget = self.target_left;
-        let (result, steps) =
-            cel::budget::with_budget(budget, || e.program().execute(&self.context));
+        let inline_capped = self.inline_left < budget;
+        let (result, steps) = cel::budget::with_budget(self.inline_left.min(budget), || {
+            e.program().execute(&self.context)
+        });
         self.steps = self.steps.saturating_add(steps);
         self.target_left = self.target_left.saturating_sub(steps);
+        self.inline_left = self.inline_left.saturating_sub(steps);
         result.map_err(|error| match error {
+            cel::ExecutionError::CostLimitExceeded if inline_capped => {
+                self.overran = true;
+                failed(field, "stopped to be evaluated off the runtime's thread")
+            }
             cel::ExecutionError::CostLimitExceeded if budget < COST_BUDGET => failed(
                 field,
                 &format!(

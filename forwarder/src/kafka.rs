@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_api::config::{KafkaConfig, Problem};
+use ferry_api::config::{KafkaConfig, Problem, ProblemKind};
 use rdkafka::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -16,7 +16,7 @@ use tracing::{debug, error, info, warn};
 
 use crate::metrics::Metrics;
 use crate::permanent::{KafkaFailure, KafkaKind};
-use crate::window::{BlockReason, Outcome, PermanentReason};
+use crate::window::{BlockReason, Outcome, PermanentReason, capped_exponential};
 
 /// Ferry's producer defaults; anything in `kafka.config` overrides them.
 pub const DEFAULTS: &[(&str, &str)] = &[
@@ -93,12 +93,14 @@ pub fn config_problem(kafka: &KafkaConfig) -> Option<Problem> {
             return Some(Problem {
                 path: format!("kafka.config.{key}"),
                 message: format!("librdkafka refuses it: {description}"),
+                kind: ProblemKind::Setting,
             });
         }
         Err(other) => {
             return Some(Problem {
                 path: "kafka.config".into(),
                 message: format!("librdkafka refuses it: {other}"),
+                kind: ProblemKind::Setting,
             });
         }
     }
@@ -117,10 +119,12 @@ pub fn config_problem(kafka: &KafkaConfig) -> Option<Problem> {
         Err(KafkaError::ClientCreation(reason)) => Some(Problem {
             path: property_named(&reason, kafka),
             message: format!("librdkafka refuses to create a producer with it: {reason}"),
+            kind: ProblemKind::Setting,
         }),
         Err(other) => Some(Problem {
             path: "kafka.config".into(),
             message: format!("librdkafka refuses to create a producer with it: {other}"),
+            kind: ProblemKind::Setting,
         }),
     }
 }
@@ -175,14 +179,75 @@ pub struct Report {
     pub result: Result<(), KafkaError>,
 }
 
-/// Routes librdkafka's callbacks: delivery reports to the pipeline, logs and errors to tracing.
+/// What stops the forwarder using Kafka as it is, on one channel to the pipeline from where it
+/// is noticed off the pipeline's task: a producer's librdkafka thread, the reachability probe.
+/// (A fatal error a produce call or delivery report returns is the pipeline's own.)
+#[derive(Debug)]
+pub enum Fatal {
+    /// librdkafka's fatal error: producer `generation` is unusable and is to be replaced.
+    Producer { generation: u8, error: String },
+    /// Kafka failed permanently before it was ever reached: the forwarder stops with it.
+    Permanent(PermanentError),
+}
+
+pub type FatalSender = mpsc::UnboundedSender<Fatal>;
+
+/// When to create the next producer after librdkafka's fatal error: capped exponential over
+/// the fatal errors (and failed creations) in a row, until a record is delivered again.
+///
+/// The first wait lets the lost producer's requests already at the broker report their real
+/// outcome (librdkafka purges only what it had not sent), so fewer records are written twice.
+/// The cap bounds how long a fix (a granted ACL) waits to be noticed, while a fatal error that
+/// repeats at once (idempotent writes not authorized) costs the broker a new producer id and
+/// connections at most twice a minute.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Replacement {
+    failures: u32,
+}
+
+impl Replacement {
+    pub const MIN: Duration = Duration::from_millis(500);
+    pub const MAX: Duration = Duration::from_secs(30);
+
+    /// A producer was lost, or could not be created: how long to wait before the next one.
+    pub fn failed(&mut self) -> Duration {
+        self.failures = self.failures.saturating_add(1);
+        capped_exponential(Self::MIN, Self::MAX, self.failures)
+    }
+
+    /// A record was delivered: the producer works.
+    pub fn delivered(&mut self) {
+        self.failures = 0;
+    }
+
+    /// Fatal errors and failed creations in a row.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+}
+
+/// Routes librdkafka's callbacks: delivery reports to the pipeline, a fatal error to the
+/// pipeline's fatal channel, logs and other errors to tracing.
 pub struct Context {
     reports: mpsc::UnboundedSender<Report>,
+    fatal: FatalSender,
+    /// Which producer this is, so that a replaced one's fatal error is ignored.
+    generation: u8,
     metrics: Arc<Metrics>,
 }
 
 impl ClientContext for Context {
     fn log(&self, level: RDKafkaLogLevel, fac: &str, message: &str) {
+        // librdkafka logs each fatal error once, as it raises it, under this facility; its
+        // error event carries the underlying code (`ClusterAuthorizationFailed`, ...) with the
+        // fatal flag, which rdkafka drops. The pipeline confirms with `fatal_error`.
+        if fac == "FATAL" {
+            // Gone only while shutting down: nothing is to be replaced then.
+            let _ = self.fatal.send(Fatal::Producer {
+                generation: self.generation,
+                error: message.to_owned(),
+            });
+        }
         log_librdkafka(level, fac, message);
     }
 
@@ -194,9 +259,6 @@ impl ClientContext for Context {
             self.metrics.set_kafka_reachable(false);
         }
         self.metrics.kafka_error(reason.to_owned());
-        if let Some(failure) = permanent(&error, reason) {
-            self.metrics.note_kafka_permanent(failure);
-        }
         warn!(error = %error, reason, "kafka client error");
     }
 }
@@ -213,14 +275,29 @@ impl ProducerContext for Context {
 
 pub type KafkaProducer = ThreadedProducer<Context>;
 
-/// Creates the producer. The report channel is unbounded in type but bounded in fact: every
-/// report answers one produce call, and produce calls are bounded by the in-flight window.
+/// Where a producer's callbacks go.
+#[derive(Clone)]
+pub struct ProducerWiring {
+    pub metrics: Arc<Metrics>,
+    pub reports: mpsc::UnboundedSender<Report>,
+    pub fatal: FatalSender,
+}
+
+/// Creates producer `generation`. The report channel is unbounded in type but bounded in
+/// fact: every report answers one produce call, and produce calls are bounded by the in-flight
+/// window. The fatal channel carries one message per producer (librdkafka raises its fatal
+/// error once) and one from the probe.
 pub fn producer(
     kafka: &KafkaConfig,
-    metrics: Arc<Metrics>,
-    reports: mpsc::UnboundedSender<Report>,
+    wiring: &ProducerWiring,
+    generation: u8,
 ) -> Result<KafkaProducer, KafkaError> {
-    client_config(kafka).create_with_context(Context { reports, metrics })
+    client_config(kafka).create_with_context(Context {
+        reports: wiring.reports.clone(),
+        fatal: wiring.fatal.clone(),
+        generation,
+        metrics: Arc::clone(&wiring.metrics),
+    })
 }
 
 /// What a failed produce means.
@@ -264,7 +341,7 @@ pub fn classify(error: &KafkaError) -> Classified {
 /// The metadata probe's context: hands permanent errors (the broker's certificate does not
 /// verify, authentication refused) to the probe loop.
 struct ProbeContext {
-    metrics: Arc<Metrics>,
+    permanent: std::sync::mpsc::Sender<KafkaFailure>,
 }
 
 impl ClientContext for ProbeContext {
@@ -274,7 +351,8 @@ impl ClientContext for ProbeContext {
 
     fn error(&self, error: KafkaError, reason: &str) {
         if let Some(failure) = permanent(&error, reason) {
-            self.metrics.note_kafka_permanent(failure);
+            // The probe loop outlives its client.
+            let _ = self.permanent.send(failure);
         }
     }
 }
@@ -301,7 +379,7 @@ fn permanent(error: &KafkaError, reason: &str) -> Option<KafkaFailure> {
 }
 
 /// A permanent Kafka error met before Kafka was first reached: the forwarder stops with it.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 #[error("kafka {bootstrap_servers}: {source}")]
 pub struct PermanentError {
     pub bootstrap_servers: String,
@@ -309,15 +387,15 @@ pub struct PermanentError {
 }
 
 /// Asks Kafka for metadata every `interval` and sets `kafka_reachable`. Runs until dropped,
-/// or returns the error when, before Kafka was ever reached, it failed permanently.
+/// or until, before Kafka was ever reached, it failed permanently: that goes to `fatal`.
 pub async fn probe_reachability(
     kafka: KafkaConfig,
     metrics: Arc<Metrics>,
     interval: Duration,
-) -> PermanentError {
-    let context = ProbeContext {
-        metrics: Arc::clone(&metrics),
-    };
+    fatal: FatalSender,
+) {
+    let (permanent, failures) = std::sync::mpsc::channel();
+    let context = ProbeContext { permanent };
     let probe: Result<BaseProducer<ProbeContext>, _> =
         client_config(&kafka).create_with_context(context);
     let probe = match probe {
@@ -343,14 +421,18 @@ pub async fn probe_reachability(
         let ok = matches!(result, Ok(Ok(_)));
         metrics.set_kafka_reachable(ok);
         ever_reached |= ok;
+        // The first of what the callbacks reported during this round.
+        let failure = failures.try_iter().fold(None, |first, f| first.or(Some(f)));
         if !ok {
-            if let Some(failure) = metrics.take_kafka_permanent() {
+            if let Some(failure) = failure {
                 metrics.kafka_error(failure.to_string());
                 if !ever_reached {
-                    return PermanentError {
+                    // The pipeline is gone only while shutting down.
+                    let _ = fatal.send(Fatal::Permanent(PermanentError {
                         bootstrap_servers: kafka.bootstrap_servers,
                         source: failure,
-                    };
+                    }));
+                    return;
                 }
                 error!(bootstrap_servers = %kafka.bootstrap_servers, error = %failure, "kafka refuses the forwarder");
             } else if let Ok(Err(e)) = &result {
@@ -482,6 +564,30 @@ mod tests {
             classify(&KafkaError::MessageProduction(C::Fatal)),
             Classified::ReplaceProducer
         );
+    }
+
+    #[test]
+    fn producer_replacement_backs_off_from_half_a_second_to_thirty_and_starts_over_on_a_delivery() {
+        let mut r = Replacement::default();
+        let waits: Vec<Duration> = (0..9).map(|_| r.failed()).collect();
+        let ms = |n| Duration::from_millis(n);
+        assert_eq!(
+            waits,
+            [
+                ms(500),
+                ms(1000),
+                ms(2000),
+                ms(4000),
+                ms(8000),
+                ms(16_000),
+                ms(30_000),
+                ms(30_000),
+                ms(30_000)
+            ]
+        );
+        assert_eq!(r.failures(), 9);
+        r.delivered();
+        assert_eq!(r.failed(), ms(500));
     }
 
     #[test]

@@ -88,7 +88,9 @@ pub async fn run(
         Arc::clone(&metrics),
         to_pipeline,
     )?;
-    let mut background = Background::spawn(&config, source, listener, &metrics);
+    // Unbounded in type, bounded in fact: one message per producer and one from the probe.
+    let (fatal_tx, fatal_rx) = mpsc::unbounded_channel();
+    let mut background = Background::spawn(&config, source, listener, &metrics, &fatal_tx);
     let pipeline = Pipeline::new(
         router,
         config.kafka.clone(),
@@ -96,35 +98,29 @@ pub async fn run(
             metrics: Arc::clone(&metrics),
             link,
             subscriptions,
+            fatal: (fatal_tx, fatal_rx),
         },
         max_inflight,
     )?;
     log_started(&config, max_inflight);
-    let (stop, kafka_permanent) = stop_on(shutdown, background.kafka_permanent);
     let exit = pipeline
         .run(
             inbound,
             background.reloads,
-            stop,
+            shutdown,
             Duration::from_secs(config.shutdown_timeout_secs),
         )
         .await;
     let reader_exit = join_reader(reader).await;
     background.tasks.abort_all();
-    let kafka_permanent = kafka_permanent
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .take();
-    summarize(exit, reader_exit, kafka_permanent)
+    summarize(exit, reader_exit)
 }
 
 /// The tasks that run beside the pipeline until the forwarder stops.
 struct Background {
-    /// /metrics and /status, the rate sampler, the config watcher.
+    /// /metrics and /status, the rate sampler, the Kafka reachability probe, the config
+    /// watcher.
     tasks: JoinSet<()>,
-    /// The Kafka reachability probe: resolves only when Kafka fails permanently before it was
-    /// ever reached.
-    kafka_permanent: JoinHandle<kafka::PermanentError>,
     /// New rules from the config watcher (none without a `source`).
     reloads: mpsc::Receiver<Reload>,
 }
@@ -135,6 +131,7 @@ impl Background {
         source: Option<ConfigSource>,
         listener: TcpListener,
         metrics: &Arc<Metrics>,
+        fatal: &kafka::FatalSender,
     ) -> Self {
         let mut tasks = JoinSet::new();
         tasks.spawn(http::serve(listener, Arc::clone(metrics)));
@@ -145,10 +142,13 @@ impl Background {
                 tokio::time::sleep(RATE_SAMPLE_INTERVAL).await;
             }
         });
-        let kafka_permanent = tokio::spawn(kafka::probe_reachability(
+        // A permanent failure before Kafka was ever reached goes to the pipeline's fatal
+        // channel, which stops the forwarder with it.
+        tasks.spawn(kafka::probe_reachability(
             config.kafka.clone(),
             Arc::clone(metrics),
             KAFKA_PROBE_INTERVAL,
+            fatal.clone(),
         ));
         let (reload_tx, reloads) = mpsc::channel(1);
         if let Some(source) = source {
@@ -159,11 +159,7 @@ impl Background {
                 reload_tx,
             ));
         }
-        Self {
-            tasks,
-            kafka_permanent,
-            reloads,
-        }
+        Self { tasks, reloads }
     }
 }
 
@@ -178,30 +174,6 @@ fn log_started(config: &ForwarderConfig, max_inflight: usize) {
         max_inflight,
         "forwarder started"
     );
-}
-
-type Noted<T> = Arc<Mutex<Option<T>>>;
-
-/// What stops the pipeline: `shutdown`, or a permanent Kafka error, which stops the forwarder
-/// like a signal. The error is kept in the returned slot so the run can end with it.
-fn stop_on(
-    shutdown: impl Future<Output = ()>,
-    kafka_permanent: JoinHandle<kafka::PermanentError>,
-) -> (impl Future<Output = ()>, Noted<kafka::PermanentError>) {
-    let slot: Noted<kafka::PermanentError> = Arc::default();
-    let noted = Arc::clone(&slot);
-    let stop = async move {
-        tokio::select! {
-            () = shutdown => {}
-            permanent = kafka_permanent => {
-                if let Ok(permanent) = permanent {
-                    tracing::error!(error = %permanent, "cannot use kafka, and retrying will not help");
-                    *noted.lock().unwrap_or_else(|p| p.into_inner()) = Some(permanent);
-                }
-            }
-        }
-    };
-    (stop, slot)
 }
 
 /// Gives the reader `DISCONNECT_BOUND` to write the last acks and disconnect; None when it
@@ -221,15 +193,11 @@ async fn join_reader(reader: JoinHandle<ReaderExit>) -> Option<ReaderExit> {
 }
 
 /// How the run ends: a permanent error (MQTT's first) fails it, otherwise what was left behind.
-fn summarize(
-    exit: PipelineExit,
-    reader_exit: Option<ReaderExit>,
-    kafka_permanent: Option<kafka::PermanentError>,
-) -> Result<RunSummary, RunError> {
+fn summarize(exit: PipelineExit, reader_exit: Option<ReaderExit>) -> Result<RunSummary, RunError> {
     if let Some(ReaderExit::Permanent(e)) = reader_exit {
         return Err(e.into());
     }
-    if let Some(e) = kafka_permanent {
+    if let Some(e) = exit.kafka_permanent {
         return Err(e.into());
     }
     let disconnected_cleanly = matches!(reader_exit, Some(ReaderExit::Disconnected));

@@ -20,7 +20,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::permanent::KafkaFailure;
 use crate::window::{BlockReason, PermanentReason};
 
 /// The window `rate_per_second` is computed over.
@@ -46,6 +45,12 @@ struct FailureLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReloadLabel {
     /// `applied` or `rejected`.
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReplacementLabel {
+    /// `created` or `failed`.
     result: &'static str,
 }
 
@@ -327,6 +332,9 @@ pub struct Metrics {
     /// From reading a message off MQTT to queueing its ack.
     pub ack_latency: Histogram,
     reloads: Family<ReloadLabel, Counter>,
+    /// librdkafka's fatal errors: each makes the forwarder replace its producer.
+    pub producer_fatal_errors: Counter,
+    producer_replacements: Family<ReplacementLabel, Counter>,
     config_generation: Gauge,
     pub health: Health,
     started_at: Timestamp,
@@ -334,8 +342,6 @@ pub struct Metrics {
     /// Subscribed filters the broker refused: (its reason, since when).
     mqtt_refused: Mutex<BTreeMap<String, (&'static str, Timestamp)>>,
     kafka_last_error: Mutex<Option<LastError>>,
-    /// A permanent Kafka error, seen since the last probe looked.
-    kafka_permanent: Mutex<Option<KafkaFailure>>,
     config: Mutex<ConfigStatus>,
 }
 
@@ -400,13 +406,14 @@ impl Metrics {
             produce_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             ack_latency: Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
             reloads: Family::default(),
+            producer_fatal_errors: Counter::default(),
+            producer_replacements: Family::default(),
             config_generation: Gauge::default(),
             health: Health::default(),
             started_at: Timestamp::now(),
             mqtt_last_error: Mutex::new(None),
             mqtt_refused: Mutex::new(BTreeMap::new()),
             kafka_last_error: Mutex::new(None),
-            kafka_permanent: Mutex::new(None),
             config: Mutex::new(ConfigStatus {
                 generation: 1,
                 applied_at: Timestamp::now(),
@@ -525,6 +532,16 @@ impl Metrics {
             "message_ack_latency_seconds",
             "From reading a message off MQTT to queueing its acknowledgement",
             self.ack_latency.clone(),
+        );
+        r.register(
+            "kafka_producer_fatal_errors",
+            "librdkafka fatal errors: the producer is unusable and is replaced",
+            self.producer_fatal_errors.clone(),
+        );
+        r.register(
+            "kafka_producer_replacements",
+            "Attempts to create a new producer after a fatal error, by result",
+            self.producer_replacements.clone(),
         );
         r.register(
             "config_reloads",
@@ -680,13 +697,12 @@ impl Metrics {
         });
     }
 
-    /// Keeps the first permanent Kafka error until the probe takes it.
-    pub fn note_kafka_permanent(&self, failure: KafkaFailure) {
-        lock(&self.kafka_permanent).get_or_insert(failure);
-    }
-
-    pub fn take_kafka_permanent(&self) -> Option<KafkaFailure> {
-        lock(&self.kafka_permanent).take()
+    /// An attempt to create a new producer after a fatal error.
+    pub fn producer_replaced(&self, created: bool) {
+        let result = if created { "created" } else { "failed" };
+        self.producer_replacements
+            .get_or_create(&ReplacementLabel { result })
+            .inc();
     }
 
     pub fn set_kafka_reachable(&self, up: bool) {

@@ -17,13 +17,13 @@ use ferry_api::status::{BlockedBy, Held};
 use ferry_api::{KafkaTopic, KeyStrategy, PayloadFormat};
 use rdkafka::error::KafkaError;
 use rdkafka::message::OwnedHeaders;
-use rdkafka::producer::BaseRecord;
+use rdkafka::producer::{BaseRecord, Producer};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::eval::{self, EvalError, Evaluated, Scope};
-use crate::kafka::{self, Classified, KafkaProducer, Report};
+use crate::kafka::{self, Classified, Fatal, KafkaProducer, ProducerWiring, Replacement, Report};
 use crate::metrics::{Metrics, RuleStats};
 use crate::mqtt::{Link, Message, Outbound, Subscriptions};
 use crate::route::{Routed, Router, RuleSet, Target, header, record_key, wrap_json};
@@ -38,9 +38,10 @@ const HOLDS_REPORT_INTERVAL: Duration = Duration::from_secs(1);
 /// A held message's MQTT topic is cut to this many bytes in `/status` (MQTT allows 65,535).
 const HELD_TOPIC_MAX: usize = 256;
 
-/// Steps of evaluation (about a millisecond's worth) after which the pipeline lets the
-/// runtime's other tasks run before taking the next message.
-const YIELD_AFTER_STEPS: u64 = 20_000;
+/// Steps a message's expressions may take on the runtime's only thread (about a millisecond's
+/// worth). A message that needs more is evaluated again, from the start, on a blocking thread:
+/// the MQTT keep-alive, the acks and the probes never wait for an evaluation longer than this.
+const INLINE_STEPS: u64 = 20_000;
 
 // A delivery opaque packs (producer generation, message sequence, target position).
 const POS_BITS: u32 = 12;
@@ -96,6 +97,8 @@ pub struct PipelineExit {
     /// Messages still unconfirmed when the drain bound passed; left unacknowledged, so the
     /// broker redelivers them.
     pub abandoned: usize,
+    /// Kafka failed permanently before it was ever reached: the pipeline stopped for it.
+    pub kafka_permanent: Option<kafka::PermanentError>,
 }
 
 pub struct Pipeline {
@@ -107,8 +110,13 @@ pub struct Pipeline {
     kafka: KafkaConfig,
     producer: KafkaProducer,
     generation: u8,
-    reports_tx: mpsc::UnboundedSender<Report>,
+    producer_wiring: ProducerWiring,
     reports: mpsc::UnboundedReceiver<Report>,
+    fatal: mpsc::UnboundedReceiver<Fatal>,
+    /// The backoff of producer replacement after librdkafka's fatal errors.
+    replacement: Replacement,
+    /// The producer is lost: when to create the next one.
+    replace_at: Option<Instant>,
     window: Window<Inflight>,
     max_inflight: usize,
     scratch: Vec<Routed>,
@@ -125,6 +133,9 @@ pub struct Wiring {
     pub metrics: Arc<Metrics>,
     pub link: Link,
     pub subscriptions: Subscriptions,
+    /// The fatal channel (`kafka::Fatal`): its sender goes to every producer's callbacks and
+    /// to the reachability probe.
+    pub fatal: (kafka::FatalSender, mpsc::UnboundedReceiver<Fatal>),
 }
 
 impl Pipeline {
@@ -135,7 +146,13 @@ impl Pipeline {
         max_inflight: usize,
     ) -> Result<Self, KafkaError> {
         let (reports_tx, reports) = mpsc::unbounded_channel();
-        let producer = kafka::producer(&kafka, Arc::clone(&wiring.metrics), reports_tx.clone())?;
+        let (fatal_tx, fatal) = wiring.fatal;
+        let producer_wiring = ProducerWiring {
+            metrics: Arc::clone(&wiring.metrics),
+            reports: reports_tx,
+            fatal: fatal_tx,
+        };
+        let producer = kafka::producer(&kafka, &producer_wiring, 0)?;
         let record_max_bytes = eval::record_max_bytes(&kafka.config);
         Ok(Self {
             router: Arc::new(router),
@@ -145,8 +162,11 @@ impl Pipeline {
             kafka,
             producer,
             generation: 0,
-            reports_tx,
+            producer_wiring,
             reports,
+            fatal,
+            replacement: Replacement::default(),
+            replace_at: None,
             window: Window::new(Backoff::default()),
             max_inflight,
             scratch: Vec::new(),
@@ -171,8 +191,10 @@ impl Pipeline {
         // None while reading, and for a bound past the clock's end: the drain then ends only
         // when the window is empty.
         let mut drain_deadline: Option<Instant> = None;
+        let mut kafka_permanent = None;
         let mut batch = Vec::with_capacity(256);
         loop {
+            let replace_at = self.replace_at;
             let retry_at = self.window.next_deadline().map(Instant::from_std);
             let holds_at = self.holds_reported.map(|at| at + HOLDS_REPORT_INTERVAL);
             let has_room = self.window.len() < self.max_inflight;
@@ -182,6 +204,20 @@ impl Pipeline {
                     for report in batch.drain(..n) {
                         self.on_report(report);
                     }
+                }
+                Some(fatal) = self.fatal.recv() => match fatal {
+                    Fatal::Producer { generation, error } => {
+                        if generation == self.generation && self.producer.client().fatal_error().is_some() {
+                            self.lose_producer(&error);
+                        }
+                    }
+                    Fatal::Permanent(e) => {
+                        error!(error = %e, "cannot use kafka, and retrying will not help");
+                        kafka_permanent = Some(e);
+                    }
+                },
+                _ = tokio::time::sleep_until(replace_at.unwrap_or_else(Instant::now)), if replace_at.is_some() => {
+                    self.replace_producer();
                 }
                 _ = tokio::time::sleep_until(retry_at.unwrap_or_else(Instant::now)), if retry_at.is_some() => {
                     self.window.tick(std::time::Instant::now());
@@ -203,19 +239,19 @@ impl Pipeline {
                 }
                 Some(reload) = reloads.recv(), if accepting => self.apply(reload),
                 msg = inbound.recv(), if accepting && has_room => match msg {
-                    Some(message) => {
-                        // Evaluation runs on this task: after a costly one, the MQTT driver
-                        // (keep-alive, acks) and the HTTP endpoints get their turn first.
-                        if self.accept(message) > YIELD_AFTER_STEPS {
-                            tokio::task::yield_now().await;
-                        }
-                    }
+                    Some(message) => self.accept(message).await,
                     None => {
                         // The reader is gone: nothing more will arrive.
                         accepting = false;
                         drain_deadline = Instant::now().checked_add(drain_bound);
                     }
                 },
+            }
+            if accepting && kafka_permanent.is_some() {
+                // Stops like a signal.
+                accepting = false;
+                drain_deadline = Instant::now().checked_add(drain_bound);
+                inbound.close();
             }
             self.run_actions();
             if !accepting && self.window.is_empty() {
@@ -226,6 +262,7 @@ impl Pipeline {
         // disconnect.
         PipelineExit {
             abandoned: self.window.len(),
+            kafka_permanent,
         }
     }
 
@@ -265,21 +302,28 @@ impl Pipeline {
         info!(subscribed, unsubscribed, "rules reloaded");
     }
 
-    /// Takes `message` into the window; returns the steps its expressions used.
-    fn accept(&mut self, message: Message) -> u64 {
+    /// Takes `message` into the window.
+    async fn accept(&mut self, message: Message) {
         self.router
             .route(&message.topic, &message.subscription_ids, &mut self.scratch);
         if self.scratch.is_empty() {
             self.metrics.unmatched.inc();
         }
         let now = Instant::now();
-        let mut settled = Vec::new();
-        let (legs, steps) = legs(
-            &mut self.scratch,
+        let judged = judge(
+            &self.scratch,
             &message,
-            (now, self.record_max_bytes),
-            &mut settled,
+            now,
+            self.record_max_bytes,
+            Some(INLINE_STEPS),
         );
+        let (judged, message) = match judged {
+            Some(judged) => (judged, message),
+            None => self.judge_off_thread(message, now).await,
+        };
+        self.scratch.clear();
+        let settled = judged.verdicts.into_iter().map(Verdict::count).collect();
+        let legs = judged.legs;
         let specs = legs.iter().map(|leg| leg.spec(&message.topic)).collect();
         let inflight = Inflight {
             message,
@@ -289,7 +333,49 @@ impl Pipeline {
         };
         // The gauge is set once the window's actions are carried out.
         self.window.accept(inflight, specs, now.into_std());
-        steps
+    }
+
+    /// Judges a message whose expressions need more than [`INLINE_STEPS`] on a blocking
+    /// thread, while this one keeps the MQTT session and the probes answered. The pipeline
+    /// waits for it: messages keep their order.
+    async fn judge_off_thread(&mut self, message: Message, now: Instant) -> (Judged, Message) {
+        let routed: Vec<Routed> = self.scratch.iter().map(Routed::clone).collect();
+        let record_max_bytes = self.record_max_bytes;
+        let kept = message.clone();
+        let evaluation = tokio::task::spawn_blocking(move || {
+            let judged = judge(&routed, &message, now, record_max_bytes, None);
+            (judged, message)
+        });
+        match evaluation.await {
+            Ok((Some(judged), message)) => (judged, message),
+            // Without a limit, judging always comes to an end.
+            Ok((None, message)) => (self.unjudged(now, "was stopped unfinished"), message),
+            // A panic in an evaluation: the message fails on each of its rules, not the group.
+            Err(error) => (self.unjudged(now, &error.to_string()), kept),
+        }
+    }
+
+    /// Every routed target of a message whose evaluation did not finish: failed on its rules,
+    /// so that the message takes their dead-letter path (or is held) in their name.
+    fn unjudged(&self, now: Instant, why: &str) -> Judged {
+        error!(error = %why, "a message's evaluation did not finish");
+        let legs = self
+            .scratch
+            .iter()
+            .map(|r| Leg {
+                target: Arc::clone(&r.target),
+                matched: r.matched.clone(),
+                sent_at: now,
+                evaluated: Some(Box::new(Evaluated::failed(EvalError {
+                    reason: PermanentReason::Expression,
+                    message: format!("the evaluation {why}"),
+                }))),
+            })
+            .collect();
+        Judged {
+            legs,
+            verdicts: Vec::new(),
+        }
     }
 
     /// Carries out what the window asks for, until it asks for nothing more.
@@ -515,13 +601,16 @@ impl Pipeline {
             Err(e) => match kafka::classify(e) {
                 Classified::Outcome(outcome) => outcome,
                 Classified::ReplaceProducer => {
-                    error!(error = %e, "kafka producer hit a fatal error; replacing it and re-sending unconfirmed records");
-                    self.metrics.kafka_error(e.to_string());
-                    self.replace_producer();
+                    // The window takes its record, and every other not confirmed, to the next
+                    // producer.
+                    self.lose_producer(&e.to_string());
                     return;
                 }
             },
         };
+        if outcome == Outcome::Delivered && !self.window.is_producer_lost() {
+            self.replacement.delivered();
+        }
         if outcome == Outcome::Delivered
             && let Some(at) = self
                 .window
@@ -668,20 +757,60 @@ impl Pipeline {
         });
     }
 
+    /// librdkafka's fatal error, from a report, the produce call or the error callback: no
+    /// record goes to this producer any more, and a new one is created after the backoff.
+    fn lose_producer(&mut self, error: &str) {
+        if self.window.is_producer_lost() {
+            return;
+        }
+        self.window.producer_lost();
+        self.metrics.producer_fatal_errors.inc();
+        self.schedule_replacement(
+            &format!("kafka producer unusable (fatal error): {error}"),
+            "kafka producer hit a fatal error; holding its unconfirmed records for a new producer",
+        );
+    }
+
+    /// The next attempt at a producer, after the backoff; says why in the log and `/status`.
+    fn schedule_replacement(&mut self, error: &str, what: &'static str) {
+        let delay = self.replacement.failed();
+        self.replace_at = Some(Instant::now() + delay);
+        let retry_in_ms = delay.as_millis() as u64;
+        error!(
+            error,
+            in_a_row = self.replacement.failures(),
+            retry_in_ms,
+            "{what}"
+        );
+        self.metrics
+            .kafka_error(format!("{error}; next producer in {retry_in_ms} ms"));
+    }
+
+    /// Creates the producer that takes over every record not confirmed; if that fails, tries
+    /// again after the backoff, the records held meanwhile.
     fn replace_producer(&mut self) {
-        match kafka::producer(
-            &self.kafka,
-            Arc::clone(&self.metrics),
-            self.reports_tx.clone(),
-        ) {
+        self.replace_at = None;
+        let generation = self.generation.wrapping_add(1);
+        match kafka::producer(&self.kafka, &self.producer_wiring, generation) {
             Ok(fresh) => {
                 let old = std::mem::replace(&mut self.producer, fresh);
                 // Dropping purges and flushes for up to 500 ms: keep it off the runtime.
                 tokio::task::spawn_blocking(move || drop(old));
-                self.generation = self.generation.wrapping_add(1);
+                self.generation = generation;
+                self.metrics.producer_replaced(true);
+                info!(
+                    inflight = self.window.len(),
+                    "new kafka producer in place; producing every unconfirmed record again"
+                );
                 self.window.reset_producer(std::time::Instant::now());
             }
-            Err(e) => error!(error = %e, "cannot create a new kafka producer"),
+            Err(e) => {
+                self.metrics.producer_replaced(false);
+                self.schedule_replacement(
+                    &format!("cannot create a new kafka producer: {e}"),
+                    "cannot create a new kafka producer; the records stay held for the next attempt",
+                );
+            }
         }
     }
 
@@ -770,55 +899,98 @@ impl Leg {
     }
 }
 
+/// What evaluating a message's targets made of it: its legs, and what to count against rules.
+struct Judged {
+    legs: Vec<Leg>,
+    verdicts: Vec<Verdict>,
+}
+
+/// What a message's evaluation counts against one rule, once the evaluation is final.
+enum Verdict {
+    Filtered(Arc<RuleStats>),
+    Failed(Arc<RuleStats>, EvalError),
+}
+
+impl Verdict {
+    /// Counts it against its rule; the rule, which the message settled without a record.
+    fn count(self) -> Arc<RuleStats> {
+        match self {
+            Verdict::Filtered(rule) => {
+                rule.on_filtered();
+                rule
+            }
+            Verdict::Failed(rule, e) => {
+                rule.on_failed(e.reason, e.message);
+                rule
+            }
+        }
+    }
+}
+
 /// A message's legs: its routed targets less those whose every matched rule's filter was
-/// false, each with what its expressions made of the message; and the steps they used. The
-/// rules it settles without a record go into `settled`.
-fn legs(
-    routed: &mut Vec<Routed>,
+/// false, each with what its expressions made of the message. `None` when `inline_steps` is
+/// given and the expressions needed more: nothing was counted, judge it again without.
+fn judge(
+    routed: &[Routed],
     message: &Message,
-    (now, record_max_bytes): (Instant, usize),
-    settled: &mut Vec<Arc<RuleStats>>,
-) -> (Vec<Leg>, u64) {
+    now: Instant,
+    record_max_bytes: usize,
+    inline_steps: Option<u64>,
+) -> Option<Judged> {
     // `json` is parsed once for all of them, with what they read together.
     let json_reads = json_reads(routed);
     let mut scope: Option<Scope<'_>> = None;
-    let legs = routed
-        .drain(..)
-        .filter_map(|Routed { target, matched }| {
-            if !target.evaluates {
-                return Some(Leg {
-                    target,
-                    matched,
-                    sent_at: now,
-                    evaluated: None,
-                });
+    let mut legs = Vec::with_capacity(routed.len());
+    let mut verdicts = Vec::new();
+    for Routed { target, matched } in routed {
+        let target = Arc::clone(target);
+        if !target.evaluates {
+            legs.push(Leg {
+                target,
+                matched: matched.clone(),
+                sent_at: now,
+                evaluated: None,
+            });
+            continue;
+        }
+        let scope = scope.get_or_insert_with(|| {
+            let scope = Scope::new(message, json_reads.clone(), SystemTime::now());
+            match inline_steps {
+                Some(steps) => scope.inline_only(steps),
+                None => scope,
             }
-            let scope = scope
-                .get_or_insert_with(|| Scope::new(message, json_reads.clone(), SystemTime::now()));
-            scope.begin_target();
-            let (matched, failed) = filter_rules(scope, &target, matched, settled);
-            if matched.is_empty() {
-                return None;
+        });
+        scope.begin_target();
+        let (matched, failed) = filter_rules(scope, &target, matched.clone(), &mut verdicts);
+        let evaluated = match failed {
+            _ if matched.is_empty() => None,
+            Some(error) => Some(Evaluated::failed(error)),
+            None => {
+                let topic = match &target.topic {
+                    KafkaTopic::Expression(e) => Some(e),
+                    KafkaTopic::Template(_) => None,
+                };
+                Some(eval::record(
+                    scope,
+                    topic,
+                    &target.expressions,
+                    record_max_bytes,
+                ))
             }
-            let evaluated = match failed {
-                Some(error) => Evaluated::failed(error),
-                None => {
-                    let topic = match &target.topic {
-                        KafkaTopic::Expression(e) => Some(e),
-                        KafkaTopic::Template(_) => None,
-                    };
-                    eval::record(scope, topic, &target.expressions, record_max_bytes)
-                }
-            };
-            Some(Leg {
+        };
+        if scope.overran() {
+            return None;
+        }
+        if let Some(evaluated) = evaluated {
+            legs.push(Leg {
                 target,
                 matched,
                 sent_at: now,
                 evaluated: Some(Box::new(evaluated)),
-            })
-        })
-        .collect();
-    (legs, scope.as_ref().map_or(0, Scope::steps))
+            });
+        }
+    }
+    Some(Judged { legs, verdicts })
 }
 
 /// What the targets a message was routed to read of `json`, together: only what its own
@@ -836,12 +1008,11 @@ fn json_reads(routed: &[Routed]) -> Option<Arc<JsonReads>> {
 /// and the first error of a rule whose filter failed. A failing rule stays in the set only when
 /// no rule passed: the message then goes to the dead-letter path in its name; otherwise the
 /// record is written for the rules that passed, and the failure is counted against its rule.
-/// The rules left out (filtered, or failed and counted) go into `settled`.
 fn filter_rules(
     scope: &mut Scope<'_>,
     target: &Target,
     matched: RuleSet,
-    settled: &mut Vec<Arc<RuleStats>>,
+    verdicts: &mut Vec<Verdict>,
 ) -> (RuleSet, Option<EvalError>) {
     let mut passed = matched.clone();
     let mut failed: Vec<(usize, EvalError)> = Vec::new();
@@ -854,8 +1025,7 @@ fn filter_rules(
             Ok(false) => {
                 passed.remove(i);
                 if let Some(rule) = target.rules.get(i) {
-                    rule.on_filtered();
-                    settled.push(Arc::clone(rule));
+                    verdicts.push(Verdict::Filtered(Arc::clone(rule)));
                 }
             }
             Err(e) => {
@@ -873,8 +1043,7 @@ fn filter_rules(
     }
     for (i, e) in failed {
         if let Some(rule) = target.rules.get(i) {
-            rule.on_failed(e.reason, e.message);
-            settled.push(Arc::clone(rule));
+            verdicts.push(Verdict::Failed(Arc::clone(rule), e));
         }
     }
     (passed, None)
@@ -927,6 +1096,13 @@ fn dead_letter_headers(
 mod tests {
     use super::*;
 
+    fn router_of(yaml: &str) -> Router {
+        let config = ferry_api::load_str(yaml, |_| None)
+            .map(|l| l.config)
+            .unwrap_or_else(|e| panic!("{e}"));
+        Router::new(&config, &crate::metrics::Metrics::new())
+    }
+
     #[test]
     fn a_message_builds_from_json_only_what_its_own_targets_read() {
         let yaml = r##"
@@ -948,10 +1124,7 @@ rules:
     mqtt: { topics: ["#"] }
     kafka: { topic: raw }
 "##;
-        let config = ferry_api::load_str(yaml, |_| None)
-            .map(|l| l.config)
-            .unwrap_or_else(|e| panic!("{e}"));
-        let router = crate::route::Router::new(&config, &crate::metrics::Metrics::new());
+        let router = router_of(yaml);
         let reads = |topic: &str| {
             let mut routed = Vec::new();
             router.route(topic, &[], &mut routed);
@@ -969,6 +1142,66 @@ rules:
         assert_eq!(reads("trace/1"), Some(fields(&["trace"])));
         assert_eq!(reads("plant/trace"), Some(fields(&["device", "kind"])));
         assert_eq!(reads("elsewhere"), None, "no target of it reads json");
+    }
+
+    /// A message whose expressions need more than the inline limit is not judged (and nothing
+    /// is counted against its rules) until judged again without one; then it is judged as if
+    /// it had never been tried.
+    #[test]
+    fn a_costly_message_is_judged_again_from_the_start_without_the_inline_limit() {
+        let yaml = r##"
+mqtt: { host: h, client_id: c }
+kafka: { bootstrap_servers: "k:9092" }
+rules:
+  - name: cheap
+    mqtt: { topics: ["#"] }
+    filter: "topic == 'nope'"
+    kafka: { topic: cheap }
+  - name: costly
+    mqtt: { topics: ["#"] }
+    filter: "json.items.map(x, x * 2).size() > 0"
+    kafka: { topic: costly }
+"##;
+        let router = router_of(yaml);
+        let items = vec!["1"; 2_000].join(",");
+        let message = Message {
+            topic: "a/b".to_owned(),
+            payload: format!(r#"{{"items":[{items}]}}"#).into(),
+            qos: 1,
+            pkid: 1,
+            retain: false,
+            content_type: None,
+            user_properties: Vec::new(),
+            epoch: 1,
+            subscription_ids: Vec::new(),
+        };
+        let mut routed = Vec::new();
+        router.route(&message.topic, &[], &mut routed);
+        let now = Instant::now();
+        let judged = |limit| judge(&routed, &message, now, 1_000_000, limit);
+        assert!(judged(Some(1_000)).is_none(), "stopped at the inline limit");
+        let Some(whole) = judged(None) else {
+            panic!("judged without a limit")
+        };
+        let topics: Vec<_> = whole
+            .legs
+            .iter()
+            .filter_map(|leg| leg.target.static_topic.as_deref().map(str::to_owned))
+            .collect();
+        assert_eq!(topics, ["costly"]);
+        let filtered: Vec<_> = whole
+            .verdicts
+            .iter()
+            .map(|v| match v {
+                Verdict::Filtered(rule) => format!("filtered {}", rule.name),
+                Verdict::Failed(rule, e) => format!("failed {}: {}", rule.name, e.message),
+            })
+            .collect();
+        assert_eq!(filtered, ["filtered cheap"], "counted once, when final");
+        assert!(
+            judged(Some(1_000_000)).is_some(),
+            "within the limit: judged at once"
+        );
     }
 
     #[test]

@@ -14,6 +14,12 @@
 //!   The lane re-produces its head alone (the probe) once nothing else of the topic is in
 //!   flight, and opens again when the probe is through. A "too large" error for a record that
 //!   was not alone may be its batch-mate's fault, so it is judged again as a probe.
+//!   A record refused synchronously (the producer's queue is full) is a failure like any
+//!   other: the `Produce` actions of its topic not yet carried out are taken back into the
+//!   lane, so nothing queued behind it goes first.
+//! - A producer lost to librdkafka's fatal error (`producer_lost`) gets no more records: its
+//!   failures say nothing about them, only its deliveries count, and once a new producer is in
+//!   place (`reset_producer`) every record not confirmed is produced again, once, in order.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -346,6 +352,8 @@ pub struct Window<M> {
     backoff: Backoff,
     /// Targets held now; lets `held` skip the scan in the common case.
     held_count: usize,
+    /// The producer was lost (`producer_lost`) and not yet replaced (`reset_producer`).
+    producer_lost: bool,
 }
 
 impl<M> Window<M> {
@@ -359,6 +367,7 @@ impl<M> Window<M> {
             actions: VecDeque::new(),
             backoff,
             held_count: 0,
+            producer_lost: false,
         }
     }
 
@@ -373,7 +382,11 @@ impl<M> Window<M> {
 
     /// The next action to carry out, in order.
     pub fn next_action(&mut self) -> Option<Action<M>> {
-        let action = self.actions.pop_front()?;
+        let mut action = self.actions.pop_front()?;
+        // Without a producer a record stays in flight unsent: `reset_producer` sends it.
+        while self.producer_lost && matches!(action, Action::Produce { .. }) {
+            action = self.actions.pop_front()?;
+        }
         let Action::Complete { seq, .. } = action else {
             return Some(action);
         };
@@ -443,8 +456,12 @@ impl<M> Window<M> {
         seq
     }
 
-    /// The outcome of a `Produce` action. Outcomes for targets not in flight are ignored.
+    /// The outcome of a `Produce` action. Outcomes for targets not in flight are ignored, and
+    /// so are the failures a lost producer reports (the record is produced again anyway).
     pub fn on_outcome(&mut self, target: TargetRef, outcome: Outcome, now: Instant) {
+        if self.producer_lost && outcome != Outcome::Delivered {
+            return;
+        }
         let Some(t) = self.target_mut(target) else {
             return;
         };
@@ -512,9 +529,26 @@ impl<M> Window<M> {
         self.complete_ready();
     }
 
-    /// Every record out at the producer was lost with it (librdkafka's "fatal" error: the
-    /// producer was replaced): produce everything unfinished again, in order.
+    /// The producer is unusable (librdkafka's "fatal" error, met in a report, an error callback
+    /// or the produce call itself): no record goes out until `reset_producer`, not even the
+    /// `Produce` actions already queued, which would otherwise overtake the records before
+    /// them or, re-sent by the new producer, be written twice. Its deliveries still count.
+    pub fn producer_lost(&mut self) {
+        self.producer_lost = true;
+        self.retract(None);
+    }
+
+    /// The producer was lost, and no new one is in place yet.
+    pub fn is_producer_lost(&self) -> bool {
+        self.producer_lost
+    }
+
+    /// A new producer is in place: every record the old one had (those out at it and those
+    /// whose `Produce` was never carried out) is produced again, once, in order.
     pub fn reset_producer(&mut self, now: Instant) {
+        self.producer_lost = false;
+        // Their targets are in flight: they are dispatched again below.
+        self.retract(None);
         for lane in self.lanes.values_mut() {
             lane.outstanding = 0;
             if let Probe::InFlight { target, failures } = lane.probe {
@@ -698,6 +732,22 @@ impl<M> Window<M> {
         self.slots.get_mut(idx)?.targets.get_mut(target.pos)
     }
 
+    /// Removes the `Produce` actions not yet taken (of `topic`, or all): they never reached the
+    /// producer. Returns their targets, which are still marked in flight.
+    fn retract(&mut self, topic: Option<&Arc<str>>) -> Vec<TargetRef> {
+        let mut taken = Vec::new();
+        self.actions.retain(|a| match a {
+            Action::Produce {
+                target, topic: t, ..
+            } if topic.is_none_or(|topic| topic == t) => {
+                taken.push(*target);
+                false
+            }
+            _ => true,
+        });
+        taken
+    }
+
     /// Sends the target to the producer now, or queues it behind its lane's failure.
     fn dispatch(&mut self, target: TargetRef, now: Instant) {
         let Some(t) = self.target_mut(target) else {
@@ -745,9 +795,20 @@ impl<M> Window<M> {
             None => Duration::ZERO,
             Some(_) => self.backoff.delay(reason, failures),
         };
+        // Records of the topic handed out after it but not yet produced (a lane opening sends
+        // its whole queue at once, and a synchronous refusal comes back before the rest is
+        // carried out) wait behind it instead of overtaking it.
+        let untaken = self.retract(Some(topic));
+        for t in &untaken {
+            if let Some(t) = self.target_mut(*t) {
+                t.in_flight = false;
+            }
+        }
         let Some(lane) = self.lanes.get_mut(topic) else {
             return false;
         };
+        lane.outstanding = lane.outstanding.saturating_sub(untaken.len());
+        lane.queue.extend(untaken);
         lane.queue.insert(target);
         let was_open = lane.probe == Probe::Open;
         let at = now + delay;
@@ -983,6 +1044,17 @@ mod tests {
         Advance(u64),
         /// A config reload: every rule now says this about a record Kafka can never take.
         Reload(Rejudged),
+        /// The producer's queue is full for the next `n` produce calls: each is refused
+        /// synchronously (`QueueFull`), the calls after them are taken.
+        QueueFull(u8),
+        /// librdkafka's fatal error: from the next produce call itself (`sync`), or from a
+        /// callback. Of what is out at the producer, the first `landed` of each topic land
+        /// (and are reported delivered), the rest are purged. A new producer replaces it at
+        /// the next `Advance`.
+        Fatal {
+            sync: bool,
+            landed: usize,
+        },
     }
 
     /// A rule's policy in the model: (dead-letter topic, drop), or the rule was removed.
@@ -1037,6 +1109,8 @@ mod tests {
             1 => (0u8..4).prop_map(Op::Toggle),
             1 => (0u64..300).prop_map(Op::Advance),
             1 => rejudged().prop_map(Op::Reload),
+            1 => (1u8..4).prop_map(Op::QueueFull),
+            1 => (any::<bool>(), 0usize..3).prop_map(|(sync, landed)| Op::Fatal { sync, landed }),
         ]
     }
 
@@ -1060,6 +1134,10 @@ mod tests {
         /// Records that were refused in a batch too large: records already in flight behind
         /// them may land first (the one order exception, documented).
         in_too_large_batch: HashSet<TargetRef>,
+        /// Produce calls still to be refused as `QueueFull`.
+        queue_full: u8,
+        /// The next produce call meets a fatal error: (records of each topic that land).
+        fatal_on_produce: Option<usize>,
     }
 
     impl Sim {
@@ -1078,6 +1156,8 @@ mod tests {
                 finished: HashSet::new(),
                 policies: BTreeMap::new(),
                 in_too_large_batch: HashSet::new(),
+                queue_full: 0,
+                fatal_on_produce: None,
             }
         }
 
@@ -1116,11 +1196,64 @@ mod tests {
                 }
                 Op::Advance(ms) => {
                     self.now += Duration::from_millis(ms);
+                    if self.window.is_producer_lost() {
+                        self.window.reset_producer(self.now);
+                    }
                     self.window.tick(self.now);
                 }
                 Op::Reload(r) => self.reload(r),
+                Op::QueueFull(n) => self.queue_full = n,
+                Op::Fatal { sync: true, landed } => self.fatal_on_produce = Some(landed),
+                Op::Fatal {
+                    sync: false,
+                    landed,
+                } => self.lose_producer(landed),
             }
             self.drain();
+        }
+
+        /// The producer meets a fatal error: of what is out at it, the first `landed` of each
+        /// topic land, the rest are purged.
+        fn lose_producer(&mut self, landed: usize) {
+            self.window.producer_lost();
+            for (topic, queue) in std::mem::take(&mut self.outstanding) {
+                // Up to the first too large (its batch fails).
+                let fits = |(t, dl): &(TargetRef, bool)| {
+                    *dl || topic == 3 || self.msgs[self.msg_of(*t)].size <= LIMIT
+                };
+                let landing: Vec<TargetRef> = queue
+                    .iter()
+                    .take(landed)
+                    .take_while(|r| fits(r))
+                    .map(|(t, _)| *t)
+                    .collect();
+                for t in landing {
+                    self.logs.entry(topic).or_default().push(t);
+                    self.window.on_outcome(t, Outcome::Delivered, self.now);
+                }
+            }
+            // Its purged records are reported as failed: they say nothing.
+            let purged = Outcome::Blocked {
+                reason: BlockReason::Unavailable,
+                error: "purged".into(),
+            };
+            let in_flight: Vec<TargetRef> = self
+                .window
+                .slots
+                .iter()
+                .enumerate()
+                .flat_map(|(i, s)| {
+                    let seq = self.window.head + i as Seq;
+                    s.targets
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, t)| t.in_flight)
+                        .map(move |(pos, _)| TargetRef { seq, pos })
+                })
+                .collect();
+            for t in in_flight {
+                self.window.on_outcome(t, purged.clone(), self.now);
+            }
         }
 
         fn reload(&mut self, r: Rejudged) {
@@ -1223,6 +1356,19 @@ mod tests {
                         topic,
                         dest,
                     } => {
+                        if let Some(landed) = self.fatal_on_produce.take() {
+                            self.lose_producer(landed);
+                            continue;
+                        }
+                        if self.queue_full > 0 {
+                            self.queue_full -= 1;
+                            let full = Outcome::Blocked {
+                                reason: BlockReason::QueueFull,
+                                error: "queue full".into(),
+                            };
+                            self.window.on_outcome(target, full, self.now);
+                            continue;
+                        }
                         let t = Self::topic_index(&topic);
                         let q = self.outstanding.entry(t).or_default();
                         q.push_back((target, matches!(dest, Dest::DeadLetter { .. })));
@@ -1257,8 +1403,13 @@ mod tests {
         /// Heals every fault and lets the model run until nothing moves.
         fn settle(&mut self) {
             self.refusing.clear();
+            self.queue_full = 0;
+            self.fatal_on_produce = None;
             for _ in 0..10_000 {
                 self.now += Duration::from_secs(11);
+                if self.window.is_producer_lost() {
+                    self.window.reset_producer(self.now);
+                }
                 self.window.tick(self.now);
                 self.drain();
                 let busy: Vec<usize> = self
@@ -1437,6 +1588,98 @@ mod tests {
         assert_eq!(produces(&mut w), vec![(t(0), "a".into())], "the head alone");
         w.on_outcome(t(0), Outcome::Delivered, now);
         assert_eq!(produces(&mut w), vec![(t(1), "a".into())]);
+    }
+
+    /// A lane that opens sends its queue at once; the first of them refused synchronously
+    /// (the producer's queue is full) takes the rest back: none of them goes first.
+    #[test]
+    fn a_synchronous_refusal_takes_back_the_records_queued_behind_it() {
+        let now = Instant::now();
+        let mut w = Window::new(Backoff::default());
+        for id in 0..4 {
+            w.accept(id, vec![spec("a")], now);
+        }
+        w.accept(4, vec![spec("b")], now);
+        let first = produces(&mut w);
+        assert_eq!(first.len(), 5);
+        let denied = Outcome::Blocked {
+            reason: BlockReason::Unavailable,
+            error: "broker down".into(),
+        };
+        for id in 0..4 {
+            w.on_outcome(t(id), denied.clone(), now);
+        }
+        let later = now + Duration::from_millis(100);
+        w.tick(later);
+        assert_eq!(produces(&mut w), vec![(t(0), "a".into())], "the probe");
+        w.on_outcome(t(0), Outcome::Delivered, later);
+        w.accept(5, vec![spec("a")], later);
+        // The lane opened: 1, 2, 3 and then 5 are handed out. 1 is refused as the producer's
+        // queue is full, before 2 is carried out.
+        let Some(Action::Delivered { .. }) = w.next_action() else {
+            panic!("the probe's delivery first");
+        };
+        let Some(Action::Produce { target, .. }) = w.next_action() else {
+            panic!("a produce");
+        };
+        assert_eq!(target, t(1));
+        let full = Outcome::Blocked {
+            reason: BlockReason::QueueFull,
+            error: "queue full".into(),
+        };
+        w.on_outcome(t(1), full, later);
+        assert_eq!(produces(&mut w), vec![], "nothing behind 1 overtakes it");
+        let retry = later + Duration::from_millis(10);
+        w.tick(retry);
+        assert_eq!(produces(&mut w), vec![(t(1), "a".into())], "1 alone");
+        w.on_outcome(t(1), Outcome::Delivered, retry);
+        let rest: Vec<TargetRef> = produces(&mut w).into_iter().map(|(t, _)| t).collect();
+        assert_eq!(rest, vec![t(2), t(3), t(5)]);
+    }
+
+    /// A fatal error from the produce call itself: the `Produce` actions queued behind it are
+    /// not carried out by the old producer, nor twice by the new one.
+    #[test]
+    fn after_a_fatal_error_every_unconfirmed_record_is_produced_once_in_order_by_the_new_producer()
+    {
+        let now = Instant::now();
+        let mut w = Window::new(Backoff::default());
+        w.accept(0, vec![spec("a")], now);
+        assert_eq!(produces(&mut w), vec![(t(0), "a".into())]);
+        for id in 1..4 {
+            w.accept(id, vec![spec("a")], now);
+        }
+        // 1 is produced (and lost with the producer), 2's produce call meets the fatal error.
+        let Some(Action::Produce { target, .. }) = w.next_action() else {
+            panic!("a produce");
+        };
+        assert_eq!(target, t(1));
+        let Some(Action::Produce { target, .. }) = w.next_action() else {
+            panic!("a produce");
+        };
+        assert_eq!(target, t(2));
+        w.producer_lost();
+        assert_eq!(
+            produces(&mut w),
+            vec![],
+            "3 is not produced by a lost producer"
+        );
+        // 0 landed; its report still counts. The purge of 1 says nothing.
+        w.on_outcome(t(0), Outcome::Delivered, now);
+        let purged = Outcome::Blocked {
+            reason: BlockReason::Unavailable,
+            error: "purged".into(),
+        };
+        w.on_outcome(t(1), purged, now);
+        w.accept(4, vec![spec("a")], now);
+        assert_eq!(
+            produces(&mut w),
+            vec![],
+            "nothing while no producer is in place"
+        );
+        w.reset_producer(now);
+        let again: Vec<TargetRef> = produces(&mut w).into_iter().map(|(t, _)| t).collect();
+        assert_eq!(again, vec![t(1), t(2), t(3), t(4)], "each once, in order");
     }
 
     #[test]

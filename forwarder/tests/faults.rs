@@ -61,6 +61,25 @@ fn assert_exactly(what: &str, got: &[(String, usize)], want: &BTreeSet<(String, 
     late
 }
 
+/// Ids of numbered messages: (MQTT topic, number).
+type Ids = BTreeSet<(String, usize)>;
+
+/// `total` numbered messages, round-robin over the MQTT topics `<prefix>/0` .. `<prefix>/<topics - 1>`:
+/// their ids, and the messages to publish in order.
+fn numbered(prefix: &str, topics: usize, total: usize) -> (Ids, Vec<(String, Vec<u8>)>) {
+    let msgs: Vec<(String, Vec<u8>)> = (0..total)
+        .map(|n| {
+            let topic = format!("{prefix}/{}", n % topics);
+            let p = payload(&topic, n, false);
+            (topic, p)
+        })
+        .collect();
+    let want = (0..total)
+        .map(|n| (format!("{prefix}/{}", n % topics), n))
+        .collect();
+    (want, msgs)
+}
+
 /// Every id once, and per MQTT topic in increasing order.
 fn assert_exactly_in_order(what: &str, got: &[(String, usize)], want: &BTreeSet<(String, usize)>) {
     assert_eq!(
@@ -216,6 +235,58 @@ fn a_missing_topic_holds_messages_unacknowledged_until_it_exists() {
         Some(None),
         "waiting cleared once records go through: {status:?}"
     );
+    drop(fwd);
+    a_full_producer_queue_lets_no_record_overtake_an_earlier_one(&brokers);
+}
+
+/// The producer's queue (`queue.buffering.max.messages`) no larger than the window while each
+/// message has four targets: produce calls are refused synchronously (`QueueFull`) again and
+/// again. A refused record keeps its place: in each Kafka topic every record arrives exactly
+/// once, and per MQTT topic in order. (Before, the records handed out behind a refused one
+/// went ahead of it.)
+fn a_full_producer_queue_lets_no_record_overtake_an_earlier_one(brokers: &Brokers) {
+    let rt = runtime();
+    let kafka_topics = ["full-0", "full-1", "full-2", "full-3"];
+    let mut rules = String::new();
+    for t in kafka_topics {
+        rt.block_on(brokers.kafka.create_topic(t, 1))
+            .expect("topic");
+        rules += &format!(
+            "  - name: {t}\n    mqtt: {{ topics: [\"full/+\"] }}\n    kafka: {{ topic: {t} }}\n"
+        );
+    }
+    let window = 100;
+    let config = brokers
+        .config("ferry-full", &rules)
+        .replace("max_inflight: 1000", &format!("max_inflight: {window}"))
+        .replace(
+            "  bootstrap_servers:",
+            &format!(
+                "  config: {{ queue.buffering.max.messages: {window}, linger.ms: 10 }}\n  bootstrap_servers:"
+            ),
+        );
+    let mut fwd = Forwarder::start(&config);
+    fwd.wait_ready(Duration::from_secs(30));
+    let total = 2000;
+    let (want, msgs) = numbered("full", 5, total);
+    let started = Instant::now();
+    brokers.publish_acked(&fwd, "pub-full", msgs, total, Duration::from_secs(120));
+    let refused = fwd.metric_with(
+        "ferry_rule_produce_retries_total",
+        &["reason=\"queue_full\""],
+    );
+    eprintln!(
+        "{total} messages × 4 targets through a producer queue of {window}: {refused} produce calls refused as queue full, {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(refused > 0.0, "the producer's queue was full at times");
+    for t in kafka_topics {
+        let got = ids(&brokers
+            .kafka
+            .read_all(t, total, Duration::from_secs(1), Duration::from_secs(30))
+            .expect("read"));
+        assert_exactly_in_order(t, &got, &want);
+    }
 }
 
 /// Publishes `numbered_messages(topics, total)` in batches of `batch` every `every`, from a
@@ -378,10 +449,13 @@ fn killed_every_five_seconds_for_a_minute_replays_at_most_the_window_per_kill() 
     );
 }
 
-/// Kafka with ACLs; the forwarder's SCRAM user loses its WRITE right on the topic mid-stream
-/// and gets it back 20 s later: nothing is acknowledged while it is denied, the rule's status
-/// names the error, and afterwards every message arrives, in order. Before the failure rule an
-/// authorization failure was counted and acknowledged: silent loss.
+/// Kafka with ACLs. First the forwarder's SCRAM user may write nowhere, so every producer it
+/// creates fails fatally (idempotent writes not authorized: see
+/// `fatal_producers_are_replaced_with_backoff_and_lose_nothing`). Then it may write, and loses
+/// its WRITE right on the topic mid-stream and gets it back 20 s later: nothing is acknowledged
+/// while it is denied, the rule's status names the error, and afterwards every message arrives,
+/// in order. Before the failure rule an authorization failure was counted and acknowledged:
+/// silent loss.
 #[test]
 fn revoked_authorization_holds_messages_until_the_acl_is_restored() {
     const USER: &str = "ferry-acl";
@@ -400,20 +474,39 @@ fn revoked_authorization_holds_messages_until_the_acl_is_restored() {
     })
     .expect("kafka");
     let rt = runtime();
-    rt.block_on(kafka.create_topic("guarded", 1))
-        .expect("topic");
-    kafka.grant_produce(USER, "guarded").expect("grant");
+    for topic in ["guarded", "guarded-early"] {
+        rt.block_on(kafka.create_topic(topic, 1)).expect("topic");
+    }
     let config = format!(
         "mqtt:\n  host: 127.0.0.1\n  port: {mqtt_port}\n  client_id: ferry-acl\n  reconnect_max_ms: 1000\n\
          kafka:\n  bootstrap_servers: {bootstrap}\n  tls: {{ ca_file: {ca} }}\n\
          \x20 sasl: {{ mechanism: SCRAM-SHA-512, username: {USER}, password: {PASSWORD} }}\n\
-         rules:\n  - name: guarded\n    mqtt: {{ topics: [\"sensors/#\"] }}\n    kafka: {{ topic: guarded }}\n",
+         rules:\n  - name: guarded\n    mqtt: {{ topics: [\"sensors/#\"] }}\n    kafka: {{ topic: guarded }}\n\
+         \x20 - name: early\n    mqtt: {{ topics: [\"early/+\"] }}\n    kafka: {{ topic: guarded-early }}\n",
         mqtt_port = mqtt.port(),
         bootstrap = kafka.sasl_ssl_bootstrap(),
         ca = pki.ca_cert().display(),
     );
+    let started = Instant::now();
     let mut fwd = Forwarder::start(&config);
     fwd.wait_ready(Duration::from_secs(30));
+    fatal_producers_are_replaced_with_backoff_and_lose_nothing(
+        &fwd,
+        started,
+        mqtt.port(),
+        || kafka.grant_produce(USER, "guarded-early").expect("grant"),
+        |n| {
+            ids(&kafka
+                .read_all(
+                    "guarded-early",
+                    n,
+                    Duration::from_secs(1),
+                    Duration::from_secs(30),
+                )
+                .expect("read"))
+        },
+    );
+    kafka.grant_produce(USER, "guarded").expect("grant");
 
     // 200 messages/s for 50 s.
     let total = 10_000;
@@ -455,6 +548,90 @@ fn revoked_authorization_holds_messages_until_the_acl_is_restored() {
     assert_eq!((d.missing, d.out_of_order), (0, 0));
     // No MQTT reconnect, so no redelivery.
     assert_eq!(d.duplicates, 0);
+}
+
+/// The forwarder's user may write to no topic, so Kafka refuses every producer an id
+/// (`CLUSTER_AUTHORIZATION_FAILED`, which librdkafka makes a fatal error): producers are
+/// replaced no faster than the backoff allows (0.5 s doubling), nothing is acknowledged, the
+/// metrics and `/status` say so; once a WRITE right is granted, the next producer writes every
+/// held message exactly once, in order. (Before, producers were replaced as fast as they
+/// failed.)
+fn fatal_producers_are_replaced_with_backoff_and_lose_nothing(
+    fwd: &Forwarder,
+    started: Instant,
+    mqtt_port: u16,
+    grant: impl FnOnce(),
+    read: impl FnOnce(usize) -> Vec<(String, usize)>,
+) {
+    let total = 200;
+    let (want, msgs) = numbered("early", 4, total);
+    runtime()
+        .block_on(ferry_e2e::publish(
+            mqtt_port,
+            "pub-early",
+            rumqttc::QoS::AtLeastOnce,
+            msgs,
+        ))
+        .expect("publish");
+    let fatal_logged = || {
+        fwd.log()
+            .matches("kafka producer hit a fatal error")
+            .count()
+    };
+    wait_until(fwd, Duration::from_secs(30), "three fatal errors", || {
+        fatal_logged() >= 3
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let fatal = fatal_logged();
+    let elapsed = started.elapsed();
+    // The first fatal error at t0 ≥ 0, then one new producer at t0 + 0.5 s·(2^k − 1) for each
+    // k ≥ 1 (each failing again), until now.
+    let bound = 1 + (elapsed.as_secs_f64() / 0.5 + 1.0).log2().floor() as usize;
+    eprintln!(
+        "idempotent writes not authorized: {fatal} fatal producer errors in {:.1} s (backoff bound {bound})",
+        elapsed.as_secs_f64()
+    );
+    assert!(
+        fatal <= bound,
+        "{fatal} fatal errors in {elapsed:?}: replaced faster than the backoff"
+    );
+    assert_eq!(
+        fwd.metric("ferry_kafka_producer_fatal_errors_total"),
+        fatal as f64
+    );
+    assert!(
+        fwd.metric_with(
+            "ferry_kafka_producer_replacements_total",
+            &["result=\"created\""]
+        ) >= 1.0
+    );
+    assert_eq!(
+        fwd.metric("ferry_mqtt_acked_messages_total"),
+        0.0,
+        "nothing acked without a working producer"
+    );
+    let status = fwd.status().expect("status");
+    let last = status
+        .kafka
+        .last_error
+        .map(|e| e.message)
+        .unwrap_or_default();
+    assert!(last.contains("fatal error"), "status: {last}");
+    grant();
+    let granted = Instant::now();
+    // The next producer comes at the latest one backoff step (at most the time since the
+    // first fatal error) after the grant.
+    wait_until(
+        fwd,
+        Duration::from_secs(60),
+        "every held message acked",
+        || fwd.metric("ferry_mqtt_acked_messages_total") >= total as f64,
+    );
+    eprintln!(
+        "granted: every held message acked {:.1} s later",
+        granted.elapsed().as_secs_f64()
+    );
+    assert_exactly_in_order("guarded-early", &read(total), &want);
 }
 
 /// MQTT partitioned away for 30 s (a fault proxy holds every byte, no reset) under a steady

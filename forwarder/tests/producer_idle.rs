@@ -48,8 +48,14 @@ fn an_idle_producers_polling_thread_sleeps_between_polls() {
         config: Default::default(),
         allow_weaker_delivery: false,
     };
-    let (reports, _keep) = tokio::sync::mpsc::unbounded_channel();
-    let producer = kafka::producer(&config, Arc::new(Metrics::new()), reports).expect("producer");
+    let (reports, _keep_reports) = tokio::sync::mpsc::unbounded_channel();
+    let (fatal, _keep_fatal) = tokio::sync::mpsc::unbounded_channel();
+    let wiring = kafka::ProducerWiring {
+        metrics: Arc::new(Metrics::new()),
+        reports,
+        fatal,
+    };
+    let producer = kafka::producer(&config, &wiring, 0).expect("producer");
     std::thread::sleep(Duration::from_millis(300));
     let seconds = 2;
     let before = thread_cpu(POLLING_THREAD);

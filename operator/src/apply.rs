@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::children::{self, Children, LABEL_CONNECTION};
-use crate::context::Error;
+use crate::context::{At, Error, Step};
 use crate::ownership::{self, Holder, Serving};
 use crate::validate::{ReadSecret, Secrets, referenced_secrets};
 use crate::writer::FIELD_MANAGER;
@@ -29,13 +29,13 @@ pub(crate) async fn read_secrets(
     let mut secrets: Secrets = BTreeMap::new();
     let secret_api = Api::<Secret>::namespaced(client.clone(), ns);
     for s in referenced_secrets(connection) {
-        let Some(meta) = secret_api.get_metadata_opt(&s).await? else {
+        let Some(meta) = secret_api.get_metadata_opt(&s).await.at(Step::Read)? else {
             continue;
         };
         let read = match ReadSecret::new(meta.metadata.labels.as_ref(), None) {
             ReadSecret::Unmarked => ReadSecret::Unmarked,
             // Read again, with the data: the mark is checked on what is used.
-            ReadSecret::Marked(_) => match secret_api.get_opt(&s).await? {
+            ReadSecret::Marked(_) => match secret_api.get_opt(&s).await.at(Step::Read)? {
                 None => continue,
                 Some(secret) => ReadSecret::new(secret.metadata.labels.as_ref(), secret.data),
             },
@@ -86,7 +86,8 @@ where
 {
     let existing = Api::<K>::namespaced(client.clone(), ns)
         .get_metadata_opt(name)
-        .await?;
+        .await
+        .at(Step::Read)?;
     Ok(ownership::holder(
         existing.as_ref().map(|o| &o.metadata),
         uid,
@@ -102,13 +103,13 @@ where
         + std::fmt::Debug,
 {
     let api = Api::<K>::namespaced(client.clone(), ns);
-    Ok(api
-        .patch(
-            &object.name_any(),
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(object),
-        )
-        .await?)
+    api.patch(
+        &object.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(object),
+    )
+    .await
+    .at(Step::Apply)
 }
 
 /// What pruning did.
@@ -195,7 +196,8 @@ where
     };
     for object in api
         .list(&ListParams::default().labels(selector))
-        .await?
+        .await
+        .at(Step::Prune)?
         .items
     {
         if ownership::prunable(object.meta(), uid, serving) {
@@ -211,7 +213,7 @@ where
                 // Gone meanwhile, or replaced by another object of that name: not ours to
                 // delete any more.
                 Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                Err(e) => return Err(e.into()),
+                Err(e) => return Err(e).at(Step::Prune),
             }
         } else if ownership::holder(Some(object.meta()), uid) == Holder::Ours {
             out.kept.push(object);

@@ -45,10 +45,19 @@ pub struct Transition {
     pub first: bool,
 }
 
+/// Reasons of a False condition that someone chose (a paused rule, a connection scaled to zero
+/// or without rules): worth an Event, not a Warning.
+const DELIBERATE: [&str; 3] = ["Paused", "ScaledToZero", "NoRules"];
+
 impl Transition {
     /// Worth telling a human: a change of status, or a problem from the start.
     pub fn noteworthy(&self) -> bool {
         !self.first || self.status != TRUE
+    }
+
+    /// Whether its Event is a Warning: a condition turned False, unless on purpose.
+    pub fn warns(&self) -> bool {
+        self.status == FALSE && !DELIBERATE.contains(&self.reason.as_str())
     }
 }
 

@@ -20,8 +20,8 @@ use crate::metrics::Metrics;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
+    #[error("{step}: {source}")]
+    Kube { step: Step, source: kube::Error },
     #[error("{0}")]
     Render(#[from] crate::render::RenderError),
     #[error("{kind} has no namespace")]
@@ -37,10 +37,10 @@ impl Error {
     pub(crate) fn reason(&self) -> &'static str {
         match self {
             _ if self.is_conflict() => "conflict",
-            Error::Kube(_) => "api",
+            Error::Kube { step, .. } => step.as_str(),
             Error::Render(_) => "render",
             Error::NoNamespace { .. } => "invalid",
-            Error::Status { .. } => "status",
+            Error::Status { .. } => "unreadable_status",
         }
     }
 
@@ -49,7 +49,11 @@ impl Error {
     /// Reading again and recomputing is the whole remedy. Not a server-side apply conflict
     /// over who owns a field (also reason `Conflict`): that does not go away by itself.
     pub(crate) fn is_conflict(&self) -> bool {
-        let Error::Kube(kube::Error::Api(status)) = self else {
+        let Error::Kube {
+            source: kube::Error::Api(status),
+            ..
+        } = self
+        else {
             return false;
         };
         let over_fields = status
@@ -57,6 +61,58 @@ impl Error {
             .as_ref()
             .is_some_and(|d| d.causes.iter().any(|c| c.reason == "FieldManagerConflict"));
         status.is_conflict() && !over_fields
+    }
+}
+
+/// The step of a reconcile whose Kubernetes API call failed: an error's `reason` (in the
+/// metrics) and the start of its message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// Reading the objects a reconcile starts from (rules, Secrets, statuses, names in use).
+    Read,
+    /// Applying a group's children.
+    Apply,
+    /// Deleting what is no longer rendered.
+    Prune,
+    /// Ending the MQTT sessions of forwarder pods gone for good.
+    Sessions,
+    /// Writing a status, or a finalizer.
+    Status,
+}
+
+impl Step {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Step::Read => "read",
+            Step::Apply => "apply",
+            Step::Prune => "prune",
+            Step::Sessions => "sessions",
+            Step::Status => "status",
+        }
+    }
+}
+
+impl std::fmt::Display for Step {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let doing = match self {
+            Step::Read => "reading",
+            Step::Apply => "applying",
+            Step::Prune => "pruning",
+            Step::Sessions => "ending sessions",
+            Step::Status => "writing status",
+        };
+        f.write_str(doing)
+    }
+}
+
+/// Names the step of a failed API call.
+pub(crate) trait At<T> {
+    fn at(self, step: Step) -> Result<T, Error>;
+}
+
+impl<T> At<T> for Result<T, kube::Error> {
+    fn at(self, step: Step) -> Result<T, Error> {
+        self.map_err(|source| Error::Kube { step, source })
     }
 }
 
@@ -152,14 +208,15 @@ pub(crate) async fn wait_listed(listed: &watch::Receiver<bool>) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::Error;
+    use super::{Error, Step};
     use kube::core::Status;
     use kube::core::response::{StatusCause, StatusDetails};
 
     fn api(reason: &str, code: u16) -> Error {
-        Error::Kube(kube::Error::Api(
-            Status::failure("refused", reason).with_code(code).boxed(),
-        ))
+        Error::Kube {
+            step: Step::Apply,
+            source: kube::Error::Api(Status::failure("refused", reason).with_code(code).boxed()),
+        }
     }
 
     #[test]
@@ -167,30 +224,33 @@ mod tests {
         let conflict = api("Conflict", 409);
         assert!(conflict.is_conflict());
         assert_eq!(conflict.reason(), "conflict");
-        let field_owner = Error::Kube(kube::Error::Api(
-            Status::failure("Apply failed with 1 conflict", "Conflict")
-                .with_code(409)
-                .with_details(StatusDetails {
-                    causes: vec![StatusCause {
-                        reason: "FieldManagerConflict".into(),
-                        message: "conflict with \"kubectl\"".into(),
-                        field: ".spec.replicas".into(),
-                    }],
-                    name: "plant-default".into(),
-                    group: "apps".into(),
-                    kind: "statefulsets".into(),
-                    uid: String::new(),
-                    retry_after_seconds: 0,
-                })
-                .boxed(),
-        ));
+        let field_owner = Error::Kube {
+            step: Step::Apply,
+            source: kube::Error::Api(
+                Status::failure("Apply failed with 1 conflict", "Conflict")
+                    .with_code(409)
+                    .with_details(StatusDetails {
+                        causes: vec![StatusCause {
+                            reason: "FieldManagerConflict".into(),
+                            message: "conflict with \"kubectl\"".into(),
+                            field: ".spec.replicas".into(),
+                        }],
+                        name: "plant-default".into(),
+                        group: "apps".into(),
+                        kind: "statefulsets".into(),
+                        uid: String::new(),
+                        retry_after_seconds: 0,
+                    })
+                    .boxed(),
+            ),
+        };
         for other in [
             api("AlreadyExists", 409),
             api("Forbidden", 403),
             field_owner,
         ] {
             assert!(!other.is_conflict(), "{other}");
-            assert_eq!(other.reason(), "api");
+            assert_eq!(other.reason(), "apply", "named by its step");
         }
     }
 }

@@ -36,7 +36,7 @@ use tracing::{debug, info, warn};
 use crate::apply::{apply, prune, read_secrets, taken};
 use crate::children;
 use crate::conditions::FALSE;
-use crate::context::{Context, Error, listed, wait_listed};
+use crate::context::{At, Context, Error, Step, listed, wait_listed};
 use crate::finalize::{SessionsOutcome, end_gone_sessions, finalize, set_finalizer};
 use crate::image::ForwarderImage;
 use crate::metrics::{Kind, Metrics};
@@ -45,7 +45,7 @@ use crate::plan::{self, GroupPlan};
 use crate::scope::Scope;
 use crate::status::{self, RuleOutcome, Workload};
 use crate::validate::{MARK_VALUE, SECRET_MARK, referenced_secrets};
-use crate::writer::{FIELD_MANAGER, current_status, publish, warn_event, write_status};
+use crate::writer::{FIELD_MANAGER, current_status, update_status, warn_event};
 
 const CONNECTION: &str = "BrokerConnection";
 const RULE: &str = "ForwardingRule";
@@ -342,6 +342,11 @@ async fn reconcile_connection(
         .namespace()
         .ok_or(Error::NoNamespace { kind: CONNECTION })?;
     let action = if guarded.meta().deletion_timestamp.is_some() {
+        let prefix = group_key_prefix(&*guarded);
+        ctx.failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|key, _| !key.starts_with(&prefix));
         finalize(&ctx, &guarded, &ns).await?
     } else {
         set_finalizer(&ctx.client, &guarded, &ns, true).await?;
@@ -397,7 +402,8 @@ async fn reconcile_readable(
     let name = connection.name_any();
     let all_rules = Api::<DeserializeGuard<ForwardingRule>>::namespaced(client.clone(), ns)
         .list(&ListParams::default())
-        .await?;
+        .await
+        .at(Step::Read)?;
     // Unreadable rules are the rule loop's to report; they are not rendered.
     let rules: Vec<&ForwardingRule> = all_rules
         .items
@@ -439,17 +445,49 @@ async fn reconcile_readable(
     // Looked at again soon: only marked Secrets are watched, so one created or changed without
     // the mark is seen here; and the removal of another owner's object is no trigger.
     let unresolved = !plan.missing_secrets.is_empty() || !applied.taken.is_empty();
-    // A group the API refused is retried as a whole, the way any failed reconcile is; the
-    // other groups are done.
-    if let Some(failure) = applied.failed.into_values().next() {
-        return Err(failure.error);
-    }
+    let retries = [
+        sessions.retry_in,
+        unresolved.then_some(UNRESOLVED_RETRY),
+        groups_retry(ctx, connection, &applied.failed),
+    ];
     Ok(Action::requeue(
-        sessions
-            .retry_in
-            .or(unresolved.then_some(UNRESOLVED_RETRY))
-            .unwrap_or(RESYNC),
+        retries.into_iter().flatten().min().unwrap_or(RESYNC),
     ))
+}
+
+/// When to apply again the groups the API refused: each on a backoff of its own, as a failed
+/// reconcile would be, so that a group the API keeps refusing neither holds back the
+/// connection's other retries (sessions to end, Secrets to resolve) nor counts against them.
+/// Forgets the groups that applied since.
+fn groups_retry(
+    ctx: &Context,
+    connection: &BrokerConnection,
+    failed: &BTreeMap<String, GroupFailure>,
+) -> Option<Duration> {
+    let prefix = group_key_prefix(connection);
+    let mut failures = ctx
+        .failures
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    failures.retain(|key, _| {
+        key.strip_prefix(&prefix)
+            .is_none_or(|group| failed.contains_key(group))
+    });
+    failed
+        .iter()
+        .map(|(group, failure)| {
+            ctx.metrics
+                .failed(Kind::BrokerConnection, failure.error.reason());
+            let n = failures.entry(format!("{prefix}{group}")).or_insert(0);
+            *n = n.saturating_add(1);
+            retry_delay(failure.error.is_conflict(), *n)
+        })
+        .min()
+}
+
+/// What keys a connection's groups' failures in [`Context::failures`].
+fn group_key_prefix<K: Resource<DynamicType = ()>>(connection: &K) -> String {
+    format!("{}#group/", key_of(connection))
 }
 
 /// What applying the groups made of them.
@@ -578,12 +616,10 @@ async fn write_statuses(
     );
     desired.mqtt_sessions = sessions;
     let ns = connection.namespace().unwrap_or_default();
-    if connection.status.as_ref() != Some(&desired) {
-        let api = Api::<BrokerConnection>::namespaced(ctx.client.clone(), &ns);
-        write_status(&api, &connection.name_any(), FIELD_MANAGER, &desired).await?;
-        ctx.metrics.status_written(Kind::BrokerConnection);
-    }
-    publish(ctx, &connection.object_ref(&()), &transitions).await;
+    let changed = connection.status.as_ref() != Some(&desired);
+    let api = Api::<BrokerConnection>::namespaced(ctx.client.clone(), &ns);
+    let update = (&desired, changed);
+    update_status(ctx, &api, connection, FIELD_MANAGER, update, &transitions).await?;
     let rule_api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
     for (rule, fate) in &plan.rules {
         let outcome = match fate {
@@ -649,13 +685,10 @@ async fn report_invalid_spec(
         observed_generation: guarded.meta().generation,
         ..current.clone().unwrap_or_default()
     };
-    if current.as_ref() != Some(&status) {
-        // Through the guard: the answer carries the same spec, which may be unreadable.
-        let api = Api::<DeserializeGuard<BrokerConnection>>::namespaced(ctx.client.clone(), ns);
-        write_status(&api, &name, FIELD_MANAGER, &status).await?;
-        ctx.metrics.status_written(Kind::BrokerConnection);
-    }
-    publish(ctx, &guarded.object_ref(&()), &transitions).await;
+    // Through the guard: the answer carries the same spec, which may be unreadable.
+    let api = Api::<DeserializeGuard<BrokerConnection>>::namespaced(ctx.client.clone(), ns);
+    let update = (&status, current.as_ref() != Some(&status));
+    update_status(ctx, &api, guarded, FIELD_MANAGER, update, &transitions).await?;
     Ok(())
 }
 
@@ -685,11 +718,8 @@ async fn write_rule_control(
         .clone()
         .or_else(|| kafka.topic_expression.clone());
     let current = rule.status.as_ref().map(status::rule_control_view);
-    if current.as_ref() != Some(&desired) {
-        write_status(api, &rule.name_any(), FIELD_MANAGER, &desired).await?;
-        ctx.metrics.status_written(Kind::ForwardingRule);
-    }
-    publish(ctx, &rule.object_ref(&()), &transitions).await;
+    let update = (&desired, current.as_ref() != Some(&desired));
+    update_status(ctx, api, rule, FIELD_MANAGER, update, &transitions).await?;
     Ok(())
 }
 
@@ -744,16 +774,13 @@ async fn reconcile_rule(
                     &outcome,
                     now,
                 );
-                if current.as_ref().map(status::rule_control_view) != Some(desired.clone()) {
-                    // Through the guard: the answer carries the same unreadable spec.
-                    let api = Api::<DeserializeGuard<ForwardingRule>>::namespaced(
-                        ctx.client.clone(),
-                        &ns,
-                    );
-                    write_status(&api, &name, FIELD_MANAGER, &desired).await?;
-                    ctx.metrics.status_written(Kind::ForwardingRule);
-                }
-                publish(&ctx, &guarded.object_ref(&()), &transitions).await;
+                let changed =
+                    current.as_ref().map(status::rule_control_view) != Some(desired.clone());
+                // Through the guard: the answer carries the same unreadable spec.
+                let api =
+                    Api::<DeserializeGuard<ForwardingRule>>::namespaced(ctx.client.clone(), &ns);
+                let update = (&desired, changed);
+                update_status(&ctx, &api, &*guarded, FIELD_MANAGER, update, &transitions).await?;
             }
         }
     }

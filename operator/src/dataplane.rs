@@ -26,11 +26,10 @@ use tracing::{debug, warn};
 
 use crate::children::{LABEL_CONNECTION, LABEL_GROUP, SELECTOR};
 use crate::context::{Context, wait_listed};
-use crate::metrics::Kind;
 use crate::render::{HTTP_PORT, rule_name};
 use crate::scope::Scope;
 use crate::status::{self, ACCEPTED};
-use crate::writer::{STATUS_FIELD_MANAGER, publish, write_status};
+use crate::writer::{STATUS_FIELD_MANAGER, update_status};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// A `/status` body is a few KiB; anything far larger is not a forwarder.
@@ -182,10 +181,14 @@ async fn update_rule(
     let api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
     if !serving {
         // Not served: take back what this writer said, if anything.
-        if current_view != ForwardingRuleStatus::default() {
-            write(ctx, &api, rule, &serde_json::json!({})).await;
-            writes.last.remove(&rule_key);
+        let update = (
+            &serde_json::json!({}),
+            current_view != ForwardingRuleStatus::default(),
+        );
+        if let Err(e) = update_status(ctx, &api, rule, STATUS_FIELD_MANAGER, update, &[]).await {
+            warn!(rule = %rule.name_any(), error = %e, "cannot take back data-plane status");
         }
+        writes.last.remove(&rule_key);
         return;
     }
     let key = (
@@ -196,33 +199,18 @@ async fn update_rule(
     let reports = by_group.get(&key).map(Vec::as_slice).unwrap_or_default();
     let (desired, transitions) = status::rule_data(Some(&current), &rule_name(rule), reports, now);
     let last = writes.last.get(&rule_key).copied();
-    if status::data_write_due(&current_view, &desired, last, now, writes.min_interval)
-        && write(ctx, &api, rule, &desired).await
-    {
-        writes.last.insert(rule_key, now);
-        if status::ready_affected(&current_view, &desired) {
-            ctx.data_plane_changed(&ns, &rule.spec.connection_ref.name);
+    let due = status::data_write_due(&current_view, &desired, last, now, writes.min_interval);
+    let update = (&desired, due);
+    match update_status(ctx, &api, rule, STATUS_FIELD_MANAGER, update, &transitions).await {
+        Ok(true) => {
+            writes.last.insert(rule_key, now);
+            if status::ready_affected(&current_view, &desired) {
+                ctx.data_plane_changed(&ns, &rule.spec.connection_ref.name);
+            }
         }
-    }
-    publish(ctx, &rule.object_ref(&()), &transitions).await;
-}
-
-async fn write<S: serde::Serialize>(
-    ctx: &Context,
-    api: &Api<ForwardingRule>,
-    rule: &ForwardingRule,
-    status: &S,
-) -> bool {
-    match write_status(api, &rule.name_any(), STATUS_FIELD_MANAGER, status).await {
-        Ok(()) => {
-            ctx.metrics.status_written(Kind::ForwardingRule);
-            true
-        }
+        Ok(false) => {}
         // The next poll writes it again; a deleted rule is no error worth more than a line.
-        Err(e) => {
-            warn!(rule = %rule.name_any(), error = %e, "cannot write data-plane status");
-            false
-        }
+        Err(e) => warn!(rule = %rule.name_any(), error = %e, "cannot write data-plane status"),
     }
 }
 

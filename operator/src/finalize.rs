@@ -15,7 +15,7 @@ use tracing::{info, warn};
 
 use crate::apply::{prune, read_secrets};
 use crate::children::{LABEL_CONNECTION, SELECTOR};
-use crate::context::{Context, Error};
+use crate::context::{At, Context, Error, Step};
 use crate::validate;
 use crate::writer::{current_status, warn_event};
 
@@ -63,7 +63,8 @@ pub(crate) async fn end_gone_sessions(
     let pods: BTreeMap<String, crate::sessions::PodState> =
         Api::<Pod>::namespaced(ctx.client.clone(), &ns)
             .list(&ListParams::default().labels(SELECTOR))
-            .await?
+            .await
+            .at(Step::Sessions)?
             .items
             .iter()
             .map(|pod| {
@@ -230,6 +231,7 @@ pub(crate) async fn set_finalizer(
             &PatchParams::default(),
             &Patch::Merge(&patch),
         )
-        .await?;
+        .await
+        .at(Step::Status)?;
     Ok(())
 }

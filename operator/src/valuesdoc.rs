@@ -33,7 +33,9 @@ pub enum Error {
     Undocumented(String),
     #[error("values.yaml: `{0}` is documented but is not a value (a key this parser misread?)")]
     NotAValue(String),
-    #[error("the README has no `{BEGIN}` line followed by a `{END}` line")]
+    #[error(
+        "the README lacks a pair of generated-section markers (`{BEGIN}` … `{END}`, or `{ARGOCD_BEGIN}` … `{ARGOCD_END}`)"
+    )]
     NoMarkers,
 }
 
@@ -196,13 +198,83 @@ fn plain(s: &str) -> bool {
 
 /// `readme` with the text between the markers replaced by `table`.
 pub fn update_readme(readme: &str, table: &str) -> Result<String, Error> {
-    let start = readme.find(BEGIN).ok_or(Error::NoMarkers)? + BEGIN.len();
-    let end = start + readme[start..].find(END).ok_or(Error::NoMarkers)?;
+    replace_between(readme, BEGIN, END, table)
+}
+
+/// The chart's README as it is, and as `make chart-docs` would write it: the values table from
+/// `values.yaml` (checked against `values.schema.json`) and the Argo CD health checks from
+/// `argocd/`.
+pub fn chart_readme(chart: &std::path::Path) -> Result<(String, String), String> {
+    let read = |name: &str| {
+        std::fs::read_to_string(chart.join(name))
+            .map_err(|e| format!("cannot read charts/ferry/{name}: {e}"))
+    };
+    let values_yaml = read("values.yaml")?;
+    let table = table(&values_yaml).map_err(|e| e.to_string())?;
+    let values: Value =
+        serde_saphyr::from_str(&values_yaml).map_err(|e| format!("values.yaml: {e}"))?;
+    let schema: Value = serde_json::from_str(&read("values.schema.json")?)
+        .map_err(|e| format!("values.schema.json: {e}"))?;
+    let drift = schema_drift(&values, &schema, &documented(&values_yaml));
+    if !drift.is_empty() {
+        return Err(format!(
+            "values.yaml and values.schema.json disagree:\n  {}",
+            drift.join("\n  ")
+        ));
+    }
+    let mut checks = Vec::new();
+    for kind in ["ForwardingRule", "BrokerConnection"] {
+        checks.push((kind, read(&format!("argocd/ferry.dev_{kind}.lua"))?));
+    }
+    let checks: Vec<(&str, &str)> = checks.iter().map(|(k, l)| (*k, l.as_str())).collect();
+    let readme = read("README.md")?;
+    let updated = update_readme(&readme, &table)
+        .and_then(|r| replace_between(&r, ARGOCD_BEGIN, ARGOCD_END, &argocd_cm(&checks)))
+        .map_err(|e| e.to_string())?;
+    Ok((readme, updated))
+}
+
+/// The line before the Argo CD health checks in the README.
+pub const ARGOCD_BEGIN: &str =
+    "<!-- argocd-cm: generated from charts/ferry/argocd/ by `make chart-docs`; do not edit -->";
+/// The line after them.
+pub const ARGOCD_END: &str = "<!-- end of argocd-cm -->";
+
+/// `argocd-cm` with the health check of each kind: `(kind, Lua source)`, as the README shows it.
+pub fn argocd_cm(checks: &[(&str, &str)]) -> String {
+    let mut out = String::from(
+        "```yaml\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: argocd-cm\n  namespace: argocd\n  labels:\n    app.kubernetes.io/part-of: argocd\ndata:\n",
+    );
+    for (kind, lua) in checks {
+        out.push_str(&format!(
+            "  resource.customizations.health.ferry.dev_{kind}: |\n"
+        ));
+        for line in lua.lines() {
+            if line.is_empty() {
+                out.push('\n');
+            } else {
+                out.push_str(&format!("    {line}\n"));
+            }
+        }
+    }
+    out.push_str("```\n");
+    out
+}
+
+/// `readme` with what lies between the lines `begin` and `end` replaced by `content`.
+pub fn replace_between(
+    readme: &str,
+    begin: &str,
+    end: &str,
+    content: &str,
+) -> Result<String, Error> {
+    let start = readme.find(begin).ok_or(Error::NoMarkers)? + begin.len();
+    let stop = start + readme[start..].find(end).ok_or(Error::NoMarkers)?;
     Ok(format!(
         "{}\n{}{}",
         &readme[..start],
-        table.trim_end_matches('\n').to_owned() + "\n",
-        &readme[end..]
+        content.trim_end_matches('\n').to_owned() + "\n",
+        &readme[stop..]
     ))
 }
 

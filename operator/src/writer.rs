@@ -1,16 +1,18 @@
 //! Writing what the operator observed: status through server-side apply (each writer under its
 //! own field manager, so one never erases the other's fields) and Events for transitions.
 
+use ferry_api::crd::BrokerConnection;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
-use kube::{Client, Resource};
+use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::warn;
 
-use crate::conditions::{FALSE, Transition};
-use crate::context::{Context, Error};
+use crate::conditions::Transition;
+use crate::context::{At, Context, Error, Step};
+use crate::metrics::Kind;
 
 /// Field manager of children, connection status and the rules' `Accepted`/`Ready`.
 pub const FIELD_MANAGER: &str = "ferry-operator";
@@ -29,7 +31,7 @@ where
 {
     let api =
         Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ApiResource::erase::<K>(&()));
-    let Some(object) = api.get_opt(name).await? else {
+    let Some(object) = api.get_opt(name).await.at(Step::Read)? else {
         return Ok(None);
     };
     match object.data.get("status") {
@@ -43,28 +45,45 @@ where
     }
 }
 
-pub(crate) async fn write_status<K, S>(
+/// The one way the operator writes a status: `desired` under field manager `manager` when
+/// `changed` (the caller compares what it owns of the status; unchanged writes are skipped, so
+/// reconciles do not feed themselves), counted, then the transitions as Events. Nothing is
+/// published when the write fails: the next reconcile computes the same transitions again.
+/// Returns whether it wrote.
+pub(crate) async fn update_status<K, S>(
+    ctx: &Context,
     api: &Api<K>,
-    name: &str,
+    object: &K,
     manager: &str,
-    status: &S,
-) -> Result<(), Error>
+    (desired, changed): (&S, bool),
+    transitions: &[Transition],
+) -> Result<bool, Error>
 where
     K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
     S: Serialize,
 {
-    let patch = serde_json::json!({
-        "apiVersion": K::api_version(&()),
-        "kind": K::kind(&()),
-        "status": status,
-    });
-    api.patch_status(
-        name,
-        &PatchParams::apply(manager).force(),
-        &Patch::Apply(&patch),
-    )
-    .await?;
-    Ok(())
+    if changed {
+        let patch = serde_json::json!({
+            "apiVersion": K::api_version(&()),
+            "kind": K::kind(&()),
+            "status": desired,
+        });
+        api.patch_status(
+            &object.name_any(),
+            &PatchParams::apply(manager).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .at(Step::Status)?;
+        let kind = if K::kind(&()) == BrokerConnection::kind(&()) {
+            Kind::BrokerConnection
+        } else {
+            Kind::ForwardingRule
+        };
+        ctx.metrics.status_written(kind);
+    }
+    publish(ctx, &object.object_ref(&()), transitions).await;
+    Ok(changed)
 }
 
 pub(crate) async fn publish(
@@ -82,7 +101,7 @@ pub(crate) async fn publish_with(
 ) {
     for t in transitions.iter().filter(|t| t.noteworthy()) {
         let event = Event {
-            type_: if t.status == FALSE {
+            type_: if t.warns() {
                 EventType::Warning
             } else {
                 EventType::Normal

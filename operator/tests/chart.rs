@@ -205,11 +205,14 @@ fn default_render_is_strictly_valid_and_least_privileged() {
         kinds(&docs),
         [
             "ClusterRole",
+            "ClusterRole",
+            "ClusterRole",
             "ClusterRoleBinding",
             "ConfigMap",
             "CustomResourceDefinition",
             "CustomResourceDefinition",
             "Deployment",
+            "PodDisruptionBudget",
             "Role",
             "RoleBinding",
             "Service",
@@ -217,6 +220,42 @@ fn default_render_is_strictly_valid_and_least_privileged() {
         ],
         "the default install: no monitors and no NetworkPolicy"
     );
+    // Two replicas: a drain takes one at a time, and they prefer different nodes.
+    let pdb = find(&docs, "PodDisruptionBudget", OPERATOR);
+    assert_eq!(pdb["spec"]["maxUnavailable"], 1);
+    let spread = &find(&docs, "Deployment", OPERATOR)["spec"]["template"]["spec"]["topologySpreadConstraints"]
+        [0];
+    assert_eq!(spread["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(spread["whenUnsatisfiable"], "ScheduleAnyway");
+    assert_eq!(
+        spread["labelSelector"]["matchLabels"],
+        find(&docs, "Deployment", OPERATOR)["spec"]["selector"]["matchLabels"],
+        "it counts the operator's own pods"
+    );
+    let single = documents(&template(&[
+        "--set",
+        "replicaCount=1",
+        "--set",
+        "leaderElection.enabled=false",
+    ]));
+    assert!(
+        !kinds(&single).contains(&"PodDisruptionBudget".to_owned()),
+        "no budget for a single replica (it would block every drain)"
+    );
+    // Two of the ClusterRoles are the application teams' (aggregated to admin/edit/view).
+    for (name, aggregate_to) in [
+        ("ferry-edit", vec!["admin", "edit"]),
+        ("ferry-view", vec!["view"]),
+    ] {
+        let labels = &find(&docs, "ClusterRole", name)["metadata"]["labels"];
+        for role in aggregate_to {
+            assert_eq!(
+                labels[format!("rbac.authorization.k8s.io/aggregate-to-{role}")],
+                "true",
+                "{name} aggregates to {role}"
+            );
+        }
+    }
     kubeconform(&rendered, docs.len());
 
     // The operator Deployment: what the brief of the image and the operator's flags ask for.
@@ -438,10 +477,13 @@ fn watch_namespaces_renders_a_role_per_namespace_instead_of_the_cluster_role() {
     assert_eq!(
         kinds(&docs),
         [
+            "ClusterRole",
+            "ClusterRole",
             "ConfigMap",
             "CustomResourceDefinition",
             "CustomResourceDefinition",
             "Deployment",
+            "PodDisruptionBudget",
             "PodMonitor",
             "Role",
             "Role",
@@ -452,7 +494,17 @@ fn watch_namespaces_renders_a_role_per_namespace_instead_of_the_cluster_role() {
             "Service",
             "ServiceAccount",
         ],
-        "no ClusterRole nor ClusterRoleBinding"
+        "the operator's rights in Roles only: no ClusterRoleBinding"
+    );
+    let cluster_roles: Vec<&str> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRole")
+        .filter_map(|d| d["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(
+        cluster_roles,
+        ["ferry-edit", "ferry-view"],
+        "only the application teams' aggregated roles are cluster-wide"
     );
     kubeconform(&rendered, docs.len());
 
@@ -1257,6 +1309,89 @@ fn watch_namespaces_confines_the_operator_and_its_rights_to_those_namespaces() {
         assert!(can_i(&cp, &wide, args), "cluster mode needs: {args:?}");
     }
 
+    // Application teams: Kubernetes' own edit and view roles carry Ferry's kinds (aggregated
+    // by the controller-manager from the chart's two ClusterRoles); status stays the
+    // operator's, and nothing reaches past the namespace of the binding.
+    for (binding, role, user) in [
+        ("team-edit", "edit", "team-dev"),
+        ("team-view", "view", "team-viewer"),
+    ] {
+        cp.run_kubectl([
+            "create",
+            "rolebinding",
+            binding,
+            &format!("--clusterrole={role}"),
+            &format!("--user={user}"),
+            "-n",
+            "plant",
+        ])
+        .expect("rolebinding");
+    }
+    wait_for(
+        "edit and view to aggregate Ferry's kinds",
+        Duration::from_secs(30),
+        || {
+            can_i(
+                &cp,
+                "team-dev",
+                &["create", "forwardingrules.ferry.dev", "-n", "plant"],
+            ) && can_i(
+                &cp,
+                "team-viewer",
+                &["list", "brokerconnections.ferry.dev", "-n", "plant"],
+            )
+        },
+    );
+    for args in [
+        &["create", "brokerconnections.ferry.dev", "-n", "plant"][..],
+        &["patch", "forwardingrules.ferry.dev", "-n", "plant"],
+        &["delete", "brokerconnections.ferry.dev", "-n", "plant"],
+    ] {
+        assert!(can_i(&cp, "team-dev", args), "edit gives: {args:?}");
+    }
+    for args in [
+        &[
+            "get",
+            "forwardingrules.ferry.dev",
+            "--subresource=status",
+            "-n",
+            "plant",
+        ][..],
+        &["watch", "forwardingrules.ferry.dev", "-n", "plant"],
+    ] {
+        assert!(can_i(&cp, "team-viewer", args), "view gives: {args:?}");
+    }
+    for (user, args) in [
+        (
+            "team-dev",
+            &[
+                "patch",
+                "forwardingrules.ferry.dev",
+                "--subresource=status",
+                "-n",
+                "plant",
+            ][..],
+        ),
+        (
+            "team-dev",
+            &["create", "forwardingrules.ferry.dev", "-n", "factory"],
+        ),
+        (
+            "team-viewer",
+            &["create", "forwardingrules.ferry.dev", "-n", "plant"],
+        ),
+        (
+            "team-viewer",
+            &["delete", "brokerconnections.ferry.dev", "-n", "plant"],
+        ),
+        (
+            "someone",
+            &["list", "forwardingrules.ferry.dev", "-n", "plant"],
+        ),
+    ] {
+        assert!(!can_i(&cp, user, args), "{user} must not: {args:?}");
+    }
+
     // The operator with the namespace-mode ServiceAccount's token and the Deployment's
     // FERRY_WATCH_NAMESPACES: it serves plant and factory and leaves elsewhere alone.
     let env = &find(&scoped_docs, "Deployment", OPERATOR)["spec"]["template"]["spec"]["containers"]
@@ -1411,13 +1546,14 @@ fn readme_values_table_is_generated_from_values_yaml() {
     let values_yaml = std::fs::read_to_string(chart.join("values.yaml")).expect("values.yaml");
     let table = ferry_operator::valuesdoc::table(&values_yaml)
         .unwrap_or_else(|e| panic!("{e}: document it with a `# --` comment above the key"));
-    let readme = std::fs::read_to_string(chart.join("README.md")).expect("README.md");
-    let updated = ferry_operator::valuesdoc::update_readme(&readme, &table).expect("markers");
+    let (readme, updated) =
+        ferry_operator::valuesdoc::chart_readme(chart).unwrap_or_else(|e| panic!("{e}"));
     assert!(
         updated == readme,
-        "charts/ferry/README.md's values table differs from values.yaml: run `make chart-docs` \
-         and commit the result"
+        "charts/ferry/README.md's values table or Argo CD checks differ from values.yaml or \
+         argocd/: run `make chart-docs` and commit the result"
     );
+    assert!(readme.contains("resource.customizations.health.ferry.dev_ForwardingRule: |"));
     let rows = table.lines().count() - 2;
     assert!(rows >= 60, "{rows} values documented:\n{table}");
     for key in [

@@ -9,14 +9,12 @@
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Operator, condition, jsonpath};
-use ferry_e2e::kube::ControlPlane;
+use common::{Operator, Scene, WAIT};
 use serde_json::json;
 
 mod common;
 
 const NS: &str = "ferry";
-const WAIT: Duration = Duration::from_secs(60);
 /// A failed reconcile is retried after at most 5 minutes (the operator's backoff cap), plus
 /// one reconcile.
 const RETRY_CAP: Duration = Duration::from_secs(330);
@@ -80,53 +78,11 @@ fn maximum_size_rule(name: &str, group: &str) -> String {
     .to_string()
 }
 
-struct Scene<'a> {
-    cp: &'a ControlPlane,
-    op: &'a Operator,
-}
-
-impl Scene<'_> {
-    fn apply(&self, text: &str) {
-        common::apply(self.cp, text);
-    }
-
-    fn cond(&self, kind: &str, name: &str, type_: &str) -> (String, String, String) {
-        condition(self.cp, NS, kind, name, type_).unwrap_or_default()
-    }
-
-    fn get(&self, kind: &str, name: &str, path: &str) -> String {
-        jsonpath(self.cp, NS, kind, name, path)
-    }
-
-    fn wait_accepted(&self, rule: &str, status: &str) {
-        self.op
-            .wait_for(&format!("rule {rule} Accepted {status}"), WAIT, || {
-                self.cond("fr", rule, "Accepted").0 == status
-            });
-    }
-
-    /// The Events of object `name`: "reason: note" each.
-    fn events(&self, name: &str) -> String {
-        self.cp
-            .run_kubectl([
-                "get",
-                "events",
-                "-n",
-                NS,
-                "--field-selector",
-                &format!("involvedObject.name={name}"),
-                "-o",
-                "jsonpath={range .items[*]}{.reason}: {.message};{end}",
-            ])
-            .expect("events")
-    }
-}
-
 #[test]
 fn one_rule_or_setting_breaks_neither_its_group_nor_its_connection() {
     let cp = common::control_plane_with_crds(NS);
     let op = Operator::start(&cp, "operator", &[]);
-    let s = Scene { cp: &cp, op: &op };
+    let s = Scene::new(&cp, &op, NS);
     s.apply(
         "apiVersion: v1\nkind: Secret\nmetadata: { name: mqtt-credentials, namespace: ferry, labels: { ferry.dev/broker-credentials: \"true\" } }\n\
          stringData: { username: ferry, password: pw }\n",
@@ -315,6 +271,13 @@ fn a_group_the_api_refuses_fails_alone(s: &Scene) {
     assert!(
         message.contains("group \"extra\"") && message.contains("exceeded quota"),
         "{message}"
+    );
+    // Counted under the step that failed, on the connection's reconcile.
+    let apply_errors =
+        s.op.metric("ferry_operator_reconcile_errors_total", "reason=\"apply\"");
+    assert!(
+        apply_errors.is_some_and(|n| n >= 1.0),
+        "the refused apply counted as reason apply: {apply_errors:?}"
     );
     s.apply(&rule("later", "default", &["plant/+/later"], "later"));
     s.wait_accepted("later", "True");

@@ -4,13 +4,11 @@
 
 use std::time::Duration;
 
-use common::{Operator, condition, jsonpath};
-use ferry_e2e::kube::ControlPlane;
+use common::{Operator, Scene, WAIT};
 
 mod common;
 
 const NS: &str = "ferry";
-const WAIT: Duration = Duration::from_secs(60);
 /// The garbage collector may wait for its discovery resync (30 s) to learn a CRD that was
 /// installed moments before.
 const GC_WAIT: Duration = Duration::from_secs(120);
@@ -29,31 +27,14 @@ fn rule(name: &str, connection: &str, group: &str, topic: &str) -> String {
     )
 }
 
-struct Scene<'a> {
-    cp: &'a ControlPlane,
-    op: &'a Operator,
+/// What these tests ask of the objects besides [`Scene`]'s.
+trait OwnershipScene {
+    fn uid(&self, kind: &str, name: &str) -> String;
+    fn controller(&self, kind: &str, name: &str) -> (String, String);
+    fn accepted(&self, rules: &[&str]) -> bool;
 }
 
-impl Scene<'_> {
-    fn apply(&self, yaml: &str) {
-        common::apply(self.cp, yaml);
-    }
-
-    /// (status, reason, message) of a condition, empty if none.
-    fn cond(&self, kind: &str, name: &str, type_: &str) -> (String, String, String) {
-        condition(self.cp, NS, kind, name, type_).unwrap_or_default()
-    }
-
-    fn get(&self, kind: &str, name: &str, path: &str) -> String {
-        jsonpath(self.cp, NS, kind, name, path)
-    }
-
-    fn exists(&self, kind: &str, name: &str) -> bool {
-        self.cp
-            .run_kubectl(["get", kind, name, "-n", NS, "-o", "name"])
-            .is_ok()
-    }
-
+impl OwnershipScene for Scene<'_> {
     fn uid(&self, kind: &str, name: &str) -> String {
         let uid = self.get(kind, name, "{.metadata.uid}");
         assert!(!uid.is_empty(), "{kind} {name} exists");
@@ -77,22 +58,6 @@ impl Scene<'_> {
             .iter()
             .all(|r| self.cond("fr", r, "Accepted").0 == "True")
     }
-
-    /// The Events about connection `name` (type, reason, message), `;`-separated.
-    fn events_of(&self, name: &str) -> String {
-        self.cp
-            .run_kubectl([
-                "get",
-                "events",
-                "-n",
-                NS,
-                "--field-selector",
-                &format!("involvedObject.name={name},involvedObject.kind=BrokerConnection"),
-                "-o",
-                "jsonpath={range .items[*]}{.type} {.reason}: {.message};{end}",
-            ])
-            .expect("events")
-    }
 }
 
 const KINDS: [&str; 5] = [
@@ -107,7 +72,7 @@ const KINDS: [&str; 5] = [
 fn connections_never_collide_and_never_take_over_or_delete_what_they_do_not_own() {
     let cp = common::control_plane_with_crds(NS);
     let op = Operator::start(&cp, "operator", &[]);
-    let s = Scene { cp: &cp, op: &op };
+    let s = Scene::new(&cp, &op, NS);
     let uids = names_that_read_alike_get_their_own_children(&s);
     let stale = a_name_another_owner_holds_refuses_that_group_only(&s);
     deleting_a_connection_leaves_the_others_children(&s, &uids, &stale);
@@ -197,7 +162,7 @@ fn a_name_another_owner_holds_refuses_that_group_only(s: &Scene) -> String {
     );
     assert_eq!(s.cond("fr", "plant-taken", "Ready").1, "NotAccepted");
     s.op.wait_for("a NameTaken Event on the connection", WAIT, || {
-        s.events_of("plant").contains("Warning NameTaken")
+        s.events("plant").contains("Warning NameTaken")
     });
     for kind in KINDS.iter().filter(|k| **k != "configmap") {
         assert!(
@@ -277,7 +242,7 @@ fn deleting_a_connection_leaves_the_others_children(
 fn an_earlier_name_is_pruned_once_the_new_workload_is_settled() {
     let cp = common::control_plane_with_crds(NS);
     let op = Operator::start(&cp, "operator", &[]);
-    let s = Scene { cp: &cp, op: &op };
+    let s = Scene::new(&cp, &op, NS);
     // The group has a rule from the start: a group without rules is pruned, whatever its name.
     s.apply(&rule("north", "line", "north-bulk", "n"));
     s.apply(&connection("line"));

@@ -4,11 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use common::{Operator, condition, jsonpath};
+use common::{Operator, Scene, WAIT, condition, jsonpath};
 
 mod common;
 
-const WAIT: Duration = Duration::from_secs(60);
 /// The garbage collector may wait for its discovery resync (30 s) to learn a CRD that was
 /// installed moments before.
 const GC_WAIT: Duration = Duration::from_secs(120);
@@ -36,7 +35,7 @@ fn rule(name: &str, group: &str, filter: &str, topic: &str) -> String {
 fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets() {
     let cp = common::control_plane_with_crds("ferry");
     let op = Operator::start(&cp, "operator", &[]);
-    let s = Scene { cp: &cp, op: &op };
+    let s = Scene::new(&cp, &op, "ferry");
     missing_secret_is_a_condition_and_nothing_renders(&s);
     an_unmarked_secret_is_not_used(&s);
     the_secret_renders_one_forwarder_per_group(&s);
@@ -45,34 +44,28 @@ fn rules_become_one_forwarder_per_group_and_follow_edits_deletions_and_secrets()
     let restart_checksum = an_edit_is_reloaded_live(&s);
     an_emptied_group_is_pruned(&s);
     a_rotated_secret_rolls_the_forwarders(&s, &restart_checksum);
+    argo_cd_reads_scaled_to_zero_ready_and_deleting(&s);
     deleting_the_connection_collects_its_children(&s);
 }
 
 /// The control plane and operator of one scenario, and what its steps ask of them.
-struct Scene<'a> {
-    cp: &'a ferry_e2e::kube::ControlPlane,
-    op: &'a Operator,
+/// What these tests ask of the objects besides [`Scene`]'s.
+trait ReconcileScene {
+    fn argo_health(&self, kind: &str, name: &str) -> (String, String);
+    fn config(&self, name: &str) -> String;
+    fn restart_checksum(&self) -> String;
+    fn accepted_at(&self, rule: &str) -> String;
 }
 
-impl Scene<'_> {
-    fn apply(&self, yaml: &str) {
-        common::apply(self.cp, yaml);
-    }
-
-    /// A condition of an object in namespace ferry: (status, reason, message), empty if none.
-    fn cond(&self, kind: &str, name: &str, type_: &str) -> (String, String, String) {
-        condition(self.cp, "ferry", kind, name, type_).unwrap_or_default()
-    }
-
-    fn exists(&self, kind: &str, name: &str) -> bool {
-        self.cp
-            .run_kubectl(["get", kind, name, "-n", "ferry", "-o", "name"])
-            .is_ok()
-    }
-
-    /// `jsonpath` of an object in namespace ferry, empty when absent.
-    fn get(&self, kind: &str, name: &str, path: &str) -> String {
-        jsonpath(self.cp, "ferry", kind, name, path)
+impl ReconcileScene for Scene<'_> {
+    /// What the chart's Argo CD health check makes of the object as the API server has it.
+    fn argo_health(&self, kind: &str, name: &str) -> (String, String) {
+        let json = self
+            .cp
+            .run_kubectl(["get", kind, name, "-n", self.ns, "-o", "json"])
+            .unwrap_or_else(|e| panic!("get {kind} {name}: {e}"));
+        let object: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+        argo_health(&object)
     }
 
     /// A forwarder group's rendered config.
@@ -101,6 +94,68 @@ impl Scene<'_> {
             rule,
             "{.status.conditions[?(@.type==\"Accepted\")].lastTransitionTime}",
         )
+    }
+}
+
+/// Runs the chart's Argo CD health check of `object`'s kind (`charts/ferry/argocd/`) with Lua
+/// 5.4, as Argo CD does: the script's body with `obj` bound. Returns (status, message).
+fn argo_health(object: &serde_json::Value) -> (String, String) {
+    let kind = object["kind"].as_str().expect("kind");
+    let path = format!(
+        "{}/../charts/ferry/argocd/ferry.dev_{kind}.lua",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let check = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let script = format!(
+        "local function health(obj)\n{check}\nend\nlocal hs = health({})\nio.write(hs.status, '\\n', hs.message or '')\n",
+        lua_value(object)
+    );
+    let mut lua = std::process::Command::new("lua5.4")
+        .arg("-")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("lua5.4 (make deps installs it)");
+    use std::io::Write as _;
+    lua.stdin
+        .take()
+        .expect("stdin")
+        .write_all(script.as_bytes())
+        .expect("write the script");
+    let out = lua.wait_with_output().expect("lua5.4 runs");
+    assert!(
+        out.status.success(),
+        "{path}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (status, message) = text.split_once('\n').expect("status and message");
+    (status.to_owned(), message.to_owned())
+}
+
+/// `value` as a Lua table constructor, as Argo CD hands an object to a health check (JSON null
+/// is nil: the key is absent).
+fn lua_value(value: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match value {
+        Value::Null => "nil".to_owned(),
+        Value::Bool(b) => b.to_string(),
+        Value::Number(n) => n.to_string(),
+        // Rust's escapes (\", \\, \n, \u{..}) are Lua 5.4's too.
+        Value::String(s) => format!("{s:?}"),
+        Value::Array(items) => {
+            let items: Vec<String> = items.iter().map(lua_value).collect();
+            format!("{{{}}}", items.join(", "))
+        }
+        Value::Object(map) => {
+            let fields: Vec<String> = map
+                .iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| format!("[{k:?}] = {}", lua_value(v)))
+                .collect();
+            format!("{{{}}}", fields.join(", "))
+        }
     }
 }
 
@@ -146,6 +201,18 @@ fn missing_secret_is_a_condition_and_nothing_renders(s: &Scene) {
         !s.exists("statefulset", "plant-default"),
         "rendered without its Secret"
     );
+    s.op.wait_for("the rules' Ready to follow", WAIT, || {
+        s.cond("fr", "temps", "Ready").1 == "NotAccepted"
+            && s.cond("bc", "plant", "Ready").1 == "SecretMissing"
+    });
+    for (kind, name) in [("fr", "temps"), ("bc", "plant")] {
+        let (health, message) = s.argo_health(kind, name);
+        assert_eq!(health, "Degraded", "{kind} {name}: {message}");
+        assert!(
+            message.contains("mqtt-credentials"),
+            "{kind} {name}: {message}"
+        );
+    }
 }
 
 /// A Secret without the mark `ferry.dev/broker-credentials: "true"` is not used: the connection
@@ -248,6 +315,10 @@ fn conditions_heal(s: &Scene) -> String {
     assert_eq!(s.get("fr", "temps", "{.status.workload}"), "plant-default");
     assert_eq!(s.get("fr", "audit", "{.status.readyReplicas}"), "0/1");
     assert_eq!(s.cond("bc", "plant", "Ready").1, "ForwardersNotReady");
+    // Pods starting: Argo CD waits, it does not call the rule or the connection broken.
+    for (kind, name) in [("fr", "temps"), ("bc", "plant")] {
+        assert_eq!(s.argo_health(kind, name).0, "Progressing", "{kind} {name}");
+    }
     s.accepted_at("temps")
 }
 
@@ -290,6 +361,13 @@ fn refused_rules_say_why(s: &Scene, temps_accepted_at: &str) {
         "names the field and the position ({at}): {expression}"
     );
     assert_eq!(s.cond("fr", "deep", "Ready").1, "NotAccepted");
+    assert_eq!(s.argo_health("fr", "deep").0, "Degraded");
+    assert_eq!(s.argo_health("fr", "hot").0, "Degraded");
+    assert_eq!(
+        s.argo_health("fr", "resting").0,
+        "Suspended",
+        "paused on purpose"
+    );
     let default = s.config("plant-default");
     assert!(
         !default.contains("t.{5}")
@@ -368,6 +446,55 @@ fn a_rotated_secret_rolls_the_forwarders(s: &Scene, restart_checksum: &str) {
 }
 
 /// Deleting the connection: the garbage collector removes everything its groups owned.
+/// The Argo CD health checks on what is left to see: a connection scaled to zero suspends its
+/// rules; and, on the objects as written with what this control plane cannot show (no kubelet:
+/// no pod gets ready; a deletion here completes at once), Ready True is Healthy and a
+/// connection waiting on its finalizer is Progressing.
+fn argo_cd_reads_scaled_to_zero_ready_and_deleting(s: &Scene) {
+    s.cp.run_kubectl([
+        "patch",
+        "bc",
+        "plant",
+        "-n",
+        "ferry",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"forwarder":{"replicas":0}}}"#,
+    ])
+    .expect("scale to zero");
+    s.op.wait_for("rules ScaledToZero", WAIT, || {
+        s.cond("fr", "temps", "Ready").1 == "ScaledToZero"
+    });
+    assert_eq!(s.argo_health("fr", "temps").0, "Suspended");
+
+    let get = |kind: &str, name: &str| -> serde_json::Value {
+        let json =
+            s.cp.run_kubectl(["get", kind, name, "-n", "ferry", "-o", "json"])
+                .expect("get");
+        serde_json::from_str(&json).expect("JSON")
+    };
+    let mut rule = get("fr", "temps");
+    for c in rule["status"]["conditions"]
+        .as_array_mut()
+        .expect("conditions")
+    {
+        if c["type"] == "Ready" {
+            c["status"] = "True".into();
+            c["reason"] = "ForwarderReady".into();
+            c["message"] = "1/1 forwarder pods ready".into();
+        }
+    }
+    assert_eq!(
+        argo_health(&rule),
+        ("Healthy".to_owned(), "1/1 forwarder pods ready".to_owned())
+    );
+    let mut connection = get("bc", "plant");
+    connection["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z".into();
+    let (health, message) = argo_health(&connection);
+    assert_eq!(health, "Progressing");
+    assert!(message.contains("MQTT sessions"), "{message}");
+}
+
 fn deleting_the_connection_collects_its_children(s: &Scene) {
     let started = Instant::now();
     s.cp.run_kubectl(["delete", "bc", "plant", "-n", "ferry", "--wait=false"])

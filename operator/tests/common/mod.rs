@@ -202,3 +202,65 @@ pub fn forwarder_args(
         })
         .collect()
 }
+
+/// How long a test waits for the operator to act on a change (reconciles take well under a
+/// second; the control plane on this machine can take a few).
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// A control plane and the operator serving it, seen from namespace `ns`; what a test asks of
+/// its objects.
+pub struct Scene<'a> {
+    pub cp: &'a ControlPlane,
+    pub op: &'a Operator,
+    pub ns: &'a str,
+}
+
+impl<'a> Scene<'a> {
+    pub fn new(cp: &'a ControlPlane, op: &'a Operator, ns: &'a str) -> Self {
+        Self { cp, op, ns }
+    }
+
+    pub fn apply(&self, yaml: &str) {
+        apply(self.cp, yaml);
+    }
+
+    /// A condition of an object: (status, reason, message), empty if none.
+    pub fn cond(&self, kind: &str, name: &str, type_: &str) -> (String, String, String) {
+        condition(self.cp, self.ns, kind, name, type_).unwrap_or_default()
+    }
+
+    /// `jsonpath` of an object, empty when absent.
+    pub fn get(&self, kind: &str, name: &str, path: &str) -> String {
+        jsonpath(self.cp, self.ns, kind, name, path)
+    }
+
+    pub fn exists(&self, kind: &str, name: &str) -> bool {
+        self.cp
+            .run_kubectl(["get", kind, name, "-n", self.ns, "-o", "name"])
+            .is_ok()
+    }
+
+    /// Waits until rule `rule`'s `Accepted` is `status`.
+    pub fn wait_accepted(&self, rule: &str, status: &str) {
+        self.op
+            .wait_for(&format!("rule {rule} Accepted {status}"), WAIT, || {
+                self.cond("fr", rule, "Accepted").0 == status
+            });
+    }
+
+    /// The Events about objects named `name`: "type reason: message;" each.
+    pub fn events(&self, name: &str) -> String {
+        self.cp
+            .run_kubectl([
+                "get",
+                "events",
+                "-n",
+                self.ns,
+                "--field-selector",
+                &format!("involvedObject.name={name}"),
+                "-o",
+                "jsonpath={range .items[*]}{.type} {.reason}: {.message};{end}",
+            ])
+            .expect("events")
+    }
+}
