@@ -71,6 +71,7 @@ struct RuleFamilies {
     retries: Family<RetryLabel, Counter>,
     held: Family<FailureLabel, Gauge>,
     blocked: Family<RuleLabel, Gauge>,
+    last_forwarded: Family<RuleLabel, Gauge>,
 }
 
 /// One rule's counters, resolved once so the data path never hashes label sets. Kept across
@@ -86,6 +87,10 @@ pub struct RuleStats {
     retries_family: Family<RetryLabel, Counter>,
     held_family: Family<FailureLabel, Gauge>,
     blocked_messages: Gauge,
+    /// Unix seconds of the last record confirmed, for a "no data for N minutes" alert; the
+    /// series is created with the first (a 0 would read as "not since 1970").
+    last_forwarded: std::sync::OnceLock<Gauge>,
+    last_forwarded_family: Family<RuleLabel, Gauge>,
     failed: AtomicU64,
     held: Mutex<Option<Held>>,
     blocked_by: Mutex<Option<BlockedBy>>,
@@ -107,8 +112,17 @@ impl RuleStats {
     pub fn on_forwarded(&self) {
         self.forwarded.inc();
         self.clear_waiting();
+        let now = Timestamp::now();
         self.last_forwarded_ms
-            .store(Timestamp::now().as_millisecond(), Ordering::Relaxed);
+            .store(now.as_millisecond(), Ordering::Relaxed);
+        self.last_forwarded
+            .get_or_init(|| {
+                let label = RuleLabel {
+                    rule: self.name.clone(),
+                };
+                self.last_forwarded_family.get_or_create(&label).clone()
+            })
+            .set(now.as_second());
     }
     pub fn on_acked(&self) {
         self.acked.inc();
@@ -478,6 +492,11 @@ impl Metrics {
             self.families.blocked.clone(),
         );
         r.register(
+            "rule_last_forwarded_timestamp_seconds",
+            "Unix time of the last record of a rule confirmed by Kafka (absent until one is)",
+            self.families.last_forwarded.clone(),
+        );
+        r.register(
             "rule_produce_retries",
             "Records of a rule that failed and wait to be produced again, by reason (unauthorized, unknown_topic, queue_full, unavailable, or too_large/invalid_topic/invalid_record held by on_unwritable: hold)",
             self.families.retries.clone(),
@@ -579,6 +598,7 @@ impl Metrics {
             self.families.dead_lettered.remove(&label);
             self.families.filtered.remove(&label);
             self.families.blocked.remove(&label);
+            self.families.last_forwarded.remove(&label);
             for reason in PermanentReason::ALL {
                 let label = FailureLabel {
                     rule: gone.name.clone(),
@@ -618,6 +638,8 @@ impl Metrics {
             retries_family: self.families.retries.clone(),
             held_family: self.families.held.clone(),
             blocked_messages: self.families.blocked.get_or_create(&label).clone(),
+            last_forwarded: std::sync::OnceLock::new(),
+            last_forwarded_family: self.families.last_forwarded.clone(),
             failed: AtomicU64::new(0),
             held: Mutex::new(None),
             blocked_by: Mutex::new(None),

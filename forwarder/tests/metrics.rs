@@ -39,6 +39,7 @@ fn metrics_serve_exactly_the_documented_names_and_label_values() {
         "  bootstrap_servers:",
         "  config: { topic.metadata.propagation.max.ms: 500 }\n  bootstrap_servers:",
     );
+    let started = std::time::Instant::now();
     let mut fwd = Forwarder::start_configmap(&config);
     fwd.wait_ready(Duration::from_secs(30));
 
@@ -113,6 +114,25 @@ fn metrics_serve_exactly_the_documented_names_and_label_values() {
     assert_eq!(
         scrape.label_values("ferry_rule_forwarded_messages_total", "rule"),
         set(&["ok", "small", "templated", "missing", "more"])
+    );
+    // Only rule ok had a record confirmed: only it has a last-forwarded time, and a recent one.
+    assert_eq!(
+        scrape.label_values("ferry_rule_last_forwarded_timestamp_seconds", "rule"),
+        set(&["ok"])
+    );
+    let last = scrape
+        .value(
+            "ferry_rule_last_forwarded_timestamp_seconds",
+            &[("rule", "ok")],
+        )
+        .expect("rule ok's last forwarded time");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs_f64();
+    assert!(
+        last <= now && now - last < started.elapsed().as_secs_f64() + 1.0,
+        "last forwarded at {last}, now {now}"
     );
     for (metric, labels) in [
         (
