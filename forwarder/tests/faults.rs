@@ -70,10 +70,12 @@ fn assert_exactly_in_order(what: &str, got: &[(String, usize)], want: &BTreeSet<
     );
 }
 
-/// Oversized messages mixed into a stream on the same MQTT topics (so the same partition and
-/// the same producer batches): Kafka refuses a whole batch as too large, and each record is
-/// judged again alone. Exactly the oversized ones are dead-lettered (rule with a dead-letter
-/// topic) or dropped and counted (rule with `on_unwritable: drop`); every valid one arrives.
+/// Oversized messages mixed into a stream on the same MQTT topics (so the same partition):
+/// the forwarder learns the topics' `max.message.bytes` and produces a record that may exceed
+/// it alone, so Kafka never refuses a batch holding later records. Exactly the oversized ones
+/// are dead-lettered (rule with a dead-letter topic) or dropped and counted (rule with
+/// `on_unwritable: drop`); every valid one arrives, once, in order per MQTT topic (before,
+/// records refused with an oversized batch-mate could land after later ones).
 #[test]
 fn only_the_oversized_messages_of_a_mixed_stream_leave_the_normal_path() {
     let brokers = Brokers::start();
@@ -119,14 +121,17 @@ fn only_the_oversized_messages_of_a_mixed_stream_leave_the_normal_path() {
     };
     let empty = BTreeSet::new();
     let want_of = |k| want.get(&k).unwrap_or(&empty);
-    // Order: records refused with a batch too large may land after later records of their
-    // partition that were already in flight (the documented exception); counted, not asserted.
     let want_a = want_of(("a", false));
     let late_a = assert_exactly("sized.a", &read("sized.a", want_a.len()), want_a);
     let want_b = want_of(("b", false));
     let late_b = assert_exactly("sized.b", &read("sized.b", want_b.len()), want_b);
     let want_dlq = want_of(("a", true));
-    assert_exactly("sized.dlq", &read("sized.dlq", want_dlq.len()), want_dlq);
+    assert_exactly_in_order("sized.dlq", &read("sized.dlq", want_dlq.len()), want_dlq);
+    assert_eq!(
+        (late_a, late_b),
+        (0, 0),
+        "records that landed after a later one of their MQTT topic (with a dead-letter topic, with drop)"
+    );
     let status = fwd.status().expect("status");
     let dropping = status.rule("dropping").expect("rule");
     assert_eq!(
@@ -138,6 +143,62 @@ fn only_the_oversized_messages_of_a_mixed_stream_leave_the_normal_path() {
     eprintln!(
         "mixed stream: {per_rule} per rule, {bigs} oversized each; landed after a later one: {late_a} + {late_b}"
     );
+}
+
+/// A compacted topic refuses a record without a key (INVALID_RECORD), and with it the whole
+/// batch the record was in: each record of a refused batch is judged again alone, so every
+/// keyed one lands, once and in order, and only the keyless ones are dead-lettered (before,
+/// their batch-mates were dead-lettered with them).
+#[test]
+fn only_the_invalid_records_of_a_refused_batch_are_dead_lettered() {
+    let brokers = Brokers::start();
+    let rt = runtime();
+    let bootstrap = brokers.kafka.bootstrap();
+    rt.block_on(common::create_topic_with_config(
+        &bootstrap,
+        "compacted",
+        &[("cleanup.policy", "compact")],
+    ));
+    rt.block_on(brokers.kafka.create_topic("compacted.dlq", 1))
+        .expect("topic");
+    // `topic_level: 2`: `c/dev/<n>` is keyed by `<n>`, `c/dev` has no key.
+    let rules = "  - name: compacted\n    mqtt: { topics: [\"c/#\"] }\n    kafka: { topic: compacted, key: { topic_level: 2 } }\n    dead_letter: { topic: compacted.dlq }\n";
+    let mut fwd = Forwarder::start(&brokers.config("ferry-compacted", rules));
+    fwd.wait_ready(Duration::from_secs(30));
+    let total = 400;
+    let mut msgs = Vec::new();
+    let (mut keyed, mut keyless) = (BTreeSet::new(), BTreeSet::new());
+    for n in 0..total {
+        let (topic, set) = if n % 100 == 50 {
+            ("c/dev".to_owned(), &mut keyless)
+        } else {
+            (format!("c/dev/{}", n % 4), &mut keyed)
+        };
+        msgs.push((topic.clone(), payload(&topic, n, false)));
+        set.insert((topic, n));
+    }
+    rt.block_on(ferry_e2e::publish(
+        brokers.mqtt.port(),
+        "pub-compacted",
+        rumqttc::QoS::AtLeastOnce,
+        msgs,
+    ))
+    .expect("publish");
+    wait_until(&fwd, Duration::from_secs(60), "every message acked", || {
+        fwd.metric("ferry_mqtt_acked_messages_total") >= total as f64
+    });
+    let read = |topic: &str, n: usize| {
+        ids(&brokers
+            .kafka
+            .read_all(topic, n, Duration::from_secs(2), Duration::from_secs(30))
+            .expect("read"))
+    };
+    assert_exactly_in_order("compacted", &read("compacted", keyed.len()), &keyed);
+    assert_exactly_in_order("compacted.dlq", &read("compacted.dlq", keyless.len()), &keyless);
+    let status = fwd.status().expect("status");
+    let rule = status.rule("compacted").expect("rule");
+    assert_eq!(rule.dead_lettered, keyless.len() as u64);
+    assert_eq!(rule.forwarded, keyed.len() as u64);
 }
 
 /// A rule whose Kafka topic does not exist (auto-creation off): its messages are retried and
