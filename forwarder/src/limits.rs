@@ -1,6 +1,7 @@
-//! Each target topic's `max.message.bytes`, learned from Kafka, so that a record that may be
-//! too large for its topic is produced alone (`window::TargetSpec::alone`): Kafka then never
-//! refuses a batch holding other records of the topic, and no later record lands first.
+//! What each target topic refuses, learned from Kafka: its `max.message.bytes`, and whether
+//! it is compacted (a record without a key is invalid there). A record that may be refused is
+//! produced alone (`window::TargetSpec::alone`): Kafka then never refuses a batch holding
+//! other records of the topic, and no later record lands first.
 //!
 //! `TopicLimits` is the pipeline's pure cache; `learn` (at the bottom) asks Kafka.
 
@@ -22,8 +23,9 @@ pub const REFRESH_INTERVAL: Duration = Duration::from_secs(60);
 /// What Kafka answered about a topic's limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Learned {
-    /// Its `max.message.bytes` (the topic's, else the broker's `message.max.bytes`).
-    Limit(usize),
+    /// Its `max.message.bytes` (the topic's, else the broker's `message.max.bytes`), and
+    /// whether its `cleanup.policy` compacts.
+    Known { max_bytes: usize, compacted: bool },
     /// Kafka would not say (not authorized to describe the topic, it does not exist yet, a
     /// timeout): asked again at the next refresh.
     Unavailable,
@@ -32,12 +34,15 @@ pub enum Learned {
 /// How a record of a topic is judged before it is produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Judgement {
-    /// Go alone if the record may exceed this many bytes.
-    Above(usize),
-    /// Nothing the producer sends can exceed the topic's limit, or the limit is unavailable:
-    /// as any record (a refusal is then judged again alone, after the fact).
+    /// Go alone if the record may exceed `above` bytes (`None`: nothing the producer sends
+    /// can), or, on a compacted topic, has no key.
+    Check {
+        above: Option<usize>,
+        compacted: bool,
+    },
+    /// Unavailable: as any record (a refusal is then judged again alone, after the fact).
     Never,
-    /// The limit is being asked: every record goes alone until it is known.
+    /// Being asked: every record goes alone until it is known.
     Always,
 }
 
@@ -65,13 +70,15 @@ impl TopicLimits {
     /// How a record of `topic` is judged; a topic never seen is asked about.
     pub fn judge(&mut self, topic: &Arc<str>) -> Judgement {
         match self.learned.get(topic) {
-            // A batch of one record at the producer's limit fits: no record can be refused.
-            Some(Learned::Limit(limit))
-                if *limit >= self.producer_max.saturating_add(2 * BATCH_OVERHEAD) =>
-            {
-                Judgement::Never
-            }
-            Some(Learned::Limit(limit)) => Judgement::Above(*limit),
+            Some(&Learned::Known {
+                max_bytes,
+                compacted,
+            }) => Judgement::Check {
+                // A batch of one record at the producer's limit fits: no record can exceed it.
+                above: (max_bytes < self.producer_max.saturating_add(2 * BATCH_OVERHEAD))
+                    .then_some(max_bytes),
+                compacted,
+            },
             Some(Learned::Unavailable) => Judgement::Never,
             None => {
                 if self.asked.insert(Arc::clone(topic)) {
@@ -82,7 +89,7 @@ impl TopicLimits {
         }
     }
 
-    /// Kafka refused a record of `topic` as too large: its limit may have been lowered.
+    /// Kafka refused a record of `topic` as too large or invalid: its config may have changed.
     pub fn refused(&mut self, topic: &Arc<str>) {
         if self.learned.contains_key(topic) && self.asked.insert(Arc::clone(topic)) {
             self.to_ask.push(Arc::clone(topic));
@@ -108,9 +115,10 @@ impl TopicLimits {
     }
 }
 
-/// Answers the pipeline's questions about topics' limits until either side is gone: each
-/// batch of asks is one DescribeConfigs request (its answer, per topic, is the topic's
-/// `max.message.bytes`, or the broker's `message.max.bytes` it inherits).
+/// Answers the pipeline's questions about topics until either side is gone: each batch of
+/// asks is one DescribeConfigs request (its answer, per topic, is the topic's
+/// `max.message.bytes`, or the broker's `message.max.bytes` it inherits, and its
+/// `cleanup.policy`).
 pub async fn learn(
     kafka: KafkaConfig,
     mut asks: mpsc::UnboundedReceiver<Vec<Arc<str>>>,
@@ -149,13 +157,16 @@ pub async fn learn(
         };
         results.resize_with(topics.len(), || None);
         for (topic, result) in topics.into_iter().zip(results) {
-            let limit = result.and_then(Result::ok).and_then(|resource| {
-                resource
-                    .get("max.message.bytes")
-                    .and_then(|e| e.value.as_deref())
-                    .and_then(|v| v.parse::<usize>().ok())
-            });
-            let learned = limit.map_or(Learned::Unavailable, Learned::Limit);
+            let learned = result
+                .and_then(Result::ok)
+                .and_then(|resource| {
+                    let value = |name| resource.get(name).and_then(|e| e.value.as_deref());
+                    Some(Learned::Known {
+                        max_bytes: value("max.message.bytes")?.parse().ok()?,
+                        compacted: value("cleanup.policy").is_some_and(|p| p.contains("compact")),
+                    })
+                })
+                .unwrap_or(Learned::Unavailable);
             if answers.send((topic, learned)).is_err() {
                 return;
             }
@@ -167,6 +178,13 @@ pub async fn learn(
 mod tests {
     use super::*;
 
+    fn known(max_bytes: usize, compacted: bool) -> Learned {
+        Learned::Known {
+            max_bytes,
+            compacted,
+        }
+    }
+
     #[test]
     fn a_topic_is_asked_about_once_and_its_records_go_alone_until_its_limit_is_known() {
         let mut limits = TopicLimits::new(1_000_000);
@@ -174,8 +192,14 @@ mod tests {
         assert_eq!(limits.judge(&a), Judgement::Always);
         assert_eq!(limits.judge(&a), Judgement::Always);
         assert_eq!(limits.take_asks(), vec![Arc::clone(&a)], "asked once");
-        limits.learned(Arc::clone(&a), Learned::Limit(65_536));
-        assert_eq!(limits.judge(&a), Judgement::Above(65_536));
+        limits.learned(Arc::clone(&a), known(65_536, true));
+        assert_eq!(
+            limits.judge(&a),
+            Judgement::Check {
+                above: Some(65_536),
+                compacted: true
+            }
+        );
         assert!(limits.take_asks().is_empty());
     }
 
@@ -185,9 +209,15 @@ mod tests {
         let (big, secret): (Arc<str>, Arc<str>) = (Arc::from("big"), Arc::from("secret"));
         limits.judge(&big);
         limits.judge(&secret);
-        limits.learned(Arc::clone(&big), Learned::Limit(1_048_588));
+        limits.learned(Arc::clone(&big), known(1_048_588, false));
         limits.learned(Arc::clone(&secret), Learned::Unavailable);
-        assert_eq!(limits.judge(&big), Judgement::Never);
+        assert_eq!(
+            limits.judge(&big),
+            Judgement::Check {
+                above: None,
+                compacted: false
+            }
+        );
         assert_eq!(limits.judge(&secret), Judgement::Never);
     }
 
@@ -197,15 +227,22 @@ mod tests {
         let a: Arc<str> = Arc::from("a");
         limits.judge(&a);
         limits.take_asks();
-        limits.learned(Arc::clone(&a), Learned::Limit(65_536));
+        limits.learned(Arc::clone(&a), known(65_536, false));
         limits.refused(&a);
         limits.refused(&a);
         assert_eq!(limits.take_asks(), vec![Arc::clone(&a)], "once while asked");
         limits.refresh();
         assert!(limits.take_asks().is_empty(), "still asked");
-        limits.learned(Arc::clone(&a), Learned::Limit(1000));
+        limits.learned(Arc::clone(&a), known(1000, false));
         limits.refresh();
         assert_eq!(limits.take_asks(), vec![Arc::clone(&a)]);
-        assert_eq!(limits.judge(&a), Judgement::Above(1000), "the old answer meanwhile");
+        assert_eq!(
+            limits.judge(&a),
+            Judgement::Check {
+                above: Some(1000),
+                compacted: false
+            },
+            "the old answer meanwhile"
+        );
     }
 }

@@ -574,12 +574,12 @@ impl Pipeline {
             Err(e) => match kafka::classify(e) {
                 Classified::Outcome(outcome) => {
                     if let Outcome::Permanent {
-                        reason: PermanentReason::TooLarge,
+                        reason: PermanentReason::TooLarge | PermanentReason::InvalidRecord,
                         ..
                     } = outcome
                         && let Some(topic) = self.primary_topic(target)
                     {
-                        // Its limit may have been lowered since it was learned.
+                        // Its limit or policy may have changed since they were learned.
                         self.limits.refused(&topic);
                     }
                     outcome
@@ -807,15 +807,18 @@ impl Leg {
         }
     }
 
-    /// Where the window is to produce it, or why it cannot be; and whether its record may be
-    /// too large for its topic (then it goes alone).
+    /// Where the window is to produce it, or why it cannot be; and whether its topic may
+    /// refuse its record (too large, or keyless on a compacted topic): then it goes alone.
     fn spec(&self, message: &Message, limits: &mut TopicLimits) -> TargetSpec {
         let topic = self.topic(&message.topic);
         let alone = match &topic {
             Ok(name) => match limits.judge(name) {
                 Judgement::Never => false,
                 Judgement::Always => true,
-                Judgement::Above(limit) => self.source(message).primary().may_exceed(limit),
+                Judgement::Check { above, compacted } => {
+                    (compacted && self.source(message).key().is_none())
+                        || above.is_some_and(|limit| self.source(message).primary().may_exceed(limit))
+                }
             },
             Err(_) => false,
         };

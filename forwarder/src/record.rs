@@ -78,7 +78,7 @@ impl<'m> Source<'m> {
         }
     }
 
-    fn key(self) -> Option<&'m [u8]> {
+    pub fn key(self) -> Option<&'m [u8]> {
         match (&self.target.key, self.evaluated) {
             (KeyStrategy::Expression(_), Some(e)) => e.key.as_deref(),
             (strategy, _) => record_key(strategy, &self.message.topic).map(str::as_bytes),

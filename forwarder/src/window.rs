@@ -15,10 +15,11 @@
 //!   flight, and opens again when the probe is through. A "too large" or "invalid record"
 //!   error for a record that was not alone may be its batch-mate's fault, so it is judged
 //!   again as a probe.
-//! - A record that may be too large for its topic (`TargetSpec::alone`, judged by the
-//!   pipeline from the topic's limit) never shares a batch: it goes as a probe, alone, with
-//!   nothing else of its topic in flight before or after it. So Kafka never refuses a batch
-//!   that holds later records of the topic, and no record lands ahead of an earlier one.
+//! - A record its topic may refuse (`TargetSpec::alone`: the pipeline judges it too large for
+//!   the topic's limit, or keyless on a compacted topic) never shares a batch: it goes as a
+//!   probe, alone, with nothing else of its topic in flight before or after it. So Kafka
+//!   never refuses a batch that holds later records of the topic, and no record lands ahead
+//!   of an earlier one.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
@@ -43,7 +44,8 @@ pub struct TargetSpec {
     pub topic: Result<Arc<str>, (PermanentReason, String)>,
     pub dead_letter: Option<Arc<str>>,
     pub on_unwritable: OnUnwritable,
-    /// The record may be too large for its topic: produce it alone (see the module's rules).
+    /// Its topic may refuse the record (too large, invalid): produce it alone (see the
+    /// module's rules).
     pub alone: bool,
 }
 
@@ -246,7 +248,7 @@ struct Target {
     /// Every rule it was routed for is gone (config reload): a permanent failure releases it
     /// instead of holding it.
     orphaned: bool,
-    /// Its record may be too large for its own topic.
+    /// Its own topic may refuse its record.
     alone: bool,
 }
 

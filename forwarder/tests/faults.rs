@@ -146,9 +146,11 @@ fn only_the_oversized_messages_of_a_mixed_stream_leave_the_normal_path() {
 }
 
 /// A compacted topic refuses a record without a key (INVALID_RECORD), and with it the whole
-/// batch the record was in: each record of a refused batch is judged again alone, so every
-/// keyed one lands, once and in order, and only the keyless ones are dead-lettered (before,
-/// their batch-mates were dead-lettered with them).
+/// batch the record was in. Two rules: `born` writes to a topic compacted from the start (the
+/// forwarder learns it and sends a keyless record alone), `live` to one made compacted after
+/// the forwarder learned it was not (so keyless records share batches, and each record of a
+/// refused batch is judged again alone). Either way every keyed record lands, once and in
+/// order, and only the keyless ones are dead-lettered (before, their batch-mates were too).
 #[test]
 fn only_the_invalid_records_of_a_refused_batch_are_dead_lettered() {
     let brokers = Brokers::start();
@@ -156,36 +158,66 @@ fn only_the_invalid_records_of_a_refused_batch_are_dead_lettered() {
     let bootstrap = brokers.kafka.bootstrap();
     rt.block_on(common::create_topic_with_config(
         &bootstrap,
-        "compacted",
+        "born",
         &[("cleanup.policy", "compact")],
     ));
-    rt.block_on(brokers.kafka.create_topic("compacted.dlq", 1))
-        .expect("topic");
-    // `topic_level: 2`: `c/dev/<n>` is keyed by `<n>`, `c/dev` has no key.
-    let rules = "  - name: compacted\n    mqtt: { topics: [\"c/#\"] }\n    kafka: { topic: compacted, key: { topic_level: 2 } }\n    dead_letter: { topic: compacted.dlq }\n";
-    let mut fwd = Forwarder::start(&brokers.config("ferry-compacted", rules));
+    for t in ["live", "born.dlq", "live.dlq"] {
+        rt.block_on(brokers.kafka.create_topic(t, 1)).expect("topic");
+    }
+    // `topic_level: 2`: `<rule>/dev/<n>` is keyed by `<n>`, `<rule>/dev` has no key.
+    let rule = |name: &str| {
+        format!(
+            "  - name: {name}\n    mqtt: {{ topics: [\"{name}/#\"] }}\n    kafka: {{ topic: {name}, key: {{ topic_level: 2 }} }}\n    dead_letter: {{ topic: {name}.dlq }}\n"
+        )
+    };
+    let mut fwd = Forwarder::start(&brokers.config("ferry-compacted", &(rule("born") + &rule("live"))));
     fwd.wait_ready(Duration::from_secs(30));
+    // The forwarder learns `live`'s config (not compacted) with its first record; then it
+    // is compacted, well within the forwarder's refresh interval (60 s).
+    let publish = |client: &str, msgs: Vec<(String, Vec<u8>)>| {
+        rt.block_on(ferry_e2e::publish(
+            brokers.mqtt.port(),
+            client,
+            rumqttc::QoS::AtLeastOnce,
+            msgs,
+        ))
+        .expect("publish");
+    };
+    publish("pub-first", vec![("live/dev/0".to_owned(), payload("live/dev/0", 0, false))]);
+    wait_until(&fwd, Duration::from_secs(30), "the first record acked", || {
+        fwd.metric("ferry_mqtt_acked_messages_total") >= 1.0
+    });
+    // Its answer is one DescribeConfigs round trip after the first record was taken.
+    std::thread::sleep(Duration::from_secs(1));
+    rt.block_on(common::alter_topic_config(
+        &bootstrap,
+        "live",
+        "cleanup.policy",
+        "compact",
+    ));
+    // The broker applies a topic's config change asynchronously.
+    std::thread::sleep(Duration::from_secs(2));
     let total = 400;
     let mut msgs = Vec::new();
-    let (mut keyed, mut keyless) = (BTreeSet::new(), BTreeSet::new());
-    for n in 0..total {
-        let (topic, set) = if n % 100 == 50 {
-            ("c/dev".to_owned(), &mut keyless)
-        } else {
-            (format!("c/dev/{}", n % 4), &mut keyed)
-        };
-        msgs.push((topic.clone(), payload(&topic, n, false)));
-        set.insert((topic, n));
+    let mut want: BTreeMap<(&str, bool), BTreeSet<(String, usize)>> = BTreeMap::new();
+    want.entry(("live", true))
+        .or_default()
+        .insert(("live/dev/0".to_owned(), 0));
+    for n in 1..=total {
+        for name in ["born", "live"] {
+            let keyed = n % 100 != 50;
+            let topic = if keyed {
+                format!("{name}/dev/{}", n % 4)
+            } else {
+                format!("{name}/dev")
+            };
+            msgs.push((topic.clone(), payload(&topic, n, false)));
+            want.entry((name, keyed)).or_default().insert((topic, n));
+        }
     }
-    rt.block_on(ferry_e2e::publish(
-        brokers.mqtt.port(),
-        "pub-compacted",
-        rumqttc::QoS::AtLeastOnce,
-        msgs,
-    ))
-    .expect("publish");
+    publish("pub-compacted", msgs);
     wait_until(&fwd, Duration::from_secs(60), "every message acked", || {
-        fwd.metric("ferry_mqtt_acked_messages_total") >= total as f64
+        fwd.metric("ferry_mqtt_acked_messages_total") >= (1 + 2 * total) as f64
     });
     let read = |topic: &str, n: usize| {
         ids(&brokers
@@ -193,12 +225,19 @@ fn only_the_invalid_records_of_a_refused_batch_are_dead_lettered() {
             .read_all(topic, n, Duration::from_secs(2), Duration::from_secs(30))
             .expect("read"))
     };
-    assert_exactly_in_order("compacted", &read("compacted", keyed.len()), &keyed);
-    assert_exactly_in_order("compacted.dlq", &read("compacted.dlq", keyless.len()), &keyless);
     let status = fwd.status().expect("status");
-    let rule = status.rule("compacted").expect("rule");
-    assert_eq!(rule.dead_lettered, keyless.len() as u64);
-    assert_eq!(rule.forwarded, keyed.len() as u64);
+    for name in ["born", "live"] {
+        let (keyed, keyless) = (&want[&(name, true)], &want[&(name, false)]);
+        assert_exactly_in_order(name, &read(name, keyed.len()), keyed);
+        let dlq = format!("{name}.dlq");
+        assert_exactly_in_order(&dlq, &read(&dlq, keyless.len()), keyless);
+        let rule = status.rule(name).expect("rule");
+        assert_eq!(
+            (rule.forwarded, rule.dead_lettered),
+            (keyed.len() as u64, keyless.len() as u64),
+            "{name}"
+        );
+    }
 }
 
 /// A rule whose Kafka topic does not exist (auto-creation off): its messages are retried and

@@ -481,3 +481,21 @@ pub async fn create_topic_with_config(bootstrap: &str, name: &str, config: &[(&s
         r.expect("topic created");
     }
 }
+
+/// Sets `key` to `value` in `topic`'s config at the broker.
+pub async fn alter_topic_config(bootstrap: &str, topic: &str, key: &str, value: &str) {
+    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("admin");
+    let config = AlterConfig::new(ResourceSpecifier::Topic(topic)).set(key, value);
+    for r in admin
+        .alter_configs([&config], &AdminOptions::new())
+        .await
+        .expect("alter configs")
+    {
+        r.unwrap_or_else(|e| panic!("{topic}: {key} not set: {e:?}"));
+    }
+}
