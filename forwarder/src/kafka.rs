@@ -247,7 +247,9 @@ pub fn classify(error: &KafkaError) -> Classified {
             Ok(PermanentReason::TooLarge)
         }
         Some(C::InvalidTopic) => Ok(PermanentReason::InvalidTopic),
-        Some(C::InvalidRecord) => Ok(PermanentReason::InvalidRecord),
+        // The other: librdkafka's answer for a valid record whose batch held an invalid one
+        // (KIP-467). Not alone, so the window judges it again alone, at once.
+        Some(C::InvalidRecord | C::InvalidDifferentRecord) => Ok(PermanentReason::InvalidRecord),
         Some(C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed) => {
             Err(BlockReason::Unauthorized)
         }
@@ -459,6 +461,11 @@ mod tests {
         assert_eq!(
             reason(C::InvalidRecord),
             Some(Ok(PermanentReason::InvalidRecord))
+        );
+        assert_eq!(
+            reason(C::InvalidDifferentRecord),
+            Some(Ok(PermanentReason::InvalidRecord)),
+            "judged again alone"
         );
         // Fixable by an operator: retried, never given up.
         assert_eq!(

@@ -115,15 +115,15 @@ impl TopicLimits {
     }
 }
 
+/// The learning task's ends: the pipeline's asks (topics, in batches) and its answers.
+pub type Asks = mpsc::UnboundedReceiver<Vec<Arc<str>>>;
+pub type Answers = mpsc::UnboundedSender<(Arc<str>, Learned)>;
+
 /// Answers the pipeline's questions about topics until either side is gone: each batch of
 /// asks is one DescribeConfigs request (its answer, per topic, is the topic's
 /// `max.message.bytes`, or the broker's `message.max.bytes` it inherits, and its
 /// `cleanup.policy`).
-pub async fn learn(
-    kafka: KafkaConfig,
-    mut asks: mpsc::UnboundedReceiver<Vec<Arc<str>>>,
-    answers: mpsc::UnboundedSender<(Arc<str>, Learned)>,
-) {
+pub async fn learn(kafka: KafkaConfig, mut asks: Asks, answers: Answers) {
     let admin: AdminClient<DefaultClientContext> = match crate::kafka::client_config(&kafka)
         .create()
     {
@@ -143,10 +143,8 @@ pub async fn learn(
         while let Ok(more) = asks.try_recv() {
             topics.extend(more);
         }
-        let specifiers: Vec<ResourceSpecifier<'_>> = topics
-            .iter()
-            .map(|t| ResourceSpecifier::Topic(t))
-            .collect();
+        let specifiers: Vec<ResourceSpecifier<'_>> =
+            topics.iter().map(|t| ResourceSpecifier::Topic(t)).collect();
         let described = admin.describe_configs(&specifiers, &options).await;
         let mut results = match described {
             Ok(results) => results.into_iter().map(Some).collect(),

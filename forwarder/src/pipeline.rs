@@ -10,10 +10,10 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use ferry_api::KafkaTopic;
 use ferry_api::config::KafkaConfig;
 use ferry_api::expr::JsonReads;
 use ferry_api::status::{BlockedBy, Held};
-use ferry_api::KafkaTopic;
 use rdkafka::error::KafkaError;
 use rdkafka::producer::BaseRecord;
 use tokio::sync::mpsc;
@@ -122,10 +122,7 @@ pub struct Pipeline {
     limit_asks: mpsc::UnboundedSender<Vec<Arc<str>>>,
     limit_answers: mpsc::UnboundedReceiver<(Arc<str>, Learned)>,
     /// The learning task's ends, until `run` starts it.
-    learner: Option<(
-        mpsc::UnboundedReceiver<Vec<Arc<str>>>,
-        mpsc::UnboundedSender<(Arc<str>, Learned)>,
-    )>,
+    learner: Option<(limits::Asks, limits::Answers)>,
 }
 
 /// What the pipeline is connected to.
@@ -817,7 +814,8 @@ impl Leg {
                 Judgement::Always => true,
                 Judgement::Check { above, compacted } => {
                     (compacted && self.source(message).key().is_none())
-                        || above.is_some_and(|limit| self.source(message).primary().may_exceed(limit))
+                        || above
+                            .is_some_and(|limit| self.source(message).primary().may_exceed(limit))
                 }
             },
             Err(_) => false,

@@ -155,13 +155,10 @@ impl Record<'_> {
         if self.headers.is_empty() {
             return None;
         }
-        Some(
-            self.headers
-                .iter()
-                .fold(OwnedHeaders::new_with_capacity(self.headers.len()), |h, (name, value)| {
-                    h.insert(header(name, value))
-                }),
-        )
+        Some(self.headers.iter().fold(
+            OwnedHeaders::new_with_capacity(self.headers.len()),
+            |h, (name, value)| h.insert(header(name, value)),
+        ))
     }
 }
 
@@ -214,7 +211,9 @@ mod tests {
 
     #[test]
     fn the_primary_record_has_the_key_value_and_headers_its_rule_says() {
-        let t = target_of("{ topic: t, key: { topic_level: 1 }, headers: { metadata: true, user_properties: true } }");
+        let t = target_of(
+            "{ topic: t, key: { topic_level: 1 }, headers: { metadata: true, user_properties: true } }",
+        );
         let m = message(b"21.5");
         let r = Source {
             target: &t,
@@ -224,7 +223,10 @@ mod tests {
         .primary();
         assert_eq!(r.key, Some(&b"7"[..]));
         assert_eq!(&r.value[..], b"21.5");
-        assert!(matches!(r.value, Cow::Borrowed(_)), "the payload is not copied");
+        assert!(
+            matches!(r.value, Cow::Borrowed(_)),
+            "the payload is not copied"
+        );
         assert_eq!(
             names(&r),
             ["mqtt.topic", "mqtt.qos", "mqtt.retain", "trace"],
@@ -311,6 +313,9 @@ mod tests {
         let big = record(None, 64 * 1024, 0);
         assert!(big.may_exceed(64 * 1024));
         assert!(!record(None, 60 * 1024, 0).may_exceed(64 * 1024));
-        assert!(record(None, 64 * 1024 - 200, 0).may_exceed(64 * 1024), "near: alone");
+        assert!(
+            record(None, 64 * 1024 - 200, 0).may_exceed(64 * 1024),
+            "near: alone"
+        );
     }
 }

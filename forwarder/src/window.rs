@@ -1642,15 +1642,25 @@ mod tests {
         }
         assert_eq!(produces(&mut w), vec![(t(0), "a".into())], "0 alone");
         w.on_outcome(t(0), Outcome::Delivered, now);
-        assert_eq!(produces(&mut w), vec![(t(1), "a".into()), (t(2), "a".into())]);
+        assert_eq!(
+            produces(&mut w),
+            vec![(t(1), "a".into()), (t(2), "a".into())]
+        );
         w.on_outcome(t(1), invalid(), now);
         w.on_outcome(t(2), invalid(), now);
         assert_eq!(produces(&mut w), vec![(t(1), "a".into())], "then 1 alone");
         w.on_outcome(t(1), invalid(), now);
-        assert_eq!(produces(&mut w), vec![(t(1), "dlq".into()), (t(2), "a".into())]);
+        assert_eq!(
+            produces(&mut w),
+            vec![(t(1), "dlq".into()), (t(2), "a".into())]
+        );
         w.on_outcome(t(2), Outcome::Delivered, now);
         w.on_outcome(t(1), Outcome::Delivered, now);
-        assert_eq!(completions(&mut w), vec![1, 2], "0 completed when it landed");
+        assert_eq!(
+            completions(&mut w),
+            vec![1, 2],
+            "0 completed when it landed"
+        );
     }
 
     /// Drives a target of topic `topic` through "too large" twice (once in flight with

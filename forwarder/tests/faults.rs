@@ -162,7 +162,8 @@ fn only_the_invalid_records_of_a_refused_batch_are_dead_lettered() {
         &[("cleanup.policy", "compact")],
     ));
     for t in ["live", "born.dlq", "live.dlq"] {
-        rt.block_on(brokers.kafka.create_topic(t, 1)).expect("topic");
+        rt.block_on(brokers.kafka.create_topic(t, 1))
+            .expect("topic");
     }
     // `topic_level: 2`: `<rule>/dev/<n>` is keyed by `<n>`, `<rule>/dev` has no key.
     let rule = |name: &str| {
@@ -170,7 +171,14 @@ fn only_the_invalid_records_of_a_refused_batch_are_dead_lettered() {
             "  - name: {name}\n    mqtt: {{ topics: [\"{name}/#\"] }}\n    kafka: {{ topic: {name}, key: {{ topic_level: 2 }} }}\n    dead_letter: {{ topic: {name}.dlq }}\n"
         )
     };
-    let mut fwd = Forwarder::start(&brokers.config("ferry-compacted", &(rule("born") + &rule("live"))));
+    // A long linger: records surely share batches.
+    let config = brokers
+        .config("ferry-compacted", &(rule("born") + &rule("live")))
+        .replace(
+            "  bootstrap_servers:",
+            "  config: { linger.ms: 100 }\n  bootstrap_servers:",
+        );
+    let mut fwd = Forwarder::start(&config);
     fwd.wait_ready(Duration::from_secs(30));
     // The forwarder learns `live`'s config (not compacted) with its first record; then it
     // is compacted, well within the forwarder's refresh interval (60 s).
@@ -183,10 +191,16 @@ fn only_the_invalid_records_of_a_refused_batch_are_dead_lettered() {
         ))
         .expect("publish");
     };
-    publish("pub-first", vec![("live/dev/0".to_owned(), payload("live/dev/0", 0, false))]);
-    wait_until(&fwd, Duration::from_secs(30), "the first record acked", || {
-        fwd.metric("ferry_mqtt_acked_messages_total") >= 1.0
-    });
+    publish(
+        "pub-first",
+        vec![("live/dev/0".to_owned(), payload("live/dev/0", 0, false))],
+    );
+    wait_until(
+        &fwd,
+        Duration::from_secs(30),
+        "the first record acked",
+        || fwd.metric("ferry_mqtt_acked_messages_total") >= 1.0,
+    );
     // Its answer is one DescribeConfigs round trip after the first record was taken.
     std::thread::sleep(Duration::from_secs(1));
     rt.block_on(common::alter_topic_config(

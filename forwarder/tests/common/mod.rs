@@ -470,9 +470,10 @@ pub async fn create_topic_with_config(bootstrap: &str, name: &str, config: &[(&s
         .set("bootstrap.servers", bootstrap)
         .create()
         .expect("admin");
-    let topic = config
-        .iter()
-        .fold(NewTopic::new(name, 1, TopicReplication::Fixed(1)), |t, (k, v)| t.set(k, v));
+    let topic = config.iter().fold(
+        NewTopic::new(name, 1, TopicReplication::Fixed(1)),
+        |t, (k, v)| t.set(k, v),
+    );
     for r in admin
         .create_topics([&topic], &AdminOptions::new())
         .await
