@@ -247,9 +247,7 @@ pub fn classify(error: &KafkaError) -> Classified {
             Ok(PermanentReason::TooLarge)
         }
         Some(C::InvalidTopic) => Ok(PermanentReason::InvalidTopic),
-        // The other: librdkafka's answer for a valid record whose batch held an invalid one
-        // (KIP-467). Not alone, so the window judges it again alone, at once.
-        Some(C::InvalidRecord | C::InvalidDifferentRecord) => Ok(PermanentReason::InvalidRecord),
+        Some(C::InvalidRecord) => Ok(PermanentReason::InvalidRecord),
         Some(C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed) => {
             Err(BlockReason::Unauthorized)
         }
@@ -462,10 +460,11 @@ mod tests {
             reason(C::InvalidRecord),
             Some(Ok(PermanentReason::InvalidRecord))
         );
+        // librdkafka's answer for a valid record whose batch held an invalid one (KIP-467):
+        // retried, never given up.
         assert_eq!(
             reason(C::InvalidDifferentRecord),
-            Some(Ok(PermanentReason::InvalidRecord)),
-            "judged again alone"
+            Some(Err(BlockReason::Unavailable))
         );
         // Fixable by an operator: retried, never given up.
         assert_eq!(

@@ -248,7 +248,8 @@ struct Target {
     /// Every rule it was routed for is gone (config reload): a permanent failure releases it
     /// instead of holding it.
     orphaned: bool,
-    /// Its own topic may refuse its record.
+    /// Its next produce must go alone: its topic may refuse it (judged by the pipeline, or
+    /// refused in a batch already).
     alone: bool,
 }
 
@@ -268,7 +269,9 @@ impl Target {
     fn goes_alone(&self) -> bool {
         match &self.state {
             State::Primary => self.alone,
-            State::DeadLettering { reason, .. } => *reason == PermanentReason::TooLarge,
+            State::DeadLettering { reason, .. } => {
+                self.alone || *reason == PermanentReason::TooLarge
+            }
             State::Done => false,
         }
     }
@@ -519,7 +522,12 @@ impl<M> Window<M> {
                 reason: PermanentReason::TooLarge | PermanentReason::InvalidRecord,
                 ..
             } if probe_failures.is_none() => {
-                // Maybe only its batch's fault: judge it again, alone, at once.
+                // Maybe only its batch's fault: judge it again, alone, at once. Alone from now
+                // on: were it sent again with the records queued behind it, it could fail
+                // them again, each time.
+                if let Some(t) = self.target_mut(target) {
+                    t.alone = true;
+                }
                 self.requeue(&topic, target, None, 0, now);
             }
             Outcome::Permanent { reason, error } => {
@@ -917,6 +925,8 @@ impl<M> Window<M> {
                 error,
                 topic,
             };
+            // What its own topic refused says nothing of the dead-letter topic.
+            t.alone = false;
             self.dispatch(target, now);
             return false;
         }
@@ -1567,11 +1577,8 @@ mod tests {
         w.on_outcome(t(1), too_large(), now);
         assert_eq!(produces(&mut w), vec![(t(0), "a".into())], "0 alone");
         w.on_outcome(t(0), Outcome::Delivered, now);
-        assert_eq!(produces(&mut w), vec![(t(1), "a".into())], "then 1");
+        assert_eq!(produces(&mut w), vec![(t(1), "a".into())], "then 1, alone");
         // Alone and still too large: now it is.
-        // It was sent with nothing else in flight but not as a probe: judged again, alone.
-        w.on_outcome(t(1), too_large(), now);
-        assert_eq!(produces(&mut w), vec![(t(1), "a".into())]);
         w.on_outcome(t(1), too_large(), now);
         assert_eq!(produces(&mut w), vec![(t(1), "dlq".into())]);
     }
@@ -1644,11 +1651,9 @@ mod tests {
         w.on_outcome(t(0), Outcome::Delivered, now);
         assert_eq!(
             produces(&mut w),
-            vec![(t(1), "a".into()), (t(2), "a".into())]
+            vec![(t(1), "a".into())],
+            "then 1 alone: refused in a batch, it is never batched again"
         );
-        w.on_outcome(t(1), invalid(), now);
-        w.on_outcome(t(2), invalid(), now);
-        assert_eq!(produces(&mut w), vec![(t(1), "a".into())], "then 1 alone");
         w.on_outcome(t(1), invalid(), now);
         assert_eq!(
             produces(&mut w),
