@@ -171,13 +171,7 @@ fn only_the_invalid_records_of_a_refused_batch_are_dead_lettered() {
             "  - name: {name}\n    mqtt: {{ topics: [\"{name}/#\"] }}\n    kafka: {{ topic: {name}, key: {{ topic_level: 2 }} }}\n    dead_letter: {{ topic: {name}.dlq }}\n"
         )
     };
-    // A long linger: records surely share batches.
-    let config = brokers
-        .config("ferry-compacted", &(rule("born") + &rule("live")))
-        .replace(
-            "  bootstrap_servers:",
-            "  config: { linger.ms: 100 }\n  bootstrap_servers:",
-        );
+    let config = brokers.config("ferry-compacted", &(rule("born") + &rule("live")));
     let mut fwd = Forwarder::start(&config);
     fwd.wait_ready(Duration::from_secs(30));
     // The forwarder learns `live`'s config (not compacted) with its first record; then it
