@@ -538,6 +538,12 @@ mod tests {
             reason(C::InvalidRecord),
             Some(Ok(PermanentReason::InvalidRecord))
         );
+        // librdkafka's answer for a valid record whose batch held an invalid one (KIP-467):
+        // retried, never given up.
+        assert_eq!(
+            reason(C::InvalidDifferentRecord),
+            Some(Err(BlockReason::Unavailable))
+        );
         // Fixable by an operator: retried, never given up.
         assert_eq!(
             reason(C::TopicAuthorizationFailed),

@@ -4,11 +4,13 @@
 pub mod eval;
 pub mod http;
 pub mod kafka;
+pub mod limits;
 pub mod load;
 pub mod metrics;
 pub mod mqtt;
 pub mod permanent;
 pub mod pipeline;
+pub mod record;
 pub mod reload;
 pub mod route;
 pub mod tls;

@@ -5,18 +5,16 @@
 //! One task, no task per message, no unbounded queue: the window holds at most `max_inflight`
 //! messages and the pipeline stops taking PUBLISHes while it is full.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use ferry_api::KafkaTopic;
 use ferry_api::config::KafkaConfig;
 use ferry_api::expr::JsonReads;
 use ferry_api::status::{BlockedBy, Held};
-use ferry_api::{KafkaTopic, KeyStrategy, PayloadFormat};
 use rdkafka::error::KafkaError;
-use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{BaseRecord, Producer};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -24,9 +22,11 @@ use tracing::{debug, error, info, warn};
 
 use crate::eval::{self, EvalError, Evaluated, Scope};
 use crate::kafka::{self, Classified, Fatal, KafkaProducer, ProducerWiring, Replacement, Report};
+use crate::limits::{self, Judgement, Learned, TopicLimits};
 use crate::metrics::{Metrics, RuleStats};
 use crate::mqtt::{Link, Message, Outbound, Subscriptions};
-use crate::route::{Routed, Router, RuleSet, Target, header, record_key, wrap_json};
+use crate::record::Source;
+use crate::route::{Routed, Router, RuleSet, Target};
 use crate::window::{
     Action, Backoff, BlockReason, Dest, HeldRecord, Outcome, PermanentReason, Policy, Seq,
     TargetRef, TargetSpec, Window,
@@ -126,6 +126,13 @@ pub struct Pipeline {
     holds_changed: bool,
     /// The producer's `message.max.bytes`: what a record's expressions may build.
     record_max_bytes: usize,
+    /// The target topics' `max.message.bytes`, as far as learned.
+    limits: TopicLimits,
+    /// To the task that asks Kafka about topics' limits (`limits::learn`), and its answers.
+    limit_asks: mpsc::UnboundedSender<Vec<Arc<str>>>,
+    limit_answers: mpsc::UnboundedReceiver<(Arc<str>, Learned)>,
+    /// The learning task's ends, until `run` starts it.
+    learner: Option<(limits::Asks, limits::Answers)>,
 }
 
 /// What the pipeline is connected to.
@@ -154,6 +161,8 @@ impl Pipeline {
         };
         let producer = kafka::producer(&kafka, &producer_wiring, 0)?;
         let record_max_bytes = eval::record_max_bytes(&kafka.config);
+        let (limit_asks, asks) = mpsc::unbounded_channel();
+        let (answers, limit_answers) = mpsc::unbounded_channel();
         Ok(Self {
             router: Arc::new(router),
             metrics: wiring.metrics,
@@ -173,6 +182,10 @@ impl Pipeline {
             holds_reported: None,
             holds_changed: false,
             record_max_bytes,
+            limits: TopicLimits::new(record_max_bytes),
+            limit_asks,
+            limit_answers,
+            learner: Some((asks, answers)),
         })
     }
 
@@ -193,6 +206,11 @@ impl Pipeline {
         let mut drain_deadline: Option<Instant> = None;
         let mut kafka_permanent = None;
         let mut batch = Vec::with_capacity(256);
+        let learner = self
+            .learner
+            .take()
+            .map(|(asks, answers)| tokio::spawn(limits::learn(self.kafka.clone(), asks, answers)));
+        let mut limits_refresh_at = Instant::now() + limits::REFRESH_INTERVAL;
         loop {
             let replace_at = self.replace_at;
             let retry_at = self.window.next_deadline().map(Instant::from_std);
@@ -225,6 +243,13 @@ impl Pipeline {
                 _ = tokio::time::sleep_until(holds_at.unwrap_or_else(Instant::now)), if holds_at.is_some() => {
                     self.report_holds();
                 }
+                Some((topic, learned)) = self.limit_answers.recv() => {
+                    self.limits.learned(topic, learned);
+                }
+                _ = tokio::time::sleep_until(limits_refresh_at) => {
+                    self.limits.refresh();
+                    limits_refresh_at = Instant::now() + limits::REFRESH_INTERVAL;
+                }
                 _ = tokio::time::sleep_until(drain_deadline.unwrap_or_else(Instant::now)), if drain_deadline.is_some() => {
                     warn!(abandoned = self.window.len(), "drain bound passed; leaving unconfirmed messages unacknowledged for redelivery");
                     break;
@@ -254,9 +279,17 @@ impl Pipeline {
                 inbound.close();
             }
             self.run_actions();
+            let asks = self.limits.take_asks();
+            // Fails only if the learning task ended: the topics stay unknown, judged after the fact.
+            if !asks.is_empty() && self.limit_asks.send(asks).is_err() {
+                debug!("topic limit learner gone");
+            }
             if !accepting && self.window.is_empty() {
                 break;
             }
+        }
+        if let Some(learner) = learner {
+            learner.abort();
         }
         // Returning drops `self.link`, which tells the MQTT driver to write the last acks and
         // disconnect.
@@ -324,7 +357,10 @@ impl Pipeline {
         self.scratch.clear();
         let settled = judged.verdicts.into_iter().map(Verdict::count).collect();
         let legs = judged.legs;
-        let specs = legs.iter().map(|leg| leg.spec(&message.topic)).collect();
+        let specs = legs
+            .iter()
+            .map(|leg| leg.spec(&message, &mut self.limits))
+            .collect();
         let inflight = Inflight {
             message,
             legs,
@@ -546,43 +582,24 @@ impl Pipeline {
         };
         leg.sent_at = Instant::now();
         let leg = &*leg;
-        let wrapped;
-        let (value, headers): (&[u8], _) = match dest {
-            Dest::Primary => {
-                let value: &[u8] = match (&leg.target.payload, &leg.evaluated) {
-                    (PayloadFormat::Transform(_), Some(e)) => {
-                        e.value.as_deref().unwrap_or_default()
-                    }
-                    (PayloadFormat::WrappedJson, _) => {
-                        wrapped = wrap_json(&message.topic, &message.payload);
-                        &wrapped
-                    }
-                    _ => &message.payload,
-                };
-                (value, leg.headers(message))
-            }
+        let source = leg.source(message);
+        let record = match dest {
+            Dest::Primary => source.primary(),
             Dest::DeadLetter { error } => {
-                let headers = dead_letter_headers(
-                    leg.headers(message),
-                    &message.topic,
-                    &leg.intended_topic(&message.topic),
-                    &leg.target.matched_names(&leg.matched),
-                    error,
-                );
-                (&message.payload[..], Some(headers))
+                source.dead_letter(&leg.target.matched_names(&leg.matched), error)
             }
         };
-        let mut record =
-            BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, opaque).payload(value);
-        if let Some(key) = leg.key(&message.topic) {
-            record = record.key(key);
+        let mut base =
+            BaseRecord::<[u8], [u8], usize>::with_opaque_to(topic, opaque).payload(&record.value);
+        if let Some(key) = record.key {
+            base = base.key(key);
         }
-        if let Some(h) = headers {
-            record = record.headers(h);
+        if let Some(h) = record.owned_headers() {
+            base = base.headers(h);
         }
         // Refused before reaching librdkafka's queue (queue full, size over message.max.bytes):
         // handled exactly like a failed delivery.
-        if let Err((e, _)) = self.producer.send(record) {
+        if let Err((e, _)) = self.producer.send(base) {
             self.on_result(target, Err(e));
         }
     }
@@ -599,7 +616,18 @@ impl Pipeline {
         let outcome = match &result {
             Ok(()) => Outcome::Delivered,
             Err(e) => match kafka::classify(e) {
-                Classified::Outcome(outcome) => outcome,
+                Classified::Outcome(outcome) => {
+                    if let Outcome::Permanent {
+                        reason: PermanentReason::TooLarge | PermanentReason::InvalidRecord,
+                        ..
+                    } = outcome
+                        && let Some(topic) = self.primary_topic(target)
+                    {
+                        // Its limit or policy may have changed since they were learned.
+                        self.limits.refused(&topic);
+                    }
+                    outcome
+                }
                 Classified::ReplaceProducer => {
                     // The window takes its record, and every other not confirmed, to the next
                     // producer.
@@ -624,6 +652,12 @@ impl Pipeline {
         }
         self.window
             .on_outcome(target, outcome, std::time::Instant::now());
+    }
+
+    /// The Kafka topic of a target of a message, if it resolves to one.
+    fn primary_topic(&self, target: TargetRef) -> Option<Arc<str>> {
+        let m = self.window.message(target.seq)?;
+        m.legs.get(target.pos)?.topic(&m.message.topic).ok()
     }
 
     /// A target of a message, the rules of it the message matched, and its MQTT topic.
@@ -824,11 +858,19 @@ impl Pipeline {
 }
 
 impl Leg {
-    /// Where the window is to produce it, or why it cannot be.
-    fn spec(&self, mqtt_topic: &str) -> TargetSpec {
+    /// What its records are built from.
+    fn source<'m>(&'m self, message: &'m Message) -> Source<'m> {
+        Source {
+            target: &self.target,
+            evaluated: self.evaluated.as_deref(),
+            message,
+        }
+    }
+
+    /// Its Kafka topic, or why it has none.
+    fn topic(&self, mqtt_topic: &str) -> Result<Arc<str>, (PermanentReason, String)> {
         let t = &self.target;
-        let evaluated = self.evaluated.as_deref();
-        let topic = match (evaluated, &t.static_topic, &t.topic) {
+        match (self.evaluated.as_deref(), &t.static_topic, &t.topic) {
             (Some(Evaluated { error: Some(e), .. }), _, _) => Err((e.reason, e.message.clone())),
             (
                 Some(Evaluated {
@@ -852,49 +894,30 @@ impl Leg {
                 PermanentReason::Expression,
                 format!("kafka.topic_expression {:?} was not evaluated", e.source()),
             )),
+        }
+    }
+
+    /// Where the window is to produce it, or why it cannot be; and whether its topic may
+    /// refuse its record (too large, or keyless on a compacted topic): then it goes alone.
+    fn spec(&self, message: &Message, limits: &mut TopicLimits) -> TargetSpec {
+        let topic = self.topic(&message.topic);
+        let alone = match &topic {
+            Ok(name) => match limits.judge(name) {
+                Judgement::Never => false,
+                Judgement::Always => true,
+                Judgement::Check { above, compacted } => {
+                    (compacted && self.source(message).key().is_none())
+                        || above
+                            .is_some_and(|limit| self.source(message).primary().may_exceed(limit))
+                }
+            },
+            Err(_) => false,
         };
         TargetSpec {
             topic,
-            dead_letter: t.dead_letter.clone(),
-            on_unwritable: t.on_unwritable,
-        }
-    }
-
-    fn key<'m>(&'m self, mqtt_topic: &'m str) -> Option<&'m [u8]> {
-        match (&self.target.key, &self.evaluated) {
-            (KeyStrategy::Expression(_), Some(e)) => e.key.as_deref(),
-            (strategy, _) => record_key(strategy, mqtt_topic).map(str::as_bytes),
-        }
-    }
-
-    fn headers(&self, message: &Message) -> Option<OwnedHeaders> {
-        let planned = self.target.header_plan.build(message);
-        let evaluated = self.evaluated.as_ref().map(|e| &e.headers);
-        match evaluated {
-            Some(headers) if !headers.is_empty() => Some(
-                headers
-                    .iter()
-                    .fold(planned.unwrap_or_default(), |h, (name, value)| {
-                        h.insert(header(name, value))
-                    }),
-            ),
-            _ => planned,
-        }
-    }
-
-    /// The topic its record was meant for, for the dead-letter record's headers.
-    fn intended_topic(&self, mqtt_topic: &str) -> String {
-        if let Some(Evaluated {
-            topic: Some(name), ..
-        }) = self.evaluated.as_deref()
-        {
-            return name.clone();
-        }
-        match &self.target.topic {
-            KafkaTopic::Template(t) => t
-                .resolve(mqtt_topic)
-                .map_or_else(|_| t.to_string(), Cow::into_owned),
-            KafkaTopic::Expression(_) => self.target.topic_text(),
+            dead_letter: self.target.dead_letter.clone(),
+            on_unwritable: self.target.on_unwritable,
+            alone,
         }
     }
 }
@@ -1073,23 +1096,6 @@ fn cut(text: &str, max: usize) -> String {
         end -= 1;
     }
     format!("{}…", &text[..end])
-}
-
-/// The dead-letter record's headers: the original record's (if any) and where it came from,
-/// where it was going, and why it could not get there.
-fn dead_letter_headers(
-    original: Option<OwnedHeaders>,
-    mqtt_topic: &str,
-    kafka_topic: &str,
-    rules: &str,
-    error: &str,
-) -> OwnedHeaders {
-    original
-        .unwrap_or_default()
-        .insert(header("ferry.mqtt.topic", mqtt_topic.as_bytes()))
-        .insert(header("ferry.kafka.topic", kafka_topic.as_bytes()))
-        .insert(header("ferry.rule", rules.as_bytes()))
-        .insert(header("ferry.error", error.as_bytes()))
 }
 
 #[cfg(test)]

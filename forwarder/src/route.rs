@@ -12,7 +12,7 @@ use ferry_api::validate::RuleTopics;
 use ferry_api::{
     KafkaTopic, KeyStrategy, PayloadFormat, Rule, RuleExpressions, TopicFilter, ValidConfig,
 };
-use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::message::Header;
 
 use crate::metrics::{Metrics, RuleStats};
 use crate::mqtt::{self, Message};
@@ -347,29 +347,23 @@ impl HeaderPlan {
         }
     }
 
-    /// The headers of a message's record; `None` when there are none.
-    pub fn build(&self, m: &Message) -> Option<OwnedHeaders> {
-        if self.metadata.is_none() && (!self.user_properties || m.user_properties.is_empty()) {
-            return None;
-        }
-        let mut out = OwnedHeaders::new();
+    /// Appends the headers of a message's record to `out`, in order.
+    pub fn add<'m>(&'m self, m: &'m Message, out: &mut Vec<(&'m str, &'m [u8])>) {
         if let Some([topic, qos, retain, content_type]) = &self.metadata {
-            let qos_value = [b'0' + m.qos.min(2)];
+            const QOS: [&[u8]; 3] = [b"0", b"1", b"2"];
             let retain_value: &[u8] = if m.retain { b"true" } else { b"false" };
-            out = out
-                .insert(header(topic, m.topic.as_bytes()))
-                .insert(header(qos, &qos_value))
-                .insert(header(retain, retain_value));
+            out.push((topic, m.topic.as_bytes()));
+            out.push((qos, QOS[usize::from(m.qos.min(2))]));
+            out.push((retain, retain_value));
             if let Some(ct) = &m.content_type {
-                out = out.insert(header(content_type, ct.as_bytes()));
+                out.push((content_type, ct.as_bytes()));
             }
         }
         if self.user_properties {
             for (k, v) in &m.user_properties {
-                out = out.insert(header(k, v.as_bytes()));
+                out.push((k, v.as_bytes()));
             }
         }
-        Some(out)
     }
 }
 
@@ -559,7 +553,6 @@ rules:
 
     #[test]
     fn headers_carry_metadata_and_user_properties() {
-        use rdkafka::message::Headers as _;
         let m = Message {
             epoch: 1,
             topic: "plant/1/temp".into(),
@@ -571,24 +564,22 @@ rules:
             user_properties: vec![("trace".into(), "abc".into())],
             subscription_ids: Vec::new(),
         };
+        let pairs = |plan: &HeaderPlan| {
+            let mut out = Vec::new();
+            plan.add(&m, &mut out);
+            out.into_iter()
+                .map(|(k, v)| (k.to_owned(), String::from_utf8_lossy(v).into_owned()))
+                .collect::<Vec<_>>()
+        };
         let off = Headers::default();
-        assert!(HeaderPlan::new(&off).build(&m).is_none());
+        assert!(pairs(&HeaderPlan::new(&off)).is_empty());
         let all = Headers {
             metadata: true,
             user_properties: true,
             prefix: "mqtt.".into(),
             expressions: Default::default(),
         };
-        let h = HeaderPlan::new(&all).build(&m).unwrap();
-        let got: Vec<(String, String)> = h
-            .iter()
-            .map(|h| {
-                (
-                    h.key.to_owned(),
-                    String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
-                )
-            })
-            .collect();
+        let got = pairs(&HeaderPlan::new(&all));
         let want: Vec<(String, String)> = [
             ("mqtt.topic", "plant/1/temp"),
             ("mqtt.qos", "1"),

@@ -12,11 +12,17 @@
 //! - Per Kafka topic, records are produced in arrival order, retries included: once a record
 //!   of a topic must be produced again, later records of that topic queue behind it in a *lane*.
 //!   The lane re-produces its head alone (the probe) once nothing else of the topic is in
-//!   flight, and opens again when the probe is through. A "too large" error for a record that
-//!   was not alone may be its batch-mate's fault, so it is judged again as a probe.
+//!   flight, and opens again when the probe is through. A "too large" or "invalid record"
+//!   error for a record that was not alone may be its batch-mate's fault, so it is judged
+//!   again as a probe.
 //!   A record refused synchronously (the producer's queue is full) is a failure like any
 //!   other: the `Produce` actions of its topic not yet carried out are taken back into the
 //!   lane, so nothing queued behind it goes first.
+//! - A record its topic may refuse (`TargetSpec::alone`: the pipeline judges it too large for
+//!   the topic's limit, or keyless on a compacted topic) never shares a batch: it goes as a
+//!   probe, alone, with nothing else of its topic in flight before or after it. So Kafka
+//!   never refuses a batch that holds later records of the topic, and no record lands ahead
+//!   of an earlier one.
 //! - A producer lost to librdkafka's fatal error (`producer_lost`) gets no more records: its
 //!   failures say nothing about them, only its deliveries count, and once a new producer is in
 //!   place (`reset_producer`) every record not confirmed is produced again, once, in order.
@@ -44,6 +50,9 @@ pub struct TargetSpec {
     pub topic: Result<Arc<str>, (PermanentReason, String)>,
     pub dead_letter: Option<Arc<str>>,
     pub on_unwritable: OnUnwritable,
+    /// Its topic may refuse the record (too large, invalid): produce it alone (see the
+    /// module's rules).
+    pub alone: bool,
 }
 
 /// Why a record waits: Kafka may take it later, without anyone changing the record.
@@ -245,6 +254,9 @@ struct Target {
     /// Every rule it was routed for is gone (config reload): a permanent failure releases it
     /// instead of holding it.
     orphaned: bool,
+    /// Its next produce must go alone: its topic may refuse it (judged by the pipeline, or
+    /// refused in a batch already).
+    alone: bool,
 }
 
 impl Target {
@@ -255,6 +267,18 @@ impl Target {
                 error: error.clone(),
             },
             _ => Dest::Primary,
+        }
+    }
+
+    /// Its next produce must go alone: its record may be too large for its topic, or it is the
+    /// dead-letter copy of a record too large (as large, to a topic that may refuse it too).
+    fn goes_alone(&self) -> bool {
+        match &self.state {
+            State::Primary => self.alone,
+            State::DeadLettering { reason, .. } => {
+                self.alone || *reason == PermanentReason::TooLarge
+            }
+            State::Done => false,
         }
     }
 
@@ -433,6 +457,7 @@ impl<M> Window<M> {
                     in_flight: false,
                     held: None,
                     orphaned: false,
+                    alone: spec.alone,
                 }
             })
             .collect();
@@ -495,7 +520,7 @@ impl<M> Window<M> {
                     dead_letter,
                 });
                 if probe_failures.is_some() {
-                    self.open(&topic);
+                    self.open(&topic, now);
                 }
             }
             Outcome::Blocked { reason, error } => {
@@ -511,17 +536,22 @@ impl<M> Window<M> {
                 });
             }
             Outcome::Permanent {
-                reason: PermanentReason::TooLarge,
+                reason: PermanentReason::TooLarge | PermanentReason::InvalidRecord,
                 ..
             } if probe_failures.is_none() => {
-                // Maybe only its batch's fault: judge it again, alone, at once.
+                // Maybe only its batch's fault: judge it again, alone, at once. Alone from now
+                // on: were it sent again with the records queued behind it, it could fail
+                // them again, each time.
+                if let Some(t) = self.target_mut(target) {
+                    t.alone = true;
+                }
                 self.requeue(&topic, target, None, 0, now);
             }
             Outcome::Permanent { reason, error } => {
                 let error = format!("kafka topic {topic}: {error}");
                 let held = self.on_permanent(target, reason, error, now);
                 if probe_failures.is_some() && !held {
-                    self.open(&topic);
+                    self.open(&topic, now);
                 }
             }
         }
@@ -757,6 +787,7 @@ impl<M> Window<M> {
             return;
         };
         let dest = t.dest();
+        let alone = t.goes_alone();
         if self.lanes.len() > IDLE_LANES_KEPT {
             self.lanes
                 .retain(|_, l| l.outstanding > 0 || l.probe != Probe::Open);
@@ -765,7 +796,7 @@ impl<M> Window<M> {
             .lanes
             .entry(Arc::clone(&topic))
             .or_insert_with(Lane::new);
-        if lane.probe == Probe::Open {
+        if lane.probe == Probe::Open && !alone {
             lane.outstanding += 1;
             if let Some(t) = self.target_mut(target) {
                 t.in_flight = true;
@@ -777,6 +808,14 @@ impl<M> Window<M> {
             });
         } else {
             lane.queue.insert(target);
+            if lane.probe == Probe::Open {
+                // Alone: once what is in flight of the topic is through, as a probe.
+                self.closed_lanes += 1;
+                lane.probe = Probe::Waiting {
+                    at: now,
+                    failures: 0,
+                };
+            }
             self.start_probe(&topic, now);
         }
     }
@@ -830,16 +869,38 @@ impl<M> Window<M> {
         was_open
     }
 
-    /// The probe went through: everything queued goes out, in order.
-    fn open(&mut self, topic: &Arc<str>) {
+    /// The probe went through: everything queued goes out, in order, up to the first record
+    /// that must go alone; that one is the lane's next probe, once the others are through.
+    fn open(&mut self, topic: &Arc<str>, now: Instant) {
+        let first_alone = self.lanes.get(topic).and_then(|lane| {
+            lane.queue.iter().copied().find(|&q| {
+                self.slot(q.seq)
+                    .and_then(|s| s.targets.get(q.pos))
+                    .is_some_and(Target::goes_alone)
+            })
+        });
         let Some(lane) = self.lanes.get_mut(topic) else {
             return;
         };
-        if lane.probe != Probe::Open {
-            self.closed_lanes -= 1;
+        let mut queued = std::mem::take(&mut lane.queue);
+        if let Some(alone) = first_alone {
+            lane.queue = queued.split_off(&alone);
         }
-        lane.probe = Probe::Open;
-        let queued: Vec<TargetRef> = std::mem::take(&mut lane.queue).into_iter().collect();
+        if lane.queue.is_empty() {
+            if lane.probe != Probe::Open {
+                self.closed_lanes -= 1;
+            }
+            lane.probe = Probe::Open;
+        } else {
+            if lane.probe == Probe::Open {
+                self.closed_lanes += 1;
+            }
+            lane.probe = Probe::Waiting {
+                at: now,
+                failures: 0,
+            };
+        }
+        let queued: Vec<TargetRef> = queued.into_iter().collect();
         lane.outstanding += queued.len();
         for target in queued {
             let Some(t) = self.target_mut(target) else {
@@ -925,6 +986,8 @@ impl<M> Window<M> {
                 error,
                 topic,
             };
+            // What its own topic refused says nothing of the dead-letter topic.
+            t.alone = false;
             self.dispatch(target, now);
             return false;
         }
@@ -1032,6 +1095,9 @@ mod tests {
     struct Msg {
         targets: Vec<(Option<u8>, bool, bool)>,
         size: usize,
+        /// The pipeline knew the topic's limit and judged the record's size: it goes alone
+        /// when too large. (Not judged: the limit was not learned yet, or was lowered since.)
+        judged: bool,
     }
 
     #[derive(Debug, Clone)]
@@ -1098,8 +1164,13 @@ mod tests {
         (
             proptest::collection::vec(target, 0..3),
             prop_oneof![8 => Just(1usize), 1 => Just(LIMIT * 2)],
+            prop_oneof![3 => Just(true), 1 => Just(false)],
         )
-            .prop_map(|(targets, size)| Msg { targets, size })
+            .prop_map(|(targets, size, judged)| Msg {
+                targets,
+                size,
+                judged,
+            })
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -1132,7 +1203,8 @@ mod tests {
         /// Every policy each target had after a reload (its own at accept time aside).
         policies: BTreeMap<TargetRef, Vec<Rejudged>>,
         /// Records that were refused in a batch too large: records already in flight behind
-        /// them may land first (the one order exception, documented).
+        /// them may land first. Only a record too large that the pipeline did not judge (its
+        /// topic's limit unknown) can make such a batch: the check asserts so.
         in_too_large_batch: HashSet<TargetRef>,
         /// Produce calls still to be refused as `QueueFull`.
         queue_full: u8,
@@ -1168,6 +1240,7 @@ mod tests {
         fn apply(&mut self, op: Op) {
             match op {
                 Op::Accept(m) => {
+                    let alone = m.judged && m.size > LIMIT;
                     let specs = m
                         .targets
                         .iter()
@@ -1181,6 +1254,7 @@ mod tests {
                             } else {
                                 OnUnwritable::Hold
                             },
+                            alone,
                         })
                         .collect();
                     let id = self.msgs.len();
@@ -1323,6 +1397,13 @@ mod tests {
                 _ => Vec::new(),
             };
             if !refused && too_large {
+                assert!(
+                    batch.len() == 1
+                        || batch
+                            .iter()
+                            .any(|(t, dl)| !dl && !self.msgs[self.msg_of(*t)].judged),
+                    "a record judged too large shared a batch: {batch:?}"
+                );
                 self.in_too_large_batch
                     .extend(batch.iter().map(|(t, _)| *t));
             }
@@ -1551,6 +1632,7 @@ mod tests {
             topic: Ok(Arc::from(topic)),
             dead_letter: None,
             on_unwritable: OnUnwritable::Hold,
+            alone: false,
         }
     }
 
@@ -1738,13 +1820,95 @@ mod tests {
         w.on_outcome(t(1), too_large(), now);
         assert_eq!(produces(&mut w), vec![(t(0), "a".into())], "0 alone");
         w.on_outcome(t(0), Outcome::Delivered, now);
-        assert_eq!(produces(&mut w), vec![(t(1), "a".into())], "then 1");
+        assert_eq!(produces(&mut w), vec![(t(1), "a".into())], "then 1, alone");
         // Alone and still too large: now it is.
-        // It was sent with nothing else in flight but not as a probe: judged again, alone.
-        w.on_outcome(t(1), too_large(), now);
-        assert_eq!(produces(&mut w), vec![(t(1), "a".into())]);
         w.on_outcome(t(1), too_large(), now);
         assert_eq!(produces(&mut w), vec![(t(1), "dlq".into())]);
+    }
+
+    /// A record judged too large for its topic goes alone: after everything of its topic
+    /// before it is through, and nothing after it goes out until it is through or refused; so
+    /// Kafka never refuses a batch holding later records and nothing lands ahead of it.
+    #[test]
+    fn a_record_that_may_be_too_large_never_shares_a_batch() {
+        let now = Instant::now();
+        let mut w = Window::new(Backoff::default());
+        let with_dlq = |alone| TargetSpec {
+            dead_letter: Some(Arc::from("dlq")),
+            alone,
+            ..spec("a")
+        };
+        w.accept(0, vec![with_dlq(false)], now);
+        w.accept(1, vec![with_dlq(true)], now);
+        w.accept(2, vec![with_dlq(false)], now);
+        w.accept(3, vec![with_dlq(false)], now);
+        assert_eq!(produces(&mut w), vec![(t(0), "a".into())], "1 waits for 0");
+        w.on_outcome(t(0), Outcome::Delivered, now);
+        assert_eq!(produces(&mut w), vec![(t(1), "a".into())], "1 alone");
+        w.on_outcome(
+            t(1),
+            Outcome::Permanent {
+                reason: PermanentReason::TooLarge,
+                error: "Broker: Message size too large".into(),
+            },
+            now,
+        );
+        assert_eq!(
+            produces(&mut w),
+            vec![(t(1), "dlq".into()), (t(2), "a".into()), (t(3), "a".into())],
+            "refused alone: final at once; its copy goes to the dead-letter topic, the rest follow"
+        );
+        // Too large and yet taken (compression brought it under the limit): the lane opens.
+        w.accept(4, vec![with_dlq(true)], now);
+        w.accept(5, vec![with_dlq(false)], now);
+        assert_eq!(produces(&mut w), vec![], "4 waits for 2 and 3");
+        w.on_outcome(t(2), Outcome::Delivered, now);
+        w.on_outcome(t(3), Outcome::Delivered, now);
+        assert_eq!(produces(&mut w), vec![(t(4), "a".into())]);
+        w.on_outcome(t(4), Outcome::Delivered, now);
+        assert_eq!(produces(&mut w), vec![(t(5), "a".into())]);
+    }
+
+    /// A compacted topic refuses a whole batch as invalid when one record in it has no key:
+    /// its batch-mates are judged again alone and land; only the invalid one is dead-lettered.
+    #[test]
+    fn invalid_record_in_a_batch_is_judged_again_alone_before_it_is_dead_lettered() {
+        let now = Instant::now();
+        let mut w = Window::new(Backoff::default());
+        let with_dlq = || TargetSpec {
+            dead_letter: Some(Arc::from("dlq")),
+            ..spec("a")
+        };
+        for m in 0..3 {
+            w.accept(m, vec![with_dlq()], now);
+        }
+        assert_eq!(produces(&mut w).len(), 3);
+        let invalid = || Outcome::Permanent {
+            reason: PermanentReason::InvalidRecord,
+            error: "Broker: Invalid record".into(),
+        };
+        for m in 0..3 {
+            w.on_outcome(t(m), invalid(), now);
+        }
+        assert_eq!(produces(&mut w), vec![(t(0), "a".into())], "0 alone");
+        w.on_outcome(t(0), Outcome::Delivered, now);
+        assert_eq!(
+            produces(&mut w),
+            vec![(t(1), "a".into())],
+            "then 1 alone: refused in a batch, it is never batched again"
+        );
+        w.on_outcome(t(1), invalid(), now);
+        assert_eq!(
+            produces(&mut w),
+            vec![(t(1), "dlq".into()), (t(2), "a".into())]
+        );
+        w.on_outcome(t(2), Outcome::Delivered, now);
+        w.on_outcome(t(1), Outcome::Delivered, now);
+        assert_eq!(
+            completions(&mut w),
+            vec![1, 2],
+            "0 completed when it landed"
+        );
     }
 
     /// Drives a target of topic `topic` through "too large" twice (once in flight with
@@ -1833,7 +1997,15 @@ mod tests {
         assert_eq!(produces(&mut w), vec![(t(0), "a".into())]);
         refuse_too_large(&mut w, t(0), "a", now);
         assert_eq!(produces(&mut w), vec![(t(0), "dlq".into())]);
-        refuse_too_large(&mut w, t(0), "dlq", now);
+        // A copy of a record too large goes alone: its first refusal is final.
+        w.on_outcome(
+            t(0),
+            Outcome::Permanent {
+                reason: PermanentReason::TooLarge,
+                error: "Broker: Message size too large".into(),
+            },
+            now,
+        );
         let held: Vec<_> = w
             .held()
             .map(|h| (h.topic, h.dead_letter, h.error.to_owned()))

@@ -89,10 +89,12 @@ fn assert_exactly_in_order(what: &str, got: &[(String, usize)], want: &BTreeSet<
     );
 }
 
-/// Oversized messages mixed into a stream on the same MQTT topics (so the same partition and
-/// the same producer batches): Kafka refuses a whole batch as too large, and each record is
-/// judged again alone. Exactly the oversized ones are dead-lettered (rule with a dead-letter
-/// topic) or dropped and counted (rule with `on_unwritable: drop`); every valid one arrives.
+/// Oversized messages mixed into a stream on the same MQTT topics (so the same partition):
+/// the forwarder learns the topics' `max.message.bytes` and produces a record that may exceed
+/// it alone, so Kafka never refuses a batch holding later records. Exactly the oversized ones
+/// are dead-lettered (rule with a dead-letter topic) or dropped and counted (rule with
+/// `on_unwritable: drop`); every valid one arrives, once, in order per MQTT topic (before,
+/// records refused with an oversized batch-mate could land after later ones).
 #[test]
 fn only_the_oversized_messages_of_a_mixed_stream_leave_the_normal_path() {
     let brokers = Brokers::start();
@@ -138,14 +140,17 @@ fn only_the_oversized_messages_of_a_mixed_stream_leave_the_normal_path() {
     };
     let empty = BTreeSet::new();
     let want_of = |k| want.get(&k).unwrap_or(&empty);
-    // Order: records refused with a batch too large may land after later records of their
-    // partition that were already in flight (the documented exception); counted, not asserted.
     let want_a = want_of(("a", false));
     let late_a = assert_exactly("sized.a", &read("sized.a", want_a.len()), want_a);
     let want_b = want_of(("b", false));
     let late_b = assert_exactly("sized.b", &read("sized.b", want_b.len()), want_b);
     let want_dlq = want_of(("a", true));
-    assert_exactly("sized.dlq", &read("sized.dlq", want_dlq.len()), want_dlq);
+    assert_exactly_in_order("sized.dlq", &read("sized.dlq", want_dlq.len()), want_dlq);
+    assert_eq!(
+        (late_a, late_b),
+        (0, 0),
+        "records that landed after a later one of their MQTT topic (with a dead-letter topic, with drop)"
+    );
     let status = fwd.status().expect("status");
     let dropping = status.rule("dropping").expect("rule");
     assert_eq!(
@@ -157,6 +162,109 @@ fn only_the_oversized_messages_of_a_mixed_stream_leave_the_normal_path() {
     eprintln!(
         "mixed stream: {per_rule} per rule, {bigs} oversized each; landed after a later one: {late_a} + {late_b}"
     );
+}
+
+/// A compacted topic refuses a record without a key (INVALID_RECORD), and with it the whole
+/// batch the record was in. Two rules: `born` writes to a topic compacted from the start (the
+/// forwarder learns it and sends a keyless record alone), `live` to one made compacted after
+/// the forwarder learned it was not (so keyless records share batches, and each record of a
+/// refused batch is judged again alone). Either way every keyed record lands, once and in
+/// order, and only the keyless ones are dead-lettered (before, their batch-mates were too).
+#[test]
+fn only_the_invalid_records_of_a_refused_batch_are_dead_lettered() {
+    let brokers = Brokers::start();
+    let rt = runtime();
+    let bootstrap = brokers.kafka.bootstrap();
+    rt.block_on(common::create_topic_with_config(
+        &bootstrap,
+        "born",
+        &[("cleanup.policy", "compact")],
+    ));
+    for t in ["live", "born.dlq", "live.dlq"] {
+        rt.block_on(brokers.kafka.create_topic(t, 1))
+            .expect("topic");
+    }
+    // `topic_level: 2`: `<rule>/dev/<n>` is keyed by `<n>`, `<rule>/dev` has no key.
+    let rule = |name: &str| {
+        format!(
+            "  - name: {name}\n    mqtt: {{ topics: [\"{name}/#\"] }}\n    kafka: {{ topic: {name}, key: {{ topic_level: 2 }} }}\n    dead_letter: {{ topic: {name}.dlq }}\n"
+        )
+    };
+    let config = brokers.config("ferry-compacted", &(rule("born") + &rule("live")));
+    let mut fwd = Forwarder::start(&config);
+    fwd.wait_ready(Duration::from_secs(30));
+    // The forwarder learns `live`'s config (not compacted) with its first record; then it
+    // is compacted, well within the forwarder's refresh interval (60 s).
+    let publish = |client: &str, msgs: Vec<(String, Vec<u8>)>| {
+        rt.block_on(ferry_e2e::publish(
+            brokers.mqtt.port(),
+            client,
+            rumqttc::QoS::AtLeastOnce,
+            msgs,
+        ))
+        .expect("publish");
+    };
+    publish(
+        "pub-first",
+        vec![("live/dev/0".to_owned(), payload("live/dev/0", 0, false))],
+    );
+    wait_until(
+        &fwd,
+        Duration::from_secs(30),
+        "the first record acked",
+        || fwd.metric("ferry_mqtt_acked_messages_total") >= 1.0,
+    );
+    // Its answer is one DescribeConfigs round trip after the first record was taken.
+    std::thread::sleep(Duration::from_secs(1));
+    rt.block_on(common::alter_topic_config(
+        &bootstrap,
+        "live",
+        "cleanup.policy",
+        "compact",
+    ));
+    // The broker applies a topic's config change asynchronously.
+    std::thread::sleep(Duration::from_secs(2));
+    let total = 400;
+    let mut msgs = Vec::new();
+    let mut want: BTreeMap<(&str, bool), BTreeSet<(String, usize)>> = BTreeMap::new();
+    want.entry(("live", true))
+        .or_default()
+        .insert(("live/dev/0".to_owned(), 0));
+    for n in 1..=total {
+        for name in ["born", "live"] {
+            let keyed = n % 100 != 50;
+            let topic = if keyed {
+                format!("{name}/dev/{}", n % 4)
+            } else {
+                format!("{name}/dev")
+            };
+            msgs.push((topic.clone(), payload(&topic, n, false)));
+            want.entry((name, keyed)).or_default().insert((topic, n));
+        }
+    }
+    publish("pub-compacted", msgs);
+    wait_until(&fwd, Duration::from_secs(60), "every message acked", || {
+        fwd.metric("ferry_mqtt_acked_messages_total") >= (1 + 2 * total) as f64
+    });
+    let read = |topic: &str, n: usize| {
+        ids(&brokers
+            .kafka
+            .read_all(topic, n, Duration::from_secs(2), Duration::from_secs(30))
+            .expect("read"))
+    };
+    let status = fwd.status().expect("status");
+    for name in ["born", "live"] {
+        let (keyed, keyless) = (&want[&(name, true)], &want[&(name, false)]);
+        assert_exactly_in_order(name, &read(name, keyed.len()), keyed);
+        let dlq = format!("{name}.dlq");
+        assert_exactly_in_order(&dlq, &read(&dlq, keyless.len()), keyless);
+        let rule = status.rule(name).expect("rule");
+        assert_eq!(
+            (rule.forwarded, rule.dead_lettered),
+            (keyed.len() as u64, keyless.len() as u64),
+            "{name}"
+        );
+    }
 }
 
 /// A rule whose Kafka topic does not exist (auto-creation off): its messages are retried and

@@ -186,21 +186,7 @@ fn held_then_fixed(
 }
 
 async fn raise_limit(bootstrap: &str, topic: &str) {
-    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
-    use rdkafka::client::DefaultClientContext;
-    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
-        .set("bootstrap.servers", bootstrap)
-        .create()
-        .expect("admin");
-    let config =
-        AlterConfig::new(ResourceSpecifier::Topic(topic)).set("max.message.bytes", "1048588");
-    for r in admin
-        .alter_configs([&config], &AdminOptions::new())
-        .await
-        .expect("alter configs")
-    {
-        r.expect("limit raised");
-    }
+    common::alter_topic_config(bootstrap, topic, "max.message.bytes", "1048588").await;
 }
 
 fn create_topics(brokers: &Brokers, name: &str, limited: &[&str], plain: &[&str]) {

@@ -458,19 +458,45 @@ pub async fn publish_v5(port: u16, client_id: &str, messages: Vec<V5Message>) {
 
 /// Creates a one-partition topic whose `max.message.bytes` is `max_bytes`.
 pub async fn create_topic_with_limit(bootstrap: &str, name: &str, max_bytes: usize) {
+    let limit = max_bytes.to_string();
+    create_topic_with_config(bootstrap, name, &[("max.message.bytes", &limit)]).await;
+}
+
+/// Creates a one-partition topic with `config` (topic-level settings).
+pub async fn create_topic_with_config(bootstrap: &str, name: &str, config: &[(&str, &str)]) {
     use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     use rdkafka::client::DefaultClientContext;
     let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .create()
         .expect("admin");
-    let limit = max_bytes.to_string();
-    let topic = NewTopic::new(name, 1, TopicReplication::Fixed(1)).set("max.message.bytes", &limit);
+    let topic = config.iter().fold(
+        NewTopic::new(name, 1, TopicReplication::Fixed(1)),
+        |t, (k, v)| t.set(k, v),
+    );
     for r in admin
         .create_topics([&topic], &AdminOptions::new())
         .await
         .expect("create")
     {
         r.expect("topic created");
+    }
+}
+
+/// Sets `key` to `value` in `topic`'s config at the broker.
+pub async fn alter_topic_config(bootstrap: &str, topic: &str, key: &str, value: &str) {
+    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+    use rdkafka::client::DefaultClientContext;
+    let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .create()
+        .expect("admin");
+    let config = AlterConfig::new(ResourceSpecifier::Topic(topic)).set(key, value);
+    for r in admin
+        .alter_configs([&config], &AdminOptions::new())
+        .await
+        .expect("alter configs")
+    {
+        r.unwrap_or_else(|e| panic!("{topic}: {key} not set: {e:?}"));
     }
 }
