@@ -342,11 +342,8 @@ async fn reconcile_connection(
         .namespace()
         .ok_or(Error::NoNamespace { kind: CONNECTION })?;
     let action = if guarded.meta().deletion_timestamp.is_some() {
-        let prefix = group_key_prefix(&*guarded);
-        ctx.failures
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .retain(|key, _| !key.starts_with(&prefix));
+        // No group failing any more: their backoff is forgotten.
+        groups_retry(&ctx, &*guarded, &BTreeMap::new());
         finalize(&ctx, &guarded, &ns).await?
     } else {
         set_finalizer(&ctx.client, &guarded, &ns, true).await?;
@@ -459,9 +456,9 @@ async fn reconcile_readable(
 /// reconcile would be, so that a group the API keeps refusing neither holds back the
 /// connection's other retries (sessions to end, Secrets to resolve) nor counts against them.
 /// Forgets the groups that applied since.
-fn groups_retry(
+fn groups_retry<K: Resource<DynamicType = ()>>(
     ctx: &Context,
-    connection: &BrokerConnection,
+    connection: &K,
     failed: &BTreeMap<String, GroupFailure>,
 ) -> Option<Duration> {
     let prefix = group_key_prefix(connection);
