@@ -44,6 +44,7 @@ fn config(
         clean_session: false,
         session_expiry_secs: None,
         shared_group: None,
+        subscribe_shared: true,
         keep_alive_secs,
         max_inflight: window,
         username: None,
