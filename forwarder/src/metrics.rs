@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ferry_api::status::{
-    BlockedBy, ConfigStatus, DrainStatus, ForwarderStatus, Held, KafkaStatus, LastError, MqttStatus, RuleStatus,
-    SubscriptionRefused, Waiting,
+    BlockedBy, ConfigStatus, DrainStatus, ForwarderStatus, Held, KafkaStatus, LastError,
+    MqttStatus, RuleStatus, SubscriptionRefused, Waiting,
 };
 use jiff::Timestamp;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -397,9 +397,11 @@ impl DrainTracker {
     pub fn unsubscribe_acked(&self) {
         // An UNSUBACK of an earlier connection's packet never arrives here (counts reset on
         // connect), so this does not wrap; saturate anyway.
-        let _ = self.unsubscribes_pending.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-            Some(n.saturating_sub(1))
-        });
+        let _ = self
+            .unsubscribes_pending
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            });
     }
     pub fn delivered(&self) {
         *lock(&self.last_delivery) = Some(Instant::now());

@@ -734,7 +734,10 @@ fn a_drained_replica_leaves_nothing_in_its_session_when_it_ends() {
             .and_then(|s| s.drain)
             .is_some_and(|d| d.drained)
     });
-    eprintln!("drained {:.1?} after the config listed it", drain_started.elapsed());
+    eprintln!(
+        "drained {:.1?} after the config listed it",
+        drain_started.elapsed()
+    );
     let status = leaves.status().expect("status");
     assert!(
         status.mqtt.connected && status.inflight == 0,
@@ -754,7 +757,10 @@ fn a_drained_replica_leaves_nothing_in_its_session_when_it_ends() {
     eprintln!(
         "published {total}; the leaving replica received {before_stop} before it stopped; {d:?}"
     );
-    assert_eq!(d.missing, 0, "every acknowledged message is in Kafka: {d:?}");
+    assert_eq!(
+        d.missing, 0,
+        "every acknowledged message is in Kafka: {d:?}"
+    );
     stays.kill();
 }
 
@@ -777,11 +783,12 @@ fn a_single_replica_subscribes_plainly_and_a_broker_restart_loses_nothing() {
     let rt = runtime();
     rt.block_on(brokers.kafka.create_topic("restarted", 1))
         .expect("topic");
-    let rules =
-        "  - name: restarted\n    mqtt: { topics: [\"sensors/#\"] }\n    kafka: { topic: restarted }\n";
+    let rules = "  - name: restarted\n    mqtt: { topics: [\"sensors/#\"] }\n    kafka: { topic: restarted }\n";
     let single = |shared: bool| {
-        group_replica(&brokers, "ferry-single", rules, "5", shared, &[])
-            .replace("  protocol: 5\n", "  protocol: 5\n  session_expiry_secs: 3600\n")
+        group_replica(&brokers, "ferry-single", rules, "5", shared, &[]).replace(
+            "  protocol: 5\n",
+            "  protocol: 5\n  session_expiry_secs: 3600\n",
+        )
     };
     let mut fwd = Forwarder::start_configmap(&single(true));
     fwd.wait_ready(Duration::from_secs(30));
@@ -789,11 +796,23 @@ fn a_single_replica_subscribes_plainly_and_a_broker_restart_loses_nothing() {
     let messages = numbered_messages(10, 3000);
     let (before, rest) = messages.split_at(1000);
     let (during, after) = rest.split_at(1000);
-    brokers.publish_acked(&fwd, "pub-before", before.to_vec(), 1000, Duration::from_secs(60));
+    brokers.publish_acked(
+        &fwd,
+        "pub-before",
+        before.to_vec(),
+        1000,
+        Duration::from_secs(60),
+    );
     fwd.swap_config(&single(false));
-    wait_until(&fwd, Duration::from_secs(15), "the plain subscription", || {
-        fwd.status().is_some_and(|s| !s.mqtt.shared && s.config.generation == 2)
-    });
+    wait_until(
+        &fwd,
+        Duration::from_secs(15),
+        "the plain subscription",
+        || {
+            fwd.status()
+                .is_some_and(|s| !s.mqtt.shared && s.config.generation == 2)
+        },
+    );
     // The SUBSCRIBE and UNSUBSCRIBE go out right after the reload; give the broker a moment.
     std::thread::sleep(Duration::from_millis(500));
     // The forwarder is away (stopped, its session kept) while the broker restarts.
@@ -808,7 +827,13 @@ fn a_single_replica_subscribes_plainly_and_a_broker_restart_loses_nothing() {
     ))
     .expect("publish while the forwarder is away");
     fwd.signal(libc::SIGCONT);
-    brokers.publish_acked(&fwd, "pub-after", after.to_vec(), 3000, Duration::from_secs(120));
+    brokers.publish_acked(
+        &fwd,
+        "pub-after",
+        after.to_vec(),
+        3000,
+        Duration::from_secs(120),
+    );
     let d = read_judged(&brokers.kafka, "restarted", 3000, Duration::from_secs(120));
     assert_eq!(
         (d.missing, d.out_of_order),

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use ferry_api::crd::BrokerConnection;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::{Client, Resource, ResourceExt};
@@ -16,6 +16,7 @@ use serde::de::DeserializeOwned;
 use crate::children::{self, Children, LABEL_CONNECTION};
 use crate::context::{At, Error, Step};
 use crate::ownership::{self, Holder, Serving};
+use crate::scaledown::{Live, PodReport};
 use crate::validate::{ReadSecret, Secrets, referenced_secrets};
 use crate::writer::FIELD_MANAGER;
 
@@ -220,4 +221,70 @@ where
         }
     }
     Ok(out)
+}
+
+/// The connection's StatefulSets as they run, with the `/status` of the pods a scale-down
+/// waits for (see [`crate::scaledown`]): those at or above the wanted replicas, and pod 0 when
+/// going to zero. Only StatefulSets running more pods than wanted cost more than the LIST.
+pub(crate) async fn live_scale(
+    client: &Client,
+    ns: &str,
+    connection: &BrokerConnection,
+) -> Result<BTreeMap<String, Live>, Error> {
+    let selector = format!(
+        "{},{LABEL_CONNECTION}={}",
+        children::SELECTOR,
+        connection.name_any()
+    );
+    let wanted = connection.spec.forwarder.replicas.max(0);
+    let mut live: BTreeMap<String, Live> = Api::<StatefulSet>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .at(Step::Read)?
+        .items
+        .iter()
+        .map(|s| {
+            let replicas = s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            (
+                s.name_any(),
+                Live {
+                    replicas,
+                    reports: BTreeMap::new(),
+                },
+            )
+        })
+        .collect();
+    if live.values().all(|l| l.replicas <= wanted) {
+        return Ok(live);
+    }
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .at(Step::Read)?;
+    for pod in &pods.items {
+        let name = pod.name_any();
+        let Some((workload, ordinal)) = name
+            .rsplit_once('-')
+            .and_then(|(w, o)| Some((w, o.parse::<u32>().ok()?)))
+        else {
+            continue;
+        };
+        let Some(l) = live.get_mut(workload) else {
+            continue;
+        };
+        let asked = l.replicas > wanted && (ordinal >= wanted.max(1).unsigned_abs() || wanted == 0);
+        if !asked || pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        if let Some(status) = crate::dataplane::pod_status(pod).await {
+            l.reports.insert(
+                ordinal,
+                PodReport {
+                    drained: status.drain.is_some_and(|d| d.drained),
+                    plain: status.mqtt.subscribed && !status.mqtt.shared,
+                },
+            );
+        }
+    }
+    Ok(live)
 }

@@ -142,11 +142,12 @@ fn rules_report_what_their_forwarder_pods_forward_and_steady_state_reconciles_no
             &write_interval,
         ],
     );
-    let _pods = rules_become_ready_with_their_pods(&cp, &op, &mosquitto, &kafka);
+    let pods = rules_become_ready_with_their_pods(&cp, &op, &mosquitto, &kafka);
     forwarded_counts_reach_the_rules_status(&cp, &op, &mosquitto, &kafka, &rt);
     steady_traffic_reconciles_nothing_and_writes_within_budget(&op, &mosquitto);
     kafka_outage_is_reported_at_once(&cp, &op, &mut kafka);
     not_ready_pods_still_report_until_kafka_is_back(&cp, &op, &mut kafka);
+    scaling_down_drains_the_leaving_pod_and_loses_nothing(&cp, &op, &mosquitto, &kafka, pods);
 }
 
 /// A BrokerConnection `name` in {NS} to these brokers, with `replicas` forwarder pods.
@@ -579,4 +580,181 @@ fn a_held_record_makes_its_rule_held_and_its_neighbour_blocked_by_it() {
         stream,
         "every blocked message forwarded once"
     );
+}
+
+/// 2 → 1 replicas under steady QoS 1 traffic. The operator lists the leaving pod in its
+/// config's `drain` and keeps the StatefulSet at 2 until that pod's `/status` says drained; then
+/// it scales down and ends the pod's session, which by then holds nothing. Every message the
+/// broker acknowledged to the publisher is in Kafka, and the pod that stays now subscribes
+/// plainly (a group of one).
+fn scaling_down_drains_the_leaving_pod_and_loses_nothing(
+    cp: &ControlPlane,
+    op: &Operator,
+    mosquitto: &Mosquitto,
+    kafka: &Kafka,
+    mut pods: Vec<Pod>,
+) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(kafka.create_topic("handover", 1))
+        .expect("topic");
+    common::apply(
+        cp,
+        &rule_yaml("handover", "plant", "handover/#", "handover", ""),
+    );
+    let names = ["plant-default-0", "plant-default-1"];
+    let status_of = |i: u8| {
+        ferry_e2e::http_get_at(
+            SocketAddr::from((Ipv4Addr::new(127, 77, 0, i + 1), 8080)),
+            "/status",
+        )
+        .map(|(_, body)| body)
+        .unwrap_or_default()
+    };
+    op.wait_for("both pods forward rule handover", WAIT, || {
+        for name in names {
+            sync_config(cp, "plant-default", name);
+        }
+        (0..2).all(|i| status_of(i).contains("\"handover\""))
+    });
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = numbered_traffic(mosquitto.port(), std::sync::Arc::clone(&stop));
+    std::thread::sleep(Duration::from_secs(3));
+
+    // As a kubelet would, pod 1's object stays (Terminating) until its container stopped.
+    cp.run_kubectl([
+        "patch",
+        "pod",
+        "plant-default-1",
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":["ferry.test/kubelet"]}}"#,
+    ])
+    .expect("hold pod 1 while it stops");
+    common::apply(cp, &connection_yaml("plant", 1, mosquitto, kafka));
+    // The kubelet's part: the mounted ConfigMap follows, here at once.
+    op.wait_for(
+        "the StatefulSet scaled to 1 once pod 1 drained",
+        WAIT,
+        || {
+            for name in names {
+                sync_config(cp, "plant-default", name);
+            }
+            jsonpath(cp, NS, "statefulset", "plant-default", "{.spec.replicas}") == "1"
+        },
+    );
+    assert!(
+        status_of(1).contains("\"drained\":true"),
+        "scaled down only once pod 1 said drained: {}",
+        status_of(1)
+    );
+    let events = common::Scene::new(cp, op, NS).events("plant");
+    assert!(events.contains("Normal Draining"), "{events}");
+    // The kubelet stops the pod's container, and the pod goes; the operator then ends its
+    // session.
+    op.wait_for("pod 1 terminating", WAIT, || {
+        !jsonpath(
+            cp,
+            NS,
+            "pod",
+            "plant-default-1",
+            "{.metadata.deletionTimestamp}",
+        )
+        .is_empty()
+    });
+    drop(pods.pop());
+    cp.run_kubectl([
+        "patch",
+        "pod",
+        "plant-default-1",
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":null}}"#,
+    ])
+    .expect("release pod 1");
+    op.wait_for("pod 1's session ended", WAIT, || {
+        jsonpath(
+            cp,
+            NS,
+            "brokerconnection",
+            "plant",
+            "{.status.mqttSessions[*]}",
+        ) == "ferry.ferry.plant-default-0"
+    });
+    op.wait_for("pod 0 subscribes plainly", WAIT, || {
+        sync_config(cp, "plant-default", "plant-default-0");
+        status_of(0).contains("\"shared\":false")
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sent = traffic.join().expect("traffic");
+    let records = kafka
+        .read_all(
+            "handover",
+            sent,
+            Duration::from_secs(3),
+            Duration::from_secs(60),
+        )
+        .expect("read handover");
+    let distinct: std::collections::BTreeSet<&str> =
+        records.iter().map(|r| r.value_str()).collect();
+    assert_eq!(
+        distinct.len(),
+        sent,
+        "every message the broker acknowledged is in Kafka ({} records)",
+        records.len()
+    );
+    let (present, queued) = rt
+        .block_on(ferry_e2e::probe_session(
+            std::net::IpAddr::from([127, 0, 0, 1]),
+            mosquitto.port(),
+            None,
+            "ferry.ferry.plant-default-1",
+            false,
+        ))
+        .expect("probe the broker");
+    assert_eq!(
+        (present, queued),
+        (false, 0),
+        "the leaving pod's session is gone"
+    );
+    drop(pods);
+}
+
+/// Publishes `handover/<i>` messages with distinct payloads, 50 every 100 ms, until `stop`;
+/// returns how many the broker acknowledged.
+fn numbered_traffic(
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<usize> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let mut sent = 0;
+        for round in 0.. {
+            if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            let messages: Vec<(String, Vec<u8>)> = (0..50)
+                .map(|i| {
+                    (
+                        format!("handover/{}", i % 5),
+                        format!("h{round}-{i}").into_bytes(),
+                    )
+                })
+                .collect();
+            rt.block_on(ferry_e2e::publish(
+                port,
+                format!("handover-{round}"),
+                rumqttc::QoS::AtLeastOnce,
+                messages,
+            ))
+            .expect("publish");
+            sent += 50;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        sent
+    })
 }

@@ -561,7 +561,10 @@ pub fn end_session(port: u16, client_id: &str) {
         let (client, mut events) = AsyncClient::new(options, 4);
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            assert!(Instant::now() < deadline, "ending session {client_id} timed out");
+            assert!(
+                Instant::now() < deadline,
+                "ending session {client_id} timed out"
+            );
             match tokio::time::timeout(Duration::from_secs(10), events.poll()).await {
                 Ok(Ok(Event::Incoming(Packet::ConnAck(_)))) => {
                     client.disconnect().await.expect("disconnect");
