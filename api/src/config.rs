@@ -610,3 +610,50 @@ impl fmt::Display for ProblemList<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(mqtt: &str, drain: &str) -> ForwarderConfig {
+        let yaml = format!(
+            "mqtt: {{ host: h, client_id: me{mqtt} }}\nkafka: {{ bootstrap_servers: \"k:9092\" }}\n\
+             rules:\n  - name: a\n    mqtt: {{ topics: [\"s/#\", \"$share/x/t\"] }}\n    kafka: {{ topic: t }}\n{drain}"
+        );
+        serde_saphyr::from_str(&yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+    }
+
+    fn filters(subs: &[(String, u8)]) -> Vec<&str> {
+        subs.iter().map(|(f, _)| f.as_str()).collect()
+    }
+
+    #[test]
+    fn a_shared_group_subscribes_shared_and_drops_the_plain_form_on_connect() {
+        let plan = config(", shared_group: g", "").subscription_plan();
+        assert_eq!(filters(&plan.subscribe), ["$share/g/s/#", "$share/x/t"]);
+        assert_eq!(plan.unsubscribe_on_connect, ["s/#"]);
+    }
+
+    #[test]
+    fn a_single_replica_subscribes_plainly_and_drops_the_shared_form_on_connect() {
+        let c = config(", shared_group: g, subscribe_shared: false", "");
+        let plan = c.subscription_plan();
+        assert_eq!(filters(&plan.subscribe), ["$share/x/t", "s/#"]);
+        assert_eq!(plan.unsubscribe_on_connect, ["$share/g/s/#"]);
+        assert!(!c.shares_subscriptions());
+    }
+
+    #[test]
+    fn a_draining_forwarder_subscribes_nothing_and_drops_every_form() {
+        let c = config(", shared_group: g", "drain: [other, me]\n");
+        assert!(c.draining());
+        let plan = c.subscription_plan();
+        assert!(plan.subscribe.is_empty());
+        assert_eq!(
+            plan.unsubscribe_on_connect,
+            ["$share/g/s/#", "$share/x/t", "s/#"]
+        );
+        let other = config(", shared_group: g", "drain: [other]\n");
+        assert!(!other.draining() && !other.subscription_plan().subscribe.is_empty());
+    }
+}

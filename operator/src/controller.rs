@@ -417,7 +417,7 @@ async fn reconcile_readable(
 
     let live = live_scale(client, ns, connection).await?;
     let plan = plan::connection(connection, &rules, &secrets, image, &live)?;
-    let draining = report_scale_downs(ctx, connection, &plan.groups).await;
+    let mut draining = report_scale_downs(ctx, connection, &plan.groups).await;
 
     let applied = apply_groups(ctx, connection, &plan.groups).await;
     let recorded = connection
@@ -429,7 +429,8 @@ async fn reconcile_readable(
         // What runs keeps running (with the credentials it has) until the Secret is back.
         None => SessionsOutcome::unchanged(recorded),
         Some(secret_data) => {
-            let pruned = prune(client, ns, connection, &applied.serving()).await?;
+            let pruned = prune(client, ns, connection, &applied.serving(), true).await?;
+            draining |= report_retiring(ctx, connection, &pruned.retiring).await;
             debug!(connection = %name, namespace = %ns, groups = applied.workloads.len(), pruned = pruned.deleted, "applied");
             // An earlier name's StatefulSet still running keeps its sessions; so do the pods of
             // a group that failed to apply (0 replicas: none of its sessions is ended).
@@ -504,6 +505,45 @@ async fn report_scale_downs(
         }
     }
     any
+}
+
+/// Says which workloads of groups no longer served wait for their pods to drain before they
+/// go (a log line, and a Normal Event when one starts waiting); whether any does.
+async fn report_retiring(
+    ctx: &Context,
+    connection: &BrokerConnection,
+    retiring: &BTreeMap<String, Vec<String>>,
+) -> bool {
+    let prefix = format!("{}#retiring/", key_of(connection));
+    if let Ok(mut d) = ctx.draining.lock() {
+        d.retain(|k| {
+            k.strip_prefix(&prefix)
+                .is_none_or(|w| retiring.contains_key(w))
+        });
+    }
+    for (workload, pods) in retiring {
+        info!(connection = %connection.name_any(), workload = %workload, waiting = ?pods, "group no longer served: waiting for its pods to drain");
+        let first = ctx
+            .draining
+            .lock()
+            .is_ok_and(|mut d| d.insert(format!("{prefix}{workload}")));
+        if first {
+            let note = format!(
+                "{workload} is no longer served; it is removed once {} drained (forwarded what the broker holds for them), after the connection's other groups are ready",
+                pods.join(", ")
+            );
+            let reference = connection.object_ref(&());
+            event(
+                ctx,
+                &reference,
+                EventType::Normal,
+                ("Retire", "Draining"),
+                note,
+            )
+            .await;
+        }
+    }
+    !retiring.is_empty()
 }
 
 /// When to apply again the groups the API refused: each on a backoff of its own, as a failed

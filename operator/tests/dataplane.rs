@@ -602,36 +602,17 @@ fn scaling_down_drains_the_leaving_pod_and_loses_nothing(
         &rule_yaml("handover", "plant", "handover/#", "handover", ""),
     );
     let names = ["plant-default-0", "plant-default-1"];
-    let status_of = |i: u8| {
-        ferry_e2e::http_get_at(
-            SocketAddr::from((Ipv4Addr::new(127, 77, 0, i + 1), 8080)),
-            "/status",
-        )
-        .map(|(_, body)| body)
-        .unwrap_or_default()
-    };
     op.wait_for("both pods forward rule handover", WAIT, || {
         for name in names {
             sync_config(cp, "plant-default", name);
         }
-        (0..2).all(|i| status_of(i).contains("\"handover\""))
+        (0..2).all(|i| pod_status(i).contains("\"handover\""))
     });
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let traffic = numbered_traffic(mosquitto.port(), std::sync::Arc::clone(&stop));
+    let traffic = numbered_traffic(mosquitto.port(), "h", std::sync::Arc::clone(&stop));
     std::thread::sleep(Duration::from_secs(3));
 
-    // As a kubelet would, pod 1's object stays (Terminating) until its container stopped.
-    cp.run_kubectl([
-        "patch",
-        "pod",
-        "plant-default-1",
-        "-n",
-        NS,
-        "--type=merge",
-        "-p",
-        r#"{"metadata":{"finalizers":["ferry.test/kubelet"]}}"#,
-    ])
-    .expect("hold pod 1 while it stops");
+    hold_pod(cp, "plant-default-1");
     common::apply(cp, &connection_yaml("plant", 1, mosquitto, kafka));
     // The kubelet's part: the mounted ConfigMap follows, here at once.
     op.wait_for(
@@ -645,52 +626,130 @@ fn scaling_down_drains_the_leaving_pod_and_loses_nothing(
         },
     );
     assert!(
-        status_of(1).contains("\"drained\":true"),
+        pod_status(1).contains("\"drained\":true"),
         "scaled down only once pod 1 said drained: {}",
-        status_of(1)
+        pod_status(1)
     );
     let events = common::Scene::new(cp, op, NS).events("plant");
     assert!(events.contains("Normal Draining"), "{events}");
-    // The kubelet stops the pod's container, and the pod goes; the operator then ends its
-    // session.
-    op.wait_for("pod 1 terminating", WAIT, || {
-        !jsonpath(
-            cp,
-            NS,
-            "pod",
-            "plant-default-1",
-            "{.metadata.deletionTimestamp}",
-        )
-        .is_empty()
-    });
-    drop(pods.pop());
-    cp.run_kubectl([
-        "patch",
-        "pod",
-        "plant-default-1",
-        "-n",
-        NS,
-        "--type=merge",
-        "-p",
-        r#"{"metadata":{"finalizers":null}}"#,
-    ])
-    .expect("release pod 1");
+    let leaving = pods.pop().expect("pod 1");
+    release_pod(cp, op, "plant-default-1", leaving);
     op.wait_for("pod 1's session ended", WAIT, || {
-        jsonpath(
-            cp,
-            NS,
-            "brokerconnection",
-            "plant",
-            "{.status.mqttSessions[*]}",
-        ) == "ferry.ferry.plant-default-0"
+        sessions(cp) == "ferry.ferry.plant-default-0"
     });
     op.wait_for("pod 0 subscribes plainly", WAIT, || {
         sync_config(cp, "plant-default", "plant-default-0");
-        status_of(0).contains("\"shared\":false")
+        pod_status(0).contains("\"shared\":false")
     });
     std::thread::sleep(Duration::from_secs(3));
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let sent = traffic.join().expect("traffic");
+    assert_all_in_kafka(kafka, sent);
+    assert_session_gone(&rt, mosquitto, "ferry.ferry.plant-default-1");
+    renaming_the_group_drains_the_old_workload_and_loses_nothing(
+        cp, op, mosquitto, kafka, pods, sent,
+    );
+}
+
+/// Every rule of group `default` moves to group `east` under steady traffic: the operator
+/// starts `plant-east`, and once it is ready lists `plant-default`'s pod in its `drain`, keeps
+/// the old workload until that pod says drained, then removes it and ends its session. Every
+/// acknowledged message is in Kafka.
+fn renaming_the_group_drains_the_old_workload_and_loses_nothing(
+    cp: &ControlPlane,
+    op: &Operator,
+    mosquitto: &Mosquitto,
+    kafka: &Kafka,
+    mut pods: Vec<Pod>,
+    sent_before: usize,
+) {
+    hold_pod(cp, "plant-default-0");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = numbered_traffic(mosquitto.port(), "r", std::sync::Arc::clone(&stop));
+    std::thread::sleep(Duration::from_secs(2));
+    let east = "  group: east\n";
+    common::apply(
+        cp,
+        &[
+            rule_yaml("temps", "plant", "plant/+/temp", "temps", east),
+            rule_yaml(
+                "alarms",
+                "plant",
+                "plant/+/alarm",
+                "alarms",
+                "  filter: \"!string(payload).endsWith('0')\"\n  group: east\n",
+            ),
+            rule_yaml("handover", "plant", "handover/#", "handover", east),
+        ]
+        .join("---\n"),
+    );
+    op.wait_for("the new group's pod", WAIT, || {
+        cp.run_kubectl(["get", "pod", "plant-east-0", "-n", NS])
+            .is_ok()
+    });
+    let east_pod = run_pod(
+        cp,
+        "plant-east",
+        "plant-east-0",
+        Ipv4Addr::new(127, 77, 0, 3),
+    );
+    op.wait_for("the old workload drained and removed", WAIT, || {
+        let config = jsonpath(
+            cp,
+            NS,
+            "configmap",
+            "plant-default",
+            "{.data.config\\.yaml}",
+        );
+        if !config.is_empty() {
+            std::fs::write(
+                cp.dir().join("plant-default-0").join("config.yaml"),
+                &config,
+            )
+            .expect("config");
+        }
+        cp.run_kubectl(["get", "statefulset", "plant-default", "-n", NS])
+            .is_err_and(|e| e.to_string().contains("NotFound"))
+    });
+    let events = common::Scene::new(cp, op, NS).events("plant");
+    assert!(events.contains("Normal Draining"), "{events}");
+    let old = pods.pop().expect("pod 0");
+    release_pod(cp, op, "plant-default-0", old);
+    op.wait_for("the old pod's session ended", WAIT, || {
+        sessions(cp) == "ferry.ferry.plant-east-0"
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sent = sent_before + traffic.join().expect("traffic");
+    assert_all_in_kafka(kafka, sent);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    assert_session_gone(&rt, mosquitto, "ferry.ferry.plant-default-0");
+    drop(east_pod);
+}
+
+/// `/status` of the stand-in pod on 127.77.0.<i + 1>; empty when it does not answer.
+fn pod_status(i: u8) -> String {
+    ferry_e2e::http_get_at(
+        SocketAddr::from((Ipv4Addr::new(127, 77, 0, i + 1), 8080)),
+        "/status",
+    )
+    .map(|(_, body)| body)
+    .unwrap_or_default()
+}
+
+/// The client ids the connection's status records.
+fn sessions(cp: &ControlPlane) -> String {
+    jsonpath(
+        cp,
+        NS,
+        "brokerconnection",
+        "plant",
+        "{.status.mqttSessions[*]}",
+    )
+}
+
+/// Every distinct message published on `handover/#` (`sent` of them) is in Kafka.
+fn assert_all_in_kafka(kafka: &Kafka, sent: usize) {
     let records = kafka
         .read_all(
             "handover",
@@ -707,27 +766,61 @@ fn scaling_down_drains_the_leaving_pod_and_loses_nothing(
         "every message the broker acknowledged is in Kafka ({} records)",
         records.len()
     );
-    let (present, queued) = rt
+}
+
+/// The broker holds no session, and queues nothing, for `client_id`.
+fn assert_session_gone(rt: &tokio::runtime::Runtime, mosquitto: &Mosquitto, client_id: &str) {
+    let probed = rt
         .block_on(ferry_e2e::probe_session(
             std::net::IpAddr::from([127, 0, 0, 1]),
             mosquitto.port(),
             None,
-            "ferry.ferry.plant-default-1",
+            client_id,
             false,
         ))
         .expect("probe the broker");
-    assert_eq!(
-        (present, queued),
-        (false, 0),
-        "the leaving pod's session is gone"
-    );
-    drop(pods);
+    assert_eq!(probed, (false, 0), "{client_id}'s session is gone");
 }
 
-/// Publishes `handover/<i>` messages with distinct payloads, 50 every 100 ms, until `stop`;
-/// returns how many the broker acknowledged.
+/// As a kubelet would, the pod's object stays (Terminating) until its container stopped.
+fn hold_pod(cp: &ControlPlane, name: &str) {
+    cp.run_kubectl([
+        "patch",
+        "pod",
+        name,
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":["ferry.test/kubelet"]}}"#,
+    ])
+    .expect("hold the pod while it stops");
+}
+
+/// The kubelet's part once the pod is deleted: stops its container, then lets the object go.
+fn release_pod(cp: &ControlPlane, op: &Operator, name: &str, pod: Pod) {
+    op.wait_for(&format!("{name} terminating"), WAIT, || {
+        !jsonpath(cp, NS, "pod", name, "{.metadata.deletionTimestamp}").is_empty()
+    });
+    drop(pod);
+    cp.run_kubectl([
+        "patch",
+        "pod",
+        name,
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":null}}"#,
+    ])
+    .expect("release the pod");
+}
+
+/// Publishes `handover/<i>` messages with distinct payloads (starting with `tag`), 50 every
+/// 100 ms, until `stop`; returns how many the broker acknowledged.
 fn numbered_traffic(
     port: u16,
+    tag: &'static str,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::thread::JoinHandle<usize> {
     std::thread::spawn(move || {
@@ -741,13 +834,13 @@ fn numbered_traffic(
                 .map(|i| {
                     (
                         format!("handover/{}", i % 5),
-                        format!("h{round}-{i}").into_bytes(),
+                        format!("{tag}{round}-{i}").into_bytes(),
                     )
                 })
                 .collect();
             rt.block_on(ferry_e2e::publish(
                 port,
-                format!("handover-{round}"),
+                format!("handover-{tag}{round}"),
                 rumqttc::QoS::AtLeastOnce,
                 messages,
             ))

@@ -1,8 +1,8 @@
 //! The forwarders' MQTT sessions at a real Mosquitto, through the operator binary on a real
-//! kube-apiserver + controller-manager: when a group goes away or the connection is deleted,
-//! the broker ends up holding no session, and queueing nothing, for the client ids that will
-//! never come back, while the pods that stay keep theirs. (A scale-down drains the leaving pods
-//! before their sessions end: `dataplane.rs` runs it with real forwarders.)
+//! kube-apiserver + controller-manager: when the connection is deleted, the broker ends up
+//! holding no session, and queueing nothing, for the client ids that will never come back; a
+//! group that goes away keeps its sessions until its pods drained. (Scaling down and renaming
+//! a group with real forwarders that drain: `dataplane.rs`.)
 //!
 //! No kubelet runs here: the StatefulSet controller creates the pods, and the test plays what a
 //! kubelet and the forwarder in each pod would do: it marks the pods Running and connects to
@@ -176,22 +176,32 @@ fn sessions_of_removed_pods_groups_and_connections_are_ended_at_the_broker() {
     ))
     .expect("publish");
 
-    // The bulk group goes away with its only rule.
+    // The bulk group goes away with its only rule. Its pods are told to drain (its config
+    // lists them all), and it stays until they report drained; these stand-in pods never
+    // answer, so it waits, visibly, and their sessions keep what the broker queued.
     cp.run_kubectl(["delete", "forwardingrule", "bulk", "-n", NS])
         .expect("delete rule");
-    wait_recorded(&op, &cp, &default_pods);
+    op.wait_for("the removed group's pods listed in drain", WAIT, || {
+        jsonpath(&cp, NS, "configmap", "plant-bulk", "{.data.config\\.yaml}").contains("drain:")
+    });
+    let drain = jsonpath(&cp, NS, "configmap", "plant-bulk", "{.data.config\\.yaml}");
     for pod in bulk_pods {
-        assert_eq!(
-            rt.block_on(probe_session(port, &client_id(pod), false)),
-            (false, 0),
-            "{pod}: a removed group's sessions are ended, nothing queued"
-        );
+        assert!(drain.contains(&client_id(pod)), "{pod} drains: {drain}");
     }
-    assert_eq!(
-        rt.block_on(probe_session(port, &client_id("plant-default-0"), true)),
-        (true, 3),
-        "a pod that stays keeps its session and what was queued for it"
+    let events = common::Scene::new(&cp, &op, NS).events("plant");
+    assert!(events.contains("Normal Draining"), "{events}");
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(
+        cp.run_kubectl(["get", "statefulset", "plant-bulk", "-n", NS])
+            .is_ok(),
+        "kept until its pods drained"
     );
+    assert_eq!(
+        rt.block_on(probe_session(port, &client_id("plant-bulk-0"), true)),
+        (true, 3),
+        "a session not drained is not ended"
+    );
+    wait_recorded(&op, &cp, &all);
 
     // The connection: its finalizer holds it until its forwarders are gone and their sessions
     // ended.
@@ -206,7 +216,7 @@ fn sessions_of_removed_pods_groups_and_connections_are_ended_at_the_broker() {
         "ferry.dev/mqtt-sessions"
     );
     delete_plant(&op, &cp);
-    for pod in default_pods {
+    for pod in &all {
         assert_eq!(
             rt.block_on(probe_session(port, &client_id(pod), false)),
             (false, 0),
@@ -219,7 +229,7 @@ fn sessions_of_removed_pods_groups_and_connections_are_ended_at_the_broker() {
             "result=\"ended\""
         ),
         Some(6.0),
-        "3 with the removed group, 3 with the connection"
+        "a deleted connection's sessions are ended, drained or not"
     );
 }
 
