@@ -367,15 +367,25 @@ pub(crate) async fn live_scale(
         .iter()
         .map(|s| {
             let replicas = s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-            (
-                s.name_any(),
-                Live {
-                    replicas,
-                    reports: BTreeMap::new(),
-                },
-            )
+            let live = Live {
+                replicas,
+                ..Live::default()
+            };
+            (s.name_any(), live)
         })
         .collect();
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await
+        .at(Step::Read)?;
+    for pod in &pods.items {
+        let name = pod.name_any();
+        if let Some((workload, ordinal)) = workload_ordinal(&name)
+            && let Some(l) = live.get_mut(workload)
+        {
+            l.pods.insert(ordinal);
+        }
+    }
     if live.values().all(|l| l.replicas <= wanted) {
         return Ok(live);
     }
@@ -391,6 +401,12 @@ pub(crate) async fn live_scale(
         }
     }
     Ok(live)
+}
+
+/// The StatefulSet and ordinal of pod `<workload>-<ordinal>`.
+fn workload_ordinal(pod: &str) -> Option<(&str, u32)> {
+    let (workload, ordinal) = pod.rsplit_once('-')?;
+    Some((workload, ordinal.parse().ok()?))
 }
 
 /// The `/status` of the connection's running pods that `asked` names (by workload and
@@ -409,10 +425,7 @@ async fn pod_reports(
     let mut out = BTreeMap::new();
     for pod in &pods.items {
         let name = pod.name_any();
-        let Some((workload, ordinal)) = name
-            .rsplit_once('-')
-            .and_then(|(w, o)| Some((w, o.parse::<u32>().ok()?)))
-        else {
+        let Some((workload, ordinal)) = workload_ordinal(&name) else {
             continue;
         };
         if !asked(workload, ordinal) {

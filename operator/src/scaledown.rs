@@ -9,7 +9,7 @@
 //! subscribes plainly (Mosquitto restores plain subscriptions after a restart, not shared
 //! ones). [`step`] is the decision, pure; the reconcile reads the live state and applies it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A forwarder pod's answer on `/status`, as far as scaling down needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,12 +20,14 @@ pub struct PodReport {
     pub plain: bool,
 }
 
-/// One group's StatefulSet as it runs, and its pods' reports by ordinal (a pod without one is
-/// missing: not running, or not answering).
+/// One group's StatefulSet as it runs, its pods' reports by ordinal (a pod without one is
+/// missing: not running, or not answering), and the ordinals of its pod objects (terminating
+/// ones too).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Live {
     pub replicas: i32,
     pub reports: BTreeMap<u32, PodReport>,
+    pub pods: BTreeSet<u32>,
 }
 
 /// What to apply to one group now.
@@ -33,7 +35,8 @@ pub struct Live {
 pub struct Step {
     /// The StatefulSet's replicas.
     pub replicas: i32,
-    /// Ordinals whose pods leave for good: listed in the config's `drain`.
+    /// Ordinals whose pods leave for good: listed in the config's `drain`, also while they
+    /// terminate (a config without them would have them subscribe again before they stop).
     pub drain: Vec<u32>,
     /// Ordinals the scale-down waits for (to report drained, or pod 0 to subscribe plainly).
     pub waiting: Vec<u32>,
@@ -45,14 +48,25 @@ pub struct Step {
 /// scale-down waits visibly rather than discard a session's messages.
 pub fn step(wanted: i32, live: Option<&Live>) -> Step {
     let wanted = wanted.max(0);
-    let Some(live) = live.filter(|l| l.replicas > wanted) else {
+    let Some(live) = live else {
         return Step {
             replicas: wanted,
             ..Step::default()
         };
     };
     let stays = wanted.max(1).unsigned_abs();
-    let drain: Vec<u32> = (stays..live.replicas.unsigned_abs()).collect();
+    let top = live
+        .replicas
+        .unsigned_abs()
+        .max(live.pods.last().map_or(0, |o| o + 1));
+    let drain: Vec<u32> = (stays..top).collect();
+    if live.replicas <= wanted {
+        return Step {
+            replicas: wanted,
+            drain,
+            waiting: Vec::new(),
+        };
+    }
     let mut waiting: Vec<u32> = Vec::new();
     if wanted == 0 && !live.reports.get(&0).is_some_and(|r| r.plain) {
         waiting.push(0);
@@ -85,6 +99,7 @@ mod tests {
                 .iter()
                 .map(|&(o, drained, plain)| (o, PodReport { drained, plain }))
                 .collect(),
+            pods: (0..replicas.unsigned_abs()).collect(),
         }
     }
 
@@ -104,6 +119,16 @@ mod tests {
         assert_eq!((s.drain, s.waiting), (vec![1, 2], vec![2]));
         let s = step(1, Some(&live(3, &[(1, true, false), (2, true, false)])));
         assert_eq!((s.replicas, s.drain, s.waiting), (1, vec![1, 2], vec![]));
+    }
+
+    #[test]
+    fn a_drained_pod_stays_listed_until_its_object_is_gone() {
+        let mut l = live(1, &[]);
+        l.pods.insert(1);
+        let s = step(1, Some(&l));
+        assert_eq!((s.replicas, s.drain, s.waiting), (1, vec![1], vec![]));
+        l.pods.remove(&1);
+        assert_eq!(step(1, Some(&l)).drain, Vec::<u32>::new());
     }
 
     #[test]
