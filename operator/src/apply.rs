@@ -166,7 +166,8 @@ async fn retire(
     }
     let settled = serving
         .values()
-        .all(|s| !matches!(s, Serving::Applied { settled: false, .. }));
+        .all(|s| !matches!(s, Serving::Applied { settled: false, .. }))
+        && serving_runs_its_rules(client, ns, selector, serving).await?;
     let mut out = BTreeMap::new();
     for (workload, replicas) in retired {
         let pods: Vec<String> = (0..replicas).map(|o| format!("{workload}-{o}")).collect();
@@ -189,6 +190,53 @@ async fn retire(
         }
     }
     Ok(out)
+}
+
+/// Whether every running pod of every served workload reports each rule of its workload's
+/// config (the kubelet syncs a mounted ConfigMap up to a minute late): only then does it
+/// subscribe what a retiring workload stops subscribing.
+async fn serving_runs_its_rules(
+    client: &Client,
+    ns: &str,
+    selector: &str,
+    serving: &BTreeMap<String, Serving>,
+) -> Result<bool, Error> {
+    let maps = Api::<ConfigMap>::namespaced(client.clone(), ns);
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(selector))
+        .await
+        .at(Step::Prune)?;
+    for served in serving.values() {
+        let Serving::Applied { workload, .. } = served else {
+            continue;
+        };
+        let rules: Vec<String> = maps
+            .get_opt(workload)
+            .await
+            .at(Step::Prune)?
+            .and_then(|m| m.data?.remove(children::CONFIG_FILE))
+            .and_then(|text| serde_saphyr::from_str::<ferry_api::ForwarderConfig>(&text).ok())
+            .map(|c| c.rules.into_iter().map(|r| r.name).collect())
+            .unwrap_or_default();
+        for pod in &pods.items {
+            let name = pod.name_any();
+            if workload_ordinal(&name).is_none_or(|(w, _)| w != workload)
+                || pod.metadata.deletion_timestamp.is_some()
+            {
+                continue;
+            }
+            let Some(status) = crate::dataplane::pod_status(pod).await else {
+                return Ok(false);
+            };
+            if !rules
+                .iter()
+                .all(|r| status.rules.iter().any(|s| &s.name == r))
+            {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
 }
 
 /// Lists `pods` in the `drain` of `workload`'s config, as its pods read it.

@@ -694,6 +694,7 @@ fn renaming_the_group_drains_the_old_workload_and_loses_nothing(
         Ipv4Addr::new(127, 77, 0, 3),
     );
     op.wait_for("the old workload drained and removed", WAIT, || {
+        sync_config(cp, "plant-east", "plant-east-0");
         let config = jsonpath(
             cp,
             NS,
