@@ -93,8 +93,10 @@ impl RuleFigures {
             let _ = writeln!(
                 s,
                 "| forwarder CPU per message at 10,000 rules ≤ 1.2× at 10 | {ratio:.2}× ({:.2} µs vs {:.2} µs) | {} |",
-                self.drain(MOST_RULES).map_or(f64::NAN, |d| d.cpu_us_per_message),
-                self.drain(RULE_COUNTS[0]).map_or(f64::NAN, |d| d.cpu_us_per_message),
+                self.drain(MOST_RULES)
+                    .map_or(f64::NAN, |d| d.cpu_us_per_message),
+                self.drain(RULE_COUNTS[0])
+                    .map_or(f64::NAN, |d| d.cpu_us_per_message),
                 verdict(ratio <= 1.2)
             );
         }
@@ -160,7 +162,14 @@ fn verdict(met: bool) -> &'static str {
 
 /// One group's forwarder config: `rules` rules, rule *i* named `<name>-<i>` forwarding
 /// `r<run>/d<i>/+` (and `r<run>/n<i>/+` when `second_filter`) to `rules.<run>.<i mod 8>`.
-fn config(bench: &Bench, run: u32, rules: usize, name: &str, second_filter: bool, log: &str) -> String {
+fn config(
+    bench: &Bench,
+    run: u32,
+    rules: usize,
+    name: &str,
+    second_filter: bool,
+    log: &str,
+) -> String {
     let mut c = format!(
         "mqtt:\n  host: 127.0.0.1\n  port: {port}\n  client_id: rules-{run}\n  clean_session: false\n  max_inflight: {window}\n\
          kafka:\n  bootstrap_servers: \"{bootstrap}\"\n{kafka_config}\
@@ -245,7 +254,9 @@ fn topics_and_readers(bench: &Bench, run: u32, timeout: Duration) -> Result<Vec<
     (0..KAFKA_TOPICS)
         .map(|k| {
             let topic = format!("rules.{run}.{k}");
-            bench.rt.block_on(bench.kafka.create_topic(&topic, PARTITIONS))?;
+            bench
+                .rt
+                .block_on(bench.kafka.create_topic(&topic, PARTITIONS))?;
             load::read_topic(
                 bench.kafka.bootstrap(),
                 topic,
@@ -265,7 +276,12 @@ fn drain(bench: &mut Bench, rules: usize) -> Result<(RuleDrain, f64)> {
     let dir = bench.dir.path();
     // The session first (subscribe, leave), so the broker queues the backlog for it.
     let started = Instant::now();
-    let mut f = Forwarder::start(&bench.forwarder_bin, dir, &format!("rules{run}-session"), &config)?;
+    let mut f = Forwarder::start(
+        &bench.forwarder_bin,
+        dir,
+        &format!("rules{run}-session"),
+        &config,
+    )?;
     f.wait_ready(Duration::from_secs(60))?;
     let start_seconds = started.elapsed().as_secs_f64();
     f.stop()?;
@@ -291,7 +307,11 @@ fn drain(bench: &mut Bench, rules: usize) -> Result<(RuleDrain, f64)> {
     let samples = sampler.stop();
     let peak_rss_mib = f.usage()?.peak_rss_mib;
     f.stop()?;
-    let first = arrivals.iter().map(|a| a.first_read_ns).filter(|t| *t > 0).min();
+    let first = arrivals
+        .iter()
+        .map(|a| a.first_read_ns)
+        .filter(|t| *t > 0)
+        .min();
     let last = arrivals.iter().map(|a| a.last_read_ns).max();
     let (Some(first), Some(last)) = (first, last) else {
         bail!("{rules} rules: nothing arrived in Kafka");
