@@ -27,6 +27,10 @@ const KAFKA_TOPICS: usize = 8;
 /// The backlog of each drain: the issue's table's 50k messages.
 const BACKLOG: u64 = 50_000;
 const SIZE: usize = 300;
+/// MQTT topics (so Kafka keys) per rule: with one, 10 rules would fill 10 of the 32
+/// partitions and 1,000 rules all of them, and the drains would compare how librdkafka
+/// batches rather than what a rule costs.
+const KEYS_PER_RULE: u64 = 16;
 /// Rounds of the three drains, interleaved: a drain lasts a couple of seconds, on cores shared
 /// with both brokers.
 const ROUNDS: usize = 3;
@@ -120,7 +124,7 @@ impl RuleFigures {
         let _ = writeln!(
             s,
             "\n### Rules in a group (1 forwarder, QoS 1, {SIZE} B, window 1000)\n\n\
-             Rule *i* forwards `r<run>/d<i>/+` to one of {KAFKA_TOPICS} Kafka topics; a {BACKLOG}-message backlog spread over the rules' topics. \
+             Rule *i* forwards `r<run>/d<i>/+` to one of {KAFKA_TOPICS} Kafka topics ({PARTITIONS} partitions each); a {BACKLOG}-message backlog spread over the rules, {KEYS_PER_RULE} MQTT topics (Kafka keys) each. \
              CPU per message: the forwarder's scheduler time from the first record read back from Kafka to the last, over the messages between (start-up apart); the median of {ROUNDS} rounds.\n\n\
              | rules | forwarder µs/msg | each round | msg/s | peak RSS MiB | lost | dup |\n|---|---|---|---|---|---|---|"
         );
@@ -288,7 +292,8 @@ fn drain(bench: &mut Bench, rules: usize) -> Result<(RuleDrain, f64)> {
     let messages: Vec<(String, Vec<u8>)> = (0..BACKLOG)
         .map(|seq| {
             let rule = seq % rules as u64;
-            (format!("r{run}/d{rule}/v"), load::payload(seq, SIZE))
+            let key = (seq / rules as u64) % KEYS_PER_RULE;
+            (format!("r{run}/d{rule}/v{key}"), load::payload(seq, SIZE))
         })
         .collect();
     bench.rt.block_on(ferry_e2e::publish(
