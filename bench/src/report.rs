@@ -473,7 +473,7 @@ pub struct Report {
     pub rerun: Vec<String>,
 }
 
-fn verdict(met: bool) -> &'static str {
+pub fn verdict(met: bool) -> &'static str {
     if met { "met" } else { "**missed**" }
 }
 

@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::load::{self, Arrivals, Judge, now_ns, percentile};
 use crate::procs::{Forwarder, sched};
+use crate::report::verdict;
 use crate::{Bench, PARTITIONS};
 
 /// The rule counts the drains run at.
@@ -158,10 +159,6 @@ impl RuleFigures {
             self.reload_stream_lost
         );
     }
-}
-
-fn verdict(met: bool) -> &'static str {
-    if met { "met" } else { "**missed**" }
 }
 
 /// One group's forwarder config: `rules` rules, rule *i* named `<name>-<i>` forwarding
