@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use ferry_forwarder::load::{LoadSettings, load};
 use ferry_forwarder::metrics::Metrics;
-use ferry_forwarder::route::Router;
+use ferry_forwarder::pipeline::Reload;
 use serde::{Deserialize, Serialize};
 
 use crate::load::{self, Arrivals, Judge, now_ns, percentile};
@@ -395,10 +395,9 @@ fn reload_work(bench: &Bench) -> Result<f64> {
         let start = Instant::now();
         let loaded = load(&text, &LoadSettings::default())
             .map_err(|e| anyhow::anyhow!("the {MOST_RULES}-rule config: {e}"))?;
-        let router = Router::new(&loaded.config, &metrics);
-        let subscriptions = loaded.config.subscriptions();
+        let reload = Reload::new(&loaded.config, &metrics);
         fastest = fastest.min(start.elapsed().as_secs_f64());
-        std::hint::black_box((router, subscriptions));
+        std::hint::black_box(reload);
     }
     println!("a reload's work at {MOST_RULES} rules: {fastest:.3} s");
     Ok(fastest)

@@ -127,6 +127,8 @@ pub struct Context {
     pub(crate) forwarder_image: ForwarderImage,
     /// Consecutive failures per object, for its backoff.
     pub(crate) failures: Mutex<HashMap<String, u32>>,
+    /// Groups whose scale-down waits for leaving pods to drain (so the Event is sent once).
+    pub(crate) draining: Mutex<std::collections::HashSet<String>>,
     /// Connections to reconcile because the data plane changed whether one of their rules is
     /// `Ready` (a status-only change, which the watches do not treat as a trigger).
     ready_changes: mpsc::Sender<ObjectRef<DeserializeGuard<BrokerConnection>>>,
@@ -155,6 +157,7 @@ impl Context {
             connections_listed,
             forwarder_image,
             failures: Mutex::new(HashMap::new()),
+            draining: Mutex::new(std::collections::HashSet::new()),
             ready_changes,
         };
         let requests = futures::stream::unfold(ready_changes_rx, |mut rx| async move {

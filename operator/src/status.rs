@@ -686,6 +686,7 @@ mod tests {
             mqtt: MqttStatus {
                 connected,
                 subscribed: connected,
+                shared: true,
                 last_error: None,
             },
             kafka: KafkaStatus {
@@ -697,6 +698,7 @@ mod tests {
             },
             inflight: 0,
             rules: rule.into_iter().collect(),
+            drain: None,
         }
     }
 
