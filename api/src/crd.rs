@@ -403,7 +403,7 @@ pub struct ForwardingRuleSpec {
     /// The BrokerConnection (same namespace) this rule forwards through.
     pub connection_ref: LocalRef,
     /// Rules of one connection and group are served by the same forwarder pods. A group holds
-    /// at most 4096 rules and a 1 MiB config; rules are admitted oldest first, and one that
+    /// at most 10,000 rules and a 1 MiB config; rules are admitted oldest first, and one that
     /// does not fit is refused (Accepted False, GroupFull).
     #[serde(default = "default_group")]
     #[x_kube(validation = Rule::new("size(self) <= 40 && self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("group must be a DNS label of at most 40 characters (lower-case letters, digits, '-')"))]

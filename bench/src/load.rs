@@ -251,6 +251,9 @@ pub struct Arrivals {
     pub mismatched: u64,
     /// End-to-end latency of each first arrival, in ms (publish call → read from Kafka).
     pub latencies_ms: Vec<f64>,
+    /// When the first and the last record were read (ns since the epoch; 0: none was).
+    pub first_read_ns: u64,
+    pub last_read_ns: u64,
 }
 
 /// How the reader reads and judges the records.
@@ -291,6 +294,10 @@ impl Tally {
     /// Judges one record read at `received` (ns since the epoch).
     fn take(&mut self, key: Option<&[u8]>, payload: &[u8], judge: Judge, received: u64) -> bool {
         self.a.records += 1;
+        if self.a.first_read_ns == 0 {
+            self.a.first_read_ns = received;
+        }
+        self.a.last_read_ns = received;
         let Some((seq, sent, device)) = decode_record(payload, judge.payload) else {
             return false;
         };

@@ -13,6 +13,7 @@ mod operator;
 mod plot;
 mod procs;
 mod report;
+mod rules;
 mod soak;
 
 use std::path::{Path, PathBuf};
@@ -46,7 +47,7 @@ struct Args {
     #[arg(long)]
     no_operator: bool,
     /// Only these sections (for experiments): drains, expressions, lowrate, windows, replicas,
-    /// latency, operator.
+    /// latency, rules, operator.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// The forwarder's max_inflight outside the window sweep.
@@ -511,13 +512,14 @@ fn main() -> Result<()> {
             );
         }
     }
-    const SECTIONS: [&str; 7] = [
+    const SECTIONS: [&str; 8] = [
         "drains",
         "expressions",
         "lowrate",
         "windows",
         "replicas",
         "latency",
+        "rules",
         "operator",
     ];
     if let Some(other) = args.only.iter().find(|o| !SECTIONS.contains(&o.as_str())) {
@@ -654,6 +656,9 @@ fn forwarder_sections(args: &Args, forwarder_bin: PathBuf, report: &mut Report) 
                 .push(bench.latency(rate, args.latency_seconds, window)?);
         }
     }
+    if wanted("rules") {
+        report.rules = Some(rules::run(&mut bench)?);
+    }
     Ok(())
 }
 
@@ -759,6 +764,7 @@ fn merge(out: &Path, ran: Report, only: &[String]) -> Result<Report> {
             "windows" => merged.windows = ran.windows.clone(),
             "replicas" => merged.replicas = ran.replicas.clone(),
             "latency" => merged.latencies = ran.latencies.clone(),
+            "rules" => merged.rules = ran.rules.clone(),
             "operator" => merged.operator = ran.operator.clone(),
             other => bail!("--only {other}: not a section"),
         }

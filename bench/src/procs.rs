@@ -87,24 +87,37 @@ pub fn sched(pid: u32) -> Result<Sched> {
 pub struct Forwarder {
     child: Option<Child>,
     pub http_port: u16,
+    config: PathBuf,
     log: PathBuf,
+}
+
+fn with_listen(config: &str, http_port: u16) -> String {
+    format!("{config}http:\n  listen: 127.0.0.1:{http_port}\n")
 }
 
 impl Forwarder {
     /// Starts it; `config` gets `http.listen` on a free port appended.
     pub fn start(bin: &Path, dir: &Path, name: &str, config: &str) -> Result<Self> {
+        Self::spawn(bin, dir, name, config, false)
+    }
+
+    /// [`Forwarder::start`], watching its config file: [`Forwarder::rewrite_config`] reloads it.
+    pub fn start_reloading(bin: &Path, dir: &Path, name: &str, config: &str) -> Result<Self> {
+        Self::spawn(bin, dir, name, config, true)
+    }
+
+    fn spawn(bin: &Path, dir: &Path, name: &str, config: &str, reload: bool) -> Result<Self> {
         let http_port = free_port()?;
         let path = dir.join(format!("{name}.yaml"));
-        std::fs::write(
-            &path,
-            format!("{config}http:\n  listen: 127.0.0.1:{http_port}\n"),
-        )?;
+        std::fs::write(&path, with_listen(config, http_port))?;
         let log = dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log)?;
-        let child = Command::new(bin)
-            .arg("--config")
-            .arg(&path)
-            .arg("--no-reload")
+        let mut command = Command::new(bin);
+        command.arg("--config").arg(&path);
+        if !reload {
+            command.arg("--no-reload");
+        }
+        let child = command
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)
@@ -113,8 +126,22 @@ impl Forwarder {
         Ok(Self {
             child: Some(child),
             http_port,
+            config: path,
             log,
         })
+    }
+
+    /// Replaces its config file at once (a rename, as Kubernetes swaps a ConfigMap's files).
+    pub fn rewrite_config(&self, config: &str) -> Result<()> {
+        let next = self.config.with_extension("next");
+        std::fs::write(&next, with_listen(config, self.http_port))?;
+        std::fs::rename(&next, &self.config)?;
+        Ok(())
+    }
+
+    /// Its log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     pub fn pid(&self) -> u32 {

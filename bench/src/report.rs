@@ -466,12 +466,14 @@ pub struct Report {
     pub replicas: Vec<Drain>,
     pub latencies: Vec<Latency>,
     pub operator: Option<OperatorFigures>,
+    #[serde(default)]
+    pub rules: Option<crate::rules::RuleFigures>,
     /// Sections measured again alone (`--only`) after the whole run, with when and how long.
     #[serde(default)]
     pub rerun: Vec<String>,
 }
 
-fn verdict(met: bool) -> &'static str {
+pub fn verdict(met: bool) -> &'static str {
     if met { "met" } else { "**missed**" }
 }
 
@@ -513,6 +515,9 @@ impl Report {
         self.window_table(&mut s);
         self.replica_table(&mut s);
         self.latency_table(&mut s);
+        if let Some(r) = &self.rules {
+            r.section(&mut s);
+        }
         if let Some(o) = &self.operator {
             o.section(&mut s);
         }
@@ -593,6 +598,9 @@ impl Report {
             );
         }
         self.expression_targets(s);
+        if let Some(r) = &self.rules {
+            r.target_rows(s);
+        }
         if let Some(o) = &self.operator {
             o.target_rows(s);
         }

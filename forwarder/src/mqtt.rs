@@ -47,6 +47,10 @@ const CONNECT_BOUND: Duration = Duration::from_secs(10);
 const READ_AHEAD: usize = 256 * 1024;
 /// Most `Outbound` items taken off the channel for one write.
 const BATCH: usize = 4096;
+/// Most filters in one SUBSCRIBE or UNSUBSCRIBE. A broker that handles a packet whole on one
+/// thread (Mosquitto) would hold every client's messages while it took thousands of filters;
+/// packets of a hundred let it serve the others in between.
+const FILTERS_PER_PACKET: usize = 100;
 
 /// One PUBLISH as the pipeline sees it, whatever the protocol version.
 #[derive(Debug, Clone)]
@@ -739,7 +743,10 @@ impl Session {
             }
             return Ok(());
         }
-        self.subscribe_packet(codec, filters, None)
+        for chunk in filters.chunks(FILTERS_PER_PACKET) {
+            self.subscribe_packet(codec, chunk, None)?;
+        }
+        Ok(())
     }
 
     fn subscribe_packet(
@@ -763,8 +770,10 @@ impl Session {
             self.granted.remove(f);
             self.refused.remove(f);
         }
-        let pkid = self.next_pkid();
-        codec.unsubscribe(pkid, filters, &mut self.conn.write_buf)?;
+        for chunk in filters.chunks(FILTERS_PER_PACKET) {
+            let pkid = self.next_pkid();
+            codec.unsubscribe(pkid, chunk, &mut self.conn.write_buf)?;
+        }
         Ok(())
     }
 

@@ -5,7 +5,7 @@
 //! One task, no task per message, no unbounded queue: the window holds at most `max_inflight`
 //! messages and the pipeline stops taking PUBLISHes while it is full.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -44,10 +44,14 @@ const HELD_TOPIC_MAX: usize = 256;
 /// the MQTT keep-alive, the acks and the probes never wait for an evaluation longer than this.
 const INLINE_STEPS: u64 = 20_000;
 
-// A delivery opaque packs (producer generation, message sequence, target position).
-const POS_BITS: u32 = 12;
+// A delivery opaque packs (producer generation, message sequence, target position). A message
+// has at most one target per rule: 14 bits hold `MAX_RULES`. The generation wraps at 64: a
+// replaced producer's reports stop within its flush, long before 64 more replacements.
+const POS_BITS: u32 = 14;
 const SEQ_BITS: u32 = 44;
 const GEN_SHIFT: u32 = POS_BITS + SEQ_BITS;
+const GENERATIONS: u8 = 1 << (usize::BITS - GEN_SHIFT);
+const _: () = assert!(ferry_api::config::MAX_RULES <= 1 << POS_BITS);
 
 fn opaque(generation: u8, seq: u64, pos: usize) -> usize {
     ((generation as usize) << GEN_SHIFT)
@@ -335,16 +339,7 @@ impl Pipeline {
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             std::mem::replace(&mut *subs, reload.subscriptions).subscribe
         };
-        let added: Vec<(String, u8)> = wanted
-            .iter()
-            .filter(|s| !old.contains(s))
-            .cloned()
-            .collect();
-        let removed: Vec<String> = old
-            .iter()
-            .filter(|(f, _)| !wanted.iter().any(|(n, _)| n == f))
-            .map(|(f, _)| f.clone())
-            .collect();
+        let (added, removed) = subscription_changes(&old, &wanted);
         let (subscribed, unsubscribed) = (added.len(), removed.len());
         // Queued behind the acks already sent, so they keep their order.
         if !added.is_empty() {
@@ -845,7 +840,7 @@ impl Pipeline {
     /// again after the backoff, the records held meanwhile.
     fn replace_producer(&mut self) {
         self.replace_at = None;
-        let generation = self.generation.wrapping_add(1);
+        let generation = (self.generation + 1) % GENERATIONS;
         match kafka::producer(&self.kafka, &self.producer_wiring, generation) {
             Ok(fresh) => {
                 let old = std::mem::replace(&mut self.producer, fresh);
@@ -1048,6 +1043,27 @@ fn json_reads(routed: &[Routed]) -> Option<Arc<JsonReads>> {
     }
 }
 
+/// What a reload subscribes (new filters, and those whose QoS changed) and unsubscribes: in
+/// time linear in the filters.
+fn subscription_changes(
+    old: &[(String, u8)],
+    new: &[(String, u8)],
+) -> (Vec<(String, u8)>, Vec<String>) {
+    let old_set: HashSet<(&str, u8)> = old.iter().map(|(f, q)| (f.as_str(), *q)).collect();
+    let new_filters: HashSet<&str> = new.iter().map(|(f, _)| f.as_str()).collect();
+    let added = new
+        .iter()
+        .filter(|(f, q)| !old_set.contains(&(f.as_str(), *q)))
+        .cloned()
+        .collect();
+    let removed = old
+        .iter()
+        .filter(|(f, _)| !new_filters.contains(f.as_str()))
+        .map(|(f, _)| f.clone())
+        .collect();
+    (added, removed)
+}
+
 /// Applies the filters of a target's matched rules: the rules that pass (true, or no filter),
 /// and the first error of a rule whose filter failed. A failing rule stays in the set only when
 /// no rule passed: the message then goes to the dead-letter path in its name; otherwise the
@@ -1060,8 +1076,8 @@ fn filter_rules(
 ) -> (RuleSet, Option<EvalError>) {
     let mut passed = matched.clone();
     let mut failed: Vec<(usize, EvalError)> = Vec::new();
-    for (i, filter) in target.filters.iter().enumerate() {
-        let (Some(filter), true) = (filter, matched.contains(i)) else {
+    for i in matched.iter() {
+        let Some(Some(filter)) = target.filters.get(i) else {
             continue;
         };
         match scope.filter(filter) {
@@ -1235,7 +1251,8 @@ rules:
     fn opaque_round_trips() {
         for (g, s, p) in [
             (0u8, 0u64, 0usize),
-            (255, (1 << 44) - 1, 4095),
+            (GENERATIONS - 1, (1 << SEQ_BITS) - 1, (1 << POS_BITS) - 1),
+            (3, 77, ferry_api::config::MAX_RULES - 1),
             (7, 123_456_789, 17),
         ] {
             assert_eq!(unpack(opaque(g, s, p)), (g, s, p));

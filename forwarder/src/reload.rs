@@ -88,8 +88,8 @@ pub async fn watch(
             continue;
         }
         last_text = Some(text.clone());
-        let new = match source.load(&text) {
-            Ok(c) => c,
+        let (new, reload) = match prepare(&source, text, &metrics).await {
+            Ok(prepared) => prepared,
             Err(e) => {
                 error!(config = %path, error = %e, "config file changed but is invalid; keeping the running config");
                 metrics.config_rejected(e);
@@ -106,7 +106,6 @@ pub async fn watch(
         if !restart.is_empty() {
             warn!(config = %path, settings = ?restart, "changed settings take effect after a restart; rules apply now");
         }
-        let reload = Reload::new(&new, &metrics);
         if to_pipeline.send(reload).await.is_err() {
             return; // Shutting down.
         }
@@ -114,4 +113,23 @@ pub async fn watch(
         metrics.config_applied(restart);
         running = new;
     }
+}
+
+/// Reads and validates a new version of the file and builds its routing table, on a blocking
+/// thread: with thousands of rules that takes long enough to delay the acks and the MQTT
+/// keep-alive if it ran on the runtime's thread.
+async fn prepare(
+    source: &ConfigSource,
+    text: String,
+    metrics: &Arc<Metrics>,
+) -> Result<(ValidConfig, Reload), String> {
+    let source = source.clone();
+    let metrics = Arc::clone(metrics);
+    tokio::task::spawn_blocking(move || {
+        let new = source.load(&text)?;
+        let reload = Reload::new(&new, &metrics);
+        Ok((new, reload))
+    })
+    .await
+    .map_err(|e| format!("building the new rules failed: {e}"))?
 }

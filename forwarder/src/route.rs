@@ -10,13 +10,19 @@ use ferry_api::config::{Headers, OnUnwritable};
 use ferry_api::expr::{Expression, JsonReads};
 use ferry_api::validate::RuleTopics;
 use ferry_api::{
-    KafkaTopic, KeyStrategy, PayloadFormat, Rule, RuleExpressions, TopicFilter, ValidConfig,
+    KafkaTopic, KeyStrategy, PayloadFormat, Rule, RuleExpressions, TopicFilter, TopicTemplate,
+    ValidConfig,
 };
 use rdkafka::message::Header;
+use smallvec::SmallVec;
+
+use self::tree::FilterTree;
 
 use crate::metrics::{Metrics, RuleStats};
 use crate::mqtt::{self, Message};
 use crate::window::Policy;
+
+mod tree;
 
 /// A distinct destination: rules with the same topic, key, payload format, headers and dead
 /// letter topic share one, so a message matching several is written once.
@@ -48,11 +54,7 @@ pub struct Target {
 impl Target {
     /// The rules in `matched` (positions in `rules`).
     pub fn matched<'a>(&'a self, matched: &'a RuleSet) -> impl Iterator<Item = &'a Arc<RuleStats>> {
-        self.rules
-            .iter()
-            .enumerate()
-            .filter(move |(i, _)| matched.contains(*i))
-            .map(|(_, r)| r)
+        matched.iter().filter_map(|i| self.rules.get(i))
     }
 
     /// The names of the rules in `matched`.
@@ -94,56 +96,46 @@ impl Target {
     }
 }
 
-/// A set of a target's rules, by position: one word for the usual handful, a vector beyond
-/// 64 (a group's rules often share one topic).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RuleSet {
-    Small(u64),
-    Large(Vec<u64>),
-}
+/// A set of a target's rules, by position, ascending: sized by the rules a message matched
+/// (usually one, kept inline), not by the target's.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuleSet(SmallVec<[u32; 4]>);
 
 impl RuleSet {
-    /// An empty set for a target of `rules` rules.
-    pub fn empty(rules: usize) -> Self {
-        if rules <= 64 {
-            Self::Small(0)
-        } else {
-            Self::Large(vec![0; rules.div_ceil(64)])
-        }
-    }
-
-    fn word(&mut self, position: usize) -> Option<&mut u64> {
-        match self {
-            Self::Small(w) => (position < 64).then_some(w),
-            Self::Large(words) => words.get_mut(position / 64),
-        }
-    }
-
     pub fn insert(&mut self, position: usize) {
-        if let Some(w) = self.word(position) {
-            *w |= 1 << (position % 64);
+        let Ok(position) = u32::try_from(position) else {
+            return;
+        };
+        // Positions mostly come in ascending order: a push.
+        if self.0.last().is_none_or(|last| *last < position) {
+            self.0.push(position);
+        } else if let Err(at) = self.0.binary_search(&position) {
+            self.0.insert(at, position);
         }
     }
 
     pub fn remove(&mut self, position: usize) {
-        if let Some(w) = self.word(position) {
-            *w &= !(1 << (position % 64));
+        if let Some(at) = self.find(position) {
+            self.0.remove(at);
         }
     }
 
     pub fn contains(&self, position: usize) -> bool {
-        let word = match self {
-            Self::Small(w) => (position < 64).then_some(*w),
-            Self::Large(words) => words.get(position / 64).copied(),
-        };
-        word.is_some_and(|w| w & (1 << (position % 64)) != 0)
+        self.find(position).is_some()
+    }
+
+    fn find(&self, position: usize) -> Option<usize> {
+        let position = u32::try_from(position).ok()?;
+        self.0.binary_search(&position).ok()
     }
 
     pub fn is_empty(&self) -> bool {
-        match self {
-            Self::Small(w) => *w == 0,
-            Self::Large(words) => words.iter().all(|w| *w == 0),
-        }
+        self.0.is_empty()
+    }
+
+    /// The positions, ascending.
+    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.0.iter().map(|p| *p as usize)
     }
 }
 
@@ -154,22 +146,66 @@ pub struct Routed {
     pub matched: RuleSet,
 }
 
+/// One filter of one rule, as the tree finds it.
+#[derive(Debug)]
+struct Subscribed {
+    /// Index of its rule.
+    rule: usize,
+    /// Index of its rule's target.
+    target: usize,
+    /// Its rule's position in the target's rules.
+    position: usize,
+    /// The MQTT 5 identifier of its subscription.
+    id: u32,
+}
+
 #[derive(Debug)]
 pub struct Router {
-    /// (filter, index of its rule's target, index of the rule, the rule's position in the
-    /// target's rules, the MQTT 5 identifier of its subscription).
-    filters: Vec<(TopicFilter, usize, usize, usize, u32)>,
+    /// Every rule's filters, in rule order, then in the order of the rule's `topics`.
+    filters: Vec<Subscribed>,
+    /// Indexes into `filters`, by topic filter.
+    tree: FilterTree<usize>,
     targets: Vec<Arc<Target>>,
     rules: Vec<Arc<RuleStats>>,
 }
 
+/// What makes two rules' targets the same (the fields `Router::new` compares).
+#[derive(PartialEq, Eq, Hash)]
+struct TargetKey<'a> {
+    topic: TopicKey<'a>,
+    key: &'a KeyStrategy,
+    payload: &'a PayloadFormat,
+    headers: &'a Headers,
+    dead_letter: Option<Arc<str>>,
+    on_unwritable: OnUnwritable,
+}
+
+/// A Kafka topic as [`KafkaTopic`]'s equality sees it: an expression by its source.
+#[derive(PartialEq, Eq, Hash)]
+enum TopicKey<'a> {
+    Template(&'a TopicTemplate),
+    Expression(&'a str),
+}
+
+impl<'a> TopicKey<'a> {
+    fn of(topic: &'a KafkaTopic) -> Self {
+        match topic {
+            KafkaTopic::Template(t) => Self::Template(t),
+            KafkaTopic::Expression(e) => Self::Expression(e.source()),
+        }
+    }
+}
+
 impl Router {
-    /// Builds from a validated config, whose filters and templates are already parsed.
+    /// Builds from a validated config, whose filters and templates are already parsed: in
+    /// time linear in its rules and filters.
     pub fn new(config: &ValidConfig, metrics: &Metrics) -> Self {
         let names: Vec<String> = config.rules.iter().map(|r| r.name.clone()).collect();
         let rules = metrics.set_rules(&names);
         let mut targets: Vec<Target> = Vec::new();
+        let mut by_key: HashMap<TargetKey<'_>, usize> = HashMap::new();
         let mut filters = Vec::new();
+        let mut tree = FilterTree::default();
         for (i, (rule, parsed)) in config.rules_with_topics().enumerate() {
             rules[i].set_subscribed(
                 rule.mqtt
@@ -181,34 +217,42 @@ impl Router {
             let dead_letter: Option<Arc<str>> = config
                 .dead_letter_of(rule)
                 .map(|d| Arc::from(d.topic.as_str()));
-            let existing = targets.iter().position(|t| {
-                t.topic == parsed.kafka_topic
-                    && t.key == rule.kafka.key
-                    && t.payload == rule.payload
-                    && t.headers == rule.kafka.headers
-                    && t.dead_letter == dead_letter
-                    && t.on_unwritable == rule.on_unwritable
-            });
+            let key = TargetKey {
+                topic: TopicKey::of(&parsed.kafka_topic),
+                key: &rule.kafka.key,
+                payload: &rule.payload,
+                headers: &rule.kafka.headers,
+                dead_letter: dead_letter.clone(),
+                on_unwritable: rule.on_unwritable,
+            };
             let filter = parsed.expressions.filter.clone();
-            let t = match existing {
-                Some(t) => {
+            let t = match by_key.get(&key) {
+                Some(&t) => {
                     targets[t].rules.push(Arc::clone(&rules[i]));
                     targets[t].filters.push(filter);
                     t
                 }
                 None => {
                     targets.push(target(rule, parsed, dead_letter, &rules[i], filter));
+                    by_key.insert(key, targets.len() - 1);
                     targets.len() - 1
                 }
             };
             let position = targets[t].rules.len() - 1;
             for f in &parsed.filters {
                 let id = mqtt::subscription_id(&config.subscribed_as(f.as_str()));
-                filters.push((f.clone(), t, i, position, id));
+                tree.insert(matched_as(f), filters.len());
+                filters.push(Subscribed {
+                    rule: i,
+                    target: t,
+                    position,
+                    id,
+                });
             }
         }
         Self {
             filters,
+            tree,
             targets: targets
                 .into_iter()
                 .map(|mut t| {
@@ -256,37 +300,36 @@ impl Router {
     /// matching the topic (a config since replaced) route by the topic alone: a duplicate at
     /// worst, never a loss.
     pub fn route(&self, topic: &str, delivered_for: &[u32], out: &mut Vec<Routed>) {
-        let known = !delivered_for.is_empty()
-            && self
-                .filters
-                .iter()
-                .any(|(f, _, _, _, id)| delivered_for.contains(id) && f.matches(topic));
-        if known {
-            self.route_where(topic, out, |id| delivered_for.contains(&id));
-        } else {
-            self.route_where(topic, out, |_| true);
-        }
-    }
-
-    fn route_where(&self, topic: &str, out: &mut Vec<Routed>, delivered: impl Fn(u32) -> bool) {
         out.clear();
+        let mut matching = Vec::new();
+        self.tree.matches(topic, &mut matching);
+        if matching.is_empty() {
+            return;
+        }
+        // Rule order, then filter order: the order the rules are written in.
+        matching.sort_unstable();
+        let filters = || matching.iter().filter_map(|f| self.filters.get(*f));
+        let known = !delivered_for.is_empty() && filters().any(|f| delivered_for.contains(&f.id));
         let mut last_rule = usize::MAX;
-        for (filter, t, rule, position, id) in &self.filters {
-            if *rule == last_rule || !filter.matches(topic) {
+        for f in filters() {
+            if f.rule == last_rule {
                 continue;
             }
             // The rule's first matching filter decides; a copy for another is not its own.
-            last_rule = *rule;
-            if !delivered(*id) {
+            last_rule = f.rule;
+            if known && !delivered_for.contains(&f.id) {
                 continue;
             }
-            self.rules[*rule].on_received();
-            let target = &self.targets[*t];
+            let (Some(rule), Some(target)) = (self.rules.get(f.rule), self.targets.get(f.target))
+            else {
+                continue;
+            };
+            rule.on_received();
             match out.iter_mut().find(|o| Arc::ptr_eq(&o.target, target)) {
-                Some(routed) => routed.matched.insert(*position),
+                Some(routed) => routed.matched.insert(f.position),
                 None => {
-                    let mut matched = RuleSet::empty(target.rules.len());
-                    matched.insert(*position);
+                    let mut matched = RuleSet::default();
+                    matched.insert(f.position);
                     out.push(Routed {
                         target: Arc::clone(target),
                         matched,
@@ -294,6 +337,17 @@ impl Router {
                 }
             }
         }
+    }
+}
+
+/// What a filter matches as: a shared filter (`$share/<group>/<filter>`) as its `<filter>`.
+fn matched_as(filter: &TopicFilter) -> &str {
+    let text = filter.as_str();
+    match filter.share_group() {
+        Some(group) => text
+            .get("$share/".len() + group.len() + 1..)
+            .unwrap_or(text),
+        None => text,
     }
 }
 
@@ -404,6 +458,7 @@ pub fn wrap_json(mqtt_topic: &str, payload: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     fn config(yaml: &str) -> ValidConfig {
         ferry_api::load_str(yaml, |_| None)
@@ -504,7 +559,7 @@ rules:
         assert_eq!(names.join(","), "all,temps");
         assert_eq!(
             out[0].matched,
-            RuleSet::Small(0b11),
+            RuleSet(SmallVec::from_slice(&[0, 1])),
             "both rules of the shared target"
         );
         router.route("plant/1/pressure", &[], &mut out);
@@ -544,11 +599,153 @@ rules:
                 .collect();
             assert_eq!(names, [format!("r{i}")], "only rule {i}");
         }
-        let mut set = RuleSet::empty(130);
-        set.insert(100);
+        let mut set = RuleSet::default();
+        for p in [100, 5, 9000, 5, 64] {
+            set.insert(p);
+        }
+        assert_eq!(set.iter().collect::<Vec<_>>(), [5, 64, 100, 9000]);
         assert!(set.contains(100) && !set.contains(36) && !set.is_empty());
-        set.remove(100);
+        for p in [100, 5, 9000, 64] {
+            set.remove(p);
+        }
         assert!(set.is_empty());
+    }
+
+    /// The matcher the subscription tree replaced, kept as the tree's oracle: every filter of
+    /// every rule tried against every message, and targets found by comparing each rule with
+    /// every target built before it. What a message on `topic` reaches: per target (its index
+    /// in build order), the names of the rules it matched.
+    fn scanned(
+        config: &ValidConfig,
+        topic: &str,
+        delivered_for: &[u32],
+    ) -> Vec<(usize, Vec<String>)> {
+        type Key = (
+            KafkaTopic,
+            KeyStrategy,
+            PayloadFormat,
+            Headers,
+            Option<String>,
+            OnUnwritable,
+        );
+        let mut targets: Vec<Key> = Vec::new();
+        let mut filters = Vec::new();
+        for (i, (rule, parsed)) in config.rules_with_topics().enumerate() {
+            let key = (
+                parsed.kafka_topic.clone(),
+                rule.kafka.key.clone(),
+                rule.payload.clone(),
+                rule.kafka.headers.clone(),
+                config.dead_letter_of(rule).map(|d| d.topic.clone()),
+                rule.on_unwritable,
+            );
+            let t = targets.iter().position(|k| *k == key).unwrap_or_else(|| {
+                targets.push(key);
+                targets.len() - 1
+            });
+            for f in &parsed.filters {
+                let id = mqtt::subscription_id(&config.subscribed_as(f.as_str()));
+                filters.push((f, t, i, id));
+            }
+        }
+        let known = !delivered_for.is_empty()
+            && filters
+                .iter()
+                .any(|(f, _, _, id)| delivered_for.contains(id) && f.matches(topic));
+        let mut out: Vec<(usize, Vec<String>)> = Vec::new();
+        let mut last_rule = usize::MAX;
+        for (f, t, rule, id) in &filters {
+            if *rule == last_rule || !f.matches(topic) {
+                continue;
+            }
+            last_rule = *rule;
+            if known && !delivered_for.contains(id) {
+                continue;
+            }
+            let name = config.rules[*rule].name.clone();
+            match out.iter_mut().find(|(target, _)| target == t) {
+                Some((_, names)) => names.push(name),
+                None => out.push((*t, vec![name])),
+            }
+        }
+        out
+    }
+
+    /// A random group: rules of one to three filters (some shared, some `$`), writing to one
+    /// of two topics, some wrapped.
+    fn random_config() -> impl Strategy<Value = String> {
+        let level = prop::sample::select(vec!["a", "b", "", "$a", "+", "#"]);
+        let filter = (prop::collection::vec(level, 1..4), any::<bool>()).prop_filter_map(
+            "a valid filter",
+            |(levels, shared)| {
+                let inner = levels.join("/");
+                TopicFilter::parse(&inner).ok()?;
+                Some(if shared {
+                    format!("$share/s/{inner}")
+                } else {
+                    inner
+                })
+            },
+        );
+        let rule = (prop::collection::vec(filter, 1..4), 0..2u8, any::<bool>());
+        (prop::collection::vec(rule, 1..12), any::<bool>()).prop_map(|(rules, group)| {
+            let group = if group { ", shared_group: g" } else { "" };
+            let mut yaml = format!(
+                "mqtt: {{ host: h, client_id: c, protocol: 5{group} }}\nkafka: {{ bootstrap_servers: \"k:9092\" }}\nrules:\n"
+            );
+            for (i, (filters, topic, wrapped)) in rules.iter().enumerate() {
+                let topics = serde_json::to_string(filters).unwrap_or_default();
+                let payload = if *wrapped { ", payload: wrapped_json" } else { "" };
+                yaml += &format!(
+                    "  - {{ name: r{i}, mqtt: {{ topics: {topics} }}, kafka: {{ topic: k{topic} }}{payload} }}\n"
+                );
+            }
+            yaml
+        })
+    }
+
+    proptest::proptest! {
+        /// The router reaches the same targets, in the same order, for the same rules, as the
+        /// scan it replaced: whatever the filters, the topic and the subscriptions a copy was
+        /// delivered for.
+        #[test]
+        fn the_tree_routes_as_the_scan_did(
+            yaml in random_config(),
+            topics in prop::collection::vec(
+                prop::collection::vec(prop::sample::select(vec!["a", "b", "", "$a"]), 1..5),
+                1..8,
+            ),
+            delivered in prop::collection::vec(0..40usize, 0..3),
+        ) {
+            let config = config(&yaml);
+            let router = Router::new(&config, &Metrics::new());
+            // Identifiers of some of the group's subscriptions (and of none, past them).
+            let subscribed: Vec<u32> = config
+                .subscriptions()
+                .iter()
+                .map(|(f, _)| mqtt::subscription_id(f))
+                .collect();
+            let delivered_for: Vec<u32> = delivered
+                .iter()
+                .map(|i| subscribed.get(*i).copied().unwrap_or(7))
+                .collect();
+            let mut out = Vec::new();
+            for levels in &topics {
+                let topic = levels.join("/");
+                router.route(&topic, &delivered_for, &mut out);
+                let routed: Vec<(usize, Vec<String>)> = out
+                    .iter()
+                    .map(|o| (indices(&router, std::slice::from_ref(o))[0], o.target.matched_names_vec(&o.matched)))
+                    .collect();
+                proptest::prop_assert_eq!(
+                    routed,
+                    scanned(&config, &topic, &delivered_for),
+                    "topic {:?}, delivered for {:?}",
+                    topic,
+                    delivered_for
+                );
+            }
+        }
     }
 
     #[test]

@@ -546,24 +546,36 @@ fn overlapping_filters_give_each_rule_each_message_once() {
 
 /// A changed `mqtt.shared_group` applies at once, as `/status` says (no restart required): the
 /// filters are subscribed under the new group and unsubscribed under the old one, so after the
-/// reload each message arrives once (MQTT 5 delivers one copy per group subscribed).
+/// reload each message arrives once (MQTT 5 delivers one copy per group subscribed). With a
+/// group of 10,000 rules (the most a config holds): all 10,000 filters subscribed (one
+/// SUBSCRIBE each, for their subscription identifiers), resubscribed live, and a message
+/// reaching the last rule.
 #[test]
-fn a_changed_shared_group_is_resubscribed_live_and_status_agrees() {
+fn a_changed_shared_group_resubscribes_10000_rules_live_and_status_agrees() {
     let brokers = Brokers::start();
     let rt = runtime();
-    rt.block_on(brokers.kafka.create_topic("regrouped", 1))
-        .expect("topic");
-    let rules = "  - name: regrouped\n    mqtt: { topics: [\"sensors/#\"] }\n    kafka: { topic: regrouped }\n";
+    for topic in ["regrouped", "many"] {
+        rt.block_on(brokers.kafka.create_topic(topic, 1))
+            .expect("topic");
+    }
+    let mut rules = String::from(
+        "  - name: regrouped\n    mqtt: { topics: [\"sensors/#\"] }\n    kafka: { topic: regrouped }\n",
+    );
+    for i in 1..ferry_api::config::MAX_RULES {
+        rules += &format!(
+            "  - {{ name: many-{i}, mqtt: {{ topics: [\"x/{i}/data\"] }}, kafka: {{ topic: many }} }}\n"
+        );
+    }
     let in_group = |group: &str| {
-        brokers.config("ferry-regroup", rules).replace(
+        brokers.config("ferry-regroup", &rules).replace(
             "  client_id: ferry-regroup\n",
             &format!("  client_id: ferry-regroup\n  protocol: 5\n  shared_group: {group}\n"),
         )
     };
     let mut fwd = Forwarder::start_configmap(&in_group("before"));
-    fwd.wait_ready(Duration::from_secs(30));
+    fwd.wait_ready(Duration::from_secs(60));
     fwd.swap_config(&in_group("after"));
-    wait_until(&fwd, Duration::from_secs(15), "the reload", || {
+    wait_until(&fwd, Duration::from_secs(30), "the reload", || {
         fwd.status().is_some_and(|s| s.config.generation == 2)
     });
     let status = fwd.status().expect("status");
@@ -572,8 +584,23 @@ fn a_changed_shared_group_is_resubscribed_live_and_status_agrees() {
         Vec::<String>::new(),
         "nothing waits for a restart"
     );
+    assert_eq!(status.rules.len(), ferry_api::config::MAX_RULES);
     // The SUBSCRIBE and UNSUBSCRIBE go out right after the reload; give the broker a moment.
-    std::thread::sleep(Duration::from_millis(500));
+    std::thread::sleep(Duration::from_millis(1000));
+    let refused: Vec<String> = fwd
+        .status()
+        .expect("status")
+        .rules
+        .into_iter()
+        .filter(|r| r.subscription_refused.is_some())
+        .map(|r| r.name)
+        .collect();
+    assert!(
+        refused.is_empty(),
+        "{} rules' filters refused, e.g. {:?}",
+        refused.len(),
+        refused.first()
+    );
     let total = 50;
     brokers.publish_acked(
         &fwd,
@@ -594,6 +621,28 @@ fn a_changed_shared_group_is_resubscribed_live_and_status_agrees() {
         (total, 0, 0),
         "one group subscribed: {d:?}"
     );
+    let far: Vec<String> = [1, 5_000, ferry_api::config::MAX_RULES - 1]
+        .iter()
+        .map(|i| format!("x/{i}/data"))
+        .collect();
+    brokers.publish_acked(
+        &fwd,
+        "pub-far",
+        far.iter().map(|t| (t.clone(), b"far".to_vec())).collect(),
+        total + far.len(),
+        Duration::from_secs(30),
+    );
+    let records = brokers.read(
+        "many",
+        far.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+    );
+    let mut keys: Vec<&str> = records.iter().filter_map(|r| r.key_str()).collect();
+    keys.sort_unstable();
+    let mut want: Vec<&str> = far.iter().map(String::as_str).collect();
+    want.sort_unstable();
+    assert_eq!(keys, want, "each of the far rules' messages, once");
     fwd.kill();
 }
 

@@ -211,16 +211,27 @@ fn fit_group<'a>(
     group: &str,
     rules: Vec<&'a ForwardingRule>,
 ) -> Result<(Vec<&'a ForwardingRule>, BTreeMap<String, RuleOutcome>), RenderError> {
+    fit_group_within(connection, group, rules, MAX_RULES)
+}
+
+/// [`fit_group`] with a forwarder that serves at most `max_rules` rules: tests use a small
+/// one, since the ConfigMap's 1 MiB holds fewer than [`MAX_RULES`] even of the smallest rules.
+fn fit_group_within<'a>(
+    connection: &BrokerConnection,
+    group: &str,
+    rules: Vec<&'a ForwardingRule>,
+    max_rules: usize,
+) -> Result<(Vec<&'a ForwardingRule>, BTreeMap<String, RuleOutcome>), RenderError> {
     let (mut fitting, mut running): (Vec<_>, Vec<_>) =
         rules.into_iter().partition(|r| r.spec.paused);
     running.sort_by_key(|r| (r.creation_timestamp(), r.name_any()));
     let mut refused = BTreeMap::new();
-    if running.len() > MAX_RULES {
-        for r in running.drain(MAX_RULES..) {
+    if running.len() > max_rules {
+        for r in running.drain(max_rules..) {
             refused.insert(
                 r.name_any(),
                 RuleOutcome::GroupFull(format!(
-                    "group {group:?} already has {MAX_RULES} older rules, the most one forwarder serves; move this rule to another group (spec.group)"
+                    "group {group:?} already has {max_rules} older rules, the most one forwarder serves; move this rule to another group (spec.group)"
                 )),
             );
         }
@@ -573,15 +584,16 @@ mod tests {
     #[test]
     fn rules_past_the_forwarders_limit_are_refused_newest_first() {
         let conn = connection("mqtt", "[\"k:9092\"]", "{}");
+        let limit = 3;
         // One more than the limit, each older than the next; names in the reverse order, so
         // age decides, not the name.
-        let rules: Vec<ForwardingRule> = (0..=MAX_RULES)
+        let rules: Vec<ForwardingRule> = (0..=limit)
             .map(|i| {
                 let at =
                     jiff::Timestamp::from_second(1_767_225_600 + i64::try_from(i).expect("small"))
                         .expect("time");
                 rule(
-                    &format!("r{:05}", MAX_RULES - i),
+                    &format!("r{:05}", limit - i),
                     "default",
                     &format!("t/{i}"),
                     &format!("t{i}"),
@@ -592,23 +604,16 @@ mod tests {
         let newest = rules.last().expect("rules").name_any();
         let mut refs: Vec<&ForwardingRule> = rules.iter().collect();
         refs.reverse();
-        let plan = connection_plan(&conn, &refs);
-        let refused: Vec<(&str, &RuleOutcome)> = plan
-            .rules
-            .iter()
-            .filter_map(|(r, fate)| match fate {
-                RulePlan::Refused(outcome) => Some((r.metadata.name.as_deref()?, outcome)),
-                RulePlan::Served { .. } => None,
-            })
-            .collect();
+        let (fitting, refused) = fit_group_within(&conn, "default", refs, limit).expect("renders");
+        let refused: Vec<(&String, &RuleOutcome)> = refused.iter().collect();
         assert_eq!(refused.len(), 1, "{refused:?}");
-        assert_eq!(refused[0].0, newest);
+        assert_eq!(refused[0].0, &newest);
         assert!(
-            matches!(refused[0].1, RuleOutcome::GroupFull(m) if m.contains("4096 older rules") && m.contains("spec.group")),
+            matches!(refused[0].1, RuleOutcome::GroupFull(m) if m.contains("3 older rules") && m.contains("spec.group")),
             "{:?}",
             refused[0].1
         );
-        assert_eq!(served_config(&plan, "default").rules.len(), MAX_RULES);
+        assert_eq!(fitting.len(), limit);
     }
 
     /// A rule whose expressions are all at the CRD's maximum length (4,096 characters): four
