@@ -629,8 +629,10 @@ impl Driver {
         if filters.is_empty() {
             return Ok(());
         }
-        s.unsubscribe(self.settings.codec, filters)?;
-        self.metrics.drain.unsubscribe_sent();
+        let packets = s.unsubscribe(self.settings.codec, filters)?;
+        for _ in 0..packets {
+            self.metrics.drain.unsubscribe_sent();
+        }
         Ok(())
     }
 
@@ -762,19 +764,19 @@ impl Session {
         Ok(())
     }
 
-    fn unsubscribe(&mut self, codec: Codec, filters: &[String]) -> Result<(), ConnError> {
-        if filters.is_empty() {
-            return Ok(());
-        }
+    /// Unsubscribes `filters`; how many UNSUBSCRIBE packets that took.
+    fn unsubscribe(&mut self, codec: Codec, filters: &[String]) -> Result<usize, ConnError> {
         for f in filters {
             self.granted.remove(f);
             self.refused.remove(f);
         }
+        let mut packets = 0;
         for chunk in filters.chunks(FILTERS_PER_PACKET) {
             let pkid = self.next_pkid();
             codec.unsubscribe(pkid, chunk, &mut self.conn.write_buf)?;
+            packets += 1;
         }
-        Ok(())
+        Ok(packets)
     }
 
     /// Starts the silence clock when the driver starts reading, stops it when it stops.
