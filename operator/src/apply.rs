@@ -147,6 +147,7 @@ async fn retire(
     selector: &str,
     uid: &str,
     serving: &BTreeMap<String, Serving>,
+    recorded: &[String],
 ) -> Result<BTreeMap<String, Vec<String>>, Error> {
     let retired: Vec<(String, i32)> = Api::<StatefulSet>::namespaced(client.clone(), ns)
         .list(&ListParams::default().labels(selector))
@@ -164,26 +165,46 @@ async fn retire(
     if retired.is_empty() {
         return Ok(BTreeMap::new());
     }
+    let objects = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(selector))
+        .await
+        .at(Step::Prune)?;
+    let holds = |pod: &str| {
+        let object = objects.items.iter().find(|p| p.name_any() == pod);
+        may_hold_session(ns, recorded, pod, object)
+    };
+    let retired: Vec<(String, Vec<String>)> = retired
+        .into_iter()
+        .map(|(workload, replicas)| {
+            let pods = (0..replicas)
+                .map(|o| format!("{workload}-{o}"))
+                .filter(|p| holds(p))
+                .collect();
+            (workload, pods)
+        })
+        .collect();
+    if retired.iter().all(|(_, pods)| pods.is_empty()) {
+        return Ok(BTreeMap::new());
+    }
     let settled = serving
         .values()
         .all(|s| !matches!(s, Serving::Applied { settled: false, .. }))
         && serving_runs_its_rules(client, ns, selector, serving).await?;
     let mut out = BTreeMap::new();
-    for (workload, replicas) in retired {
-        let pods: Vec<String> = (0..replicas).map(|o| format!("{workload}-{o}")).collect();
+    for (workload, pods) in retired.into_iter().filter(|(_, pods)| !pods.is_empty()) {
         if !settled {
             out.insert(workload, pods);
             continue;
         }
         list_in_drain(client, ns, &workload, &pods).await?;
         let reports = pod_reports(client, ns, selector, |w, _| w == workload).await?;
-        let waiting: Vec<String> = (0..replicas.unsigned_abs())
-            .filter(|o| {
-                !reports
-                    .get(&(workload.clone(), *o))
+        let waiting: Vec<String> = pods
+            .into_iter()
+            .filter(|p| {
+                !workload_ordinal(p)
+                    .and_then(|(_, o)| reports.get(&(workload.clone(), o)))
                     .is_some_and(|r| r.drained)
             })
-            .map(|o| format!("{workload}-{o}"))
             .collect();
         if !waiting.is_empty() {
             out.insert(workload, waiting);
@@ -274,21 +295,21 @@ async fn list_in_drain(
 
 /// Deletes the children of `connection` that [`ownership::prunable`] says may go: found by
 /// its labels, deleted only when its UID controls them, each delete conditioned on the UID
-/// of the object read (a replacement of the same name is left alone). With `retire`, a
-/// workload that still runs pods is drained first (see [`retire`]); without (the connection
-/// is being deleted), it goes at once.
+/// of the object read (a replacement of the same name is left alone). With `retire` (the
+/// client ids recorded as having run), a workload whose pods may hold sessions is drained
+/// first (see [`retire`]); without (the connection is being deleted), it goes at once.
 pub(crate) async fn prune(
     client: &Client,
     ns: &str,
     connection: &BrokerConnection,
     serving: &BTreeMap<String, Serving>,
-    retire: bool,
+    retire: Option<&[String]>,
 ) -> Result<Pruned, Error> {
     let selector = selector(connection);
     let uid = connection.uid().unwrap_or_default();
     let mut out = Pruned::default();
-    if retire {
-        out.retiring = self::retire(client, ns, &selector, &uid, serving).await?;
+    if let Some(recorded) = retire {
+        out.retiring = self::retire(client, ns, &selector, &uid, serving, recorded).await?;
     }
     let only = Only {
         uid: &uid,
@@ -404,6 +425,7 @@ pub(crate) async fn live_scale(
     client: &Client,
     ns: &str,
     connection: &BrokerConnection,
+    recorded: &[String],
 ) -> Result<BTreeMap<String, Live>, Error> {
     let selector = selector(connection);
     let wanted = connection.spec.forwarder.replicas.max(0);
@@ -423,9 +445,10 @@ pub(crate) async fn live_scale(
         })
         .collect();
     let pods = Api::<Pod>::namespaced(client.clone(), ns)
-        .list_metadata(&ListParams::default().labels(&selector))
+        .list(&ListParams::default().labels(&selector))
         .await
         .at(Step::Read)?;
+    let mut by_name: BTreeMap<String, &Pod> = BTreeMap::new();
     for pod in &pods.items {
         let name = pod.name_any();
         if let Some((workload, ordinal)) = workload_ordinal(&name)
@@ -433,14 +456,15 @@ pub(crate) async fn live_scale(
         {
             l.pods.insert(ordinal);
         }
+        by_name.insert(name, pod);
     }
     if live.values().all(|l| l.replicas <= wanted) {
         return Ok(live);
     }
+    let stays = wanted.max(1).unsigned_abs();
     let asked = |workload: &str, ordinal: u32| {
-        live.get(workload).is_some_and(|l| {
-            l.replicas > wanted && (ordinal >= wanted.max(1).unsigned_abs() || wanted == 0)
-        })
+        live.get(workload)
+            .is_some_and(|l| l.replicas > wanted && (ordinal >= stays || wanted == 0))
     };
     let reports = pod_reports(client, ns, &selector, asked).await?;
     for ((workload, ordinal), report) in reports {
@@ -448,7 +472,30 @@ pub(crate) async fn live_scale(
             l.reports.insert(ordinal, report);
         }
     }
+    // A pod that never ran left no session: nothing to drain, nothing to keep.
+    for (workload, l) in live.iter_mut().filter(|(_, l)| l.replicas > wanted) {
+        let first = if wanted == 0 { 0 } else { stays };
+        for ordinal in first..l.replicas.unsigned_abs() {
+            let pod = format!("{workload}-{ordinal}");
+            if !may_hold_session(ns, recorded, &pod, by_name.get(&pod).copied()) {
+                l.reports.entry(ordinal).or_insert(PodReport {
+                    drained: true,
+                    plain: true,
+                });
+            }
+        }
+    }
     Ok(live)
+}
+
+/// Whether forwarder pod `pod` may have a session at the broker: its client id is recorded,
+/// or the pod has started (its phase is past `Pending`).
+fn may_hold_session(ns: &str, recorded: &[String], pod: &str, object: Option<&Pod>) -> bool {
+    let started = object
+        .and_then(|p| p.status.as_ref())
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|phase| phase != "Pending");
+    started || recorded.contains(&client_id(ns, pod))
 }
 
 /// The StatefulSet and ordinal of pod `<workload>-<ordinal>`.

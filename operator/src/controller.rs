@@ -415,21 +415,21 @@ async fn reconcile_readable(
         .collect();
     let secrets = read_secrets(client, ns, connection).await?;
 
-    let live = live_scale(client, ns, connection).await?;
-    let plan = plan::connection(connection, &rules, &secrets, image, &live)?;
-    let mut draining = report_scale_downs(ctx, connection, &plan.groups).await;
-
-    let applied = apply_groups(ctx, connection, &plan.groups).await;
     let recorded = connection
         .status
         .as_ref()
         .map(|s| s.mqtt_sessions.clone())
         .unwrap_or_default();
+    let live = live_scale(client, ns, connection, &recorded).await?;
+    let plan = plan::connection(connection, &rules, &secrets, image, &live)?;
+    let mut draining = report_scale_downs(ctx, connection, &plan.groups).await;
+
+    let applied = apply_groups(ctx, connection, &plan.groups).await;
     let sessions = match &plan.secret_data {
         // What runs keeps running (with the credentials it has) until the Secret is back.
         None => SessionsOutcome::unchanged(recorded),
         Some(secret_data) => {
-            let pruned = prune(client, ns, connection, &applied.serving(), true).await?;
+            let pruned = prune(client, ns, connection, &applied.serving(), Some(&recorded)).await?;
             draining |= report_retiring(ctx, connection, &pruned.retiring).await;
             debug!(connection = %name, namespace = %ns, groups = applied.workloads.len(), pruned = pruned.deleted, "applied");
             // An earlier name's StatefulSet still running keeps its sessions; so do the pods of
