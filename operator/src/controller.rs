@@ -486,25 +486,28 @@ async fn report_scale_downs(
             .map(|o| format!("{workload}-{o}"))
             .collect();
         info!(connection = %connection.name_any(), group = %group.name, waiting = ?pods, "scaling down: waiting for leaving pods to drain");
-        let first = ctx.draining.lock().is_ok_and(|mut d| d.insert(key));
-        if first {
-            let note = format!(
-                "group {:?} scales down once {} drained (forwarded what the broker holds for them)",
-                group.name,
-                pods.join(", ")
-            );
-            let reference = connection.object_ref(&());
-            event(
-                ctx,
-                &reference,
-                EventType::Normal,
-                ("ScaleDown", "Draining"),
-                note,
-            )
-            .await;
-        }
+        let note = format!(
+            "group {:?} scales down once {} drained (forwarded what the broker holds for them)",
+            group.name,
+            pods.join(", ")
+        );
+        event_once(ctx, connection, key, ("ScaleDown", "Draining"), note).await;
     }
     any
+}
+
+/// A Normal Event on `connection`, once while `key` stays in [`Context::draining`].
+async fn event_once(
+    ctx: &Context,
+    connection: &BrokerConnection,
+    key: String,
+    action_reason: (&str, &str),
+    note: String,
+) {
+    if ctx.draining.lock().is_ok_and(|mut d| d.insert(key)) {
+        let reference = connection.object_ref(&());
+        event(ctx, &reference, EventType::Normal, action_reason, note).await;
+    }
 }
 
 /// Says which workloads of groups no longer served wait for their pods to drain before they
@@ -523,25 +526,12 @@ async fn report_retiring(
     }
     for (workload, pods) in retiring {
         info!(connection = %connection.name_any(), workload = %workload, waiting = ?pods, "group no longer served: waiting for its pods to drain");
-        let first = ctx
-            .draining
-            .lock()
-            .is_ok_and(|mut d| d.insert(format!("{prefix}{workload}")));
-        if first {
-            let note = format!(
-                "{workload} is no longer served; it is removed once {} drained (forwarded what the broker holds for them), after the connection's other groups are ready",
-                pods.join(", ")
-            );
-            let reference = connection.object_ref(&());
-            event(
-                ctx,
-                &reference,
-                EventType::Normal,
-                ("Retire", "Draining"),
-                note,
-            )
-            .await;
-        }
+        let note = format!(
+            "{workload} is no longer served; it is removed once {} drained (forwarded what the broker holds for them), after the connection's other groups are ready",
+            pods.join(", ")
+        );
+        let key = format!("{prefix}{workload}");
+        event_once(ctx, connection, key, ("Retire", "Draining"), note).await;
     }
     !retiring.is_empty()
 }

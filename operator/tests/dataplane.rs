@@ -92,6 +92,30 @@ fn steady_traffic(
     port: u16,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::thread::JoinHandle<usize> {
+    publish_until(port, stop, Duration::from_secs(1), |round| {
+        (0..20)
+            .map(|i| {
+                let kind = if i % 4 == 0 { "alarm" } else { "temp" };
+                (
+                    format!("plant/{i}/{kind}"),
+                    format!("s{round}-{i}").into_bytes(),
+                )
+            })
+            .collect()
+    })
+}
+
+/// Numbers the publishers' client ids, each connection its own.
+static PUBLISHERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Publishes `batch(round)` at QoS 1 for round 0, 1, … with `pause` between, until `stop`;
+/// returns how many messages the broker acknowledged.
+fn publish_until(
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pause: Duration,
+    batch: impl Fn(usize) -> Vec<(String, Vec<u8>)> + Send + 'static,
+) -> std::thread::JoinHandle<usize> {
     std::thread::spawn(move || {
         let rt = tokio::runtime::Runtime::new().expect("runtime");
         let mut sent = 0;
@@ -99,24 +123,20 @@ fn steady_traffic(
             if stop.load(std::sync::atomic::Ordering::SeqCst) {
                 break;
             }
-            let messages: Vec<(String, Vec<u8>)> = (0..20)
-                .map(|i| {
-                    let kind = if i % 4 == 0 { "alarm" } else { "temp" };
-                    (
-                        format!("plant/{i}/{kind}"),
-                        format!("s{round}-{i}").into_bytes(),
-                    )
-                })
-                .collect();
-            sent += messages.len();
+            let messages = batch(round);
+            let n = messages.len();
             rt.block_on(ferry_e2e::publish(
                 port,
-                format!("steady-{round}"),
+                format!(
+                    "traffic-{}",
+                    PUBLISHERS.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+                ),
                 rumqttc::QoS::AtLeastOnce,
                 messages,
             ))
             .expect("publish");
-            std::thread::sleep(Duration::from_secs(1));
+            sent += n;
+            std::thread::sleep(pause);
         }
         sent
     })
@@ -824,31 +844,14 @@ fn numbered_traffic(
     tag: &'static str,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 ) -> std::thread::JoinHandle<usize> {
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Runtime::new().expect("runtime");
-        let mut sent = 0;
-        for round in 0.. {
-            if stop.load(std::sync::atomic::Ordering::SeqCst) {
-                break;
-            }
-            let messages: Vec<(String, Vec<u8>)> = (0..50)
-                .map(|i| {
-                    (
-                        format!("handover/{}", i % 5),
-                        format!("{tag}{round}-{i}").into_bytes(),
-                    )
-                })
-                .collect();
-            rt.block_on(ferry_e2e::publish(
-                port,
-                format!("handover-{tag}{round}"),
-                rumqttc::QoS::AtLeastOnce,
-                messages,
-            ))
-            .expect("publish");
-            sent += 50;
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        sent
+    publish_until(port, stop, Duration::from_millis(100), move |round| {
+        (0..50)
+            .map(|i| {
+                (
+                    format!("handover/{}", i % 5),
+                    format!("{tag}{round}-{i}").into_bytes(),
+                )
+            })
+            .collect()
     })
 }
