@@ -25,6 +25,9 @@ const WRITE_INTERVAL: Duration = Duration::from_secs(30);
 /// A rule's `Ready` follows its `Forwarding` within one reconcile of the connection (which the
 /// poller asks for when the data plane changes whether data flows): seconds, not the resync.
 const READY_FOLLOWS: Duration = Duration::from_secs(10);
+/// Two of the operator's drain polls (5 s): long enough for a scale-down that did not wait to
+/// show.
+const DRAIN_WAITS_FOR_A_DEAD_POD: Duration = Duration::from_secs(10);
 
 /// A forwarder process standing in for one pod.
 struct Pod {
@@ -633,7 +636,28 @@ fn scaling_down_drains_the_leaving_pod_and_loses_nothing(
     std::thread::sleep(Duration::from_secs(3));
 
     hold_pod(cp, "plant-default-1");
+    // Pod 1's forwarder is SIGKILLed under traffic, and the group scaled down while it is dead:
+    // what the broker queues for its session meanwhile waits there, so the StatefulSet waits too.
+    drop(pods.pop());
     common::apply(cp, &connection_yaml("plant", 1, mosquitto, kafka));
+    let down = Instant::now();
+    while down.elapsed() < DRAIN_WAITS_FOR_A_DEAD_POD {
+        sync_config(cp, "plant-default", "plant-default-0");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert_eq!(
+        jsonpath(cp, NS, "statefulset", "plant-default", "{.spec.replicas}"),
+        "2",
+        "no scale-down while the leaving pod cannot drain"
+    );
+    // The kubelet restarts its container (the config it mounts lists it in drain): it resumes
+    // its session, forwards what was queued there, and says drained.
+    pods.push(run_pod(
+        cp,
+        "plant-default",
+        "plant-default-1",
+        Ipv4Addr::new(127, 77, 0, 2),
+    ));
     // The kubelet's part: the mounted ConfigMap follows, here at once.
     op.wait_for(
         "the StatefulSet scaled to 1 once pod 1 drained",
