@@ -24,12 +24,13 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, warn};
 
+use crate::budget::Urgency;
 use crate::children::{LABEL_CONNECTION, LABEL_GROUP, SELECTOR};
 use crate::context::{Context, wait_listed};
 use crate::render::{HTTP_PORT, rule_name};
 use crate::scope::Scope;
 use crate::status::{self, ACCEPTED};
-use crate::writer::{STATUS_FIELD_MANAGER, update_status};
+use crate::writer::{STATUS_FIELD_MANAGER, update_status, update_status_with};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// A `/status` body is a few KiB; anything far larger is not a forwarder.
@@ -46,6 +47,9 @@ type RuleKey = (String, String);
 pub struct Polling {
     pub interval: Duration,
     pub min_write_interval: Duration,
+    /// The status writes a second the whole operator may send (0: no budget); see
+    /// [`crate::budget`].
+    pub writes_per_second: f64,
 }
 
 pub async fn run(
@@ -79,7 +83,10 @@ pub async fn run(
         };
         loop {
             tick.tick().await;
-            poll_once(&ctx, &http, &pods, &rules, &mut writes).await;
+            // Counters-only writes the budget has no room for before the next poll wait for
+            // it: that poll has newer figures.
+            let next_poll = tokio::time::Instant::now() + polling.interval;
+            poll_once(&ctx, &http, &pods, &rules, &mut writes, next_poll).await;
         }
     };
     tokio::select! {
@@ -97,25 +104,66 @@ struct Writes {
 /// Reports per group.
 type Reports = BTreeMap<GroupKey, Vec<(String, ForwarderStatus)>>;
 
-/// One poll: every forwarder pod's report, then every rule's data-plane status from them.
+/// A rule's status whose counters moved, due but waiting for the write budget.
+struct Deferred {
+    guarded: Arc<DeserializeGuard<ForwardingRule>>,
+    rule_key: RuleKey,
+    last: Option<jiff::Timestamp>,
+    desired: ForwardingRuleStatus,
+}
+
+/// One poll: every forwarder pod's report, then every rule's data-plane status from them:
+/// condition changes at once, then moving counters as the operator's write budget allows until
+/// `next_poll`, the rules written longest ago first (the others wait for a later poll).
 async fn poll_once(
     ctx: &Context,
     http: &HttpClient<HttpConnector, Empty<Bytes>>,
     pods: &Store<Pod>,
     rules: &Store<DeserializeGuard<ForwardingRule>>,
     writes: &mut Writes,
+    next_poll: tokio::time::Instant,
 ) {
     let by_group = fetch_reports(ctx, http, pods).await;
     let now = jiff::Timestamp::now();
     let mut seen = HashSet::new();
+    let mut deferred = Vec::new();
     for guarded in rules.state() {
         let Ok(rule) = &guarded.0 else { continue };
         let Some(ns) = rule.namespace() else { continue };
         let rule_key = (ns, rule.name_any());
         seen.insert(rule_key.clone());
-        update_rule(ctx, rule, rule_key, &by_group, writes, now).await;
+        if let Some((last, desired)) =
+            update_rule(ctx, rule, rule_key.clone(), &by_group, writes, now).await
+        {
+            let guarded = Arc::clone(&guarded);
+            deferred.push(Deferred {
+                guarded,
+                rule_key,
+                last,
+                desired,
+            });
+        }
     }
     writes.last.retain(|key, _| seen.contains(key));
+    deferred.sort_by_key(|d| d.last);
+    for d in deferred {
+        if !ctx.budget.wait_until(next_poll).await {
+            break;
+        }
+        let Ok(rule) = &d.guarded.0 else { continue };
+        let update = (&d.desired, true);
+        write_rule(
+            ctx,
+            rule,
+            d.rule_key,
+            update,
+            &[],
+            Urgency::Deferrable,
+            writes,
+            now,
+        )
+        .await;
+    }
 }
 
 /// `GET /status` on every forwarder pod with an IP, a few at a time; the answers by group,
@@ -162,8 +210,10 @@ async fn fetch_reports(
     by_group
 }
 
-/// Writes one rule's data-plane status when it is due, and publishes its transitions. A rule
-/// not served (paused, or not accepted) gets back an empty status from this writer.
+/// Writes one rule's data-plane status when it is due and news, and publishes its
+/// transitions; when only its counters moved, returns its last write and the status to write
+/// when the budget allows. A rule not served (paused, or not accepted) gets back an empty
+/// status from this writer.
 async fn update_rule(
     ctx: &Context,
     rule: &ForwardingRule,
@@ -171,7 +221,7 @@ async fn update_rule(
     by_group: &Reports,
     writes: &mut Writes,
     now: jiff::Timestamp,
-) {
+) -> Option<(Option<jiff::Timestamp>, ForwardingRuleStatus)> {
     let ns = rule_key.0.clone();
     let current = rule.status.clone().unwrap_or_default();
     let current_view = status::rule_data_view(&current);
@@ -189,7 +239,7 @@ async fn update_rule(
             warn!(rule = %rule.name_any(), error = %e, "cannot take back data-plane status");
         }
         writes.last.remove(&rule_key);
-        return;
+        return None;
     }
     let key = (
         ns.clone(),
@@ -200,11 +250,54 @@ async fn update_rule(
     let (desired, transitions) = status::rule_data(Some(&current), &rule_name(rule), reports, now);
     let last = writes.last.get(&rule_key).copied();
     let due = status::data_write_due(&current_view, &desired, last, now, writes.min_interval);
+    if due && !status::data_write_urgent(&current_view, &desired) {
+        return Some((last, desired));
+    }
     let update = (&desired, due);
-    match update_status(ctx, &api, rule, STATUS_FIELD_MANAGER, update, &transitions).await {
+    write_rule(
+        ctx,
+        rule,
+        rule_key,
+        update,
+        &transitions,
+        Urgency::Now,
+        writes,
+        now,
+    )
+    .await;
+    None
+}
+
+/// Writes a rule's data-plane status (see [`update_rule`]); a change of whether it forwards
+/// asks for its connection's reconcile (its `Ready`).
+#[allow(clippy::too_many_arguments)]
+async fn write_rule(
+    ctx: &Context,
+    rule: &ForwardingRule,
+    rule_key: RuleKey,
+    (desired, due): (&ForwardingRuleStatus, bool),
+    transitions: &[crate::conditions::Transition],
+    urgency: Urgency,
+    writes: &mut Writes,
+    now: jiff::Timestamp,
+) {
+    let ns = rule_key.0.clone();
+    let api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
+    let update = (desired, due);
+    let written = update_status_with(
+        ctx,
+        &api,
+        rule,
+        STATUS_FIELD_MANAGER,
+        update,
+        transitions,
+        urgency,
+    );
+    match written.await {
         Ok(true) => {
             writes.last.insert(rule_key, now);
-            if status::ready_affected(&current_view, &desired) {
+            let current_view = status::rule_data_view(&rule.status.clone().unwrap_or_default());
+            if status::ready_affected(&current_view, desired) {
                 ctx.data_plane_changed(&ns, &rule.spec.connection_ref.name);
             }
         }

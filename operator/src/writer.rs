@@ -10,6 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::warn;
 
+use crate::budget::Urgency;
 use crate::conditions::Transition;
 use crate::context::{At, Context, Error, Step};
 use crate::metrics::Kind;
@@ -50,19 +51,43 @@ where
 /// reconciles do not feed themselves), counted, then the transitions as Events. Nothing is
 /// published when the write fails: the next reconcile computes the same transitions again.
 /// Returns whether it wrote.
+///
+/// Paid for from the operator's status-write budget at once, into debt if need be: see
+/// [`update_status_with`] for a write that waited for its turn.
 pub(crate) async fn update_status<K, S>(
     ctx: &Context,
     api: &Api<K>,
     object: &K,
     manager: &str,
-    (desired, changed): (&S, bool),
+    update: (&S, bool),
     transitions: &[Transition],
 ) -> Result<bool, Error>
 where
     K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
     S: Serialize,
 {
+    update_status_with(ctx, api, object, manager, update, transitions, Urgency::Now).await
+}
+
+/// [`update_status`], for a write of `urgency`: a [`Urgency::Deferrable`] one has already
+/// taken its token from `ctx.budget` (see `WriteBudget::wait_until`), so it is not paid twice.
+pub(crate) async fn update_status_with<K, S>(
+    ctx: &Context,
+    api: &Api<K>,
+    object: &K,
+    manager: &str,
+    (desired, changed): (&S, bool),
+    transitions: &[Transition],
+    urgency: Urgency,
+) -> Result<bool, Error>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
+    S: Serialize,
+{
     if changed {
+        if urgency == Urgency::Now {
+            ctx.budget.spend();
+        }
         let patch = serde_json::json!({
             "apiVersion": K::api_version(&()),
             "kind": K::kind(&()),
