@@ -1,6 +1,6 @@
 //! `ferry-bench` (`make bench`): what the forwarder costs beside the brokers it sits between,
 //! measured per process in the same runs (drains, low rates, windows, replicas, latency), plus
-//! the operator at 1,000 rules.
+//! the operator at 1,000 and 10,000 rules.
 //!
 //! Every scenario runs on real processes: Mosquitto, Kafka (KRaft), the release
 //! `ferry-forwarder`, and for the operator a real etcd + kube-apiserver + controller-manager
@@ -76,6 +76,9 @@ struct Args {
     /// two write intervals by default, so every rule's moving counters are written in it.
     #[arg(long, default_value_t = 120)]
     operator_seconds: u64,
+    /// The operator's rule counts, one run each (100 rules a group, one connection).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    operator_rules: Vec<usize>,
     /// Where results go.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
     out: PathBuf,
@@ -541,12 +544,18 @@ fn main() -> Result<()> {
     }
     if !args.no_operator && wanted("operator") {
         println!("\n== Operator");
-        let rules = if args.quick { 100 } else { 1000 };
+        let counts = if args.quick {
+            vec![100]
+        } else {
+            args.operator_rules.clone()
+        };
         let window = Duration::from_secs(args.operator_seconds);
-        let figures: OperatorFigures =
-            operator::measure(&operator_bin, &forwarder_bin, rules, window)?;
-        println!("{}", figures.line());
-        report.operator = Some(figures);
+        for rules in counts {
+            let figures: OperatorFigures =
+                operator::measure(&operator_bin, &forwarder_bin, rules, window)?;
+            println!("{}", figures.line());
+            report.operators.push(figures);
+        }
     }
     report.took_seconds = started.elapsed().as_secs_f64();
     if args.only.is_empty() {
@@ -759,7 +768,7 @@ fn merge(out: &Path, ran: Report, only: &[String]) -> Result<Report> {
             "windows" => merged.windows = ran.windows.clone(),
             "replicas" => merged.replicas = ran.replicas.clone(),
             "latency" => merged.latencies = ran.latencies.clone(),
-            "operator" => merged.operator = ran.operator.clone(),
+            "operator" => merged.operators = ran.operators.clone(),
             other => bail!("--only {other}: not a section"),
         }
     }

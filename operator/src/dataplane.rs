@@ -104,17 +104,29 @@ struct Writes {
 /// Reports per group.
 type Reports = BTreeMap<GroupKey, Vec<(String, ForwarderStatus)>>;
 
-/// A rule's status whose counters moved, due but waiting for the write budget.
-struct Deferred {
-    guarded: Arc<DeserializeGuard<ForwardingRule>>,
-    rule_key: RuleKey,
-    last: Option<jiff::Timestamp>,
-    desired: ForwardingRuleStatus,
+/// What one poll writes of one rule's data-plane status.
+enum RuleWrite {
+    /// Nothing changed, or only counters not yet due.
+    Nothing,
+    /// Not served (paused, or not accepted): take back what this writer said.
+    TakeBack,
+    /// News (a condition change, the counters appearing or going): written at once.
+    Now {
+        desired: ForwardingRuleStatus,
+        transitions: Vec<crate::conditions::Transition>,
+    },
+    /// Moving counters only, due: written when the budget has room, the rules written longest
+    /// ago (`last`) first.
+    Counters {
+        last: Option<jiff::Timestamp>,
+        desired: ForwardingRuleStatus,
+    },
 }
 
 /// One poll: every forwarder pod's report, then every rule's data-plane status from them:
-/// condition changes at once, then moving counters as the operator's write budget allows until
-/// `next_poll`, the rules written longest ago first (the others wait for a later poll).
+/// news at once (a few writes in flight), then moving counters as the operator's write budget
+/// allows until `next_poll`, the rules written longest ago first (the others wait for a later
+/// poll, which has newer figures).
 async fn poll_once(
     ctx: &Context,
     http: &HttpClient<HttpConnector, Empty<Bytes>>,
@@ -126,43 +138,55 @@ async fn poll_once(
     let by_group = fetch_reports(ctx, http, pods).await;
     let now = jiff::Timestamp::now();
     let mut seen = HashSet::new();
+    let mut at_once = Vec::new();
     let mut deferred = Vec::new();
     for guarded in rules.state() {
         let Ok(rule) = &guarded.0 else { continue };
         let Some(ns) = rule.namespace() else { continue };
         let rule_key = (ns, rule.name_any());
         seen.insert(rule_key.clone());
-        if let Some((last, desired)) =
-            update_rule(ctx, rule, rule_key.clone(), &by_group, writes, now).await
-        {
-            let guarded = Arc::clone(&guarded);
-            deferred.push(Deferred {
-                guarded,
-                rule_key,
-                last,
+        match decide(rule, &rule_key, &by_group, writes, now) {
+            RuleWrite::Nothing => {}
+            RuleWrite::TakeBack => {
+                writes.last.remove(&rule_key);
+                at_once.push(take_back(ctx, Arc::clone(&guarded)));
+            }
+            RuleWrite::Now {
                 desired,
-            });
+                transitions,
+            } => {
+                let guarded = Arc::clone(&guarded);
+                let update = (desired, transitions);
+                at_once.push(Box::pin(write_rule(
+                    ctx,
+                    guarded,
+                    rule_key,
+                    update,
+                    Urgency::Now,
+                )));
+            }
+            RuleWrite::Counters { last, desired } => {
+                deferred.push((last, Arc::clone(&guarded), rule_key, desired));
+            }
         }
     }
     writes.last.retain(|key, _| seen.contains(key));
-    deferred.sort_by_key(|d| d.last);
-    for d in deferred {
+    let written: Vec<Option<RuleKey>> = futures::stream::iter(at_once)
+        .buffer_unordered(CONCURRENT_REQUESTS)
+        .collect()
+        .await;
+    writes
+        .last
+        .extend(written.into_iter().flatten().map(|key| (key, now)));
+    deferred.sort_by_key(|d| d.0);
+    for (_, guarded, rule_key, desired) in deferred {
         if !ctx.budget.wait_until(next_poll).await {
             break;
         }
-        let Ok(rule) = &d.guarded.0 else { continue };
-        let update = (&d.desired, true);
-        write_rule(
-            ctx,
-            rule,
-            d.rule_key,
-            update,
-            &[],
-            Urgency::Deferrable,
-            writes,
-            now,
-        )
-        .await;
+        let update = (desired, Vec::new());
+        if let Some(key) = write_rule(ctx, guarded, rule_key, update, Urgency::Deferrable).await {
+            writes.last.insert(key, now);
+        }
     }
 }
 
@@ -210,100 +234,99 @@ async fn fetch_reports(
     by_group
 }
 
-/// Writes one rule's data-plane status when it is due and news, and publishes its
-/// transitions; when only its counters moved, returns its last write and the status to write
-/// when the budget allows. A rule not served (paused, or not accepted) gets back an empty
-/// status from this writer.
-async fn update_rule(
-    ctx: &Context,
+/// What this poll writes of `rule`'s data-plane status (see [`RuleWrite`]).
+fn decide(
     rule: &ForwardingRule,
-    rule_key: RuleKey,
+    rule_key: &RuleKey,
     by_group: &Reports,
-    writes: &mut Writes,
+    writes: &Writes,
     now: jiff::Timestamp,
-) -> Option<(Option<jiff::Timestamp>, ForwardingRuleStatus)> {
-    let ns = rule_key.0.clone();
+) -> RuleWrite {
     let current = rule.status.clone().unwrap_or_default();
     let current_view = status::rule_data_view(&current);
     let serving = !rule.spec.paused
         && status::condition(&current.conditions, ACCEPTED)
             .is_some_and(|c| c.status == crate::conditions::TRUE);
-    let api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
     if !serving {
-        // Not served: take back what this writer said, if anything.
-        let update = (
-            &serde_json::json!({}),
-            current_view != ForwardingRuleStatus::default(),
-        );
-        if let Err(e) = update_status(ctx, &api, rule, STATUS_FIELD_MANAGER, update, &[]).await {
-            warn!(rule = %rule.name_any(), error = %e, "cannot take back data-plane status");
-        }
-        writes.last.remove(&rule_key);
-        return None;
+        return if current_view == ForwardingRuleStatus::default() {
+            RuleWrite::Nothing
+        } else {
+            RuleWrite::TakeBack
+        };
     }
     let key = (
-        ns.clone(),
+        rule_key.0.clone(),
         rule.spec.connection_ref.name.clone(),
         rule.spec.group.clone(),
     );
     let reports = by_group.get(&key).map(Vec::as_slice).unwrap_or_default();
     let (desired, transitions) = status::rule_data(Some(&current), &rule_name(rule), reports, now);
-    let last = writes.last.get(&rule_key).copied();
-    let due = status::data_write_due(&current_view, &desired, last, now, writes.min_interval);
-    if due && !status::data_write_urgent(&current_view, &desired) {
-        return Some((last, desired));
+    let last = writes.last.get(rule_key).copied();
+    if !status::data_write_due(&current_view, &desired, last, now, writes.min_interval) {
+        RuleWrite::Nothing
+    } else if status::data_write_urgent(&current_view, &desired) {
+        RuleWrite::Now {
+            desired,
+            transitions,
+        }
+    } else {
+        RuleWrite::Counters { last, desired }
     }
-    let update = (&desired, due);
-    write_rule(
-        ctx,
-        rule,
-        rule_key,
-        update,
-        &transitions,
-        Urgency::Now,
-        writes,
-        now,
-    )
-    .await;
-    None
 }
 
-/// Writes a rule's data-plane status (see [`update_rule`]); a change of whether it forwards
-/// asks for its connection's reconcile (its `Ready`).
-#[allow(clippy::too_many_arguments)]
+type Written<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Option<RuleKey>> + Send + 'a>>;
+
+/// Takes back this writer's status of a rule not served. Never counts as a write of its
+/// counters.
+fn take_back(ctx: &Context, guarded: Arc<DeserializeGuard<ForwardingRule>>) -> Written<'_> {
+    Box::pin(async move {
+        let Ok(rule) = &guarded.0 else { return None };
+        let ns = rule.namespace().unwrap_or_default();
+        let api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
+        let update = (&serde_json::json!({}), true);
+        if let Err(e) = update_status(ctx, &api, rule, STATUS_FIELD_MANAGER, update, &[]).await {
+            warn!(rule = %rule.name_any(), error = %e, "cannot take back data-plane status");
+        }
+        None
+    })
+}
+
+/// Writes a rule's data-plane status and publishes its transitions; a change of whether it
+/// forwards asks for its connection's reconcile (its `Ready`). The rule's key when written.
 async fn write_rule(
     ctx: &Context,
-    rule: &ForwardingRule,
+    guarded: Arc<DeserializeGuard<ForwardingRule>>,
     rule_key: RuleKey,
-    (desired, due): (&ForwardingRuleStatus, bool),
-    transitions: &[crate::conditions::Transition],
+    (desired, transitions): (ForwardingRuleStatus, Vec<crate::conditions::Transition>),
     urgency: Urgency,
-    writes: &mut Writes,
-    now: jiff::Timestamp,
-) {
+) -> Option<RuleKey> {
+    let Ok(rule) = &guarded.0 else { return None };
     let ns = rule_key.0.clone();
     let api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
-    let update = (desired, due);
+    let update = (&desired, true);
     let written = update_status_with(
         ctx,
         &api,
         rule,
         STATUS_FIELD_MANAGER,
         update,
-        transitions,
+        &transitions,
         urgency,
     );
     match written.await {
-        Ok(true) => {
-            writes.last.insert(rule_key, now);
+        Ok(_) => {
             let current_view = status::rule_data_view(&rule.status.clone().unwrap_or_default());
-            if status::ready_affected(&current_view, desired) {
+            if status::ready_affected(&current_view, &desired) {
                 ctx.data_plane_changed(&ns, &rule.spec.connection_ref.name);
             }
+            Some(rule_key)
         }
-        Ok(false) => {}
         // The next poll writes it again; a deleted rule is no error worth more than a line.
-        Err(e) => warn!(rule = %rule.name_any(), error = %e, "cannot write data-plane status"),
+        Err(e) => {
+            warn!(rule = %rule.name_any(), error = %e, "cannot write data-plane status");
+            None
+        }
     }
 }
 

@@ -111,14 +111,29 @@ where
     Ok(changed)
 }
 
+/// The transitions' Events, each an API write paid from the status-write budget: a Warning
+/// always (someone has something to do), a Normal one only when the budget has room, so that
+/// thousands of rules turning Ready at once do not send thousands of Events (their conditions
+/// say it all the same).
 pub(crate) async fn publish(
     ctx: &Context,
     reference: &ObjectReference,
     transitions: &[Transition],
 ) {
-    publish_with(&ctx.recorder, reference, transitions).await;
+    let mut told = Vec::new();
+    for t in transitions.iter().filter(|t| t.noteworthy()) {
+        if t.warns() {
+            ctx.budget.spend();
+        } else if ctx.budget.take().is_err() {
+            ctx.metrics.event_skipped();
+            continue;
+        }
+        told.push(t.clone());
+    }
+    publish_with(&ctx.recorder, reference, &told).await;
 }
 
+/// Records the noteworthy `transitions` as Events.
 pub(crate) async fn publish_with(
     recorder: &Recorder,
     reference: &ObjectReference,
