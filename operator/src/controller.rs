@@ -55,6 +55,8 @@ const RULE: &str = "ForwardingRule";
 const RESYNC: Duration = Duration::from_secs(600);
 /// API writes a reconcile has in flight at once (groups applied, rule statuses written).
 const CONCURRENT_WRITES: usize = 16;
+/// Writes whose futures exist at once: a few rounds of [`CONCURRENT_WRITES`].
+pub(crate) const WRITE_BATCH: usize = 4 * CONCURRENT_WRITES;
 /// How soon to reconcile again a connection whose Secrets do not resolve, or one of whose
 /// groups has a name another owner holds.
 const UNRESOLVED_RETRY: Duration = Duration::from_secs(30);
@@ -678,13 +680,23 @@ async fn write_statuses(
     });
     // A few at once, as for the groups: thousands of rules accepted at once are thousands of
     // writes. Every rule's write is tried; the first failure fails the reconcile.
-    let writes: Vec<_> = outcomes
-        .map(|(rule, outcome)| write_rule_control(ctx, &rule_api, rule, outcome, now))
-        .collect();
-    let written: Vec<Result<(), Error>> = futures::stream::iter(writes)
-        .buffer_unordered(CONCURRENT_WRITES)
-        .collect()
-        .await;
+    // In batches: thousands of writes' futures made up front would hold thousands of request
+    // states at once.
+    let outcomes: Vec<(&ForwardingRule, RuleOutcome)> = outcomes.collect();
+    let mut outcomes = outcomes.into_iter().peekable();
+    let mut written: Vec<Result<(), Error>> = Vec::new();
+    while outcomes.peek().is_some() {
+        let batch: Vec<_> = outcomes
+            .by_ref()
+            .take(WRITE_BATCH)
+            .map(|(rule, outcome)| write_rule_control(ctx, &rule_api, rule, outcome, now))
+            .collect();
+        let done: Vec<Result<(), Error>> = futures::stream::iter(batch)
+            .buffer_unordered(CONCURRENT_WRITES)
+            .collect()
+            .await;
+        written.extend(done.into_iter().filter(Result::is_err));
+    }
     written.into_iter().collect()
 }
 

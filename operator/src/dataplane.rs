@@ -27,6 +27,7 @@ use tracing::{debug, warn};
 use crate::budget::Urgency;
 use crate::children::{LABEL_CONNECTION, LABEL_GROUP, SELECTOR};
 use crate::context::{Context, wait_listed};
+use crate::controller::WRITE_BATCH;
 use crate::render::{HTTP_PORT, rule_name};
 use crate::scope::Scope;
 use crate::status::{self, ACCEPTED};
@@ -149,21 +150,14 @@ async fn poll_once(
             RuleWrite::Nothing => {}
             RuleWrite::TakeBack => {
                 writes.last.remove(&rule_key);
-                at_once.push(take_back(ctx, Arc::clone(&guarded)));
+                at_once.push(AtOnce::TakeBack(Arc::clone(&guarded)));
             }
             RuleWrite::Now {
                 desired,
                 transitions,
             } => {
                 let guarded = Arc::clone(&guarded);
-                let update = (desired, transitions);
-                at_once.push(Box::pin(write_rule(
-                    ctx,
-                    guarded,
-                    rule_key,
-                    update,
-                    Urgency::Now,
-                )));
+                at_once.push(AtOnce::Write(guarded, rule_key, desired, transitions));
             }
             RuleWrite::Counters { last, desired } => {
                 deferred.push((last, Arc::clone(&guarded), rule_key, desired));
@@ -171,13 +165,23 @@ async fn poll_once(
         }
     }
     writes.last.retain(|key, _| seen.contains(key));
-    let written: Vec<Option<RuleKey>> = futures::stream::iter(at_once)
-        .buffer_unordered(CONCURRENT_REQUESTS)
-        .collect()
-        .await;
-    writes
-        .last
-        .extend(written.into_iter().flatten().map(|key| (key, now)));
+    // In batches: thousands of writes' futures made up front would hold thousands of request
+    // states at once.
+    let mut at_once = at_once.into_iter().peekable();
+    while at_once.peek().is_some() {
+        let batch: Vec<_> = at_once
+            .by_ref()
+            .take(WRITE_BATCH)
+            .map(|w| w.start(ctx))
+            .collect();
+        let written: Vec<Option<RuleKey>> = futures::stream::iter(batch)
+            .buffer_unordered(CONCURRENT_REQUESTS)
+            .collect()
+            .await;
+        writes
+            .last
+            .extend(written.into_iter().flatten().map(|key| (key, now)));
+    }
     deferred.sort_by_key(|d| d.0);
     for (_, guarded, rule_key, desired) in deferred {
         if !ctx.budget.wait_until(next_poll).await {
@@ -276,6 +280,29 @@ fn decide(
 
 type Written<'a> =
     std::pin::Pin<Box<dyn std::future::Future<Output = Option<RuleKey>> + Send + 'a>>;
+
+/// A write of this poll that does not wait for the budget.
+enum AtOnce {
+    TakeBack(Arc<DeserializeGuard<ForwardingRule>>),
+    Write(
+        Arc<DeserializeGuard<ForwardingRule>>,
+        RuleKey,
+        ForwardingRuleStatus,
+        Vec<crate::conditions::Transition>,
+    ),
+}
+
+impl AtOnce {
+    fn start(self, ctx: &Context) -> Written<'_> {
+        match self {
+            AtOnce::TakeBack(guarded) => take_back(ctx, guarded),
+            AtOnce::Write(guarded, key, desired, transitions) => {
+                let update = (desired, transitions);
+                Box::pin(write_rule(ctx, guarded, key, update, Urgency::Now))
+            }
+        }
+    }
+}
 
 /// Takes back this writer's status of a rule not served. Never counts as a write of its
 /// counters.

@@ -189,7 +189,10 @@ fn the_write_budget_defers_counters_but_not_a_condition_change(
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let traffic = steady_traffic(mosquitto.port(), stop.clone());
     // The window starts at the budget's first write (it starts with room for one).
-    op.wait_for("the first counters written", WAIT, || writes() >= 1.0);
+    op.wait_for("the first counters written", WAIT, || {
+        op.metric("ferry_operator_status_writes_total", "forwarding_rule")
+            .is_some_and(|n| n >= 1.0)
+    });
     let (w0, temps0, alarms0) = (writes(), forwarded("temps"), forwarded("alarms"));
     // Two refills of the budget: the other rule's turn, then the first's again.
     let window = Duration::from_secs_f64(2.0 / WRITES_PER_SECOND + 1.0);
