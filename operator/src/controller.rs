@@ -565,11 +565,10 @@ async fn apply_groups(
         .iter()
         .map(|group| apply_unless_taken(client, ns, uid, group))
         .collect();
-    let results: Vec<(&GroupPlan, Result<Result<Workload, Error>, String>)> =
-        futures::stream::iter(applies)
-            .buffer_unordered(CONCURRENT_WRITES)
-            .collect()
-            .await;
+    let results: Vec<GroupApplied> = futures::stream::iter(applies)
+        .buffer_unordered(CONCURRENT_WRITES)
+        .collect()
+        .await;
     let mut out = Applied::default();
     for (group, result) in results {
         match result {
@@ -600,13 +599,16 @@ async fn apply_groups(
     out
 }
 
-/// The group's children applied, unless one of its names is taken (`Err` with why).
+/// A group, and its children applied, or why not: `Err` when one of its names is taken.
+type GroupApplied<'a> = (&'a GroupPlan, Result<Result<Workload, Error>, String>);
+
+/// The group's children applied, unless one of its names is taken.
 async fn apply_unless_taken<'a>(
     client: &Client,
     ns: &str,
     uid: &str,
     group: &'a GroupPlan,
-) -> (&'a GroupPlan, Result<Result<Workload, Error>, String>) {
+) -> GroupApplied<'a> {
     let result = match taken(client, ns, uid, &group.children).await {
         Ok(Some(why)) => Err(why),
         Ok(None) => Ok(apply_group(client, ns, group).await),

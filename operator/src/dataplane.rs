@@ -157,6 +157,7 @@ async fn poll_once(
                 transitions,
             } => {
                 let guarded = Arc::clone(&guarded);
+                let desired = Box::new(desired);
                 at_once.push(AtOnce::Write(guarded, rule_key, desired, transitions));
             }
             RuleWrite::Counters { last, desired } => {
@@ -287,7 +288,7 @@ enum AtOnce {
     Write(
         Arc<DeserializeGuard<ForwardingRule>>,
         RuleKey,
-        ForwardingRuleStatus,
+        Box<ForwardingRuleStatus>,
         Vec<crate::conditions::Transition>,
     ),
 }
@@ -297,7 +298,7 @@ impl AtOnce {
         match self {
             AtOnce::TakeBack(guarded) => take_back(ctx, guarded),
             AtOnce::Write(guarded, key, desired, transitions) => {
-                let update = (desired, transitions);
+                let update = (*desired, transitions);
                 Box::pin(write_rule(ctx, guarded, key, update, Urgency::Now))
             }
         }

@@ -299,6 +299,7 @@ fn default_render_is_strictly_valid_and_least_privileged() {
         ("FERRY_LEASE_DURATION_SECONDS", "15"),
         ("FERRY_STATUS_INTERVAL_SECONDS", "10"),
         ("FERRY_STATUS_WRITE_INTERVAL_SECONDS", "60"),
+        ("FERRY_STATUS_WRITES_PER_SECOND", "20"),
         ("FERRY_LOG_FORMAT", "json"),
         ("FERRY_LOG", "info"),
         ("FERRY_FORWARDER_IMAGE", "ferry-forwarder:0.1.0"),
