@@ -1073,9 +1073,18 @@ spec:
   connectionRef: { name: plant }
   mqtt: { topics: ["plant/+/telemetry"] }
   kafka: { topic: telemetry }
+---
+# Its connection does not exist: a Warning Event, recorded with the chart's rights.
+apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata: { name: stray }
+spec:
+  connectionRef: { name: elsewhere }
+  mqtt: { topics: ["plant/+/stray"] }
+  kafka: { topic: stray }
 "#,
     )
-    .expect("apply a connection and a rule");
+    .expect("apply a connection and rules");
     let get = |args: &[&str]| cp.run_kubectl(args).unwrap_or_default();
     let deadline = Duration::from_secs(90);
     let started = Instant::now();
