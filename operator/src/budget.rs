@@ -129,6 +129,16 @@ mod tests {
 
     const S: Duration = Duration::from_secs(1);
 
+    /// A bucket of `rate` a second (burst: one second's worth) after `n` transitions at `t0`.
+    fn after_transitions(rate: f64, n: usize) -> (Instant, Bucket) {
+        let t0 = Instant::now();
+        let mut b = Bucket::new(rate, rate, t0);
+        for _ in 0..n {
+            b.spend(t0);
+        }
+        (t0, b)
+    }
+
     #[test]
     fn deferrable_writes_leave_at_the_rate_after_the_burst() {
         let t0 = Instant::now();
@@ -147,11 +157,7 @@ mod tests {
 
     #[test]
     fn transitions_are_never_refused_and_defer_the_counters() {
-        let t0 = Instant::now();
-        let mut b = Bucket::new(1.0, 1.0, t0);
-        for _ in 0..10 {
-            b.spend(t0);
-        }
+        let (t0, mut b) = after_transitions(1.0, 10);
         // Ten transitions at once put the budget 9 writes in debt: counters wait 10 s.
         assert_eq!(b.take(t0), Err(S * 10));
         assert!(b.take(t0 + S * 9).is_err());
@@ -160,11 +166,7 @@ mod tests {
 
     #[test]
     fn a_storm_of_transitions_defers_the_counters_at_most_max_debt() {
-        let t0 = Instant::now();
-        let mut b = Bucket::new(20.0, 20.0, t0);
-        for _ in 0..100_000 {
-            b.spend(t0);
-        }
+        let (t0, mut b) = after_transitions(20.0, 100_000);
         let after = MAX_DEBT + S / 20;
         assert!(
             b.take(t0 + after).is_ok(),
@@ -183,11 +185,7 @@ mod tests {
 
     #[test]
     fn rate_zero_is_no_budget() {
-        let t0 = Instant::now();
-        let mut b = Bucket::new(0.0, 0.0, t0);
-        for _ in 0..1000 {
-            b.spend(t0);
-        }
+        let (t0, mut b) = after_transitions(0.0, 1000);
         assert!((0..1000).all(|_| b.take(t0).is_ok()));
     }
 
