@@ -38,13 +38,33 @@ pub struct ForwarderConfig {
     pub dead_letter: Option<DeadLetter>,
     #[serde(default)]
     pub log: LogConfig,
+    /// Client ids of replicas that are leaving for good. A forwarder whose `mqtt.client_id` is
+    /// listed drains: it subscribes to nothing and unsubscribes what its session holds, keeps
+    /// forwarding what the broker still delivers to it (queued and in flight), and reports
+    /// `drain.drained` in `/status` once everything is in Kafka and acknowledged. Its session
+    /// can then end without losing anything. Applied by a live reload.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drain: Vec<String>,
+}
+
+/// What a forwarder subscribes to, and what its resumed session may hold that it must not.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SubscriptionPlan {
+    /// Every distinct (filter, QoS) to subscribe to on each connect.
+    pub subscribe: Vec<(String, u8)>,
+    /// Filters a session resumed from an earlier config may hold (the other shared/plain form
+    /// of each filter, or every form while draining): unsubscribed on connect.
+    pub unsubscribe_on_connect: Vec<String>,
 }
 
 impl ForwarderConfig {
     /// Every distinct (filter, QoS) to subscribe to; the highest QoS wins when rules share a
-    /// filter. With `mqtt.shared_group`, filters not already shared become
-    /// `$share/<group>/<filter>`.
+    /// filter. With `mqtt.shared_group` (and `mqtt.subscribe_shared`), filters not already
+    /// shared become `$share/<group>/<filter>`. None while draining.
     pub fn subscriptions(&self) -> Vec<(String, u8)> {
+        if self.draining() {
+            return Vec::new();
+        }
         let mut subs: BTreeMap<String, u8> = BTreeMap::new();
         for rule in &self.rules {
             for filter in &rule.mqtt.topics {
@@ -55,11 +75,44 @@ impl ForwarderConfig {
         subs.into_iter().collect()
     }
 
+    /// [`Self::subscriptions`], and the forms of the rules' filters not subscribed now.
+    pub fn subscription_plan(&self) -> SubscriptionPlan {
+        let subscribe = self.subscriptions();
+        let mut unsubscribe: std::collections::BTreeSet<String> = Default::default();
+        for filter in self.rules.iter().flat_map(|r| r.mqtt.topics.iter()) {
+            unsubscribe.insert(filter.clone());
+            if let Some(group) = &self.mqtt.shared_group
+                && !filter.starts_with("$share/")
+            {
+                unsubscribe.insert(format!("$share/{group}/{filter}"));
+            }
+        }
+        for (filter, _) in &subscribe {
+            unsubscribe.remove(filter);
+        }
+        SubscriptionPlan {
+            subscribe,
+            unsubscribe_on_connect: unsubscribe.into_iter().collect(),
+        }
+    }
+
+    /// This forwarder is listed in `drain`.
+    pub fn draining(&self) -> bool {
+        self.drain.contains(&self.mqtt.client_id)
+    }
+
+    /// Its filters go through `$share/<group>/`.
+    pub fn shares_subscriptions(&self) -> bool {
+        self.mqtt.shared_group.is_some() && self.mqtt.subscribe_shared
+    }
+
     /// What a rule's `filter` is subscribed as: `$share/<group>/<filter>` with
-    /// `mqtt.shared_group` (unless already shared), else itself.
+    /// `mqtt.shared_group` and `mqtt.subscribe_shared` (unless already shared), else itself.
     pub fn subscribed_as(&self, filter: &str) -> String {
         match &self.mqtt.shared_group {
-            Some(group) if !filter.starts_with("$share/") => format!("$share/{group}/{filter}"),
+            Some(group) if self.mqtt.subscribe_shared && !filter.starts_with("$share/") => {
+                format!("$share/{group}/{filter}")
+            }
             _ => filter.to_owned(),
         }
     }
@@ -140,6 +193,13 @@ pub struct MqttConfig {
     /// between them, each with its own client id and session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared_group: Option<String>,
+    /// With `shared_group`: `false` subscribes the filters plainly, for a group of one replica
+    /// (Mosquitto restores plain subscriptions from its persistence after a restart, shared
+    /// ones not). Either way the other form is unsubscribed on connect, so switching between
+    /// them leaves no subscription behind. A live reload subscribes the new form before it
+    /// unsubscribes the old.
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub subscribe_shared: bool,
     #[serde(default = "default_keep_alive_secs")]
     pub keep_alive_secs: u16,
     /// The in-flight window: messages received from MQTT and not yet acknowledged.
@@ -405,6 +465,14 @@ impl Default for HttpConfig {
 }
 
 // Serde takes defaults only from functions; the values are in [`crate::defaults`].
+fn default_true() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
 fn default_mqtt_port() -> u16 {
     defaults::MQTT_PORT
 }
@@ -540,5 +608,52 @@ impl fmt::Display for ProblemList<'_> {
             write!(f, "  - {p}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(mqtt: &str, drain: &str) -> ForwarderConfig {
+        let yaml = format!(
+            "mqtt: {{ host: h, client_id: me{mqtt} }}\nkafka: {{ bootstrap_servers: \"k:9092\" }}\n\
+             rules:\n  - name: a\n    mqtt: {{ topics: [\"s/#\", \"$share/x/t\"] }}\n    kafka: {{ topic: t }}\n{drain}"
+        );
+        serde_saphyr::from_str(&yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"))
+    }
+
+    fn filters(subs: &[(String, u8)]) -> Vec<&str> {
+        subs.iter().map(|(f, _)| f.as_str()).collect()
+    }
+
+    #[test]
+    fn a_shared_group_subscribes_shared_and_drops_the_plain_form_on_connect() {
+        let plan = config(", shared_group: g", "").subscription_plan();
+        assert_eq!(filters(&plan.subscribe), ["$share/g/s/#", "$share/x/t"]);
+        assert_eq!(plan.unsubscribe_on_connect, ["s/#"]);
+    }
+
+    #[test]
+    fn a_single_replica_subscribes_plainly_and_drops_the_shared_form_on_connect() {
+        let c = config(", shared_group: g, subscribe_shared: false", "");
+        let plan = c.subscription_plan();
+        assert_eq!(filters(&plan.subscribe), ["$share/x/t", "s/#"]);
+        assert_eq!(plan.unsubscribe_on_connect, ["$share/g/s/#"]);
+        assert!(!c.shares_subscriptions());
+    }
+
+    #[test]
+    fn a_draining_forwarder_subscribes_nothing_and_drops_every_form() {
+        let c = config(", shared_group: g", "drain: [other, me]\n");
+        assert!(c.draining());
+        let plan = c.subscription_plan();
+        assert!(plan.subscribe.is_empty());
+        assert_eq!(
+            plan.unsubscribe_on_connect,
+            ["$share/g/s/#", "$share/x/t", "s/#"]
+        );
+        let other = config(", shared_group: g", "drain: [other]\n");
+        assert!(!other.draining() && !other.subscription_plan().subscribe.is_empty());
     }
 }

@@ -85,6 +85,7 @@ impl LegacyConfig {
             shutdown_timeout_secs: defaults::SHUTDOWN_TIMEOUT_SECS,
             dead_letter: None,
             log: LogConfig::default(),
+            drain: Vec::new(),
         }
     }
 }
@@ -109,6 +110,7 @@ impl LegacyMqtt {
             protocol: MqttProtocol::V311,
             session_expiry_secs: None,
             shared_group: None,
+            subscribe_shared: true,
             tls: self.tls.map(|t| Tls {
                 ca_file: Some(t.ca_cert),
                 cert_file: t.client_cert,

@@ -20,6 +20,18 @@ pub struct ForwarderStatus {
     pub inflight: u64,
     /// One entry per rule of the running config, in config order.
     pub rules: Vec<RuleStatus>,
+    /// Present while the config lists this forwarder in `drain`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<DrainStatus>,
+}
+
+/// A forwarder leaving for good: see the config's `drain`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainStatus {
+    /// Connected, nothing subscribed any more, everything received acknowledged, and the
+    /// broker has delivered nothing for a quiet period: its session holds no message.
+    pub drained: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -43,6 +55,9 @@ pub struct MqttStatus {
     pub connected: bool,
     /// The broker acknowledged the subscriptions of the current connection.
     pub subscribed: bool,
+    /// The filters are subscribed through `$share/<group>/` (false: plainly, or none).
+    #[serde(default)]
+    pub shared: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<LastError>,
 }

@@ -81,7 +81,9 @@ pub async fn run(
         .await
         .map_err(|source| RunError::Http { addr, source })?;
     let max_inflight = usize::from(config.mqtt.max_inflight);
-    let subscriptions = Arc::new(Mutex::new(config.subscriptions()));
+    let subscriptions = Arc::new(Mutex::new(config.subscription_plan()));
+    metrics.drain.set_draining(config.draining());
+    metrics.set_subscribed_shared(config.shares_subscriptions());
     // The driver's window bounds what is in this channel, so it never fills.
     let (to_pipeline, inbound) = mpsc::channel(max_inflight.max(1));
     let (link, reader) = mqtt::start(

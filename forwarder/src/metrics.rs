@@ -4,13 +4,13 @@
 //! README: alerts are written from there.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use ferry_api::status::{
-    BlockedBy, ConfigStatus, ForwarderStatus, Held, KafkaStatus, LastError, MqttStatus, RuleStatus,
-    SubscriptionRefused, Waiting,
+    BlockedBy, ConfigStatus, DrainStatus, ForwarderStatus, Held, KafkaStatus, LastError,
+    MqttStatus, RuleStatus, SubscriptionRefused, Waiting,
 };
 use jiff::Timestamp;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -357,6 +357,63 @@ pub struct Metrics {
     mqtt_refused: Mutex<BTreeMap<String, (&'static str, Timestamp)>>,
     kafka_last_error: Mutex<Option<LastError>>,
     config: Mutex<ConfigStatus>,
+    /// Whether this forwarder drains, and whether its session still holds anything.
+    pub drain: DrainTracker,
+    /// The filters go through `$share/<group>/`.
+    subscribed_shared: AtomicBool,
+}
+
+/// How long the broker must have delivered nothing before a draining forwarder counts as
+/// drained. A broker sends what it queued for a connected session as soon as an ack frees a
+/// slot of its in-flight window, within a round trip; this is many round trips, and short
+/// next to a scale-down.
+pub const DRAIN_QUIET: Duration = Duration::from_secs(2);
+
+/// What decides that a draining forwarder's session holds nothing more: see [`Self::drained`].
+#[derive(Default)]
+pub struct DrainTracker {
+    draining: AtomicBool,
+    /// UNSUBSCRIBEs sent on the current connection and not acknowledged yet.
+    unsubscribes_pending: AtomicUsize,
+    /// The last PUBLISH received, or the connect, whichever came last.
+    last_delivery: Mutex<Option<Instant>>,
+}
+
+impl DrainTracker {
+    pub fn set_draining(&self, draining: bool) {
+        self.draining.store(draining, Ordering::Relaxed);
+    }
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+    /// A new connection: what was pending on the last one is gone with it.
+    pub fn connected(&self) {
+        self.unsubscribes_pending.store(0, Ordering::Relaxed);
+        self.delivered();
+    }
+    pub fn unsubscribe_sent(&self) {
+        self.unsubscribes_pending.fetch_add(1, Ordering::Relaxed);
+    }
+    pub fn unsubscribe_acked(&self) {
+        // An UNSUBACK of an earlier connection's packet never arrives here (counts reset on
+        // connect), so this does not wrap; saturate anyway.
+        let _ = self
+            .unsubscribes_pending
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                Some(n.saturating_sub(1))
+            });
+    }
+    pub fn delivered(&self) {
+        *lock(&self.last_delivery) = Some(Instant::now());
+    }
+    /// Connected, every UNSUBSCRIBE answered, nothing in flight, and nothing delivered for
+    /// [`DRAIN_QUIET`]: the broker holds nothing more for this session.
+    fn drained(&self, connected: bool, inflight: i64) -> bool {
+        connected
+            && inflight <= 0
+            && self.unsubscribes_pending.load(Ordering::Relaxed) == 0
+            && lock(&self.last_delivery).is_some_and(|at| at.elapsed() >= DRAIN_QUIET)
+    }
 }
 
 /// What `/readyz` answers from.
@@ -434,6 +491,8 @@ impl Metrics {
                 reload_error: None,
                 restart_required: Vec::new(),
             }),
+            drain: DrainTracker::default(),
+            subscribed_shared: AtomicBool::new(false),
             registry: Registry::default(),
         };
         m.register(received_family);
@@ -660,6 +719,11 @@ impl Metrics {
         }
     }
 
+    /// Whether the filters go through `$share/<group>/` (for `/status`).
+    pub fn set_subscribed_shared(&self, shared: bool) {
+        self.subscribed_shared.store(shared, Ordering::Relaxed);
+    }
+
     pub fn set_mqtt_connected(&self, up: bool) {
         self.health.mqtt_connected.store(up, Ordering::Relaxed);
         if !up {
@@ -763,6 +827,7 @@ impl Metrics {
             mqtt: MqttStatus {
                 connected: self.health.mqtt_connected(),
                 subscribed: self.health.mqtt_subscribed(),
+                shared: self.subscribed_shared.load(Ordering::Relaxed),
                 last_error: lock(&self.mqtt_last_error).clone(),
             },
             kafka: KafkaStatus {
@@ -777,6 +842,11 @@ impl Metrics {
                     .map(|r| r.status(&refused))
                     .collect()
             },
+            drain: self.drain.draining().then(|| DrainStatus {
+                drained: self
+                    .drain
+                    .drained(self.health.mqtt_connected(), self.inflight.get()),
+            }),
         }
     }
 

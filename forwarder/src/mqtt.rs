@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use ferry_api::config::MqttConfig;
+use ferry_api::config::{MqttConfig, SubscriptionPlan};
 use rand::Rng as _;
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
@@ -122,8 +122,9 @@ pub struct PermanentError {
     pub source: ConnError,
 }
 
-/// The filters to (re)subscribe on every connect; the pipeline updates them on reload.
-pub type Subscriptions = Arc<Mutex<Vec<(String, u8)>>>;
+/// The filters to (re)subscribe on every connect, and those a resumed session must lose; the
+/// pipeline updates them on reload.
+pub type Subscriptions = Arc<Mutex<SubscriptionPlan>>;
 
 /// Spawns the driver on the current Tokio runtime. `to_pipeline` should have room for
 /// `cfg.max_inflight` messages (the window bounds what is in it); with less, the driver waits
@@ -357,13 +358,29 @@ impl Driver {
         let codec = self.settings.codec;
         // Subscribing again on every connect is harmless with a resumed session and required
         // without one.
-        let subs = self.current_subscriptions();
-        session.subscribe(codec, &subs)?;
+        let plan = self.current_subscriptions();
+        let subs = &plan.subscribe;
+        self.metrics.drain.connected();
+        session.subscribe(codec, subs)?;
+        if subs.is_empty() {
+            // Draining: subscribed to all it should be.
+            self.metrics.set_mqtt_subscriptions(true, &BTreeMap::new());
+        }
+        // A resumed session keeps what an earlier config subscribed (the other shared/plain
+        // form, or everything before a drain): the broker would go on delivering it.
+        let resumed = if session_present {
+            plan.unsubscribe_on_connect
+        } else {
+            Vec::new()
+        };
         let gone: Vec<String> = std::mem::take(&mut self.unsubscribe_later)
             .into_iter()
+            .chain(resumed)
             .filter(|f| !subs.iter().any(|(s, _)| s == f))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
             .collect();
-        session.unsubscribe(codec, &gone)?;
+        self.unsubscribe(&mut session, &gone)?;
         Ok(session)
     }
 
@@ -458,7 +475,10 @@ impl Driver {
                 let filters = s.pending_subs.remove(&pkid);
                 self.on_suback(s, filters, &granted);
             }
-            Incoming::UnsubAck(pkid) => debug!(pkid, "unsubscribed"),
+            Incoming::UnsubAck(pkid) => {
+                debug!(pkid, "unsubscribed");
+                self.metrics.drain.unsubscribe_acked();
+            }
             Incoming::PingResp => {}
             Incoming::Ignored(what) => debug!(packet = what, "ignored a packet from the broker"),
             Incoming::ConnAck { .. } => return Err(ConnError::SecondConnAck),
@@ -469,6 +489,7 @@ impl Driver {
 
     fn hand_over(&mut self, mut message: Message) {
         self.taken += 1;
+        self.metrics.drain.delivered();
         self.metrics.received[usize::from(message.qos.min(2))].inc();
         message.epoch = self.epoch;
         match self.to_pipeline.try_send(message) {
@@ -543,7 +564,7 @@ impl Driver {
                 }
                 Outbound::Subscribe(filters) => s.subscribe(codec, &filters),
                 Outbound::Unsubscribe(filters) => {
-                    let step = s.unsubscribe(codec, &filters);
+                    let step = self.unsubscribe(s, &filters);
                     // A refusal of a filter no rule has any more says nothing.
                     self.metrics.set_mqtt_refused(&s.refused);
                     step
@@ -598,7 +619,18 @@ impl Driver {
         ReaderExit::Disconnected
     }
 
-    fn current_subscriptions(&self) -> Vec<(String, u8)> {
+    /// Unsubscribes `filters` (if any), counted until the broker answers (see
+    /// [`crate::metrics::DrainTracker`]).
+    fn unsubscribe(&self, s: &mut Session, filters: &[String]) -> Result<(), ConnError> {
+        if filters.is_empty() {
+            return Ok(());
+        }
+        s.unsubscribe(self.settings.codec, filters)?;
+        self.metrics.drain.unsubscribe_sent();
+        Ok(())
+    }
+
+    fn current_subscriptions(&self) -> SubscriptionPlan {
         self.subscriptions
             .lock()
             .map(|s| s.clone())

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use ferry_api::KafkaTopic;
-use ferry_api::config::KafkaConfig;
+use ferry_api::ValidConfig;
+use ferry_api::config::{KafkaConfig, SubscriptionPlan};
 use ferry_api::expr::JsonReads;
 use ferry_api::status::{BlockedBy, Held};
 use rdkafka::error::KafkaError;
@@ -88,7 +89,22 @@ struct Leg {
 /// A new set of rules for the running pipeline (config reload).
 pub struct Reload {
     pub router: Router,
-    pub subscriptions: Vec<(String, u8)>,
+    pub subscriptions: SubscriptionPlan,
+    /// The new config lists this forwarder in `drain`.
+    pub draining: bool,
+    /// The new config subscribes through `$share/<group>/`.
+    pub shared: bool,
+}
+
+impl Reload {
+    pub fn new(config: &ValidConfig, metrics: &Metrics) -> Self {
+        Self {
+            router: Router::new(config, metrics),
+            subscriptions: config.subscription_plan(),
+            draining: config.draining(),
+            shared: config.shares_subscriptions(),
+        }
+    }
 }
 
 /// How the pipeline ended.
@@ -306,22 +322,27 @@ impl Pipeline {
     fn apply(&mut self, reload: Reload) {
         self.router = Arc::new(reload.router);
         self.rejudge();
+        if reload.draining && !self.metrics.drain.draining() {
+            info!("listed in drain: unsubscribing, forwarding what the session still holds");
+        }
+        self.metrics.drain.set_draining(reload.draining);
+        self.metrics.set_subscribed_shared(reload.shared);
+        let wanted = reload.subscriptions.subscribe.clone();
         let old = {
             let mut subs = self
                 .subscriptions
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            std::mem::replace(&mut *subs, reload.subscriptions.clone())
+            std::mem::replace(&mut *subs, reload.subscriptions).subscribe
         };
-        let added: Vec<(String, u8)> = reload
-            .subscriptions
+        let added: Vec<(String, u8)> = wanted
             .iter()
             .filter(|s| !old.contains(s))
             .cloned()
             .collect();
         let removed: Vec<String> = old
             .iter()
-            .filter(|(f, _)| !reload.subscriptions.iter().any(|(n, _)| n == f))
+            .filter(|(f, _)| !wanted.iter().any(|(n, _)| n == f))
             .map(|(f, _)| f.clone())
             .collect();
         let (subscribed, unsubscribed) = (added.len(), removed.len());

@@ -16,7 +16,6 @@ use tracing::{error, info, warn};
 use crate::load::{LoadSettings, load};
 use crate::metrics::Metrics;
 use crate::pipeline::Reload;
-use crate::route::Router;
 
 const POLL_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -41,12 +40,14 @@ impl ConfigSource {
 }
 
 /// Settings a running forwarder cannot change without reconnecting or restarting.
-/// `mqtt.shared_group` is not one: it only changes what is subscribed, and a reload subscribes
-/// the filters under the new group before it unsubscribes them under the old one.
+/// `mqtt.shared_group`, `mqtt.subscribe_shared` and `drain` are not: they only change what is
+/// subscribed, and a reload subscribes the filters in their new form before it unsubscribes
+/// the old.
 pub fn restart_required(running: &ForwarderConfig, new: &ForwarderConfig) -> Vec<String> {
     let mut changed = Vec::new();
     let connection = |c: &ForwarderConfig| MqttConfig {
         shared_group: None,
+        subscribe_shared: true,
         ..c.mqtt.clone()
     };
     if connection(running) != connection(new) {
@@ -105,10 +106,7 @@ pub async fn watch(
         if !restart.is_empty() {
             warn!(config = %path, settings = ?restart, "changed settings take effect after a restart; rules apply now");
         }
-        let reload = Reload {
-            router: Router::new(&new, &metrics),
-            subscriptions: new.subscriptions(),
-        };
+        let reload = Reload::new(&new, &metrics);
         if to_pipeline.send(reload).await.is_err() {
             return; // Shutting down.
         }

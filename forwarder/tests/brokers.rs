@@ -6,7 +6,10 @@ mod common;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::{Brokers, Forwarder, judge, numbered_messages, read_judged, runtime, wait_until};
+use common::{
+    Brokers, Forwarder, SteadyPublisher, end_session, judge, numbered_messages, read_judged,
+    runtime, wait_until,
+};
 use ferry_e2e::rumqttc::QoS;
 
 const TELEMETRY_RULE: &str = "  - name: sensors\n    mqtt:\n      topics: [\"sensors/+/data\"]\n    kafka:\n      topic: telemetry\n";
@@ -670,4 +673,172 @@ fn a_refused_subscription_fails_its_rule_and_all_refused_is_never_ready() {
         Some(503),
         "subscribed to nothing: not ready"
     );
+}
+
+/// The config of one replica of a shared group draining `drain` (client ids), MQTT `protocol`.
+fn group_replica(
+    brokers: &Brokers,
+    client_id: &str,
+    rules: &str,
+    protocol: &str,
+    shared: bool,
+    drain: &[&str],
+) -> String {
+    let mut config = brokers.config(client_id, rules).replace(
+        &format!("  client_id: {client_id}\n"),
+        &format!(
+            "  client_id: {client_id}\n  protocol: {protocol}\n  shared_group: scaled\n  subscribe_shared: {shared}\n"
+        ),
+    );
+    if !drain.is_empty() {
+        config.push_str(&format!("drain: [{}]\n", drain.join(", ")));
+    }
+    config
+}
+
+/// Scaling a shared group from two replicas to one, under steady QoS 1 traffic: the leaving
+/// replica is listed in `drain`, unsubscribes, forwards what the broker still had for its
+/// session (in flight and queued), and says `drained` in `/status`; it then stops and its
+/// session is ended with a clean start, as the operator ends it. Every message the broker
+/// acknowledged to the publisher is in Kafka. Without the drain, what the broker queued for
+/// the leaving session is discarded with it.
+#[test]
+fn a_drained_replica_leaves_nothing_in_its_session_when_it_ends() {
+    let brokers = Brokers::start();
+    let rt = runtime();
+    rt.block_on(brokers.kafka.create_topic("scaled", 1))
+        .expect("topic");
+    let rules =
+        "  - name: scaled\n    mqtt: { topics: [\"sensors/#\"] }\n    kafka: { topic: scaled }\n";
+    let replica =
+        |id: &str, drain: &[&str]| group_replica(&brokers, id, rules, "3.1.1", true, drain);
+    let mut stays = Forwarder::start_configmap(&replica("ferry-stays", &[]));
+    let mut leaves = Forwarder::start_configmap(&replica("ferry-leaves", &[]));
+    stays.wait_ready(Duration::from_secs(30));
+    leaves.wait_ready(Duration::from_secs(30));
+    let publisher = SteadyPublisher::start(
+        brokers.mqtt.port(),
+        "pub-scaled",
+        200_000,
+        500,
+        Duration::from_millis(20),
+    );
+    wait_until(&leaves, Duration::from_secs(30), "traffic on both", || {
+        leaves.metric("ferry_mqtt_received_messages_total") >= 2000.0
+    });
+    leaves.swap_config(&replica("ferry-leaves", &["ferry-leaves"]));
+    let drain_started = Instant::now();
+    wait_until(&leaves, Duration::from_secs(60), "drained", || {
+        leaves
+            .status()
+            .and_then(|s| s.drain)
+            .is_some_and(|d| d.drained)
+    });
+    eprintln!(
+        "drained {:.1?} after the config listed it",
+        drain_started.elapsed()
+    );
+    let status = leaves.status().expect("status");
+    assert!(
+        status.mqtt.connected && status.inflight == 0,
+        "drained means connected with nothing in flight: {status:?}"
+    );
+    let before_stop = leaves.metric("ferry_mqtt_received_messages_total");
+    leaves.signal(libc::SIGTERM);
+    assert!(
+        leaves.wait_exit(Duration::from_secs(30)).is_some(),
+        "the drained replica stops"
+    );
+    end_session(brokers.mqtt.port(), "ferry-leaves");
+    // The group goes on with one replica.
+    std::thread::sleep(Duration::from_secs(2));
+    let total = publisher.stop();
+    let d = read_judged(&brokers.kafka, "scaled", total, Duration::from_secs(120));
+    eprintln!(
+        "published {total}; the leaving replica received {before_stop} before it stopped; {d:?}"
+    );
+    assert_eq!(
+        d.missing, 0,
+        "every acknowledged message is in Kafka: {d:?}"
+    );
+    stays.kill();
+}
+
+/// A group of one replica subscribes plainly (`subscribe_shared: false`), switching live from
+/// the shared form: Mosquitto restores a plain subscription from its persistence after a
+/// restart (a shared one it forgets), so messages published while the forwarder is away
+/// across a broker restart wait in its session. MQTT 5 with session expiry, publishing
+/// before, during (the forwarder stopped) and after.
+#[test]
+fn a_single_replica_subscribes_plainly_and_a_broker_restart_loses_nothing() {
+    let brokers = Brokers {
+        mqtt: ferry_e2e::Mosquitto::start_with(ferry_e2e::MosquittoOptions {
+            persistence: true,
+            ..Default::default()
+        })
+        .expect("mosquitto"),
+        kafka: ferry_e2e::Kafka::start().expect("kafka"),
+    };
+    let mut brokers = brokers;
+    let rt = runtime();
+    rt.block_on(brokers.kafka.create_topic("restarted", 1))
+        .expect("topic");
+    let rules = "  - name: restarted\n    mqtt: { topics: [\"sensors/#\"] }\n    kafka: { topic: restarted }\n";
+    let single = |shared: bool| {
+        group_replica(&brokers, "ferry-single", rules, "5", shared, &[]).replace(
+            "  protocol: 5\n",
+            "  protocol: 5\n  session_expiry_secs: 3600\n",
+        )
+    };
+    let mut fwd = Forwarder::start_configmap(&single(true));
+    fwd.wait_ready(Duration::from_secs(30));
+    assert!(fwd.status().is_some_and(|s| s.mqtt.shared));
+    let messages = numbered_messages(10, 3000);
+    let (before, rest) = messages.split_at(1000);
+    let (during, after) = rest.split_at(1000);
+    brokers.publish_acked(
+        &fwd,
+        "pub-before",
+        before.to_vec(),
+        1000,
+        Duration::from_secs(60),
+    );
+    fwd.swap_config(&single(false));
+    wait_until(
+        &fwd,
+        Duration::from_secs(15),
+        "the plain subscription",
+        || {
+            fwd.status()
+                .is_some_and(|s| !s.mqtt.shared && s.config.generation == 2)
+        },
+    );
+    // The SUBSCRIBE and UNSUBSCRIBE go out right after the reload; give the broker a moment.
+    std::thread::sleep(Duration::from_millis(500));
+    // The forwarder is away (stopped, its session kept) while the broker restarts.
+    fwd.signal(libc::SIGSTOP);
+    brokers.mqtt.stop();
+    brokers.mqtt.resume().expect("mosquitto restarts");
+    rt.block_on(ferry_e2e::publish(
+        brokers.mqtt.port(),
+        "pub-during",
+        QoS::AtLeastOnce,
+        during.to_vec(),
+    ))
+    .expect("publish while the forwarder is away");
+    fwd.signal(libc::SIGCONT);
+    brokers.publish_acked(
+        &fwd,
+        "pub-after",
+        after.to_vec(),
+        3000,
+        Duration::from_secs(120),
+    );
+    let d = read_judged(&brokers.kafka, "restarted", 3000, Duration::from_secs(120));
+    assert_eq!(
+        (d.missing, d.out_of_order),
+        (0, 0),
+        "the plain subscription survived the restart: {d:?}"
+    );
+    fwd.kill();
 }

@@ -44,6 +44,7 @@ fn config(
         clean_session: false,
         session_expiry_secs: None,
         shared_group: None,
+        subscribe_shared: true,
         keep_alive_secs,
         max_inflight: window,
         username: None,
@@ -72,9 +73,10 @@ impl Driver {
 
     fn start_with(cfg: &MqttConfig, filters: &[&str], qos: u8) -> Result<Self> {
         let metrics = Arc::new(Metrics::new());
-        let subscriptions = Arc::new(Mutex::new(
-            filters.iter().map(|f| ((*f).to_owned(), qos)).collect(),
-        ));
+        let subscriptions = Arc::new(Mutex::new(ferry_api::config::SubscriptionPlan {
+            subscribe: filters.iter().map(|f| ((*f).to_owned(), qos)).collect(),
+            unsubscribe_on_connect: Vec::new(),
+        }));
         let (to_pipeline, inbound) = mpsc::channel(usize::from(cfg.max_inflight));
         let (link, task) = mqtt::start(cfg, subscriptions, Arc::clone(&metrics), to_pipeline)?;
         Ok(Self {

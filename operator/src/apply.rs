@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use ferry_api::crd::BrokerConnection;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
@@ -16,6 +17,8 @@ use serde::de::DeserializeOwned;
 use crate::children::{self, Children, LABEL_CONNECTION};
 use crate::context::{At, Error, Step};
 use crate::ownership::{self, Holder, Serving};
+use crate::scaledown::{Live, PodReport};
+use crate::sessions::client_id;
 use crate::validate::{ReadSecret, Secrets, referenced_secrets};
 use crate::writer::FIELD_MANAGER;
 
@@ -119,25 +122,132 @@ pub(crate) struct Pruned {
     /// StatefulSets of an earlier name kept running until their group's new one is ready
     /// (name → wanted replicas): their pods' sessions are not to be ended yet.
     pub(crate) earlier: BTreeMap<String, i32>,
+    /// Workloads no longer served that are kept until their pods drained (name → the pods
+    /// waited for).
+    pub(crate) retiring: BTreeMap<String, Vec<String>>,
+}
+
+/// The label selector of `connection`'s children.
+fn selector(connection: &BrokerConnection) -> String {
+    format!(
+        "{},{LABEL_CONNECTION}={}",
+        children::SELECTOR,
+        connection.name_any()
+    )
+}
+
+/// Workloads of groups no longer served (removed, renamed, or an earlier name) that still run
+/// pods: once every served group is settled (its pods ready, so subscribed), each is told to
+/// drain (its ConfigMap lists all its pods in `drain`), and kept until all its pods report
+/// drained. Its pods thus hand over what the broker holds for their sessions before those
+/// sessions end. A pod that does not answer is waited for, visibly.
+async fn retire(
+    client: &Client,
+    ns: &str,
+    selector: &str,
+    uid: &str,
+    serving: &BTreeMap<String, Serving>,
+) -> Result<BTreeMap<String, Vec<String>>, Error> {
+    let retired: Vec<(String, i32)> = Api::<StatefulSet>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(selector))
+        .await
+        .at(Step::Prune)?
+        .items
+        .into_iter()
+        .filter(|s| ownership::prunable(s.meta(), uid, serving))
+        .map(|s| {
+            let replicas = s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            (s.name_any(), replicas)
+        })
+        .filter(|(_, replicas)| *replicas > 0)
+        .collect();
+    if retired.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let settled = serving
+        .values()
+        .all(|s| !matches!(s, Serving::Applied { settled: false, .. }));
+    let mut out = BTreeMap::new();
+    for (workload, replicas) in retired {
+        let pods: Vec<String> = (0..replicas).map(|o| format!("{workload}-{o}")).collect();
+        if !settled {
+            out.insert(workload, pods);
+            continue;
+        }
+        list_in_drain(client, ns, &workload, &pods).await?;
+        let reports = pod_reports(client, ns, selector, |w, _| w == workload).await?;
+        let waiting: Vec<String> = (0..replicas.unsigned_abs())
+            .filter(|o| {
+                !reports
+                    .get(&(workload.clone(), *o))
+                    .is_some_and(|r| r.drained)
+            })
+            .map(|o| format!("{workload}-{o}"))
+            .collect();
+        if !waiting.is_empty() {
+            out.insert(workload, waiting);
+        }
+    }
+    Ok(out)
+}
+
+/// Lists `pods` in the `drain` of `workload`'s config, as its pods read it.
+async fn list_in_drain(
+    client: &Client,
+    ns: &str,
+    workload: &str,
+    pods: &[String],
+) -> Result<(), Error> {
+    let api = Api::<ConfigMap>::namespaced(client.clone(), ns);
+    let Some(mut map) = api.get_opt(workload).await.at(Step::Prune)? else {
+        return Ok(());
+    };
+    let Some(text) = map.data.as_ref().and_then(|d| d.get(children::CONFIG_FILE)) else {
+        return Ok(());
+    };
+    // A config this operator rendered; one it cannot read is left as it is (the workload
+    // then waits, visibly, rather than losing its sessions' messages).
+    let Ok(mut config) = serde_saphyr::from_str::<ferry_api::ForwarderConfig>(text) else {
+        return Ok(());
+    };
+    let ids: Vec<String> = pods.iter().map(|p| client_id(ns, p)).collect();
+    if config.drain == ids {
+        return Ok(());
+    }
+    config.drain = ids;
+    let Ok(yaml) = serde_saphyr::to_string(&config) else {
+        return Ok(());
+    };
+    map.data = Some(BTreeMap::from([(children::CONFIG_FILE.to_owned(), yaml)]));
+    map.metadata.managed_fields = None;
+    map.metadata.resource_version = None;
+    apply(client, ns, &map).await.map(drop)
 }
 
 /// Deletes the children of `connection` that [`ownership::prunable`] says may go: found by
 /// its labels, deleted only when its UID controls them, each delete conditioned on the UID
-/// of the object read (a replacement of the same name is left alone).
+/// of the object read (a replacement of the same name is left alone). With `retire`, a
+/// workload that still runs pods is drained first (see [`retire`]); without (the connection
+/// is being deleted), it goes at once.
 pub(crate) async fn prune(
     client: &Client,
     ns: &str,
     connection: &BrokerConnection,
     serving: &BTreeMap<String, Serving>,
+    retire: bool,
 ) -> Result<Pruned, Error> {
-    let selector = format!(
-        "{},{LABEL_CONNECTION}={}",
-        children::SELECTOR,
-        connection.name_any()
-    );
+    let selector = selector(connection);
     let uid = connection.uid().unwrap_or_default();
     let mut out = Pruned::default();
-    let sets = prune_kind::<StatefulSet>(client, ns, &selector, &uid, serving).await?;
+    if retire {
+        out.retiring = self::retire(client, ns, &selector, &uid, serving).await?;
+    }
+    let only = Only {
+        uid: &uid,
+        serving,
+        retiring: &out.retiring,
+    };
+    let sets = prune_kind::<StatefulSet>(client, ns, &selector, &only).await?;
     out.deleted += sets.deleted;
     out.earlier = sets
         .kept
@@ -148,16 +258,16 @@ pub(crate) async fn prune(
             (s.name_any(), wanted)
         })
         .collect();
-    out.deleted += prune_kind::<ConfigMap>(client, ns, &selector, &uid, serving)
+    out.deleted += prune_kind::<ConfigMap>(client, ns, &selector, &only)
         .await?
         .deleted;
-    out.deleted += prune_kind::<Secret>(client, ns, &selector, &uid, serving)
+    out.deleted += prune_kind::<Secret>(client, ns, &selector, &only)
         .await?
         .deleted;
-    out.deleted += prune_kind::<Service>(client, ns, &selector, &uid, serving)
+    out.deleted += prune_kind::<Service>(client, ns, &selector, &only)
         .await?
         .deleted;
-    out.deleted += prune_kind::<PodDisruptionBudget>(client, ns, &selector, &uid, serving)
+    out.deleted += prune_kind::<PodDisruptionBudget>(client, ns, &selector, &only)
         .await?
         .deleted;
     Ok(out)
@@ -176,12 +286,29 @@ struct KindPruned<K> {
     kept: Vec<K>,
 }
 
+/// What [`prune_kind`] may delete: what [`ownership::prunable`] allows, except the retiring
+/// workloads' objects (named as their workload).
+struct Only<'a> {
+    uid: &'a str,
+    serving: &'a BTreeMap<String, Serving>,
+    retiring: &'a BTreeMap<String, Vec<String>>,
+}
+
+impl Only<'_> {
+    fn prunable(&self, meta: &ObjectMeta) -> bool {
+        ownership::prunable(meta, self.uid, self.serving)
+            && !meta
+                .name
+                .as_ref()
+                .is_some_and(|n| self.retiring.contains_key(n))
+    }
+}
+
 async fn prune_kind<K>(
     client: &Client,
     ns: &str,
     selector: &str,
-    uid: &str,
-    serving: &BTreeMap<String, Serving>,
+    only: &Only<'_>,
 ) -> Result<KindPruned<K>, Error>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
@@ -200,7 +327,7 @@ where
         .at(Step::Prune)?
         .items
     {
-        if ownership::prunable(object.meta(), uid, serving) {
+        if only.prunable(object.meta()) {
             let only_this = DeleteParams {
                 preconditions: Some(Preconditions {
                     uid: object.meta().uid.clone(),
@@ -215,8 +342,101 @@ where
                 Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
                 Err(e) => return Err(e).at(Step::Prune),
             }
-        } else if ownership::holder(Some(object.meta()), uid) == Holder::Ours {
+        } else if ownership::holder(Some(object.meta()), only.uid) == Holder::Ours {
             out.kept.push(object);
+        }
+    }
+    Ok(out)
+}
+
+/// The connection's StatefulSets as they run, with the `/status` of the pods a scale-down
+/// waits for (see [`crate::scaledown`]): those at or above the wanted replicas, and pod 0 when
+/// going to zero. Only StatefulSets running more pods than wanted cost more than the LIST.
+pub(crate) async fn live_scale(
+    client: &Client,
+    ns: &str,
+    connection: &BrokerConnection,
+) -> Result<BTreeMap<String, Live>, Error> {
+    let selector = selector(connection);
+    let wanted = connection.spec.forwarder.replicas.max(0);
+    let mut live: BTreeMap<String, Live> = Api::<StatefulSet>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .at(Step::Read)?
+        .items
+        .iter()
+        .map(|s| {
+            let replicas = s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            let live = Live {
+                replicas,
+                ..Live::default()
+            };
+            (s.name_any(), live)
+        })
+        .collect();
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await
+        .at(Step::Read)?;
+    for pod in &pods.items {
+        let name = pod.name_any();
+        if let Some((workload, ordinal)) = workload_ordinal(&name)
+            && let Some(l) = live.get_mut(workload)
+        {
+            l.pods.insert(ordinal);
+        }
+    }
+    if live.values().all(|l| l.replicas <= wanted) {
+        return Ok(live);
+    }
+    let asked = |workload: &str, ordinal: u32| {
+        live.get(workload).is_some_and(|l| {
+            l.replicas > wanted && (ordinal >= wanted.max(1).unsigned_abs() || wanted == 0)
+        })
+    };
+    let reports = pod_reports(client, ns, &selector, asked).await?;
+    for ((workload, ordinal), report) in reports {
+        if let Some(l) = live.get_mut(&workload) {
+            l.reports.insert(ordinal, report);
+        }
+    }
+    Ok(live)
+}
+
+/// The StatefulSet and ordinal of pod `<workload>-<ordinal>`.
+fn workload_ordinal(pod: &str) -> Option<(&str, u32)> {
+    let (workload, ordinal) = pod.rsplit_once('-')?;
+    Some((workload, ordinal.parse().ok()?))
+}
+
+/// The `/status` of the connection's running pods that `asked` names (by workload and
+/// ordinal), as far as a scale-down or retirement needs it; pods that do not answer are left
+/// out.
+async fn pod_reports(
+    client: &Client,
+    ns: &str,
+    selector: &str,
+    asked: impl Fn(&str, u32) -> bool,
+) -> Result<BTreeMap<(String, u32), PodReport>, Error> {
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(selector))
+        .await
+        .at(Step::Read)?;
+    let mut out = BTreeMap::new();
+    for pod in &pods.items {
+        let name = pod.name_any();
+        let Some((workload, ordinal)) = workload_ordinal(&name) else {
+            continue;
+        };
+        if !asked(workload, ordinal) {
+            continue;
+        }
+        if let Some(status) = crate::dataplane::pod_status(pod).await {
+            let report = PodReport {
+                drained: status.drain.is_some_and(|d| d.drained),
+                plain: status.mqtt.subscribed && !status.mqtt.shared,
+            };
+            out.insert((workload.to_owned(), ordinal), report);
         }
     }
     Ok(out)

@@ -129,9 +129,17 @@ pub fn build(
     }
 }
 
+/// The StatefulSet's replicas while a scale-down waits for its leaving pods to drain (see
+/// [`crate::scaledown`]).
+pub fn set_replicas(children: &mut Children, replicas: i32) {
+    if let Some(spec) = children.stateful_set.spec.as_mut() {
+        spec.replicas = Some(replicas);
+    }
+}
+
 /// Every rule paused or refused: no pods (a forwarder refuses a config without rules), and the
 /// persistent sessions keep the messages until a rule is back.
-fn replicas(rendered: &Rendered, pods: &ForwarderPods) -> i32 {
+pub fn replicas(rendered: &Rendered, pods: &ForwarderPods) -> i32 {
     if rendered.config.rules.is_empty() {
         0
     } else {

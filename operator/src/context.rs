@@ -135,6 +135,8 @@ pub struct Context {
     pub(crate) budget: WriteBudget,
     /// Consecutive failures per object, for its backoff.
     pub(crate) failures: Mutex<HashMap<String, u32>>,
+    /// Groups whose scale-down waits for leaving pods to drain (so the Event is sent once).
+    pub(crate) draining: Mutex<std::collections::HashSet<String>>,
     /// Connections to reconcile because the data plane changed whether one of their rules is
     /// `Ready` (a status-only change, which the watches do not treat as a trigger).
     ready_changes: mpsc::Sender<ObjectRef<DeserializeGuard<BrokerConnection>>>,
@@ -167,6 +169,7 @@ impl Context {
             forwarder_image,
             budget,
             failures: Mutex::new(HashMap::new()),
+            draining: Mutex::new(std::collections::HashSet::new()),
             ready_changes,
         };
         let requests = futures::stream::unfold(ready_changes_rx, |mut rx| async move {

@@ -34,7 +34,7 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::apply::{apply, prune, read_secrets, taken};
+use crate::apply::{apply, live_scale, prune, read_secrets, taken};
 use crate::budget::WriteBudget;
 use crate::children;
 use crate::conditions::FALSE;
@@ -47,7 +47,8 @@ use crate::plan::{self, GroupPlan};
 use crate::scope::Scope;
 use crate::status::{self, RuleOutcome, Workload};
 use crate::validate::{MARK_VALUE, SECRET_MARK, referenced_secrets};
-use crate::writer::{FIELD_MANAGER, current_status, update_status, warn_event};
+use crate::writer::{FIELD_MANAGER, current_status, event, update_status, warn_event};
+use kube::runtime::events::EventType;
 
 const CONNECTION: &str = "BrokerConnection";
 const RULE: &str = "ForwardingRule";
@@ -60,6 +61,10 @@ pub(crate) const WRITE_BATCH: usize = 4 * CONCURRENT_WRITES;
 /// How soon to reconcile again a connection whose Secrets do not resolve, or one of whose
 /// groups has a name another owner holds.
 const UNRESOLVED_RETRY: Duration = Duration::from_secs(30);
+/// How often a scale-down looks again at the pods it waits for: a pod reports drained a few
+/// seconds after its config lists it (the kubelet's ConfigMap sync, then the drain's quiet
+/// period).
+const DRAIN_POLL: Duration = Duration::from_secs(5);
 
 /// Runs the controllers and the data-plane poller until `shutdown` completes, watching the
 /// namespaces of `scope` only.
@@ -432,7 +437,9 @@ async fn reconcile_readable(
     rules.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let secrets = read_secrets(client, ns, connection).await?;
 
-    let plan = plan::connection(connection, &rules, &secrets, image)?;
+    let live = live_scale(client, ns, connection).await?;
+    let plan = plan::connection(connection, &rules, &secrets, image, &live)?;
+    let mut draining = report_scale_downs(ctx, connection, &plan.groups).await;
 
     let applied = apply_groups(ctx, connection, &plan.groups).await;
     let recorded = connection
@@ -444,7 +451,8 @@ async fn reconcile_readable(
         // What runs keeps running (with the credentials it has) until the Secret is back.
         None => SessionsOutcome::unchanged(recorded),
         Some(secret_data) => {
-            let pruned = prune(client, ns, connection, &applied.serving()).await?;
+            let pruned = prune(client, ns, connection, &applied.serving(), true).await?;
+            draining |= report_retiring(ctx, connection, &pruned.retiring).await;
             debug!(connection = %name, namespace = %ns, groups = applied.workloads.len(), pruned = pruned.deleted, "applied");
             // An earlier name's StatefulSet still running keeps its sessions; so do the pods of
             // a group that failed to apply (0 replicas: none of its sessions is ended).
@@ -465,6 +473,7 @@ async fn reconcile_readable(
     // the mark is seen here; and the removal of another owner's object is no trigger.
     let unresolved = !plan.missing_secrets.is_empty() || !applied.taken.is_empty();
     let retries = [
+        draining.then_some(DRAIN_POLL),
         sessions.retry_in,
         unresolved.then_some(UNRESOLVED_RETRY),
         groups_retry(ctx, connection, &applied.failed),
@@ -472,6 +481,91 @@ async fn reconcile_readable(
     Ok(Action::requeue(
         retries.into_iter().flatten().min().unwrap_or(RESYNC),
     ))
+}
+
+/// Says which groups wait for leaving pods to drain before they shrink (a log line, and a
+/// Normal Event when a scale-down starts waiting); whether any does.
+async fn report_scale_downs(
+    ctx: &Context,
+    connection: &BrokerConnection,
+    groups: &[GroupPlan],
+) -> bool {
+    let mut any = false;
+    for group in groups {
+        let key = format!("{}#{}", key_of(connection), group.name);
+        if group.scale.waiting.is_empty() {
+            if let Ok(mut d) = ctx.draining.lock() {
+                d.remove(&key);
+            }
+            continue;
+        }
+        any = true;
+        let workload = group.children.stateful_set.name_any();
+        let pods: Vec<String> = group
+            .scale
+            .waiting
+            .iter()
+            .map(|o| format!("{workload}-{o}"))
+            .collect();
+        info!(connection = %connection.name_any(), group = %group.name, waiting = ?pods, "scaling down: waiting for leaving pods to drain");
+        let first = ctx.draining.lock().is_ok_and(|mut d| d.insert(key));
+        if first {
+            let note = format!(
+                "group {:?} scales down once {} drained (forwarded what the broker holds for them)",
+                group.name,
+                pods.join(", ")
+            );
+            let reference = connection.object_ref(&());
+            event(
+                ctx,
+                &reference,
+                EventType::Normal,
+                ("ScaleDown", "Draining"),
+                note,
+            )
+            .await;
+        }
+    }
+    any
+}
+
+/// Says which workloads of groups no longer served wait for their pods to drain before they
+/// go (a log line, and a Normal Event when one starts waiting); whether any does.
+async fn report_retiring(
+    ctx: &Context,
+    connection: &BrokerConnection,
+    retiring: &BTreeMap<String, Vec<String>>,
+) -> bool {
+    let prefix = format!("{}#retiring/", key_of(connection));
+    if let Ok(mut d) = ctx.draining.lock() {
+        d.retain(|k| {
+            k.strip_prefix(&prefix)
+                .is_none_or(|w| retiring.contains_key(w))
+        });
+    }
+    for (workload, pods) in retiring {
+        info!(connection = %connection.name_any(), workload = %workload, waiting = ?pods, "group no longer served: waiting for its pods to drain");
+        let first = ctx
+            .draining
+            .lock()
+            .is_ok_and(|mut d| d.insert(format!("{prefix}{workload}")));
+        if first {
+            let note = format!(
+                "{workload} is no longer served; it is removed once {} drained (forwarded what the broker holds for them), after the connection's other groups are ready",
+                pods.join(", ")
+            );
+            let reference = connection.object_ref(&());
+            event(
+                ctx,
+                &reference,
+                EventType::Normal,
+                ("Retire", "Draining"),
+                note,
+            )
+            .await;
+        }
+    }
+    !retiring.is_empty()
 }
 
 /// When to apply again the groups the API refused: each on a backoff of its own, as a failed

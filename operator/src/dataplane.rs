@@ -408,6 +408,13 @@ enum FetchError {
     Json(#[from] serde_json::Error),
 }
 
+/// One pod's `/status`, if it has an address and answers.
+pub(crate) async fn pod_status(pod: &Pod) -> Option<ForwarderStatus> {
+    let http: HttpClient<HttpConnector, Empty<Bytes>> =
+        HttpClient::builder(TokioExecutor::new()).build_http();
+    fetch(&http, &status_url(pod)?).await.ok()
+}
+
 async fn fetch(
     http: &HttpClient<HttpConnector, Empty<Bytes>>,
     url: &str,

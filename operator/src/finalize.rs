@@ -158,7 +158,7 @@ pub(crate) async fn finalize(
     };
     // The garbage collector would remove the forwarders only after the object is gone; their
     // sessions must end after the pods, so remove every child now.
-    prune(&ctx.client, ns, connection, &BTreeMap::new()).await?;
+    prune(&ctx.client, ns, connection, &BTreeMap::new(), false).await?;
     let recorded = connection
         .status
         .as_ref()

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod ownership;
 pub mod plan;
 pub mod render;
+pub mod scaledown;
 pub mod scope;
 pub mod sessions;
 pub mod status;

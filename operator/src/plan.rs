@@ -13,6 +13,8 @@ use kube::ResourceExt;
 use crate::children::{self, CONFIG_FILE, Children};
 use crate::image::ForwarderImage;
 use crate::render::{Group, RenderError, render};
+use crate::scaledown;
+use crate::sessions::client_id;
 use crate::status::{RuleOutcome, Workload};
 use crate::validate::{self, MissingSecret, Secrets};
 
@@ -35,6 +37,8 @@ pub struct ConnectionPlan<'a> {
 pub struct GroupPlan {
     pub name: String,
     pub children: Children,
+    /// Where a scale-down of its StatefulSet stands.
+    pub scale: scaledown::Step,
 }
 
 /// A rule's fate before anything is applied.
@@ -79,6 +83,7 @@ pub fn connection<'a>(
     rules: &[&'a ForwardingRule],
     secrets: &Secrets,
     image: &ForwarderImage,
+    live: &BTreeMap<String, scaledown::Live>,
 ) -> Result<ConnectionPlan<'a>, RenderError> {
     let secret_data = match validate::resolve_secrets(connection, secrets) {
         Ok(data) => data,
@@ -125,9 +130,30 @@ pub fn connection<'a>(
             name: group,
             rules: fitting,
         })?;
+        let scale = if rendered.config.rules.is_empty() {
+            // Every rule paused: no pod can run (a forwarder refuses a config without rules),
+            // so none can drain; the sessions keep their messages until a rule is back.
+            scaledown::Step::default()
+        } else {
+            scaledown::step(
+                children::replicas(&rendered, &connection.spec.forwarder),
+                live.get(&rendered.workload),
+            )
+        };
+        let namespace = connection.namespace().unwrap_or_default();
+        let leaving = scale
+            .drain
+            .iter()
+            .map(|o| client_id(&namespace, &format!("{}-{o}", rendered.workload)))
+            .collect();
+        let rendered = rendered.draining(leaving)?;
+        let mut children =
+            children::build(connection, group, &rendered, secret_data.clone(), image);
+        children::set_replicas(&mut children, scale.replicas);
         groups.push(GroupPlan {
             name: (*group).to_owned(),
-            children: children::build(connection, group, &rendered, secret_data.clone(), image),
+            children,
+            scale,
         });
         for r in members {
             let fate = match refused.get(&r.name_any()) {
@@ -474,7 +500,14 @@ mod tests {
         conn: &'a BrokerConnection,
         rules: &[&'a ForwardingRule],
     ) -> ConnectionPlan<'a> {
-        super::connection(conn, rules, &secrets(), &ForwarderImage::default()).expect("plan")
+        super::connection(
+            conn,
+            rules,
+            &secrets(),
+            &ForwarderImage::default(),
+            &BTreeMap::new(),
+        )
+        .expect("plan")
     }
 
     /// The config a group's ConfigMap holds, loaded as its pods load it (as written, their own
@@ -653,8 +686,14 @@ mod tests {
             "2026-01-01T00:00:00Z",
         )];
         let refs: Vec<&ForwardingRule> = rules.iter().collect();
-        let plan = super::connection(&conn, &refs, &BTreeMap::new(), &ForwarderImage::default())
-            .expect("plan");
+        let plan = super::connection(
+            &conn,
+            &refs,
+            &BTreeMap::new(),
+            &ForwarderImage::default(),
+            &BTreeMap::new(),
+        )
+        .expect("plan");
         assert!(plan.groups.is_empty() && plan.secret_data.is_none());
         assert_eq!(plan.missing_secrets.len(), 1);
         assert!(

@@ -147,8 +147,13 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
         .collect();
     rules.sort_by_key(|r| r.name_any());
     let config = ForwarderConfig {
-        // Always shared, so scaling the replicas never changes the subscriptions.
-        mqtt: mqtt_config(&spec.mqtt, format!("ferry.{namespace}.{workload}")),
+        // Shared by two replicas or more; one (or none, keeping pod 0's session) subscribes
+        // plainly, which Mosquitto restores after a restart. A reload switches live.
+        mqtt: mqtt_config(
+            &spec.mqtt,
+            format!("ferry.{namespace}.{workload}"),
+            spec.forwarder.replicas > 1,
+        ),
         kafka: kafka_config(&spec.kafka),
         rules: rules.into_iter().map(rule).collect(),
         http: HttpConfig::default(),
@@ -158,6 +163,7 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
             format: LogFormat::Json,
             ..LogConfig::default()
         },
+        drain: Vec::new(),
     };
     let config_yaml = serde_saphyr::to_string(&config).map_err(|e| RenderError::Yaml {
         group: workload.clone(),
@@ -172,8 +178,25 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
     })
 }
 
-/// The connection's MQTT side; every replica subscribes as a member of `shared_group`.
-fn mqtt_config(m: &crd::MqttEndpoint, shared_group: String) -> MqttConfig {
+impl Rendered {
+    /// The same config with the pods of `client_ids` listed in `drain`.
+    pub fn draining(mut self, client_ids: Vec<String>) -> Result<Self, RenderError> {
+        if self.config.drain == client_ids {
+            return Ok(self);
+        }
+        self.config.drain = client_ids;
+        self.config_yaml =
+            serde_saphyr::to_string(&self.config).map_err(|e| RenderError::Yaml {
+                group: self.workload.clone(),
+                reason: e.to_string(),
+            })?;
+        Ok(self)
+    }
+}
+
+/// The connection's MQTT side; with `shared`, every replica subscribes as a member of
+/// `shared_group`.
+fn mqtt_config(m: &crd::MqttEndpoint, shared_group: String, shared: bool) -> MqttConfig {
     // Credential files exist only when the connection references a Secret.
     let credentials = |key| {
         m.credentials_secret_ref
@@ -203,6 +226,7 @@ fn mqtt_config(m: &crd::MqttEndpoint, shared_group: String) -> MqttConfig {
             MqttProtocolVersion::V311 => None,
         },
         shared_group: Some(shared_group),
+        subscribe_shared: shared,
         keep_alive_secs: defaults::KEEP_ALIVE_SECS,
         max_inflight: u16::try_from(m.max_inflight).unwrap_or(defaults::MAX_INFLIGHT),
         username: None,
@@ -315,7 +339,12 @@ pub fn restart_checksum(config: &ForwarderConfig) -> String {
     let mut parts: BTreeMap<&str, String> = BTreeMap::new();
     // Credentials are file paths here: rotating a Secret rolls the pods through the
     // children's secret checksum instead.
-    parts.insert("mqtt", format!("{:?}", config.mqtt));
+    // How the filters are subscribed changes by a live reload, not a restart.
+    let mqtt = MqttConfig {
+        subscribe_shared: true,
+        ..config.mqtt.clone()
+    };
+    parts.insert("mqtt", format!("{mqtt:?}"));
     parts.insert("kafka", format!("{:?}", config.kafka));
     parts.insert("http", format!("{:?}", config.http));
     parts.insert("shutdown", config.shutdown_timeout_secs.to_string());

@@ -692,6 +692,7 @@ mod tests {
             mqtt: MqttStatus {
                 connected,
                 subscribed: connected,
+                shared: true,
                 last_error: None,
             },
             kafka: KafkaStatus {
@@ -703,6 +704,7 @@ mod tests {
             },
             inflight: 0,
             rules: rule.into_iter().collect(),
+            drain: None,
         }
     }
 

@@ -166,8 +166,19 @@ pub(crate) async fn warn_event(
     reason: &str,
     note: String,
 ) {
+    event(ctx, reference, EventType::Warning, (action, reason), note).await;
+}
+
+/// An Event that is not a condition's transition: `(action, reason)`.
+pub(crate) async fn event(
+    ctx: &Context,
+    reference: &ObjectReference,
+    type_: EventType,
+    (action, reason): (&str, &str),
+    note: String,
+) {
     let event = Event {
-        type_: EventType::Warning,
+        type_,
         reason: reason.to_owned(),
         note: Some(note),
         action: action.to_owned(),

@@ -142,15 +142,16 @@ fn rules_report_what_their_forwarder_pods_forward_and_steady_state_reconciles_no
             &write_interval,
         ],
     );
-    let _pods = rules_become_ready_with_their_pods(&cp, &op, &mosquitto, &kafka);
+    let pods = rules_become_ready_with_their_pods(&cp, &op, &mosquitto, &kafka);
     forwarded_counts_reach_the_rules_status(&cp, &op, &mosquitto, &kafka, &rt);
     steady_traffic_reconciles_nothing_and_writes_within_budget(&op, &mosquitto);
     kafka_outage_is_reported_at_once(&cp, &op, &mut kafka);
     not_ready_pods_still_report_until_kafka_is_back(&cp, &op, &mut kafka);
-    // The same rules and pods under an operator with a tight budget for the whole operator.
+    // The same rules and pods under an operator with a tight budget for the whole operator,
+    // then the usual one again.
     op.terminate();
     let budget = WRITES_PER_SECOND.to_string();
-    let op = Operator::start(
+    let mut budgeted = Operator::start(
         &cp,
         "operator-budget",
         &[
@@ -162,7 +163,26 @@ fn rules_report_what_their_forwarder_pods_forward_and_steady_state_reconciles_no
             &budget,
         ],
     );
-    the_write_budget_defers_counters_but_not_a_condition_change(&cp, &op, &mosquitto, &mut kafka);
+    the_write_budget_defers_counters_but_not_a_condition_change(
+        &cp, &budgeted, &mosquitto, &mut kafka,
+    );
+    budgeted.terminate();
+    kafka.resume().expect("restart kafka");
+    let op = Operator::start(
+        &cp,
+        "operator-again",
+        &[
+            "--status-interval-seconds",
+            "1",
+            "--status-write-interval-seconds",
+            &write_interval,
+        ],
+    );
+    op.wait_for("Ready and Forwarding once Kafka is back", WAIT, || {
+        cond(&cp, "fr", "temps", "Ready").0 == "True"
+            && cond(&cp, "fr", "temps", "Forwarding").0 == "True"
+    });
+    scaling_down_drains_the_leaving_pod_and_loses_nothing(&cp, &op, &mosquitto, &kafka, pods);
 }
 
 /// `--status-writes-per-second` of the budget step: one write every 10 s for the whole
@@ -671,4 +691,274 @@ fn a_held_record_makes_its_rule_held_and_its_neighbour_blocked_by_it() {
         stream,
         "every blocked message forwarded once"
     );
+}
+
+/// 2 → 1 replicas under steady QoS 1 traffic. The operator lists the leaving pod in its
+/// config's `drain` and keeps the StatefulSet at 2 until that pod's `/status` says drained; then
+/// it scales down and ends the pod's session, which by then holds nothing. Every message the
+/// broker acknowledged to the publisher is in Kafka, and the pod that stays now subscribes
+/// plainly (a group of one).
+fn scaling_down_drains_the_leaving_pod_and_loses_nothing(
+    cp: &ControlPlane,
+    op: &Operator,
+    mosquitto: &Mosquitto,
+    kafka: &Kafka,
+    mut pods: Vec<Pod>,
+) {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(kafka.create_topic("handover", 1))
+        .expect("topic");
+    common::apply(
+        cp,
+        &rule_yaml("handover", "plant", "handover/#", "handover", ""),
+    );
+    let names = ["plant-default-0", "plant-default-1"];
+    op.wait_for("both pods forward rule handover", WAIT, || {
+        for name in names {
+            sync_config(cp, "plant-default", name);
+        }
+        (0..2).all(|i| pod_status(i).contains("\"handover\""))
+    });
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = numbered_traffic(mosquitto.port(), "h", std::sync::Arc::clone(&stop));
+    std::thread::sleep(Duration::from_secs(3));
+
+    hold_pod(cp, "plant-default-1");
+    common::apply(cp, &connection_yaml("plant", 1, mosquitto, kafka));
+    // The kubelet's part: the mounted ConfigMap follows, here at once.
+    op.wait_for(
+        "the StatefulSet scaled to 1 once pod 1 drained",
+        WAIT,
+        || {
+            for name in names {
+                sync_config(cp, "plant-default", name);
+            }
+            jsonpath(cp, NS, "statefulset", "plant-default", "{.spec.replicas}") == "1"
+        },
+    );
+    assert!(
+        pod_status(1).contains("\"drained\":true"),
+        "scaled down only once pod 1 said drained: {}",
+        pod_status(1)
+    );
+    let events = common::Scene::new(cp, op, NS).events("plant");
+    assert!(events.contains("Normal Draining"), "{events}");
+    let leaving = pods.pop().expect("pod 1");
+    release_pod(cp, op, "plant-default-1", leaving);
+    op.wait_for("pod 1's session ended", WAIT, || {
+        sessions(cp) == "ferry.ferry.plant-default-0"
+    });
+    op.wait_for("pod 0 subscribes plainly", WAIT, || {
+        sync_config(cp, "plant-default", "plant-default-0");
+        pod_status(0).contains("\"shared\":false")
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sent = traffic.join().expect("traffic");
+    assert_all_in_kafka(kafka, sent);
+    assert_session_gone(&rt, mosquitto, "ferry.ferry.plant-default-1");
+    renaming_the_group_drains_the_old_workload_and_loses_nothing(
+        cp, op, mosquitto, kafka, pods, sent,
+    );
+}
+
+/// Every rule of group `default` moves to group `east` under steady traffic: the operator
+/// starts `plant-east`, and once it is ready lists `plant-default`'s pod in its `drain`, keeps
+/// the old workload until that pod says drained, then removes it and ends its session. Every
+/// acknowledged message is in Kafka.
+fn renaming_the_group_drains_the_old_workload_and_loses_nothing(
+    cp: &ControlPlane,
+    op: &Operator,
+    mosquitto: &Mosquitto,
+    kafka: &Kafka,
+    mut pods: Vec<Pod>,
+    sent_before: usize,
+) {
+    hold_pod(cp, "plant-default-0");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = numbered_traffic(mosquitto.port(), "r", std::sync::Arc::clone(&stop));
+    std::thread::sleep(Duration::from_secs(2));
+    let east = "  group: east\n";
+    common::apply(
+        cp,
+        &[
+            rule_yaml("temps", "plant", "plant/+/temp", "temps", east),
+            rule_yaml(
+                "alarms",
+                "plant",
+                "plant/+/alarm",
+                "alarms",
+                "  filter: \"!string(payload).endsWith('0')\"\n  group: east\n",
+            ),
+            rule_yaml("handover", "plant", "handover/#", "handover", east),
+        ]
+        .join("---\n"),
+    );
+    op.wait_for("the new group's pod", WAIT, || {
+        cp.run_kubectl(["get", "pod", "plant-east-0", "-n", NS])
+            .is_ok()
+    });
+    let east_pod = run_pod(
+        cp,
+        "plant-east",
+        "plant-east-0",
+        Ipv4Addr::new(127, 77, 0, 3),
+    );
+    op.wait_for("the old workload drained and removed", WAIT, || {
+        let config = jsonpath(
+            cp,
+            NS,
+            "configmap",
+            "plant-default",
+            "{.data.config\\.yaml}",
+        );
+        if !config.is_empty() {
+            std::fs::write(
+                cp.dir().join("plant-default-0").join("config.yaml"),
+                &config,
+            )
+            .expect("config");
+        }
+        cp.run_kubectl(["get", "statefulset", "plant-default", "-n", NS])
+            .is_err_and(|e| e.to_string().contains("NotFound"))
+    });
+    let events = common::Scene::new(cp, op, NS).events("plant");
+    assert!(events.contains("Normal Draining"), "{events}");
+    let old = pods.pop().expect("pod 0");
+    release_pod(cp, op, "plant-default-0", old);
+    op.wait_for("the old pod's session ended", WAIT, || {
+        sessions(cp) == "ferry.ferry.plant-east-0"
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sent = sent_before + traffic.join().expect("traffic");
+    assert_all_in_kafka(kafka, sent);
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    assert_session_gone(&rt, mosquitto, "ferry.ferry.plant-default-0");
+    drop(east_pod);
+}
+
+/// `/status` of the stand-in pod on 127.77.0.<i + 1>; empty when it does not answer.
+fn pod_status(i: u8) -> String {
+    ferry_e2e::http_get_at(
+        SocketAddr::from((Ipv4Addr::new(127, 77, 0, i + 1), 8080)),
+        "/status",
+    )
+    .map(|(_, body)| body)
+    .unwrap_or_default()
+}
+
+/// The client ids the connection's status records.
+fn sessions(cp: &ControlPlane) -> String {
+    jsonpath(
+        cp,
+        NS,
+        "brokerconnection",
+        "plant",
+        "{.status.mqttSessions[*]}",
+    )
+}
+
+/// Every distinct message published on `handover/#` (`sent` of them) is in Kafka.
+fn assert_all_in_kafka(kafka: &Kafka, sent: usize) {
+    let records = kafka
+        .read_all(
+            "handover",
+            sent,
+            Duration::from_secs(3),
+            Duration::from_secs(60),
+        )
+        .expect("read handover");
+    let distinct: std::collections::BTreeSet<&str> =
+        records.iter().map(|r| r.value_str()).collect();
+    assert_eq!(
+        distinct.len(),
+        sent,
+        "every message the broker acknowledged is in Kafka ({} records)",
+        records.len()
+    );
+}
+
+/// The broker holds no session, and queues nothing, for `client_id`.
+fn assert_session_gone(rt: &tokio::runtime::Runtime, mosquitto: &Mosquitto, client_id: &str) {
+    let probed = rt
+        .block_on(ferry_e2e::probe_session(
+            std::net::IpAddr::from([127, 0, 0, 1]),
+            mosquitto.port(),
+            None,
+            client_id,
+            false,
+        ))
+        .expect("probe the broker");
+    assert_eq!(probed, (false, 0), "{client_id}'s session is gone");
+}
+
+/// As a kubelet would, the pod's object stays (Terminating) until its container stopped.
+fn hold_pod(cp: &ControlPlane, name: &str) {
+    cp.run_kubectl([
+        "patch",
+        "pod",
+        name,
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":["ferry.test/kubelet"]}}"#,
+    ])
+    .expect("hold the pod while it stops");
+}
+
+/// The kubelet's part once the pod is deleted: stops its container, then lets the object go.
+fn release_pod(cp: &ControlPlane, op: &Operator, name: &str, pod: Pod) {
+    op.wait_for(&format!("{name} terminating"), WAIT, || {
+        !jsonpath(cp, NS, "pod", name, "{.metadata.deletionTimestamp}").is_empty()
+    });
+    drop(pod);
+    cp.run_kubectl([
+        "patch",
+        "pod",
+        name,
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":null}}"#,
+    ])
+    .expect("release the pod");
+}
+
+/// Publishes `handover/<i>` messages with distinct payloads (starting with `tag`), 50 every
+/// 100 ms, until `stop`; returns how many the broker acknowledged.
+fn numbered_traffic(
+    port: u16,
+    tag: &'static str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<usize> {
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().expect("runtime");
+        let mut sent = 0;
+        for round in 0.. {
+            if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            let messages: Vec<(String, Vec<u8>)> = (0..50)
+                .map(|i| {
+                    (
+                        format!("handover/{}", i % 5),
+                        format!("{tag}{round}-{i}").into_bytes(),
+                    )
+                })
+                .collect();
+            rt.block_on(ferry_e2e::publish(
+                port,
+                format!("handover-{tag}{round}"),
+                rumqttc::QoS::AtLeastOnce,
+                messages,
+            ))
+            .expect("publish");
+            sent += 50;
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        sent
+    })
 }

@@ -1,7 +1,8 @@
 //! The forwarders' MQTT sessions at a real Mosquitto, through the operator binary on a real
-//! kube-apiserver + controller-manager: when replicas are scaled down, a group goes away or the
-//! connection is deleted, the broker ends up holding no session, and queueing nothing, for the
-//! client ids that will never come back, while the pods that stay keep theirs.
+//! kube-apiserver + controller-manager: when the connection is deleted, the broker ends up
+//! holding no session, and queueing nothing, for the client ids that will never come back; a
+//! group that goes away keeps its sessions until its pods drained. (Scaling down and renaming
+//! a group with real forwarders that drain: `dataplane.rs`.)
 //!
 //! No kubelet runs here: the StatefulSet controller creates the pods, and the test plays what a
 //! kubelet and the forwarder in each pod would do: it marks the pods Running and connects to
@@ -90,20 +91,6 @@ fn mark_running(cp: &ferry_e2e::kube::ControlPlane, pod: &str) {
     }
 }
 
-fn scale_to_one(cp: &ferry_e2e::kube::ControlPlane) {
-    cp.run_kubectl([
-        "patch",
-        "brokerconnection",
-        "plant",
-        "-n",
-        NS,
-        "--type=merge",
-        "-p",
-        r#"{"spec":{"forwarder":{"replicas":1}}}"#,
-    ])
-    .expect("scale down");
-}
-
 fn recorded(cp: &ferry_e2e::kube::ControlPlane) -> String {
     jsonpath(
         cp,
@@ -189,36 +176,32 @@ fn sessions_of_removed_pods_groups_and_connections_are_ended_at_the_broker() {
     ))
     .expect("publish");
 
-    // 3 → 1 replicas: ordinals 1 and 2 of both groups are gone for good.
-    scale_to_one(&cp);
-    wait_recorded(&op, &cp, &["plant-bulk-0", "plant-default-0"]);
-    for pod in [
-        "plant-default-1",
-        "plant-default-2",
-        "plant-bulk-1",
-        "plant-bulk-2",
-    ] {
-        assert_eq!(
-            rt.block_on(probe_session(port, &client_id(pod), false)),
-            (false, 0),
-            "{pod}: the broker must hold no session and queue nothing"
-        );
-    }
-    assert_eq!(
-        rt.block_on(probe_session(port, &client_id("plant-default-0"), true)),
-        (true, 3),
-        "the pod that stays keeps its session and what was queued for it"
-    );
-
-    // The bulk group goes away with its only rule.
+    // The bulk group goes away with its only rule. Its pods are told to drain (its config
+    // lists them all), and it stays until they report drained; these stand-in pods never
+    // answer, so it waits, visibly, and their sessions keep what the broker queued.
     cp.run_kubectl(["delete", "forwardingrule", "bulk", "-n", NS])
         .expect("delete rule");
-    wait_recorded(&op, &cp, &["plant-default-0"]);
-    assert_eq!(
-        rt.block_on(probe_session(port, &client_id("plant-bulk-0"), false)),
-        (false, 0),
-        "a removed group's session is ended"
+    op.wait_for("the removed group's pods listed in drain", WAIT, || {
+        jsonpath(&cp, NS, "configmap", "plant-bulk", "{.data.config\\.yaml}").contains("drain:")
+    });
+    let drain = jsonpath(&cp, NS, "configmap", "plant-bulk", "{.data.config\\.yaml}");
+    for pod in bulk_pods {
+        assert!(drain.contains(&client_id(pod)), "{pod} drains: {drain}");
+    }
+    let events = common::Scene::new(&cp, &op, NS).events("plant");
+    assert!(events.contains("Normal Draining"), "{events}");
+    std::thread::sleep(Duration::from_secs(6));
+    assert!(
+        cp.run_kubectl(["get", "statefulset", "plant-bulk", "-n", NS])
+            .is_ok(),
+        "kept until its pods drained"
     );
+    assert_eq!(
+        rt.block_on(probe_session(port, &client_id("plant-bulk-0"), true)),
+        (true, 3),
+        "a session not drained is not ended"
+    );
+    wait_recorded(&op, &cp, &all);
 
     // The connection: its finalizer holds it until its forwarders are gone and their sessions
     // ended.
@@ -233,24 +216,27 @@ fn sessions_of_removed_pods_groups_and_connections_are_ended_at_the_broker() {
         "ferry.dev/mqtt-sessions"
     );
     delete_plant(&op, &cp);
-    assert_eq!(
-        rt.block_on(probe_session(port, &client_id("plant-default-0"), false)),
-        (false, 0),
-        "a deleted connection's sessions are ended"
-    );
+    for pod in &all {
+        assert_eq!(
+            rt.block_on(probe_session(port, &client_id(pod), false)),
+            (false, 0),
+            "{pod}: a deleted connection's sessions are ended"
+        );
+    }
     assert_eq!(
         op.metric(
             "ferry_operator_mqtt_sessions_ended_total",
             "result=\"ended\""
         ),
         Some(6.0),
-        "4 scaled away, 1 group removed, 1 with the connection"
+        "a deleted connection's sessions are ended, drained or not"
     );
 }
 
-/// MQTT 3.1.1 has no session expiry: ending the session is the only way it goes.
+/// MQTT 3.1.1 has no session expiry: ending the session is the only way it goes. (Scaling
+/// down drains the leaving pods first: `dataplane.rs` runs it with real forwarders.)
 #[test]
-fn mqtt_311_sessions_of_scaled_down_pods_are_ended() {
+fn mqtt_311_sessions_of_a_deleted_connection_are_ended() {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let mqtt = ferry_e2e::Mosquitto::start().expect("mosquitto");
     let port = mqtt.port();
@@ -264,16 +250,13 @@ fn mqtt_311_sessions_of_scaled_down_pods_are_ended() {
         rt.block_on(leave_session_311(port, pod));
     }
     wait_recorded(&op, &cp, &pods);
-    scale_to_one(&cp);
-    wait_recorded(&op, &cp, &["plant-default-0"]);
-    assert!(
-        !rt.block_on(session_present_311(port, "plant-default-1")),
-        "the scaled-away pod's session is ended"
-    );
-    assert!(
-        rt.block_on(session_present_311(port, "plant-default-0")),
-        "the pod that stays keeps its session"
-    );
+    delete_plant(&op, &cp);
+    for pod in pods {
+        assert!(
+            !rt.block_on(session_present_311(port, pod)),
+            "{pod}: the deleted connection's session is ended"
+        );
+    }
 }
 
 async fn leave_session_311(port: u16, pod: &str) {

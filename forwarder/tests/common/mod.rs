@@ -500,3 +500,80 @@ pub async fn alter_topic_config(bootstrap: &str, topic: &str, key: &str, value: 
         r.unwrap_or_else(|e| panic!("{topic}: {key} not set: {e:?}"));
     }
 }
+
+/// Publishes numbered messages ([`numbered_messages`]) at QoS 1 in slices, one after the other,
+/// until stopped: steady traffic whose every counted message the broker acknowledged.
+pub struct SteadyPublisher {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<usize>>,
+}
+
+impl SteadyPublisher {
+    /// Up to `cap` messages over 10 topics, `slice` at a time with `pause` between slices.
+    pub fn start(port: u16, client: &str, cap: usize, slice: usize, pause: Duration) -> Self {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = std::sync::Arc::clone(&stop);
+        let client = client.to_owned();
+        let thread = std::thread::spawn(move || {
+            let rt = runtime();
+            let all = numbered_messages(10, cap);
+            let mut acked = 0;
+            for (i, chunk) in all.chunks(slice).enumerate() {
+                if stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                    break;
+                }
+                rt.block_on(ferry_e2e::publish(
+                    port,
+                    format!("{client}-{i}"),
+                    ferry_e2e::rumqttc::QoS::AtLeastOnce,
+                    chunk.to_vec(),
+                ))
+                .unwrap_or_else(|e| panic!("publish slice {i}: {e}"));
+                acked += chunk.len();
+                std::thread::sleep(pause);
+            }
+            acked
+        });
+        Self {
+            stop,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stops after the slice being published; how many messages the broker acknowledged.
+    pub fn stop(mut self) -> usize {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread
+            .take()
+            .map(|t| t.join().expect("publisher thread"))
+            .unwrap_or(0)
+    }
+}
+
+/// Ends the session of `client_id` as the operator does for a pod gone for good: connects with
+/// a clean start, which makes the broker discard the session and what it holds, and
+/// disconnects.
+pub fn end_session(port: u16, client_id: &str) {
+    use ferry_e2e::rumqttc::{AsyncClient, Event, MqttOptions, Outgoing, Packet};
+    runtime().block_on(async {
+        let mut options = MqttOptions::new(client_id, "127.0.0.1", port);
+        options.set_clean_session(true);
+        let (client, mut events) = AsyncClient::new(options, 4);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "ending session {client_id} timed out"
+            );
+            match tokio::time::timeout(Duration::from_secs(10), events.poll()).await {
+                Ok(Ok(Event::Incoming(Packet::ConnAck(_)))) => {
+                    client.disconnect().await.expect("disconnect");
+                }
+                Ok(Ok(Event::Outgoing(Outgoing::Disconnect))) => return,
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => panic!("ending session {client_id}: {e}"),
+                Err(_) => panic!("ending session {client_id}: no answer"),
+            }
+        }
+    });
+}
