@@ -122,15 +122,21 @@ fn steady_traffic(
     })
 }
 
-#[test]
-fn rules_report_what_their_forwarder_pods_forward_and_steady_state_reconciles_nothing() {
+/// A control plane, Mosquitto, and Kafka with the rules' topics `temps` and `alarms`.
+fn brokers_and_control_plane() -> (ControlPlane, Mosquitto, Kafka, tokio::runtime::Runtime) {
     let cp = common::control_plane_with_crds(NS);
     let mosquitto = Mosquitto::start().expect("mosquitto");
-    let mut kafka = Kafka::start().expect("kafka");
+    let kafka = Kafka::start().expect("kafka");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     for topic in ["temps", "alarms"] {
         rt.block_on(kafka.create_topic(topic, 1)).expect("topic");
     }
+    (cp, mosquitto, kafka, rt)
+}
+
+#[test]
+fn rules_report_what_their_forwarder_pods_forward_and_steady_state_reconciles_nothing() {
+    let (cp, mosquitto, mut kafka, rt) = brokers_and_control_plane();
     let write_interval = WRITE_INTERVAL.as_secs().to_string();
     let op = Operator::start(
         &cp,
@@ -155,13 +161,7 @@ fn rules_report_what_their_forwarder_pods_forward_and_steady_state_reconciles_no
 /// down and rename with Kafka as they left it, which this one stops.
 #[test]
 fn under_the_operators_write_budget_counters_wait_and_condition_changes_do_not() {
-    let cp = common::control_plane_with_crds(NS);
-    let mosquitto = Mosquitto::start().expect("mosquitto");
-    let mut kafka = Kafka::start().expect("kafka");
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    for topic in ["temps", "alarms"] {
-        rt.block_on(kafka.create_topic(topic, 1)).expect("topic");
-    }
+    let (cp, mosquitto, mut kafka, _rt) = brokers_and_control_plane();
     let budget = WRITES_PER_SECOND.to_string();
     let op = Operator::start(
         &cp,
