@@ -1,6 +1,6 @@
 //! `ferry-bench` (`make bench`): what the forwarder costs beside the brokers it sits between,
 //! measured per process in the same runs (drains, low rates, windows, replicas, latency), plus
-//! the operator at 1,000 rules.
+//! the operator at 1,000 and 10,000 rules.
 //!
 //! Every scenario runs on real processes: Mosquitto, Kafka (KRaft), the release
 //! `ferry-forwarder`, and for the operator a real etcd + kube-apiserver + controller-manager
@@ -46,6 +46,10 @@ struct Args {
     /// Skip the operator figures (they need the Kubernetes binaries of e2e/k8s/build.sh).
     #[arg(long)]
     no_operator: bool,
+    /// Measure nothing: write results.md again from results.json (after merging two runs'
+    /// JSON, or a change to the report's layout).
+    #[arg(long)]
+    render: bool,
     /// Only these sections (for experiments): drains, expressions, lowrate, windows, replicas,
     /// latency, rules, operator.
     #[arg(long, value_delimiter = ',')]
@@ -77,6 +81,9 @@ struct Args {
     /// two write intervals by default, so every rule's moving counters are written in it.
     #[arg(long, default_value_t = 120)]
     operator_seconds: u64,
+    /// The operator's rule counts, one run each (100 rules a group, one connection).
+    #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
+    operator_rules: Vec<usize>,
     /// Where results go.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
     out: PathBuf,
@@ -494,6 +501,10 @@ fn mean_ms(forwarders: &[Forwarder], metric: &str) -> f64 {
 
 fn main() -> Result<()> {
     let mut args = Args::parse();
+    if args.render {
+        let report = read_results(&args.out)?;
+        return write_results(&args.out, &report, false);
+    }
     if args.quick {
         args.messages = args.messages.min(10_000);
         args.latency_seconds = args.latency_seconds.min(3);
@@ -543,12 +554,18 @@ fn main() -> Result<()> {
     }
     if !args.no_operator && wanted("operator") {
         println!("\n== Operator");
-        let rules = if args.quick { 100 } else { 1000 };
+        let counts = if args.quick {
+            vec![100]
+        } else {
+            args.operator_rules.clone()
+        };
         let window = Duration::from_secs(args.operator_seconds);
-        let figures: OperatorFigures =
-            operator::measure(&operator_bin, &forwarder_bin, rules, window)?;
-        println!("{}", figures.line());
-        report.operator = Some(figures);
+        for rules in counts {
+            let figures: OperatorFigures =
+                operator::measure(&operator_bin, &forwarder_bin, rules, window)?;
+            println!("{}", figures.line());
+            report.operators.push(figures);
+        }
     }
     report.took_seconds = started.elapsed().as_secs_f64();
     if args.only.is_empty() {
@@ -765,7 +782,7 @@ fn merge(out: &Path, ran: Report, only: &[String]) -> Result<Report> {
             "replicas" => merged.replicas = ran.replicas.clone(),
             "latency" => merged.latencies = ran.latencies.clone(),
             "rules" => merged.rules = ran.rules.clone(),
-            "operator" => merged.operator = ran.operator.clone(),
+            "operator" => merged.operators = ran.operators.clone(),
             other => bail!("--only {other}: not a section"),
         }
     }
@@ -784,6 +801,14 @@ fn merge(out: &Path, ran: Report, only: &[String]) -> Result<Report> {
         only.join(",")
     ));
     Ok(merged)
+}
+
+/// The report in `out/results.json`.
+fn read_results(out: &Path) -> Result<Report> {
+    let path = out.join("results.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parse {}", path.display()))
 }
 
 /// Writes the markdown and JSON, and the plots when `plots` (a merged report has no latency
@@ -811,4 +836,21 @@ fn write_results(out: &Path, report: &Report, plots: bool) -> Result<()> {
         }
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod results_tests {
+    use super::*;
+
+    /// `bench/results/results.md` is what `ferry-bench --render` makes of `results.json`.
+    #[test]
+    fn the_committed_results_markdown_is_rendered_from_the_json() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("results");
+        let report = read_results(&dir).expect("results.json");
+        let md = std::fs::read_to_string(dir.join("results.md")).expect("results.md");
+        assert!(
+            md == report.markdown(),
+            "bench/results/results.md drifted from results.json: run `ferry-bench --render` (target/release/ferry-bench --render)"
+        );
+    }
 }

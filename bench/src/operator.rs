@@ -21,10 +21,14 @@ use ferry_e2e::{Kafka, Mosquitto, free_port, http_get, http_get_at, http_get_ok,
 use crate::report::{NoBudget, OperatorFigures};
 
 const NS: &str = "bench";
-const GROUPS: usize = 10;
+/// Rules per group (one connection; 1,000 rules are 10 groups, 10,000 are 100).
+pub const RULES_PER_GROUP: usize = 100;
+/// The `kubectl create` processes creating the rules at once.
+const CREATORS: usize = 10;
 /// The operator's defaults, passed explicitly so the report says what was measured.
 pub const STATUS_INTERVAL_SECONDS: u64 = 10;
 pub const WRITE_INTERVAL_SECONDS: u64 = 60;
+pub const WRITES_PER_SECOND: f64 = 20.0;
 /// Every rule's topic gets a message this often: more than once per poll, so every rule's
 /// counters move at every poll (the case the write budget is for), at a total rate (250 msg/s
 /// for 1,000 rules) far below what would load the 2 cores the brokers share with the operator.
@@ -95,15 +99,32 @@ fn kafka_topic(group: usize) -> String {
 }
 
 /// Polls `ready` every 250 ms until it holds, failing after `timeout` with `what`.
-fn wait_for(what: &str, timeout: Duration, mut ready: impl FnMut() -> Result<bool>) -> Result<()> {
+fn wait_for(what: &str, timeout: Duration, ready: impl FnMut() -> Result<bool>) -> Result<()> {
+    wait_for_every(what, timeout, Duration::from_millis(250), ready)
+}
+
+/// [`wait_for`], polling every `every`.
+fn wait_for_every(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut ready: impl FnMut() -> Result<bool>,
+) -> Result<()> {
     let start = Instant::now();
     while !ready()? {
         if start.elapsed() > timeout {
             bail!("{what}: not after {timeout:?}");
         }
-        std::thread::sleep(Duration::from_millis(250));
+        std::thread::sleep(every);
     }
     Ok(())
+}
+
+/// How often to read every rule's conditions while waiting on them: a read of them all costs
+/// the API server (and kubectl, on the same cores) in proportion to their number, so 250 ms
+/// per 1,000 rules keeps the bench's own load from being what it measures.
+fn rules_poll(rules: usize) -> Duration {
+    Duration::from_millis(250 * (rules as u64).div_ceil(1000).max(1))
 }
 
 /// How many rules have condition `type_` True.
@@ -121,11 +142,12 @@ fn rules_with(cp: &ControlPlane, type_: &str) -> Result<usize> {
     Ok(out.lines().filter(|l| *l == "True").count())
 }
 
-/// The operator with status write interval `write_interval`, logging to `<log>.log`.
+/// The operator with status write interval `write_interval` and budget `writes_per_second`,
+/// logging to `<log>.log`.
 fn start_operator(
     cp: &ControlPlane,
     bin: &Path,
-    write_interval: u64,
+    (write_interval, writes_per_second): (u64, f64),
     log: &str,
 ) -> Result<(Operator, u16)> {
     let port = free_port()?;
@@ -138,6 +160,8 @@ fn start_operator(
             &STATUS_INTERVAL_SECONDS.to_string(),
             "--status-write-interval-seconds",
             &write_interval.to_string(),
+            "--status-writes-per-second",
+            &writes_per_second.to_string(),
         ])
         .env("KUBECONFIG", cp.kubeconfig_path())
         .env("FERRY_LOG", "warn")
@@ -157,7 +181,12 @@ fn start_operator(
 
 /// What creating the rules took: (all created, all Accepted and rendered), seconds from the
 /// first create.
-fn create_rules(cp: &ControlPlane, rules: usize, mqtt: u16, kafka: &str) -> Result<(f64, f64)> {
+fn create_rules(
+    cp: &ControlPlane,
+    (rules, groups): (usize, usize),
+    mqtt: u16,
+    kafka: &str,
+) -> Result<(f64, f64)> {
     cp.run_kubectl_with_stdin(
         ["create", "-f", "-"],
         &format!(
@@ -165,14 +194,15 @@ fn create_rules(cp: &ControlPlane, rules: usize, mqtt: u16, kafka: &str) -> Resu
              spec:\n  mqtt: {{ host: 127.0.0.1, port: {mqtt} }}\n  kafka: {{ bootstrapServers: [\"{kafka}\"] }}\n"
         ),
     )?;
-    // One manifest per group, created by as many kubectl processes at once: kubectl sends one
-    // request per object, and one process alone would measure kubectl, not the operator.
-    // Rule i forwards MQTT topic plant/t<i> (where the traffic goes) to its group's topic.
-    let manifests: Vec<String> = (0..GROUPS)
-        .map(|g| {
+    // Created by CREATORS kubectl processes at once: kubectl sends one request per object, and
+    // one process alone would measure kubectl, not the operator. Rule i is in group i % groups
+    // and forwards MQTT topic plant/t<i> (where the traffic goes) to its group's topic.
+    let manifests: Vec<String> = (0..CREATORS)
+        .map(|c| {
             (0..rules)
-                .filter(|i| i % GROUPS == g)
+                .filter(|i| i % CREATORS == c)
                 .map(|i| {
+                    let g = i % groups;
                     format!(
                         "---\napiVersion: ferry.dev/v1alpha1\nkind: ForwardingRule\nmetadata: {{ name: rule-{i}, namespace: {NS} }}\n\
                          spec:\n  connectionRef: {{ name: plant }}\n  group: g{g}\n  mqtt: {{ topics: [\"plant/t{i}\"] }}\n  kafka: {{ topic: {} }}\n",
@@ -195,9 +225,12 @@ fn create_rules(cp: &ControlPlane, rules: usize, mqtt: u16, kafka: &str) -> Resu
         Ok(())
     })?;
     let apply_seconds = applied.elapsed().as_secs_f64();
-    wait_for("every rule Accepted", Duration::from_secs(300), || {
-        Ok(rules_with(cp, "Accepted")? >= rules)
-    })?;
+    wait_for_every(
+        "every rule Accepted",
+        Duration::from_secs(300),
+        rules_poll(rules),
+        || Ok(rules_with(cp, "Accepted")? >= rules),
+    )?;
     let all_accepted_seconds = applied.elapsed().as_secs_f64();
     // Rendered too: every group's config holds its rules.
     let configs = cp.run_kubectl([
@@ -222,7 +255,13 @@ fn create_rules(cp: &ControlPlane, rules: usize, mqtt: u16, kafka: &str) -> Resu
 fn run_pod(cp: &ControlPlane, bin: &Path, g: usize) -> Result<Pod> {
     let workload = format!("plant-g{g}");
     let name = format!("{workload}-0");
-    let ip = Ipv4Addr::new(POD_NET[0], POD_NET[1], POD_NET[2], g as u8 + 1);
+    // 127.88.<g / 200>.<g % 200 + 1>: up to 200 groups a /24.
+    let ip = Ipv4Addr::new(
+        POD_NET[0],
+        POD_NET[1],
+        POD_NET[2] + (g / 200) as u8,
+        (g % 200) as u8 + 1,
+    );
     let addr = SocketAddr::from((ip, 8080));
     if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
         bail!("something else listens on {addr}, the address of pod {name}");
@@ -276,6 +315,27 @@ fn run_pod(cp: &ControlPlane, bin: &Path, g: usize) -> Result<Pod> {
     Ok(pod)
 }
 
+/// One forwarder per group, [`CREATORS`] started at once.
+fn run_pods(cp: &ControlPlane, bin: &Path, groups: usize) -> Result<Vec<Pod>> {
+    let mut pods = Vec::with_capacity(groups);
+    for first in (0..groups).step_by(CREATORS) {
+        let batch = std::thread::scope(|s| {
+            let started: Vec<_> = (first..(first + CREATORS).min(groups))
+                .map(|g| s.spawn(move || run_pod(cp, bin, g)))
+                .collect();
+            started
+                .into_iter()
+                .map(|t| {
+                    t.join()
+                        .map_err(|_| anyhow::anyhow!("a forwarder thread panicked"))?
+                })
+                .collect::<Result<Vec<Pod>>>()
+        })?;
+        pods.extend(batch);
+    }
+    Ok(pods)
+}
+
 /// Counters read at both ends of the steady window.
 struct Sample {
     at: Instant,
@@ -325,15 +385,16 @@ fn steady(
     port: u16,
     pid: u32,
     pods: &[Pod],
-    rules: usize,
+    (rules, groups): (usize, usize),
     window: Duration,
 ) -> Result<OperatorFigures> {
     let warm = Instant::now();
     // The first report of each rule is a condition change (Forwarding True), written at once;
     // Ready follows within a reconcile of the connection.
-    wait_for(
+    wait_for_every(
         "every rule Forwarding and Ready",
-        Duration::from_secs(180),
+        Duration::from_secs(600),
+        rules_poll(rules),
         || Ok(rules_with(cp, "Forwarding")? >= rules && rules_with(cp, "Ready")? >= rules),
     )?;
     let warmup_seconds = warm.elapsed().as_secs_f64();
@@ -344,10 +405,11 @@ fn steady(
     let seconds = s1.at.duration_since(s0.at).as_secs_f64();
     Ok(OperatorFigures {
         rules,
-        groups: GROUPS,
+        groups,
         forwarders: pods.len(),
         status_interval_seconds: STATUS_INTERVAL_SECONDS,
         write_interval_seconds: WRITE_INTERVAL_SECONDS,
+        writes_per_second: WRITES_PER_SECOND,
         traffic_msgs_per_sec: rules as f64 / TRAFFIC_PERIOD_SECONDS as f64,
         warmup_seconds,
         steady_seconds: seconds,
@@ -366,8 +428,9 @@ fn steady(
     })
 }
 
-/// The same steady state under an operator started with `--status-write-interval-seconds 0`:
-/// every rule whose counters moved is written at every poll.
+/// The same steady state under an operator started with `--status-write-interval-seconds 0`
+/// and `--status-writes-per-second 0`: every rule whose counters moved is written at every
+/// poll.
 fn without_budget(
     cp: &ControlPlane,
     bin: &Path,
@@ -375,7 +438,7 @@ fn without_budget(
     window: Duration,
 ) -> Result<NoBudget> {
     println!("operator: again without the write budget (interval 0), {window:?}");
-    let (operator, port) = start_operator(cp, bin, 0, "operator-no-budget")?;
+    let (operator, port) = start_operator(cp, bin, (0, 0.0), "operator-no-budget")?;
     let pid = operator.0.id();
     // Its start: a reconcile of every object and the first polls.
     std::thread::sleep(SETTLE + Duration::from_secs(STATUS_INTERVAL_SECONDS));
@@ -393,14 +456,15 @@ fn without_budget(
     })
 }
 
-/// Brokers, control plane, operator, `rules` rules in [`GROUPS`] groups; one forwarder per
-/// group; steady traffic on every rule; `window` of measurement.
+/// Brokers, control plane, operator, `rules` rules in groups of [`RULES_PER_GROUP`]; one
+/// forwarder per group; steady traffic on every rule; `window` of measurement.
 pub fn measure(
     operator_bin: &Path,
     forwarder_bin: &Path,
     rules: usize,
     window: Duration,
 ) -> Result<OperatorFigures> {
+    let groups = rules.div_ceil(RULES_PER_GROUP).max(1);
     // The brokers first: the connection points at them from its creation, so the rendered
     // configs are the ones the forwarders run. Kafka does not create topics by itself here.
     let mqtt = Mosquitto::start()?;
@@ -409,7 +473,7 @@ pub fn measure(
         .worker_threads(1)
         .enable_all()
         .build()?;
-    for g in 0..GROUPS {
+    for g in 0..groups {
         rt.block_on(kafka.create_topic(&kafka_topic(g), 1))?;
     }
     let cp = ControlPlane::start().context("control plane (run e2e/k8s/build.sh once)")?;
@@ -418,18 +482,17 @@ pub fn measure(
         &["forwardingrules.ferry.dev", "brokerconnections.ferry.dev"],
     )?;
     cp.run_kubectl(["create", "namespace", NS])?;
-    let (operator, port) = start_operator(&cp, operator_bin, WRITE_INTERVAL_SECONDS, "operator")?;
+    let budget = (WRITE_INTERVAL_SECONDS, WRITES_PER_SECOND);
+    let (operator, port) = start_operator(&cp, operator_bin, budget, "operator")?;
     let (apply_seconds, all_accepted_seconds) =
-        create_rules(&cp, rules, mqtt.port(), &kafka.bootstrap())?;
+        create_rules(&cp, (rules, groups), mqtt.port(), &kafka.bootstrap())?;
     // Where the peak comes from: the rules alone, or the data-plane status on top.
     let accepted_usage = crate::procs::usage(operator.0.id())?;
     println!(
-        "operator: {rules} rules Accepted and rendered {all_accepted_seconds:.1} s after the first create (peak RSS {:.1} MiB); starting {GROUPS} forwarders",
+        "operator: {rules} rules Accepted and rendered {all_accepted_seconds:.1} s after the first create (peak RSS {:.1} MiB); starting {groups} forwarders",
         accepted_usage.peak_rss_mib
     );
-    let pods: Vec<Pod> = (0..GROUPS)
-        .map(|g| run_pod(&cp, forwarder_bin, g))
-        .collect::<Result<_>>()?;
+    let pods = run_pods(&cp, forwarder_bin, groups)?;
     let stop = Arc::new(AtomicBool::new(false));
     let rate = (rules as u64 / TRAFFIC_PERIOD_SECONDS).max(1);
     let traffic = rt.spawn(crate::load::publish_until(
@@ -443,12 +506,13 @@ pub fn measure(
     println!(
         "operator: {rate} msg/s over {rules} MQTT topics (one per rule); measuring {window:?} of steady state"
     );
-    let measured = steady(&cp, port, operator.0.id(), &pods, rules, window).and_then(|mut f| {
-        // One operator writes at a time, as with leader election.
-        drop(operator);
-        f.no_budget = Some(without_budget(&cp, operator_bin, &pods, window / 2)?);
-        Ok(f)
-    });
+    let measured =
+        steady(&cp, port, operator.0.id(), &pods, (rules, groups), window).and_then(|mut f| {
+            // One operator writes at a time, as with leader election.
+            drop(operator);
+            f.no_budget = Some(without_budget(&cp, operator_bin, &pods, window / 2)?);
+            Ok(f)
+        });
     stop.store(true, Ordering::Relaxed);
     let sent = rt.block_on(traffic)??;
     let mut figures = measured?;

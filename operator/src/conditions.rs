@@ -49,10 +49,15 @@ pub struct Transition {
 /// or without rules): worth an Event, not a Warning.
 const DELIBERATE: [&str; 3] = ["Paused", "ScaledToZero", "NoRules"];
 
+/// Reasons a new object's condition starts with while its forwarder pods start or have not
+/// reported yet: the expected beginning (Argo CD shows it Progressing), not news; a change to
+/// them later is. Thousands of rules created at once would otherwise each get an Event for it.
+const STARTING: [&str; 3] = ["ForwarderNotReady", "ForwardersNotReady", "NoReport"];
+
 impl Transition {
     /// Worth telling a human: a change of status, or a problem from the start.
     pub fn noteworthy(&self) -> bool {
-        !self.first || self.status != TRUE
+        !self.first || (self.status != TRUE && !STARTING.contains(&self.reason.as_str()))
     }
 
     /// Whether its Event is a Warning: a condition turned False, unless on purpose.
@@ -129,6 +134,21 @@ mod tests {
             first, second,
             "identical input must give an identical status"
         );
+    }
+
+    #[test]
+    fn pods_starting_is_no_news_on_a_new_object_but_a_later_change_to_it_is() {
+        let starting = |reason: &str, first| Transition {
+            type_: "Ready".into(),
+            status: FALSE.into(),
+            reason: reason.into(),
+            message: String::new(),
+            first,
+        };
+        assert!(!starting("ForwarderNotReady", true).noteworthy());
+        assert!(!starting("NoReport", true).noteworthy());
+        assert!(starting("ForwarderNotReady", false).noteworthy());
+        assert!(starting("SecretMissing", true).noteworthy());
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use ferry_api::crd::BrokerConnection;
+use ferry_api::crd::{BrokerConnection, ForwardingRule};
 use futures::{Stream, StreamExt};
 use kube::Client;
 use kube::core::DeserializeGuard;
@@ -15,6 +15,7 @@ use kube::runtime::watcher;
 use tokio::sync::{mpsc, watch};
 use tracing::warn;
 
+use crate::budget::WriteBudget;
 use crate::image::ForwarderImage;
 use crate::metrics::Metrics;
 
@@ -123,8 +124,15 @@ pub struct Context {
     pub(crate) connections: Store<DeserializeGuard<BrokerConnection>>,
     /// True once `connections` holds the whole first list (see [`listed`]).
     pub(crate) connections_listed: watch::Receiver<bool>,
+    /// Every rule in scope, as the rule loop's watch has them (managed fields dropped): what a
+    /// connection's reconcile renders, rather than a list of them all each time.
+    pub(crate) rules: Store<DeserializeGuard<ForwardingRule>>,
+    /// True once `rules` holds the whole first list.
+    pub(crate) rules_listed: watch::Receiver<bool>,
     /// The forwarder image of connections that name none (the operator's flags).
     pub(crate) forwarder_image: ForwarderImage,
+    /// The status writes a second the whole operator may send (see [`crate::budget`]).
+    pub(crate) budget: WriteBudget,
     /// Consecutive failures per object, for its backoff.
     pub(crate) failures: Mutex<HashMap<String, u32>>,
     /// Groups whose scale-down waits for leaving pods to drain (so the Event is sent once).
@@ -141,9 +149,10 @@ impl Context {
         client: Client,
         metrics: Arc<Metrics>,
         recorder: Recorder,
-        connections: Store<DeserializeGuard<BrokerConnection>>,
-        connections_listed: watch::Receiver<bool>,
+        (connections, connections_listed): Listed<BrokerConnection>,
+        (rules, rules_listed): Listed<ForwardingRule>,
         forwarder_image: ForwarderImage,
+        budget: WriteBudget,
     ) -> (
         Context,
         impl Stream<Item = ObjectRef<DeserializeGuard<BrokerConnection>>> + Send + 'static,
@@ -155,7 +164,10 @@ impl Context {
             recorder,
             connections,
             connections_listed,
+            rules,
+            rules_listed,
             forwarder_image,
+            budget,
             failures: Mutex::new(HashMap::new()),
             draining: Mutex::new(std::collections::HashSet::new()),
             ready_changes,
@@ -175,6 +187,9 @@ impl Context {
         }
     }
 }
+
+/// A store, and whether it holds the whole first list (see [`listed`]).
+pub type Listed<K> = (Store<DeserializeGuard<K>>, watch::Receiver<bool>);
 
 /// Room for one poll's transitions of many rules at once.
 const READY_CHANGES_QUEUE: usize = 4096;

@@ -24,19 +24,21 @@ use ferry_api::crd::{
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, ListParams};
+use kube::api::Api;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
+use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
 use crate::apply::{apply, live_scale, prune, read_secrets, taken};
+use crate::budget::WriteBudget;
 use crate::children;
 use crate::conditions::FALSE;
-use crate::context::{At, Context, Error, Step, listed, wait_listed};
+use crate::context::{Context, Error, listed, wait_listed};
 use crate::finalize::{SessionsOutcome, end_gone_sessions, finalize, set_finalizer};
 use crate::image::ForwarderImage;
 use crate::metrics::{Kind, Metrics};
@@ -52,6 +54,10 @@ const CONNECTION: &str = "BrokerConnection";
 const RULE: &str = "ForwardingRule";
 /// A safety net against drift nobody told us about; changes arrive by watch.
 const RESYNC: Duration = Duration::from_secs(600);
+/// API writes a reconcile has in flight at once (groups applied, rule statuses written).
+const CONCURRENT_WRITES: usize = 16;
+/// Writes whose futures exist at once: a few rounds of [`CONCURRENT_WRITES`].
+pub(crate) const WRITE_BATCH: usize = 4 * CONCURRENT_WRITES;
 /// How soon to reconcile again a connection whose Secrets do not resolve, or one of whose
 /// groups has a name another owner holds.
 const UNRESOLVED_RETRY: Duration = Duration::from_secs(30);
@@ -91,24 +97,32 @@ pub async fn run(
         client.clone(),
         metrics,
         recorder,
-        connections.clone(),
-        connections_listed,
+        (connections.clone(), connections_listed),
+        (rules.clone(), rules_listed.clone()),
         forwarder_image,
+        WriteBudget::new(status_polling.writes_per_second),
     );
     let ctx = Arc::new(ctx);
+    // The rule loop's own watch, once its store has a rule's change, tells the connection loop
+    // (rather than a second watch of every rule, which could run ahead of the store the
+    // connection renders from).
+    let (rule_changes, rule_changes_rx) = mpsc::unbounded_channel();
+    let rule_changes_rx = futures::stream::unfold(rule_changes_rx, |mut rx| async move {
+        rx.recv().await.map(|target| (target, rx))
+    });
 
     let connection_loop = connection_loop(
         (&client, &scope),
         connection_events,
         connections,
-        ready_changes,
+        futures::stream::select(ready_changes, rule_changes_rx),
         shutdown.clone(),
         Arc::clone(&ctx),
     );
     let rule_loop = rule_loop(
         (&client, &scope),
         rule_events,
-        rules.clone(),
+        (rules.clone(), rule_changes),
         shutdown,
         Arc::clone(&ctx),
     );
@@ -120,22 +134,19 @@ pub async fn run(
 }
 
 /// The BrokerConnection loop. Besides its own spec changes, what decides its children wakes
-/// it: the forwarders' StatefulSets and ConfigMaps it owns, its rules, the Secrets it
-/// references, and a forwarder becoming ready or not (`ready_changes`).
+/// it: the forwarders' StatefulSets and ConfigMaps it owns, the Secrets it references, and
+/// `changes`: its rules' (from the rule loop) and a forwarder becoming ready or not.
 fn connection_loop(
     (client, scope): (&Client, &Scope),
     events: impl Stream<Item = watcher::Result<watcher::Event<DeserializeGuard<BrokerConnection>>>>
     + Send
     + 'static,
     connections: Store<DeserializeGuard<BrokerConnection>>,
-    ready_changes: impl Stream<Item = ObjectRef<DeserializeGuard<BrokerConnection>>> + Send + 'static,
+    changes: impl Stream<Item = ObjectRef<DeserializeGuard<BrokerConnection>>> + Send + 'static,
     shutdown: impl Future<Output = ()> + Send + Sync + Clone + 'static,
     ctx: Arc<Context>,
 ) -> impl Future<Output = ()> {
-    let unfiltered = watcher::Config::default();
     let forwarders = watcher::Config::default().labels(children::SELECTOR);
-    // A second watch of the rules, for triggers only (the rule loop reflects them).
-    let rule_copy = scope.watch::<DeserializeGuard<ForwardingRule>>(client, &unfiltered);
     let secret_index = connections.clone();
     let marked = watcher::Config::default().labels(&format!("{SECRET_MARK}={MARK_VALUE}"));
     Controller::for_stream(spec_changes(events), connections)
@@ -149,11 +160,6 @@ fn connection_loop(
                 .watch::<PartialObjectMeta<ConfigMap>>(client, &forwarders)
                 .touched_objects(),
         )
-        .watches_stream(spec_changes(rule_copy), |rule| {
-            let rule = rule.0.ok()?;
-            let ns = rule.namespace()?;
-            Some(ObjectRef::new(&rule.spec.connection_ref.name).within(&ns))
-        })
         // A created, rotated, marked or unmarked Secret reconciles the connections that
         // reference it. Only marked Secrets are watched: one losing the mark leaves the
         // selection, which the watch reports as a deletion.
@@ -163,20 +169,24 @@ fn connection_loop(
                 .touched_objects(),
             move |secret| connections_referencing(&secret_index, &secret),
         )
-        .reconcile_on(ready_changes)
+        .reconcile_on(changes)
         .graceful_shutdown_on(shutdown)
         .run(reconcile_connection, error_policy, ctx)
         .for_each(|_| async {})
 }
 
 /// The ForwardingRule loop. It also follows connections: a deleted connection strands its
-/// rules.
+/// rules. Each rule's spec change or deletion goes to `connection_changes` too, for the
+/// connection it names, once the store has it.
 fn rule_loop(
     (client, scope): (&Client, &Scope),
     events: impl Stream<Item = watcher::Result<watcher::Event<DeserializeGuard<ForwardingRule>>>>
     + Send
     + 'static,
-    rules: Store<DeserializeGuard<ForwardingRule>>,
+    (rules, connection_changes): (
+        Store<DeserializeGuard<ForwardingRule>>,
+        mpsc::UnboundedSender<ObjectRef<DeserializeGuard<BrokerConnection>>>,
+    ),
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
     ctx: Arc<Context>,
 ) -> impl Future<Output = ()> {
@@ -184,7 +194,16 @@ fn rule_loop(
     let connection_copy =
         scope.watch::<DeserializeGuard<BrokerConnection>>(client, &watcher::Config::default());
     let rule_index = rules.clone();
-    Controller::for_stream(spec_changes(events), rules)
+    let changed = spec_changes(events).inspect(move |rule| {
+        let Ok(rule) = rule else { return };
+        let (Ok(r), Some(ns)) = (&rule.0, rule.namespace()) else {
+            return;
+        };
+        let connection = ObjectRef::new(&r.spec.connection_ref.name).within(&ns);
+        // Closed only when the connection loop has stopped, at shutdown.
+        let _ = connection_changes.send(connection);
+    });
+    Controller::for_stream(changed, rules)
         .watches_stream(spec_changes(connection_copy), move |connection| {
             rules_of(&rule_index, &connection)
         })
@@ -350,6 +369,9 @@ async fn reconcile_connection(
         // No group failing any more: their backoff is forgotten.
         groups_retry(&ctx, &*guarded, &BTreeMap::new());
         finalize(&ctx, &guarded, &ns).await?
+    } else if !wait_listed(&ctx.rules_listed).await {
+        // Rendering from a store still filling would drop the rules not yet in it.
+        return Ok(Action::requeue(Duration::from_secs(1)));
     } else {
         set_finalizer(&ctx.client, &guarded, &ns, true).await?;
         match readable(&ctx, &guarded, &ns).await? {
@@ -402,17 +424,17 @@ async fn reconcile_readable(
 ) -> Result<Action, Error> {
     let client = &ctx.client;
     let name = connection.name_any();
-    let all_rules = Api::<DeserializeGuard<ForwardingRule>>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-        .at(Step::Read)?;
+    // From the rule loop's store: a rule's change reaches this loop only once the store has it.
+    let all_rules = ctx.rules.state();
     // Unreadable rules are the rule loop's to report; they are not rendered.
-    let rules: Vec<&ForwardingRule> = all_rules
-        .items
+    let mut rules: Vec<&ForwardingRule> = all_rules
         .iter()
         .filter_map(|r| r.0.as_ref().ok())
-        .filter(|r| r.spec.connection_ref.name == name)
+        .filter(|r| r.namespace().as_deref() == Some(ns) && r.spec.connection_ref.name == name)
         .collect();
+    // In name order, as a list returns them: the plan (and the rendered config) must not
+    // depend on the store's order.
+    rules.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let secrets = read_secrets(client, ns, connection).await?;
 
     let recorded = connection
@@ -618,11 +640,23 @@ async fn apply_groups(
     let ns = connection.namespace().unwrap_or_default();
     let ns = ns.as_str();
     let uid = connection.uid().unwrap_or_default();
+    let uid = uid.as_str();
+    // A few groups at once: one after the other, a connection of many groups waits on the
+    // API server's round trips, not on its work.
+    // The futures made first, then run: a closure making them inside the stream trips the
+    // compiler's proof that the reconcile is `Send`.
+    let applies: Vec<_> = groups
+        .iter()
+        .map(|group| apply_unless_taken(client, ns, uid, group))
+        .collect();
+    let results: Vec<GroupApplied> = futures::stream::iter(applies)
+        .buffer_unordered(CONCURRENT_WRITES)
+        .collect()
+        .await;
     let mut out = Applied::default();
-    for group in groups {
-        let c = &group.children;
-        let result = match taken(client, ns, &uid, c).await {
-            Ok(Some(why)) => {
+    for (group, result) in results {
+        match result {
+            Err(why) => {
                 warn!(connection = %connection.name_any(), namespace = %ns, group = %group.name, reason = %why, "group not applied");
                 let note = format!("group {:?} is not applied: {why}", group.name);
                 warn_event(
@@ -634,24 +668,37 @@ async fn apply_groups(
                 )
                 .await;
                 out.taken.insert(group.name.clone(), why);
-                continue;
             }
-            Ok(None) => apply_group(client, ns, group).await,
-            Err(error) => Err(error),
-        };
-        match result {
-            Ok(workload) => {
+            Ok(Ok(workload)) => {
                 out.workloads.insert(group.name.clone(), workload);
             }
-            Err(error) => {
+            Ok(Err(error)) => {
                 warn!(group = %group.name, namespace = %ns, error = %error, "cannot apply the group's children");
-                let workload = c.stateful_set.name_any();
+                let workload = group.children.stateful_set.name_any();
                 out.failed
                     .insert(group.name.clone(), GroupFailure { workload, error });
             }
         }
     }
     out
+}
+
+/// A group, and its children applied, or why not: `Err` when one of its names is taken.
+type GroupApplied<'a> = (&'a GroupPlan, Result<Result<Workload, Error>, String>);
+
+/// The group's children applied, unless one of its names is taken.
+async fn apply_unless_taken<'a>(
+    client: &Client,
+    ns: &str,
+    uid: &str,
+    group: &'a GroupPlan,
+) -> GroupApplied<'a> {
+    let result = match taken(client, ns, uid, &group.children).await {
+        Ok(Some(why)) => Err(why),
+        Ok(None) => Ok(apply_group(client, ns, group).await),
+        Err(error) => Ok(Err(error)),
+    };
+    (group, result)
 }
 
 async fn apply_group(client: &Client, ns: &str, group: &GroupPlan) -> Result<Workload, Error> {
@@ -702,11 +749,11 @@ async fn write_statuses(
     let update = (&desired, changed);
     update_status(ctx, &api, connection, FIELD_MANAGER, update, &transitions).await?;
     let rule_api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
-    for (rule, fate) in &plan.rules {
+    let outcomes = plan.rules.iter().filter_map(|(rule, fate)| {
         let outcome = match fate {
             plan::RulePlan::Served { group } => match applied.failed.get(group) {
                 // Read again and retried at once: the rule's status stays as it is.
-                Some(f) if f.error.is_conflict() => continue,
+                Some(f) if f.error.is_conflict() => return None,
                 Some(f) => RuleOutcome::GroupNotApplied(format!(
                     "the children of group {group:?} could not be applied: {}",
                     f.error
@@ -715,9 +762,28 @@ async fn write_statuses(
             },
             plan::RulePlan::Refused(_) => fate.outcome(rule, &applied.workloads, &applied.taken),
         };
-        write_rule_control(ctx, &rule_api, rule, &outcome, now).await?;
+        Some((*rule, outcome))
+    });
+    // A few at once, as for the groups: thousands of rules accepted at once are thousands of
+    // writes. Every rule's write is tried; the first failure fails the reconcile.
+    // In batches: thousands of writes' futures made up front would hold thousands of request
+    // states at once.
+    let outcomes: Vec<(&ForwardingRule, RuleOutcome)> = outcomes.collect();
+    let mut outcomes = outcomes.into_iter().peekable();
+    let mut written: Vec<Result<(), Error>> = Vec::new();
+    while outcomes.peek().is_some() {
+        let batch: Vec<_> = outcomes
+            .by_ref()
+            .take(WRITE_BATCH)
+            .map(|(rule, outcome)| write_rule_control(ctx, &rule_api, rule, outcome, now))
+            .collect();
+        let done: Vec<Result<(), Error>> = futures::stream::iter(batch)
+            .buffer_unordered(CONCURRENT_WRITES)
+            .collect()
+            .await;
+        written.extend(done.into_iter().filter(Result::is_err));
     }
-    Ok(())
+    written.into_iter().collect()
 }
 
 /// `Ready` False with reason `InvalidSpec` on a connection the operator cannot render as it
@@ -777,9 +843,10 @@ async fn write_rule_control(
     ctx: &Context,
     api: &Api<ForwardingRule>,
     rule: &ForwardingRule,
-    outcome: &RuleOutcome,
+    outcome: RuleOutcome,
     now: jiff::Timestamp,
 ) -> Result<(), Error> {
+    let outcome = &outcome;
     if let RuleOutcome::Conflict(reason)
     | RuleOutcome::NameTaken(reason)
     | RuleOutcome::SecretMissing(reason)
@@ -844,7 +911,7 @@ async fn reconcile_rule(
     if let Some(outcome) = outcome {
         let now = jiff::Timestamp::now();
         match &guarded.0 {
-            Ok(rule) => write_rule_control(&ctx, &api, rule, &outcome, now).await?,
+            Ok(rule) => write_rule_control(&ctx, &api, rule, outcome, now).await?,
             Err(_) => {
                 let current =
                     current_status::<ForwardingRule, ForwardingRuleStatus>(&ctx.client, &ns, &name)

@@ -24,12 +24,14 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, warn};
 
+use crate::budget::Urgency;
 use crate::children::{LABEL_CONNECTION, LABEL_GROUP, SELECTOR};
 use crate::context::{Context, wait_listed};
+use crate::controller::WRITE_BATCH;
 use crate::render::{HTTP_PORT, rule_name};
 use crate::scope::Scope;
 use crate::status::{self, ACCEPTED};
-use crate::writer::{STATUS_FIELD_MANAGER, update_status};
+use crate::writer::{STATUS_FIELD_MANAGER, update_status, update_status_with};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// A `/status` body is a few KiB; anything far larger is not a forwarder.
@@ -46,6 +48,9 @@ type RuleKey = (String, String);
 pub struct Polling {
     pub interval: Duration,
     pub min_write_interval: Duration,
+    /// The status writes a second the whole operator may send (0: no budget); see
+    /// [`crate::budget`].
+    pub writes_per_second: f64,
 }
 
 pub async fn run(
@@ -79,7 +84,10 @@ pub async fn run(
         };
         loop {
             tick.tick().await;
-            poll_once(&ctx, &http, &pods, &rules, &mut writes).await;
+            // Counters-only writes the budget has no room for before the next poll wait for
+            // it: that poll has newer figures.
+            let next_poll = tokio::time::Instant::now() + polling.interval;
+            poll_once(&ctx, &http, &pods, &rules, &mut writes, next_poll).await;
         }
     };
     tokio::select! {
@@ -97,25 +105,94 @@ struct Writes {
 /// Reports per group.
 type Reports = BTreeMap<GroupKey, Vec<(String, ForwarderStatus)>>;
 
-/// One poll: every forwarder pod's report, then every rule's data-plane status from them.
+/// What one poll writes of one rule's data-plane status.
+enum RuleWrite {
+    /// Nothing changed, or only counters not yet due.
+    Nothing,
+    /// Not served (paused, or not accepted): take back what this writer said.
+    TakeBack,
+    /// News (a condition change, the counters appearing or going): written at once.
+    Now {
+        desired: ForwardingRuleStatus,
+        transitions: Vec<crate::conditions::Transition>,
+    },
+    /// Moving counters only, due: written when the budget has room, the rules written longest
+    /// ago (`last`) first.
+    Counters {
+        last: Option<jiff::Timestamp>,
+        desired: ForwardingRuleStatus,
+    },
+}
+
+/// One poll: every forwarder pod's report, then every rule's data-plane status from them:
+/// news at once (a few writes in flight), then moving counters as the operator's write budget
+/// allows until `next_poll`, the rules written longest ago first (the others wait for a later
+/// poll, which has newer figures).
 async fn poll_once(
     ctx: &Context,
     http: &HttpClient<HttpConnector, Empty<Bytes>>,
     pods: &Store<Pod>,
     rules: &Store<DeserializeGuard<ForwardingRule>>,
     writes: &mut Writes,
+    next_poll: tokio::time::Instant,
 ) {
     let by_group = fetch_reports(ctx, http, pods).await;
     let now = jiff::Timestamp::now();
     let mut seen = HashSet::new();
+    let mut at_once = Vec::new();
+    let mut deferred = Vec::new();
     for guarded in rules.state() {
         let Ok(rule) = &guarded.0 else { continue };
         let Some(ns) = rule.namespace() else { continue };
         let rule_key = (ns, rule.name_any());
         seen.insert(rule_key.clone());
-        update_rule(ctx, rule, rule_key, &by_group, writes, now).await;
+        match decide(rule, &rule_key, &by_group, writes, now) {
+            RuleWrite::Nothing => {}
+            RuleWrite::TakeBack => {
+                writes.last.remove(&rule_key);
+                at_once.push(AtOnce::TakeBack(Arc::clone(&guarded)));
+            }
+            RuleWrite::Now {
+                desired,
+                transitions,
+            } => {
+                let guarded = Arc::clone(&guarded);
+                let desired = Box::new(desired);
+                at_once.push(AtOnce::Write(guarded, rule_key, desired, transitions));
+            }
+            RuleWrite::Counters { last, desired } => {
+                deferred.push((last, Arc::clone(&guarded), rule_key, desired));
+            }
+        }
     }
     writes.last.retain(|key, _| seen.contains(key));
+    // In batches: thousands of writes' futures made up front would hold thousands of request
+    // states at once.
+    let mut at_once = at_once.into_iter().peekable();
+    while at_once.peek().is_some() {
+        let batch: Vec<_> = at_once
+            .by_ref()
+            .take(WRITE_BATCH)
+            .map(|w| w.start(ctx))
+            .collect();
+        let written: Vec<Option<RuleKey>> = futures::stream::iter(batch)
+            .buffer_unordered(CONCURRENT_REQUESTS)
+            .collect()
+            .await;
+        writes
+            .last
+            .extend(written.into_iter().flatten().map(|key| (key, now)));
+    }
+    deferred.sort_by_key(|d| d.0);
+    for (_, guarded, rule_key, desired) in deferred {
+        if !ctx.budget.wait_until(next_poll).await {
+            break;
+        }
+        let update = (desired, Vec::new());
+        if let Some(key) = write_rule(ctx, guarded, rule_key, update, Urgency::Deferrable).await {
+            writes.last.insert(key, now);
+        }
+    }
 }
 
 /// `GET /status` on every forwarder pod with an IP, a few at a time; the answers by group,
@@ -162,55 +239,122 @@ async fn fetch_reports(
     by_group
 }
 
-/// Writes one rule's data-plane status when it is due, and publishes its transitions. A rule
-/// not served (paused, or not accepted) gets back an empty status from this writer.
-async fn update_rule(
-    ctx: &Context,
+/// What this poll writes of `rule`'s data-plane status (see [`RuleWrite`]).
+fn decide(
     rule: &ForwardingRule,
-    rule_key: RuleKey,
+    rule_key: &RuleKey,
     by_group: &Reports,
-    writes: &mut Writes,
+    writes: &Writes,
     now: jiff::Timestamp,
-) {
-    let ns = rule_key.0.clone();
+) -> RuleWrite {
     let current = rule.status.clone().unwrap_or_default();
     let current_view = status::rule_data_view(&current);
     let serving = !rule.spec.paused
         && status::condition(&current.conditions, ACCEPTED)
             .is_some_and(|c| c.status == crate::conditions::TRUE);
-    let api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
     if !serving {
-        // Not served: take back what this writer said, if anything.
-        let update = (
-            &serde_json::json!({}),
-            current_view != ForwardingRuleStatus::default(),
-        );
-        if let Err(e) = update_status(ctx, &api, rule, STATUS_FIELD_MANAGER, update, &[]).await {
-            warn!(rule = %rule.name_any(), error = %e, "cannot take back data-plane status");
-        }
-        writes.last.remove(&rule_key);
-        return;
+        return if current_view == ForwardingRuleStatus::default() {
+            RuleWrite::Nothing
+        } else {
+            RuleWrite::TakeBack
+        };
     }
     let key = (
-        ns.clone(),
+        rule_key.0.clone(),
         rule.spec.connection_ref.name.clone(),
         rule.spec.group.clone(),
     );
     let reports = by_group.get(&key).map(Vec::as_slice).unwrap_or_default();
     let (desired, transitions) = status::rule_data(Some(&current), &rule_name(rule), reports, now);
-    let last = writes.last.get(&rule_key).copied();
-    let due = status::data_write_due(&current_view, &desired, last, now, writes.min_interval);
-    let update = (&desired, due);
-    match update_status(ctx, &api, rule, STATUS_FIELD_MANAGER, update, &transitions).await {
-        Ok(true) => {
-            writes.last.insert(rule_key, now);
+    let last = writes.last.get(rule_key).copied();
+    if !status::data_write_due(&current_view, &desired, last, now, writes.min_interval) {
+        RuleWrite::Nothing
+    } else if status::data_write_urgent(&current_view, &desired) {
+        RuleWrite::Now {
+            desired,
+            transitions,
+        }
+    } else {
+        RuleWrite::Counters { last, desired }
+    }
+}
+
+type Written<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Option<RuleKey>> + Send + 'a>>;
+
+/// A write of this poll that does not wait for the budget.
+enum AtOnce {
+    TakeBack(Arc<DeserializeGuard<ForwardingRule>>),
+    Write(
+        Arc<DeserializeGuard<ForwardingRule>>,
+        RuleKey,
+        Box<ForwardingRuleStatus>,
+        Vec<crate::conditions::Transition>,
+    ),
+}
+
+impl AtOnce {
+    fn start(self, ctx: &Context) -> Written<'_> {
+        match self {
+            AtOnce::TakeBack(guarded) => take_back(ctx, guarded),
+            AtOnce::Write(guarded, key, desired, transitions) => {
+                let update = (*desired, transitions);
+                Box::pin(write_rule(ctx, guarded, key, update, Urgency::Now))
+            }
+        }
+    }
+}
+
+/// Takes back this writer's status of a rule not served. Never counts as a write of its
+/// counters.
+fn take_back(ctx: &Context, guarded: Arc<DeserializeGuard<ForwardingRule>>) -> Written<'_> {
+    Box::pin(async move {
+        let Ok(rule) = &guarded.0 else { return None };
+        let ns = rule.namespace().unwrap_or_default();
+        let api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
+        let update = (&serde_json::json!({}), true);
+        if let Err(e) = update_status(ctx, &api, rule, STATUS_FIELD_MANAGER, update, &[]).await {
+            warn!(rule = %rule.name_any(), error = %e, "cannot take back data-plane status");
+        }
+        None
+    })
+}
+
+/// Writes a rule's data-plane status and publishes its transitions; a change of whether it
+/// forwards asks for its connection's reconcile (its `Ready`). The rule's key when written.
+async fn write_rule(
+    ctx: &Context,
+    guarded: Arc<DeserializeGuard<ForwardingRule>>,
+    rule_key: RuleKey,
+    (desired, transitions): (ForwardingRuleStatus, Vec<crate::conditions::Transition>),
+    urgency: Urgency,
+) -> Option<RuleKey> {
+    let Ok(rule) = &guarded.0 else { return None };
+    let ns = rule_key.0.clone();
+    let api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
+    let update = (&desired, true);
+    let written = update_status_with(
+        ctx,
+        &api,
+        rule,
+        STATUS_FIELD_MANAGER,
+        update,
+        &transitions,
+        urgency,
+    );
+    match written.await {
+        Ok(_) => {
+            let current_view = status::rule_data_view(&rule.status.clone().unwrap_or_default());
             if status::ready_affected(&current_view, &desired) {
                 ctx.data_plane_changed(&ns, &rule.spec.connection_ref.name);
             }
+            Some(rule_key)
         }
-        Ok(false) => {}
         // The next poll writes it again; a deleted rule is no error worth more than a line.
-        Err(e) => warn!(rule = %rule.name_any(), error = %e, "cannot write data-plane status"),
+        Err(e) => {
+            warn!(rule = %rule.name_any(), error = %e, "cannot write data-plane status");
+            None
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! and reports each rule's state from the forwarder pods' `/status`.
 
 pub mod apply;
+pub mod budget;
 pub mod children;
 pub mod conditions;
 pub mod context;

@@ -53,6 +53,16 @@ struct Args {
         default_value_t = 60
     )]
     status_write_interval_seconds: u64,
+    /// The status writes a second the whole operator may send the API server. Condition
+    /// changes (and `Accepted`/`Ready`) are written at once and count against it; writes of
+    /// moving counters only wait for room, oldest first. 0: no limit.
+    #[arg(
+        long,
+        env = "FERRY_STATUS_WRITES_PER_SECOND",
+        default_value_t = 20.0,
+        value_parser = writes_per_second
+    )]
+    status_writes_per_second: f64,
     /// Namespaces to watch, comma-separated: the operator lists, watches and changes nothing
     /// outside them, so a Role in each is all it needs. Empty or unset: every namespace.
     #[arg(
@@ -67,6 +77,16 @@ struct Args {
     log_format: LogFormat,
     #[command(flatten)]
     forwarder_image: ForwarderImage,
+}
+
+/// `--status-writes-per-second`: a number, 0 or more.
+fn writes_per_second(value: &str) -> Result<f64, String> {
+    match value.trim().parse::<f64>() {
+        Ok(n) if n.is_finite() && n >= 0.0 => Ok(n),
+        _ => Err(format!(
+            "{value:?} is not a number of writes a second (0 or more; 0 is no limit)"
+        )),
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -193,6 +213,7 @@ impl Reconciler {
         let status_polling = Polling {
             interval: Duration::from_secs(args.status_interval_seconds.max(1)),
             min_write_interval: Duration::from_secs(args.status_write_interval_seconds),
+            writes_per_second: args.status_writes_per_second,
         };
         let scope = args.watch_namespaces.clone().unwrap_or_default();
         info!(%scope, "watching");

@@ -65,6 +65,7 @@ pub struct Metrics {
     status_writes: Family<KindLabel, Counter>,
     polls: Family<ResultLabel, Counter>,
     sessions_ended: Family<ResultLabel, Counter>,
+    events_skipped: Counter,
     leader: Gauge,
     ready: AtomicBool,
 }
@@ -82,6 +83,7 @@ impl Metrics {
         let status_writes = Family::<KindLabel, Counter>::default();
         let polls = Family::<ResultLabel, Counter>::default();
         let sessions_ended = Family::<ResultLabel, Counter>::default();
+        let events_skipped = Counter::default();
         let leader = Gauge::default();
         registry.register("reconciles", "Reconciles run, by kind", reconciles.clone());
         registry.register(
@@ -110,6 +112,11 @@ impl Metrics {
             sessions_ended.clone(),
         );
         registry.register(
+            "events_skipped",
+            "Normal Events of transitions not sent because the status-write budget had no room",
+            events_skipped.clone(),
+        );
+        registry.register(
             "leader",
             "1 while this replica holds the leader Lease",
             leader.clone(),
@@ -122,6 +129,7 @@ impl Metrics {
             status_writes,
             polls,
             sessions_ended,
+            events_skipped,
             leader,
             ready: AtomicBool::new(false),
         }
@@ -156,6 +164,10 @@ impl Metrics {
         self.sessions_ended
             .get_or_create(&ResultLabel { result })
             .inc();
+    }
+
+    pub fn event_skipped(&self) {
+        self.events_skipped.inc();
     }
 
     pub fn set_leader(&self, leading: bool) {

@@ -148,11 +148,27 @@ impl fmt::Display for Scope {
 }
 
 /// One Api's watch, retried with backoff (kube-runtime logs each failure, e.g. a namespace
-/// the operator has no rights in).
+/// the operator has no rights in). What no reconcile reads is dropped from every object as it
+/// arrives (see [`slim`]), so stores hold only what the operator uses.
 fn watch_one<K: Watched>(api: Api<K>, config: &watcher::Config) -> Events<K> {
     watcher::watcher(api, config.clone())
         .default_backoff()
+        .modify(slim)
         .boxed()
+}
+
+/// The annotation `kubectl apply` keeps a whole copy of the object in.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what the operator never reads from a watched object: `managedFields` (often larger
+/// than the spec, one entry per writer) and `kubectl apply`'s copy of the object. The operator
+/// writes with server-side apply under its own field manager, which needs neither.
+pub fn slim<K: Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+    }
 }
 
 /// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters.

@@ -490,12 +490,18 @@ pub fn data_write_due(
     if current == desired {
         return false;
     }
-    if current.conditions != desired.conditions
-        || current.forwarded.is_some() != desired.forwarded.is_some()
-    {
+    if data_write_urgent(current, desired) {
         return true;
     }
     last_write.is_none_or(|at| now.duration_since(at) >= min_interval)
+}
+
+/// Whether a due data-plane write is news (a condition change, the counters appearing or
+/// going), written at once, rather than counters that merely moved, which may wait for the
+/// operator's write budget.
+pub fn data_write_urgent(current: &ForwardingRuleStatus, desired: &ForwardingRuleStatus) -> bool {
+    current.conditions != desired.conditions
+        || current.forwarded.is_some() != desired.forwarded.is_some()
 }
 
 fn with_error(what: String, error: &Option<ferry_api::status::LastError>) -> String {

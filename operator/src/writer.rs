@@ -10,6 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::warn;
 
+use crate::budget::Urgency;
 use crate::conditions::Transition;
 use crate::context::{At, Context, Error, Step};
 use crate::metrics::Kind;
@@ -50,19 +51,43 @@ where
 /// reconciles do not feed themselves), counted, then the transitions as Events. Nothing is
 /// published when the write fails: the next reconcile computes the same transitions again.
 /// Returns whether it wrote.
+///
+/// Paid for from the operator's status-write budget at once, into debt if need be: see
+/// [`update_status_with`] for a write that waited for its turn.
 pub(crate) async fn update_status<K, S>(
     ctx: &Context,
     api: &Api<K>,
     object: &K,
     manager: &str,
-    (desired, changed): (&S, bool),
+    update: (&S, bool),
     transitions: &[Transition],
 ) -> Result<bool, Error>
 where
     K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
     S: Serialize,
 {
+    update_status_with(ctx, api, object, manager, update, transitions, Urgency::Now).await
+}
+
+/// [`update_status`], for a write of `urgency`: a [`Urgency::Deferrable`] one has already
+/// taken its token from `ctx.budget` (see `WriteBudget::wait_until`), so it is not paid twice.
+pub(crate) async fn update_status_with<K, S>(
+    ctx: &Context,
+    api: &Api<K>,
+    object: &K,
+    manager: &str,
+    (desired, changed): (&S, bool),
+    transitions: &[Transition],
+    urgency: Urgency,
+) -> Result<bool, Error>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned + Clone + std::fmt::Debug,
+    S: Serialize,
+{
     if changed {
+        if urgency == Urgency::Now {
+            ctx.budget.spend();
+        }
         let patch = serde_json::json!({
             "apiVersion": K::api_version(&()),
             "kind": K::kind(&()),
@@ -86,14 +111,29 @@ where
     Ok(changed)
 }
 
+/// The transitions' Events, each an API write paid from the status-write budget: a Warning
+/// always (someone has something to do), a Normal one only when the budget has room, so that
+/// thousands of rules turning Ready at once do not send thousands of Events (their conditions
+/// say it all the same).
 pub(crate) async fn publish(
     ctx: &Context,
     reference: &ObjectReference,
     transitions: &[Transition],
 ) {
-    publish_with(&ctx.recorder, reference, transitions).await;
+    let mut told = Vec::new();
+    for t in transitions.iter().filter(|t| t.noteworthy()) {
+        if t.warns() {
+            ctx.budget.spend();
+        } else if ctx.budget.take().is_err() {
+            ctx.metrics.event_skipped();
+            continue;
+        }
+        told.push(t.clone());
+    }
+    publish_with(&ctx.recorder, reference, &told).await;
 }
 
+/// Records the noteworthy `transitions` as Events.
 pub(crate) async fn publish_with(
     recorder: &Recorder,
     reference: &ObjectReference,

@@ -299,6 +299,7 @@ fn default_render_is_strictly_valid_and_least_privileged() {
         ("FERRY_LEASE_DURATION_SECONDS", "15"),
         ("FERRY_STATUS_INTERVAL_SECONDS", "10"),
         ("FERRY_STATUS_WRITE_INTERVAL_SECONDS", "60"),
+        ("FERRY_STATUS_WRITES_PER_SECOND", "20"),
         ("FERRY_LOG_FORMAT", "json"),
         ("FERRY_LOG", "info"),
         ("FERRY_FORWARDER_IMAGE", "ferry-forwarder:0.1.0"),
@@ -1072,9 +1073,18 @@ spec:
   connectionRef: { name: plant }
   mqtt: { topics: ["plant/+/telemetry"] }
   kafka: { topic: telemetry }
+---
+# Its connection does not exist: a Warning Event, recorded with the chart's rights.
+apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata: { name: stray }
+spec:
+  connectionRef: { name: elsewhere }
+  mqtt: { topics: ["plant/+/stray"] }
+  kafka: { topic: stray }
 "#,
     )
-    .expect("apply a connection and a rule");
+    .expect("apply a connection and rules");
     let get = |args: &[&str]| cp.run_kubectl(args).unwrap_or_default();
     let deadline = Duration::from_secs(90);
     let started = Instant::now();

@@ -145,15 +145,21 @@ fn publish_until(
     })
 }
 
-#[test]
-fn rules_report_what_their_forwarder_pods_forward_and_steady_state_reconciles_nothing() {
+/// A control plane, Mosquitto, and Kafka with the rules' topics `temps` and `alarms`.
+fn brokers_and_control_plane() -> (ControlPlane, Mosquitto, Kafka, tokio::runtime::Runtime) {
     let cp = common::control_plane_with_crds(NS);
     let mosquitto = Mosquitto::start().expect("mosquitto");
-    let mut kafka = Kafka::start().expect("kafka");
+    let kafka = Kafka::start().expect("kafka");
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     for topic in ["temps", "alarms"] {
         rt.block_on(kafka.create_topic(topic, 1)).expect("topic");
     }
+    (cp, mosquitto, kafka, rt)
+}
+
+#[test]
+fn rules_report_what_their_forwarder_pods_forward_and_steady_state_reconciles_nothing() {
+    let (cp, mosquitto, mut kafka, rt) = brokers_and_control_plane();
     let write_interval = WRITE_INTERVAL.as_secs().to_string();
     let op = Operator::start(
         &cp,
@@ -171,6 +177,105 @@ fn rules_report_what_their_forwarder_pods_forward_and_steady_state_reconciles_no
     kafka_outage_is_reported_at_once(&cp, &op, &mut kafka);
     not_ready_pods_still_report_until_kafka_is_back(&cp, &op, &mut kafka);
     scaling_down_drains_the_leaving_pod_and_loses_nothing(&cp, &op, &mosquitto, &kafka, pods);
+}
+
+/// The same two rules and pods under an operator with a tight status-write budget for the
+/// whole operator. A control plane of its own: the steps of the test above go on to scale
+/// down and rename with Kafka as they left it, which this one stops.
+#[test]
+fn under_the_operators_write_budget_counters_wait_and_condition_changes_do_not() {
+    let (cp, mosquitto, mut kafka, _rt) = brokers_and_control_plane();
+    let budget = WRITES_PER_SECOND.to_string();
+    let op = Operator::start(
+        &cp,
+        "operator-budget",
+        &[
+            "--status-interval-seconds",
+            "1",
+            "--status-write-interval-seconds",
+            "0",
+            "--status-writes-per-second",
+            &budget,
+        ],
+    );
+    let _pods = rules_become_ready_with_their_pods(&cp, &op, &mosquitto, &kafka);
+    the_write_budget_defers_counters_but_not_a_condition_change(&cp, &op, &mosquitto, &mut kafka);
+}
+
+/// `--status-writes-per-second` of the budget step: one write every 10 s for the whole
+/// operator, where the two rules' moving counters would be written at every 1 s poll.
+const WRITES_PER_SECOND: f64 = 0.1;
+
+/// Under the operator's status-write budget, moving counters wait for room (each rule in
+/// turn, the one written longest ago first) while a condition change is written at once.
+fn the_write_budget_defers_counters_but_not_a_condition_change(
+    cp: &ControlPlane,
+    op: &Operator,
+    mosquitto: &Mosquitto,
+    kafka: &mut Kafka,
+) {
+    let writes = || {
+        op.metric("ferry_operator_status_writes_total", "forwarding_rule")
+            .expect("metrics")
+    };
+    let forwarded = |rule: &str| -> u64 {
+        jsonpath(cp, NS, "fr", rule, "{.status.forwarded}")
+            .parse()
+            .unwrap_or(0)
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = steady_traffic(mosquitto.port(), stop.clone());
+    // The window starts at the budget's first write (it starts with room for one).
+    op.wait_for("the first counters written", WAIT, || {
+        op.metric("ferry_operator_status_writes_total", "forwarding_rule")
+            .is_some_and(|n| n >= 1.0)
+    });
+    let (w0, temps0, alarms0) = (writes(), forwarded("temps"), forwarded("alarms"));
+    // Two refills of the budget: the other rule's turn, then the first's again.
+    let window = Duration::from_secs_f64(2.0 / WRITES_PER_SECOND + 1.0);
+    std::thread::sleep(window);
+    let (w1, temps1, alarms1) = (writes(), forwarded("temps"), forwarded("alarms"));
+    let budget = (window.as_secs_f64() * WRITES_PER_SECOND).floor() + 1.0;
+    eprintln!(
+        "budget {WRITES_PER_SECOND}/s over {window:?}: {} rule status writes (at most {budget}; \
+         without the budget about 2 a second); forwarded temps {temps0} -> {temps1}, alarms \
+         {alarms0} -> {alarms1}",
+        w1 - w0
+    );
+    assert!(
+        w1 - w0 <= budget,
+        "{} status writes in {window:?}: over {WRITES_PER_SECOND} a second",
+        w1 - w0
+    );
+    assert!(
+        temps1 > temps0 && alarms1 > alarms0,
+        "each rule's counters still reach its status in turn: temps {temps0} -> {temps1}, \
+         alarms {alarms0} -> {alarms1}"
+    );
+
+    // Kafka stops: both rules' Forwarding flips at the same poll, not a budget refill apart.
+    kafka.stop();
+    let mut flipped = [None, None];
+    op.wait_for("both rules KafkaUnreachable", WAIT, || {
+        for (rule, at) in ["temps", "alarms"].iter().zip(flipped.iter_mut()) {
+            if at.is_none() && cond(cp, "fr", rule, "Forwarding").1 == "KafkaUnreachable" {
+                *at = Some(Instant::now());
+            }
+        }
+        flipped.iter().all(Option::is_some)
+    });
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    traffic.join().expect("traffic thread");
+    let [Some(a), Some(b)] = flipped else {
+        unreachable!("waited for both")
+    };
+    let apart = if a > b { a - b } else { b - a };
+    let refill = Duration::from_secs_f64(1.0 / WRITES_PER_SECOND);
+    eprintln!("both rules KafkaUnreachable {apart:?} apart (a budget refill: {refill:?})");
+    assert!(
+        apart < refill / 2,
+        "a condition change waited for the budget: {apart:?} between the rules' flips"
+    );
 }
 
 /// A BrokerConnection `name` in {NS} to these brokers, with `replicas` forwarder pods.
