@@ -18,7 +18,7 @@ use crate::children::{self, Children, LABEL_CONNECTION};
 use crate::context::{At, Error, Step};
 use crate::ownership::{self, Holder, Serving};
 use crate::scaledown::{Live, PodReport};
-use crate::sessions::client_id;
+use crate::sessions::{client_id, workload_of};
 use crate::validate::{ReadSecret, Secrets, referenced_secrets};
 use crate::writer::FIELD_MANAGER;
 
@@ -189,7 +189,7 @@ async fn retire(
     let settled = serving
         .values()
         .all(|s| !matches!(s, Serving::Applied { settled: false, .. }))
-        && serving_runs_its_rules(client, ns, selector, serving).await?;
+        && serving_runs_its_rules(client, ns, &objects.items, serving).await?;
     let mut out = BTreeMap::new();
     for (workload, pods) in retired.into_iter().filter(|(_, pods)| !pods.is_empty()) {
         if !settled {
@@ -197,11 +197,11 @@ async fn retire(
             continue;
         }
         list_in_drain(client, ns, &workload, &pods).await?;
-        let reports = pod_reports(client, ns, selector, |w, _| w == workload).await?;
+        let reports = pod_reports(&objects.items, |w, _| w == workload).await;
         let waiting: Vec<String> = pods
             .into_iter()
             .filter(|p| {
-                !workload_ordinal(p)
+                !workload_of(p)
                     .and_then(|(_, o)| reports.get(&(workload.clone(), o)))
                     .is_some_and(|r| r.drained)
             })
@@ -219,14 +219,10 @@ async fn retire(
 async fn serving_runs_its_rules(
     client: &Client,
     ns: &str,
-    selector: &str,
+    pods: &[Pod],
     serving: &BTreeMap<String, Serving>,
 ) -> Result<bool, Error> {
     let maps = Api::<ConfigMap>::namespaced(client.clone(), ns);
-    let pods = Api::<Pod>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels(selector))
-        .await
-        .at(Step::Prune)?;
     for served in serving.values() {
         let Serving::Applied { workload, .. } = served else {
             continue;
@@ -239,9 +235,9 @@ async fn serving_runs_its_rules(
             .and_then(|text| serde_saphyr::from_str::<ferry_api::ForwarderConfig>(&text).ok())
             .map(|c| c.rules.into_iter().map(|r| r.name).collect())
             .unwrap_or_default();
-        for pod in &pods.items {
+        for pod in pods {
             let name = pod.name_any();
-            if workload_ordinal(&name).is_none_or(|(w, _)| w != workload)
+            if workload_of(&name).is_none_or(|(w, _)| w != workload)
                 || pod.metadata.deletion_timestamp.is_some()
             {
                 continue;
@@ -451,7 +447,7 @@ pub(crate) async fn live_scale(
     let mut by_name: BTreeMap<String, &Pod> = BTreeMap::new();
     for pod in &pods.items {
         let name = pod.name_any();
-        if let Some((workload, ordinal)) = workload_ordinal(&name)
+        if let Some((workload, ordinal)) = workload_of(&name)
             && let Some(l) = live.get_mut(workload)
         {
             l.pods.insert(ordinal);
@@ -466,7 +462,7 @@ pub(crate) async fn live_scale(
         live.get(workload)
             .is_some_and(|l| l.replicas > wanted && (ordinal >= stays || wanted == 0))
     };
-    let reports = pod_reports(client, ns, &selector, asked).await?;
+    let reports = pod_reports(&pods.items, asked).await;
     for ((workload, ordinal), report) in reports {
         if let Some(l) = live.get_mut(&workload) {
             l.reports.insert(ordinal, report);
@@ -491,36 +487,20 @@ pub(crate) async fn live_scale(
 /// Whether forwarder pod `pod` may have a session at the broker: its client id is recorded,
 /// or the pod has started (its phase is past `Pending`).
 fn may_hold_session(ns: &str, recorded: &[String], pod: &str, object: Option<&Pod>) -> bool {
-    let started = object
-        .and_then(|p| p.status.as_ref())
-        .and_then(|s| s.phase.as_deref())
-        .is_some_and(|phase| phase != "Pending");
-    started || recorded.contains(&client_id(ns, pod))
+    object.is_some_and(crate::sessions::started) || recorded.contains(&client_id(ns, pod))
 }
 
-/// The StatefulSet and ordinal of pod `<workload>-<ordinal>`.
-fn workload_ordinal(pod: &str) -> Option<(&str, u32)> {
-    let (workload, ordinal) = pod.rsplit_once('-')?;
-    Some((workload, ordinal.parse().ok()?))
-}
-
-/// The `/status` of the connection's running pods that `asked` names (by workload and
+/// The `/status` of the `pods` (the connection's) that `asked` names (by workload and
 /// ordinal), as far as a scale-down or retirement needs it; pods that do not answer are left
 /// out.
 async fn pod_reports(
-    client: &Client,
-    ns: &str,
-    selector: &str,
+    pods: &[Pod],
     asked: impl Fn(&str, u32) -> bool,
-) -> Result<BTreeMap<(String, u32), PodReport>, Error> {
-    let pods = Api::<Pod>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels(selector))
-        .await
-        .at(Step::Read)?;
+) -> BTreeMap<(String, u32), PodReport> {
     let mut out = BTreeMap::new();
-    for pod in &pods.items {
+    for pod in pods {
         let name = pod.name_any();
-        let Some((workload, ordinal)) = workload_ordinal(&name) else {
+        let Some((workload, ordinal)) = workload_of(&name) else {
             continue;
         };
         if !asked(workload, ordinal) {
@@ -534,5 +514,5 @@ async fn pod_reports(
             out.insert((workload.to_owned(), ordinal), report);
         }
     }
-    Ok(out)
+    out
 }

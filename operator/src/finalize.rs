@@ -68,8 +68,7 @@ pub(crate) async fn end_gone_sessions(
             .items
             .iter()
             .map(|pod| {
-                let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-                let started = !matches!(phase, None | Some("Pending"));
+                let started = crate::sessions::started(pod);
                 let ours = pod.labels().get(LABEL_CONNECTION) == Some(&name);
                 (pod.name_any(), crate::sessions::PodState { started, ours })
             })

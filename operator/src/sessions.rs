@@ -68,9 +68,9 @@ pub fn plan(
 ) -> Plan {
     let wanted = |pod: &str| {
         workload_of(pod).is_some_and(|(w, ordinal)| {
-            groups.get(w).is_some_and(|replicas| {
-                *replicas == 0 || ordinal < u64::from(replicas.unsigned_abs())
-            })
+            groups
+                .get(w)
+                .is_some_and(|replicas| *replicas == 0 || ordinal < replicas.unsigned_abs())
         })
     };
     let mut out = Plan::default();
@@ -100,12 +100,19 @@ pub fn plan(
 }
 
 /// The StatefulSet and ordinal of pod `<workload>-<ordinal>`.
-fn workload_of(pod: &str) -> Option<(&str, u64)> {
+pub(crate) fn workload_of(pod: &str) -> Option<(&str, u32)> {
     let (workload, ordinal) = pod.rsplit_once('-')?;
     if ordinal.is_empty() || !ordinal.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     Some((workload, ordinal.parse().ok()?))
+}
+
+/// Whether `pod`'s container has started (a phase past `Pending`), so it may have connected
+/// and left a session at the broker.
+pub(crate) fn started(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    !matches!(phase, None | Some("Pending"))
 }
 
 /// Why a session could not be ended (the operator retries, then gives up with an Event).
