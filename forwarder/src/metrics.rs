@@ -853,6 +853,15 @@ impl Metrics {
         }
     }
 
+    /// Draining, and the session holds nothing more (what `/status` reports as
+    /// `drain.drained`).
+    pub fn drained(&self) -> bool {
+        self.drain.draining()
+            && self
+                .drain
+                .drained(self.health.mqtt_connected(), self.inflight.get())
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
