@@ -296,7 +296,7 @@ pub struct ForwarderPods {
     /// Settings of named groups, overriding the connection's: replicas, or an autoscaler
     /// (HorizontalPodAutoscaler, KEDA) owning them. A name no rule uses is kept, unused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 256))]
+    #[schemars(length(max = 64))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub groups: Vec<GroupPods>,
     /// CPU and memory requests and limits of the forwarder container. Default: requests of
@@ -323,7 +323,8 @@ pub struct ForwarderPods {
 #[x_kube(validation = Rule::new("!(has(self.replicas) && has(self.autoscaled) && self.autoscaled)").message("replicas and autoscaled: true both decide the group's replicas: set one"))]
 pub struct GroupPods {
     /// The group (a ForwardingRule's `spec.group`).
-    #[x_kube(validation = Rule::new("size(self) <= 40 && self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("name must be a group name: a DNS label of at most 40 characters"))]
+    #[schemars(length(min = 1, max = 40))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("name must be a group name: a DNS label of at most 40 characters"))]
     pub name: String,
     /// This group's replicas. Unset: the connection's `replicas` (unless autoscaled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
