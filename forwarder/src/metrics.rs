@@ -923,7 +923,7 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_lists_every_reason_and_only_those() {
+    fn the_metrics_page_lists_every_reason_and_only_those() {
         let permanent: BTreeSet<String> =
             PermanentReason::ALL.map(|r| r.as_str().to_owned()).into();
         assert_eq!(
