@@ -20,7 +20,7 @@ k8s:
 
 # helm and kubeconform from the Go module proxy, plus kubeconform's Kubernetes JSON schemas
 # generated offline (about 2.5 min once, then cached), and lychee from crates.io (the docs' link
-# checker; LYCHEE_MINUTES once, then cached); idempotent.
+# checker; about 9 CPU-minutes once, then cached); idempotent.
 tools:
 	@bash e2e/tools/build.sh
 

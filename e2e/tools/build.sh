@@ -6,7 +6,9 @@
 #   kubeconform  github.com/yannh/kubeconform/cmd/kubeconform    (validates rendered manifests)
 #   lychee       the link checker of `make lint` (e2e/tools/linkcheck.sh): a crate, so it is
 #                `cargo install`ed (pinned version, `--locked`) from crates.io, not from the Go
-#                module proxy; about 6 min once (see LYCHEE_BUILD below), then cached
+#                module proxy. Once: about 9 CPU-minutes (measured 7m49s user + 52s system;
+#                23 min of wall time while other builds shared the 2 cores), ~0.9 GB of objects
+#                in a temporary target dir that is removed; then cached like the others
 #   schemas      kubeconform normally downloads its schemas from GitHub, which is out of reach
 #                here. They are generated instead, the way openapi2jsonschema does ("standalone",
 #                "standalone-strict"), by the small Go program in openapi2jsonschema/:
@@ -31,7 +33,8 @@
 #
 # GOPATH, GOMODCACHE and GOCACHE live in ${FERRY_CACHE}/go (shared with e2e/k8s/build.sh).
 # Idempotent; silent and instant when the `.complete` stamp names the versions below. Cold (empty
-# module and build caches): ~2.5 min on 2 cores, nearly all of it helm; ~1.5 GB in the Go caches.
+# module and build caches): ~2.5 min on 2 cores, nearly all of it helm; ~1.5 GB in the Go caches;
+# lychee's build comes on top (above).
 set -euo pipefail
 
 # The pinned versions: the only place they are written.
@@ -51,7 +54,8 @@ root="$cache/tools"
 bin="$root/bin"
 schemas="$root/schemas"
 # The stamp also names the checksums of this script and the schema generator: editing either
-# regenerates the schemas (helm and kubeconform are only rebuilt when their version changes).
+# regenerates the schemas (helm, kubeconform and lychee are only rebuilt when their version
+# changes).
 stamp="helm $HELM_VERSION kubeconform $KUBECONFORM_VERSION lychee $LYCHEE_VERSION kubernetes $k8s_version \
 prometheus-operator $PROMETHEUS_OPERATOR_VERSION argo-cd $ARGOCD_VERSION \
 flux $FLUX_KUSTOMIZE_VERSION/$FLUX_SOURCE_VERSION script $(cat "$here/build.sh" "$here"/openapi2jsonschema/{go.mod,go.sum,main.go} | sha256sum | cut -c1-12)"
