@@ -190,7 +190,7 @@ fn forwarder_sigkilled_mid_stream_and_restarted_loses_nothing() {
     // Replays are what the broker had not seen acked when the kill reset the connection: at
     // most its in-flight limit (max_inflight_messages), plus, as Mosquitto reads a flooded
     // subscriber's acks late, up to a window of acks the forwarder had written and the reset
-    // discarded (README, "Replays after a crash").
+    // discarded (docs/guarantees.md, "Replays after a crash").
     let bound = REPLAY_BOUND;
     assert!(
         d.duplicates <= bound,

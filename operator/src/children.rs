@@ -301,7 +301,7 @@ fn container(
 }
 
 /// The connection's `spec.forwarder.resources`, else requests only: a forwarder peaks at about
-/// 28 MiB resident under load (README, Performance) and a few millicores at rest, so 50m and 64Mi schedule it as Burstable
+/// 25 MiB resident under load (docs/performance.md) and a few millicores at rest, so 50m and 64Mi schedule it as Burstable
 /// (BestEffort pods are evicted first under node pressure) without reserving much. No limits:
 /// a throttled or OOM-killed forwarder stalls every rule of its group.
 fn resources(pods: &ForwarderPods) -> ResourceRequirements {

@@ -1591,9 +1591,9 @@ fn readme_values_table_is_generated_from_values_yaml() {
     );
 }
 
-/// The rows of the main README's metrics tables, by metric name.
-fn readme_metric_rows() -> BTreeMap<String, String> {
-    let readme = include_str!("../../README.md");
+/// The rows of docs/metrics.md's metrics tables, by metric name.
+fn documented_metric_rows() -> BTreeMap<String, String> {
+    let readme = include_str!("../../docs/metrics.md");
     let mut rows = BTreeMap::new();
     for line in readme.lines().map(str::trim) {
         let Some(first) = line.strip_prefix("| `").and_then(|l| l.split(" |").next()) else {
@@ -1635,7 +1635,7 @@ fn matchers_and_groupings(expr: &str) -> (Vec<(String, String, String)>, Vec<Str
     (matchers, groupings)
 }
 
-/// Every metric an alert uses is one the forwarder or the operator registers and the README
+/// Every metric an alert uses is one the forwarder or the operator registers and docs/metrics.md
 /// documents, with label names and values from its row (or target labels the monitors add).
 #[test]
 fn alerts_use_only_metrics_and_label_values_that_exist() {
@@ -1659,7 +1659,7 @@ fn alerts_use_only_metrics_and_label_values_that_exist() {
     ] {
         assert!(names.contains(&promised), "{promised} in {names:?}");
     }
-    let rows = readme_metric_rows();
+    let rows = documented_metric_rows();
     for rule in &rules {
         check_alert(rule, &rows);
     }
@@ -1690,7 +1690,7 @@ fn alerts_use_only_metrics_and_label_values_that_exist() {
 }
 
 /// One alerting rule: a severity, a balanced expression, and only metrics, label names and
-/// label values that exist (the README's rows, or the target labels the monitors add).
+/// label values that exist (docs/metrics.md's rows, or the target labels the monitors add).
 fn check_alert(rule: &Value, rows: &BTreeMap<String, String>) {
     let target_labels = ["namespace", "pod", "job"];
     let alert = rule["alert"].as_str().expect("alert name");
@@ -1709,7 +1709,7 @@ fn check_alert(rule: &Value, rows: &BTreeMap<String, String>) {
         assert!(is_registered(name), "{alert}: {name} is not registered");
         assert!(
             rows.contains_key(name),
-            "{alert}: {name} is not in the README"
+            "{alert}: {name} is not in docs/metrics.md"
         );
     }
     let (matchers, groupings) = matchers_and_groupings(expr);
@@ -1720,7 +1720,7 @@ fn check_alert(rule: &Value, rows: &BTreeMap<String, String>) {
         let row = &rows[&name];
         assert!(
             row.contains(&format!("`{label}`")) && row.contains(&format!("`{value}`")),
-            "{alert}: {name}{{{label}=\"{value}\"}}: not a label value the README lists:\n{row}"
+            "{alert}: {name}{{{label}=\"{value}\"}}: not a label value docs/metrics.md lists:\n{row}"
         );
     }
     for label in groupings {

@@ -552,7 +552,28 @@ fn accepted_objects() -> Vec<(String, String)> {
             1,
         ),
     ));
+    cases.push((
+        "the README's first connection and rule".to_owned(),
+        readme_first_objects(),
+    ));
     cases
+}
+
+/// The README's first BrokerConnection and ForwardingRule (its first YAML block), as a user
+/// copies them, moved to this test's namespace: the README's first steps stay valid as the
+/// CRDs change.
+fn readme_first_objects() -> String {
+    let readme = include_str!("../../README.md");
+    let yaml = readme
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|block| block.split("```").next())
+        .expect("the README has a YAML block");
+    assert!(
+        yaml.contains("kind: BrokerConnection") && yaml.contains("kind: ForwardingRule"),
+        "the README's first YAML block is a connection and a rule:\n{yaml}"
+    );
+    yaml.replace("namespace: plant", "namespace: ferry")
 }
 
 #[test]
