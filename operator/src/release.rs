@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use ferry_api::crd::BrokerConnection;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch, PatchParams, PartialObjectMeta};
+use kube::api::{Api, ListParams, PartialObjectMeta, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use tracing::info;
 

@@ -1195,10 +1195,12 @@ spec:
     }
     drop(operator);
 
+    // The pre-delete hook's Job cannot run without a kubelet (its command is tested apart).
     let out = helm(
         &[
             "uninstall",
             RELEASE,
+            "--no-hooks",
             "--kubeconfig",
             &kubeconfig,
             "--namespace",
@@ -1839,7 +1841,11 @@ impl Release<'_> {
     fn try_helm(&self, verb: &str, chart: &Path) -> Output {
         let chart = chart.display().to_string();
         let mut args = vec![verb, RELEASE];
-        if verb != "uninstall" {
+        if verb == "uninstall" {
+            // The pre-delete hook's Job cannot run without a kubelet; its command is tested
+            // on its own (uninstall_hook_releases_finalizers_...).
+            args.push("--no-hooks");
+        } else {
             args.push(&chart);
         }
         args.extend(["--kubeconfig", &self.kubeconfig, "--namespace", NAMESPACE]);
@@ -2365,7 +2371,10 @@ fn gitops_examples_are_valid_for_argo_cd_and_flux() {
     for entry in std::fs::read_dir(&synced).expect("examples/kubernetes") {
         let text = std::fs::read_to_string(entry.expect("entry").path()).expect("example");
         for doc in documents(&text) {
-            assert_ne!(doc["kind"], "Secret", "a Secret in examples/kubernetes: {doc}");
+            assert_ne!(
+                doc["kind"], "Secret",
+                "a Secret in examples/kubernetes: {doc}"
+            );
             let spec = &doc["spec"];
             for secret in [
                 &spec["mqtt"]["credentialsSecretRef"]["name"],
@@ -2392,11 +2401,17 @@ fn gitops_examples_are_valid_for_argo_cd_and_flux() {
         })
         .collect();
     made.sort();
-    assert_eq!(made, referenced, "the ExternalSecrets make the referenced Secrets");
+    assert_eq!(
+        made, referenced,
+        "the ExternalSecrets make the referenced Secrets"
+    );
     // Flux waits on health, with expressions for Ferry's kinds (evaluated against the
     // operator's own statuses in tests/reconcile.rs).
     let kustomization = find(&docs, "Kustomization", "ferry-plant");
-    assert_eq!(kustomization["spec"]["wait"], true, "healthCheckExprs apply only with wait");
+    assert_eq!(
+        kustomization["spec"]["wait"], true,
+        "healthCheckExprs apply only with wait"
+    );
     let checked: Vec<&str> = kustomization["spec"]["healthCheckExprs"]
         .as_array()
         .expect("healthCheckExprs")
@@ -2489,7 +2504,11 @@ fn admission_policy_renders_only_in_namespace_mode_on_api_servers_that_serve_it(
         ]
     );
     kubeconform(&rendered, docs.len());
-    let policy = find(&docs, "ValidatingAdmissionPolicy", "ferry-watched-namespaces");
+    let policy = find(
+        &docs,
+        "ValidatingAdmissionPolicy",
+        "ferry-watched-namespaces",
+    );
     assert!(
         policy["spec"]["validations"][0]["expression"]
             .as_str()
@@ -2582,8 +2601,11 @@ fn watch_namespaces_refuses_connections_and_rules_elsewhere_at_admission() {
 
     // The API server loads a new policy asynchronously: the first refusal shows it in force.
     let mut refusal = String::new();
-    wait_for("the policy to refuse a connection in elsewhere", Duration::from_secs(30), || {
-        match cp.run_kubectl_with_stdin(["apply", "-f", "-"], &connection_in("elsewhere", false)) {
+    wait_for(
+        "the policy to refuse a connection in elsewhere",
+        Duration::from_secs(30),
+        || match cp.run_kubectl_with_stdin(["apply", "-f", "-"], &connection_in("elsewhere", false))
+        {
             Ok(_) => {
                 for kind in ["fr/telemetry", "bc/plant"] {
                     let _ = cp.run_kubectl(["delete", kind, "-n", "elsewhere", "--wait=false"]);
@@ -2594,8 +2616,8 @@ fn watch_namespaces_refuses_connections_and_rules_elsewhere_at_admission() {
                 refusal = e.to_string();
                 true
             }
-        }
-    });
+        },
+    );
     eprintln!("refused: {refusal}");
     for expected in [
         "ferry-watched-namespaces",
@@ -2774,7 +2796,10 @@ fn uninstall_hook_renders_a_release_finalizers_job_with_rbac_of_its_own() {
         "{env}"
     );
     let off = documents(&template(&["--set", "uninstall.releaseFinalizers=false"]));
-    assert!(!off.iter().any(is_hook), "uninstall.releaseFinalizers=false");
+    assert!(
+        !off.iter().any(is_hook),
+        "uninstall.releaseFinalizers=false"
+    );
 }
 
 fn hook_args(job: &Value) -> Vec<String> {
@@ -2849,23 +2874,35 @@ fn uninstall_hook_releases_finalizers_so_connections_delete_without_the_operator
         ])
         .expect("get bc")
     };
-    let exists = |kind: &str, name: &str| cp.run_kubectl(["get", kind, name, "-n", "plant"]).is_ok();
+    let exists =
+        |kind: &str, name: &str| cp.run_kubectl(["get", kind, name, "-n", "plant"]).is_ok();
     {
-        let operator = SaOperator::start(&cp, "before-uninstall", &[("FERRY_LEADER_ELECT", "false")]);
+        let operator =
+            SaOperator::start(&cp, "before-uninstall", &[("FERRY_LEADER_ELECT", "false")]);
         let log = operator.log_reader();
-        wait_for("the finalizers and forwarders", Duration::from_secs(60), || {
-            has_finalizer("plant")
-                && has_finalizer("depot")
-                && exists("statefulset", "plant-default")
-        });
+        wait_for(
+            "the finalizers and forwarders",
+            Duration::from_secs(60),
+            || {
+                has_finalizer("plant")
+                    && has_finalizer("depot")
+                    && exists("statefulset", "plant-default")
+            },
+        );
         drop(operator);
-        eprintln!("operator stopped; its log ends:\n{}", log().lines().rev().take(3).collect::<Vec<_>>().join("\n"));
+        eprintln!(
+            "operator stopped; its log ends:\n{}",
+            log().lines().rev().take(3).collect::<Vec<_>>().join("\n")
+        );
     }
     // No operator: a deletion waits on the finalizer for ever (what the hook exists for).
     cp.run_kubectl(["delete", "bc", "depot", "-n", "plant", "--wait=false"])
         .expect("delete depot");
     std::thread::sleep(Duration::from_secs(3));
-    assert!(exists("bc", "depot"), "depot's deletion hangs without the operator");
+    assert!(
+        exists("bc", "depot"),
+        "depot's deletion hangs without the operator"
+    );
 
     // The hook's ServiceAccount and RBAC, as rendered; it may do what it does and no more.
     let docs = documents(&template(&[]));
@@ -2875,7 +2912,13 @@ fn uninstall_hook_releases_finalizers_so_connections_delete_without_the_operator
     for args in [
         &["list", "brokerconnections.ferry.dev", "--all-namespaces"][..],
         &["patch", "brokerconnections.ferry.dev", "-n", "plant"],
-        &["patch", "deployments.apps/ferry-operator", "--subresource=scale", "-n", NAMESPACE],
+        &[
+            "patch",
+            "deployments.apps/ferry-operator",
+            "--subresource=scale",
+            "-n",
+            NAMESPACE,
+        ],
         &["list", "pods", "-n", NAMESPACE],
     ] {
         assert!(can_i(&cp, &sa, args), "the hook needs: {args:?}");
@@ -2885,20 +2928,42 @@ fn uninstall_hook_releases_finalizers_so_connections_delete_without_the_operator
         &["list", "secrets", "-n", NAMESPACE],
         &["delete", "brokerconnections.ferry.dev", "-n", "plant"],
         &["update", "brokerconnections.ferry.dev", "-n", "plant"],
-        &["patch", "brokerconnections.ferry.dev", "--subresource=status", "-n", "plant"],
+        &[
+            "patch",
+            "brokerconnections.ferry.dev",
+            "--subresource=status",
+            "-n",
+            "plant",
+        ],
         &["patch", "forwardingrules.ferry.dev", "-n", "plant"],
         &["patch", "deployments.apps/ferry-operator", "-n", NAMESPACE],
-        &["patch", "deployments.apps/other", "--subresource=scale", "-n", NAMESPACE],
+        &[
+            "patch",
+            "deployments.apps/other",
+            "--subresource=scale",
+            "-n",
+            NAMESPACE,
+        ],
         &["delete", "statefulsets.apps", "-n", "plant"],
         &["list", "pods", "-n", "plant"],
     ] {
-        assert!(!can_i(&cp, &sa, args), "the hook must not be allowed: {args:?}");
+        assert!(
+            !can_i(&cp, &sa, args),
+            "the hook must not be allowed: {args:?}"
+        );
     }
 
     let job = find(&docs, "Job", HOOK_SA);
     let run_hook = |name: &str| {
         let token = cp
-            .run_kubectl(["create", "token", HOOK_SA, "-n", NAMESPACE, "--duration=10m"])
+            .run_kubectl([
+                "create",
+                "token",
+                HOOK_SA,
+                "-n",
+                NAMESPACE,
+                "--duration=10m",
+            ])
             .expect("token");
         let config = cp.dir().join(format!("{name}-kubeconfig"));
         cp.write_kubeconfig(&config, "hook", token.trim(), NAMESPACE)
@@ -2916,7 +2981,10 @@ fn uninstall_hook_releases_finalizers_so_connections_delete_without_the_operator
         text
     };
     let text = run_hook("hook");
-    assert!(text.contains("plant/plant") && text.contains("plant/depot"), "{text}");
+    assert!(
+        text.contains("plant/plant") && text.contains("plant/depot"),
+        "{text}"
+    );
     assert_eq!(
         cp.run_kubectl([
             "get",
@@ -2931,9 +2999,11 @@ fn uninstall_hook_releases_finalizers_so_connections_delete_without_the_operator
         "0",
         "the operator is stopped first"
     );
-    wait_for("depot's deletion to complete", Duration::from_secs(30), || {
-        !exists("bc", "depot")
-    });
+    wait_for(
+        "depot's deletion to complete",
+        Duration::from_secs(30),
+        || !exists("bc", "depot"),
+    );
     assert!(!has_finalizer("plant"), "released");
     assert!(
         annotation().parse::<jiff::Timestamp>().is_ok(),
@@ -2948,9 +3018,11 @@ fn uninstall_hook_releases_finalizers_so_connections_delete_without_the_operator
     // An operator installed again takes the connection back.
     {
         let _operator = SaOperator::start(&cp, "reinstalled", &[("FERRY_LEADER_ELECT", "false")]);
-        wait_for("the finalizer back and the mark gone", Duration::from_secs(60), || {
-            has_finalizer("plant") && annotation().is_empty()
-        });
+        wait_for(
+            "the finalizer back and the mark gone",
+            Duration::from_secs(60),
+            || has_finalizer("plant") && annotation().is_empty(),
+        );
     }
     run_hook("hook-again");
     assert!(!has_finalizer("plant"));
@@ -2958,7 +3030,9 @@ fn uninstall_hook_releases_finalizers_so_connections_delete_without_the_operator
     // Deleting the connection now completes with no operator, and takes its forwarders.
     cp.run_kubectl(["delete", "bc", "plant", "-n", "plant", "--timeout=30s"])
         .expect("the released connection deletes without an operator");
-    wait_for("the garbage collector to remove the forwarders", Duration::from_secs(60), || {
-        !exists("statefulset", "plant-default") && !exists("configmap", "plant-default")
-    });
+    wait_for(
+        "the garbage collector to remove the forwarders",
+        Duration::from_secs(60),
+        || !exists("statefulset", "plant-default") && !exists("configmap", "plant-default"),
+    );
 }
