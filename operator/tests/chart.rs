@@ -778,23 +778,7 @@ fn a_private_registry_install_pulls_the_operator_and_hands_the_forwarder_image_t
             .expect("namespace");
     }
     let kubeconfig = cp.kubeconfig_path().display().to_string();
-    let out = helm(
-        &[
-            "install",
-            RELEASE,
-            CHART,
-            "--kubeconfig",
-            &kubeconfig,
-            "--namespace",
-            NAMESPACE,
-            "--values",
-            &values,
-        ],
-        None,
-    );
-    let text = output_text(&out);
-    eprintln!("{text}");
-    assert!(out.status.success(), "helm install failed:\n{text}");
+    let text = helm_install(&cp, &["--values", &values]);
     assert!(
         text.contains(&format!(
             "Forwarder pods run {forwarder} (pull secrets regcred, team-cred"
@@ -955,23 +939,7 @@ fn installed_chart_gives_the_operator_exactly_the_rights_it_uses() {
          dashboard: { namespace: monitoring }\n",
     );
     let kubeconfig = cp.kubeconfig_path().display().to_string();
-    let out = helm(
-        &[
-            "install",
-            RELEASE,
-            CHART,
-            "--kubeconfig",
-            &kubeconfig,
-            "--namespace",
-            NAMESPACE,
-            "--values",
-            &values.display().to_string(),
-        ],
-        None,
-    );
-    let text = output_text(&out);
-    eprintln!("{text}");
-    assert!(out.status.success(), "helm install failed:\n{text}");
+    let text = helm_install(&cp, &["--values", &values.display().to_string()]);
     assert!(
         text.contains("kubectl apply -n <ns> -f examples/kubernetes/")
             && text.contains("kubectl get -n <ns> brokerconnections,fr"),
@@ -2065,6 +2033,27 @@ fn output_text(out: &Output) -> String {
     )
 }
 
+/// `helm install ferry charts/ferry --namespace ferry-system EXTRA...` into `cp`, which must
+/// succeed; its output.
+fn helm_install(cp: &ControlPlane, extra: &[&str]) -> String {
+    let kubeconfig = cp.kubeconfig_path().display().to_string();
+    let mut args = vec![
+        "install",
+        RELEASE,
+        CHART,
+        "--kubeconfig",
+        &kubeconfig,
+        "--namespace",
+        NAMESPACE,
+    ];
+    args.extend_from_slice(extra);
+    let out = helm(&args, None);
+    let text = output_text(&out);
+    eprintln!("{text}");
+    assert!(out.status.success(), "helm install failed:\n{text}");
+    text
+}
+
 /// helm with its config, cache and data dirs in the test's temp dir (nothing in $HOME).
 fn helm<S: AsRef<str>>(args: &[S], stdin: Option<&str>) -> Output {
     let home = Path::new(env!("CARGO_TARGET_TMPDIR")).join("helm");
@@ -2285,19 +2274,7 @@ impl SaOperator {
     /// Starts it as pod `name` (logs `<name>.log` and `.stderr` in the control plane's dir)
     /// with `env` added to the chart's settings.
     fn start(cp: &ControlPlane, name: &str, env: &[(&str, &str)]) -> Self {
-        let token = cp
-            .run_kubectl([
-                "create",
-                "token",
-                OPERATOR,
-                "-n",
-                NAMESPACE,
-                "--duration=1h",
-            ])
-            .expect("token");
-        let kubeconfig = cp.dir().join(format!("{name}-kubeconfig"));
-        cp.write_kubeconfig(&kubeconfig, "operator", token.trim(), NAMESPACE)
-            .expect("kubeconfig");
+        let kubeconfig = sa_kubeconfig(cp, OPERATOR, name);
         let port = ferry_e2e::free_port().expect("port");
         let log = cp.dir().join(format!("{name}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_ferry-operator"))
@@ -2332,6 +2309,18 @@ impl SaOperator {
             )
         }
     }
+}
+
+/// A kubeconfig `<name>-kubeconfig` in the control plane's dir with nothing but a token of
+/// ServiceAccount `sa` of the release namespace, as a pod of that account has.
+fn sa_kubeconfig(cp: &ControlPlane, sa: &str, name: &str) -> PathBuf {
+    let token = cp
+        .run_kubectl(["create", "token", sa, "-n", NAMESPACE, "--duration=1h"])
+        .expect("token");
+    let kubeconfig = cp.dir().join(format!("{name}-kubeconfig"));
+    cp.write_kubeconfig(&kubeconfig, sa, token.trim(), NAMESPACE)
+        .expect("kubeconfig");
+    kubeconfig
 }
 
 /// Kills the child when dropped (also when the test panics).
@@ -2577,22 +2566,7 @@ fn watch_namespaces_refuses_connections_and_rules_elsewhere_at_admission() {
         "admission",
         "watchNamespaces: [plant, factory]\ncrds: { enabled: false }\n",
     );
-    let kubeconfig = cp.kubeconfig_path().display().to_string();
-    let out = helm(
-        &[
-            "install",
-            RELEASE,
-            CHART,
-            "--kubeconfig",
-            &kubeconfig,
-            "--namespace",
-            NAMESPACE,
-            "--values",
-            &values.display().to_string(),
-        ],
-        None,
-    );
-    assert!(out.status.success(), "helm install:\n{}", output_text(&out));
+    helm_install(&cp, &["--values", &values.display().to_string()]);
     for kind in [
         "validatingadmissionpolicy",
         "validatingadmissionpolicybinding",
@@ -2655,8 +2629,8 @@ fn watch_namespaces_refuses_connections_and_rules_elsewhere_at_admission() {
     }
 
     // The connection from before: its spec is frozen, its metadata not, and it deletes.
-    let spec_change = cp
-        .run_kubectl([
+    let patch_legacy = |patch: &str| {
+        cp.run_kubectl([
             "patch",
             "bc",
             "plant",
@@ -2664,24 +2638,17 @@ fn watch_namespaces_refuses_connections_and_rules_elsewhere_at_admission() {
             "legacy",
             "--type=merge",
             "-p",
-            r#"{"spec":{"mqtt":{"host":"other.legacy.svc"}}}"#,
+            patch,
         ])
+    };
+    let spec_change = patch_legacy(r#"{"spec":{"mqtt":{"host":"other.legacy.svc"}}}"#)
         .expect_err("a spec change outside the watched namespaces is refused");
     assert!(
         spec_change.to_string().contains("would never be served"),
         "{spec_change}"
     );
-    cp.run_kubectl([
-        "patch",
-        "bc",
-        "plant",
-        "-n",
-        "legacy",
-        "--type=merge",
-        "-p",
-        r#"{"metadata":{"finalizers":null,"labels":{"team":"iot"}}}"#,
-    ])
-    .expect("a metadata-only change (a finalizer removed) is allowed");
+    patch_legacy(r#"{"metadata":{"finalizers":null,"labels":{"team":"iot"}}}"#)
+        .expect("a metadata-only change (a finalizer removed) is allowed");
     cp.run_kubectl(["delete", "bc", "plant", "-n", "legacy", "--timeout=30s"])
         .expect("and it deletes");
 }
@@ -2826,20 +2793,7 @@ fn uninstall_hook_releases_finalizers_so_connections_delete_without_the_operator
         cp.run_kubectl(["create", "namespace", ns])
             .expect("namespace");
     }
-    let kubeconfig = cp.kubeconfig_path().display().to_string();
-    let out = helm(
-        &[
-            "install",
-            RELEASE,
-            CHART,
-            "--kubeconfig",
-            &kubeconfig,
-            "--namespace",
-            NAMESPACE,
-        ],
-        None,
-    );
-    assert!(out.status.success(), "helm install:\n{}", output_text(&out));
+    helm_install(&cp, &[]);
     let depot = connection_in("plant", false)
         .split("---")
         .next()
@@ -2957,19 +2911,7 @@ fn uninstall_hook_releases_finalizers_so_connections_delete_without_the_operator
 
     let job = find(&docs, "Job", HOOK_SA);
     let run_hook = |name: &str| {
-        let token = cp
-            .run_kubectl([
-                "create",
-                "token",
-                HOOK_SA,
-                "-n",
-                NAMESPACE,
-                "--duration=10m",
-            ])
-            .expect("token");
-        let config = cp.dir().join(format!("{name}-kubeconfig"));
-        cp.write_kubeconfig(&config, "hook", token.trim(), NAMESPACE)
-            .expect("kubeconfig");
+        let config = sa_kubeconfig(&cp, HOOK_SA, name);
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry-operator"));
         cmd.args(hook_args(job))
             .env("KUBECONFIG", &config)

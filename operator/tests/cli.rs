@@ -162,7 +162,11 @@ fn a_bad_watch_namespaces_flag_exits_2_naming_the_flag_and_the_name() {
 #[test]
 fn release_finalizers_refuses_half_an_operator_and_bad_namespaces() {
     let (code, stderr) = run(
-        &["release-finalizers", "--operator-deployment", "ferry-operator"],
+        &[
+            "release-finalizers",
+            "--operator-deployment",
+            "ferry-operator",
+        ],
         &[],
     );
     assert_eq!(code, Some(2), "{stderr}");
@@ -176,5 +180,8 @@ fn release_finalizers_refuses_half_an_operator_and_bad_namespaces() {
     // Flags right, no API server: it says so and fails.
     let (code, stderr) = run(&["release-finalizers"], &[]);
     assert_eq!(code, Some(1), "{stderr}");
-    assert!(stderr.contains("cannot reach the Kubernetes API"), "{stderr}");
+    assert!(
+        stderr.contains("cannot reach the Kubernetes API"),
+        "{stderr}"
+    );
 }
