@@ -42,10 +42,13 @@ HELM_VERSION=v3.22.0
 KUBECONFORM_VERSION=v0.8.0
 LYCHEE_VERSION=0.24.2
 PROMETHEUS_OPERATOR_VERSION=v0.85.0 # the newest version of the root module on the proxy
-# GitOps CRDs for examples/gitops (Argo CD Application, Flux GitRepository and Kustomization).
+# GitOps CRDs for examples/gitops (Argo CD Application, Flux GitRepository and Kustomization,
+# External Secrets ExternalSecret).
 ARGOCD_VERSION=v3.5.7
 FLUX_KUSTOMIZE_VERSION=v1.10.1
 FLUX_SOURCE_VERSION=v1.10.1
+# The ExternalSecret CRD, for examples/gitops/external-secrets.yaml.
+EXTERNAL_SECRETS_VERSION=v1.3.2
 
 here=$(cd "$(dirname "$0")" && pwd)
 k8s_version=$(tr -d ' \t\r\n' < "$here/../k8s/VERSION")
@@ -58,7 +61,7 @@ schemas="$root/schemas"
 # changes).
 stamp="helm $HELM_VERSION kubeconform $KUBECONFORM_VERSION lychee $LYCHEE_VERSION kubernetes $k8s_version \
 prometheus-operator $PROMETHEUS_OPERATOR_VERSION argo-cd $ARGOCD_VERSION \
-flux $FLUX_KUSTOMIZE_VERSION/$FLUX_SOURCE_VERSION script $(cat "$here/build.sh" "$here"/openapi2jsonschema/{go.mod,go.sum,main.go} | sha256sum | cut -c1-12)"
+flux $FLUX_KUSTOMIZE_VERSION/$FLUX_SOURCE_VERSION external-secrets $EXTERNAL_SECRETS_VERSION script $(cat "$here/build.sh" "$here"/openapi2jsonschema/{go.mod,go.sum,main.go} | sha256sum | cut -c1-12)"
 
 complete() {
   [ "$(cat "$root/.complete" 2>/dev/null)" = "$stamp" ] || return 1
@@ -69,7 +72,8 @@ complete() {
     [ -f "$root/crds/monitoring.coreos.com_podmonitors.yaml" ] &&
     [ -f "$root/crds/monitoring.coreos.com_prometheusrules.yaml" ] &&
     [ -f "$root/crds/argoproj.io_applications.yaml" ] &&
-    [ -f "$root/crds/kustomize.toolkit.fluxcd.io_kustomizations.yaml" ]
+    [ -f "$root/crds/kustomize.toolkit.fluxcd.io_kustomizations.yaml" ] &&
+    [ -f "$root/crds/external-secrets.io_externalsecrets.yaml" ]
 }
 complete && exit 0
 
@@ -163,7 +167,8 @@ promop_crds=("$promop_dir"/example/prometheus-operator-crd/monitoring.coreos.com
 argocd_crd="$(module_dir "github.com/argoproj/argo-cd/v3@$ARGOCD_VERSION")/manifests/crds/application-crd.yaml"
 flux_kustomization_crd="$(module_dir "github.com/fluxcd/kustomize-controller@$FLUX_KUSTOMIZE_VERSION")/config/crd/bases/kustomize.toolkit.fluxcd.io_kustomizations.yaml"
 flux_gitrepository_crd="$(module_dir "github.com/fluxcd/source-controller@$FLUX_SOURCE_VERSION")/config/crd/bases/source.toolkit.fluxcd.io_gitrepositories.yaml"
-gitops_crds=("$argocd_crd" "$flux_kustomization_crd" "$flux_gitrepository_crd")
+externalsecret_crd="$(module_dir "github.com/external-secrets/external-secrets@$EXTERNAL_SECRETS_VERSION")/config/crds/bases/external-secrets.io_externalsecrets.yaml"
+gitops_crds=("$argocd_crd" "$flux_kustomization_crd" "$flux_gitrepository_crd" "$externalsecret_crd")
 for f in "${gitops_crds[@]}"; do
   [ -f "$f" ] || { echo "ferry: tools: no CRD $f" >&2; exit 1; }
 done
@@ -181,7 +186,7 @@ for kind in servicemonitors podmonitors prometheusrules; do
 done
 # And the GitOps ones, for the test that applies examples/gitops.
 cp -f "$argocd_crd" "$root/crds/argoproj.io_applications.yaml"
-cp -f "$flux_kustomization_crd" "$flux_gitrepository_crd" "$root/crds/"
+cp -f "$flux_kustomization_crd" "$flux_gitrepository_crd" "$externalsecret_crd" "$root/crds/"
 
 printf '%s\n' "$stamp" > "$root/.complete"
 step "done in $((SECONDS - t0)) s: $bin ($stamp)"
