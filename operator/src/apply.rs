@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use ferry_api::crd::{BrokerConnection, GroupReplicas};
+use ferry_api::crd::{BrokerConnection, ForwardingRule, GroupReplicas};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
@@ -17,6 +17,7 @@ use serde::de::DeserializeOwned;
 use crate::children::{self, Children, LABEL_CONNECTION, LABEL_GROUP};
 use crate::context::{At, Error, Step};
 use crate::ownership::{self, Holder, Serving};
+use crate::render::workload_name;
 use crate::scaledown::{Live, PodReport};
 use crate::sessions::{client_id, workload_of};
 use crate::validate::{ReadSecret, Secrets, referenced_secrets};
@@ -442,6 +443,7 @@ pub(crate) async fn live_scale(
             };
             wanted_of.insert(s.name_any(), wanted);
             let live = Live {
+                group: group.to_owned(),
                 replicas,
                 ..Live::default()
             };
@@ -529,4 +531,70 @@ async fn pod_reports(
         }
     }
     out
+}
+
+/// Rules moved to another group (`spec.group` changed) whose old group's workload still runs and
+/// whose new group's pods do not all run them yet, by name → old group. The plan keeps such a
+/// rule in its old group too, so that some group is subscribed to its filters throughout the
+/// move: both for a while (duplicates) rather than neither (loss). Pods are read only while a
+/// move is under way.
+pub(crate) async fn moves_pending(
+    client: &Client,
+    ns: &str,
+    connection: &BrokerConnection,
+    rules: &[&ForwardingRule],
+    live: &BTreeMap<String, Live>,
+) -> Result<BTreeMap<String, String>, Error> {
+    let name = connection.name_any();
+    let moved: Vec<(String, String, String)> = rules
+        .iter()
+        .filter(|r| !r.spec.paused)
+        .filter_map(|r| {
+            let old = r.status.as_ref()?.workload.as_deref()?;
+            let old_group = &live.get(old)?.group;
+            (old_group != &r.spec.group).then(|| {
+                (
+                    r.name_any(),
+                    old_group.clone(),
+                    workload_name(&name, &r.spec.group),
+                )
+            })
+        })
+        .collect();
+    if moved.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let pods = Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&selector(connection)))
+        .await
+        .at(Step::Read)?;
+    let mut pending = BTreeMap::new();
+    for (rule, old_group, new) in moved {
+        if !runs_rule(&pods.items, &new, &rule).await {
+            pending.insert(rule, old_group);
+        }
+    }
+    Ok(pending)
+}
+
+/// Whether `workload` has a pod and each of its pods (not terminating) is connected to the
+/// broker and runs `rule`, by its `/status`.
+async fn runs_rule(pods: &[Pod], workload: &str, rule: &str) -> bool {
+    let mut any = false;
+    for pod in pods {
+        if workload_of(&pod.name_any()).is_none_or(|(w, _)| w != workload)
+            || pod.metadata.deletion_timestamp.is_some()
+        {
+            continue;
+        }
+        match crate::dataplane::pod_status(pod).await {
+            Some(status)
+                if status.mqtt.connected && status.rules.iter().any(|r| r.name == rule) =>
+            {
+                any = true;
+            }
+            _ => return false,
+        }
+    }
+    any
 }

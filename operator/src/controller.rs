@@ -34,7 +34,7 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::apply::{apply, live_scale, prune, read_secrets, taken};
+use crate::apply::{apply, live_scale, moves_pending, prune, read_secrets, taken};
 use crate::budget::WriteBudget;
 use crate::children;
 use crate::conditions::FALSE;
@@ -443,7 +443,11 @@ async fn reconcile_readable(
         .map(|s| s.mqtt_sessions.clone())
         .unwrap_or_default();
     let live = live_scale(client, ns, connection, &recorded).await?;
-    let plan = plan::connection(connection, &rules, &secrets, image, &live)?;
+    let moving = moves_pending(client, ns, connection, &rules, &live).await?;
+    if !moving.is_empty() {
+        info!(connection = %name, namespace = %ns, moving = ?moving, "rules moving to another group: kept in their old group until the new one runs them");
+    }
+    let plan = plan::connection(connection, &rules, &secrets, image, &live, &moving)?;
     let mut draining = report_scale_downs(ctx, connection, &plan.groups).await;
 
     let applied = apply_groups(ctx, connection, &plan.groups).await;
@@ -473,7 +477,7 @@ async fn reconcile_readable(
     // the mark is seen here; and the removal of another owner's object is no trigger.
     let unresolved = !plan.missing_secrets.is_empty() || !applied.taken.is_empty();
     let retries = [
-        draining.then_some(DRAIN_POLL),
+        (draining || !moving.is_empty()).then_some(DRAIN_POLL),
         sessions.retry_in,
         unresolved.then_some(UNRESOLVED_RETRY),
         groups_retry(ctx, connection, &applied.failed),

@@ -84,6 +84,7 @@ pub fn connection<'a>(
     secrets: &Secrets,
     image: &ForwarderImage,
     live: &BTreeMap<String, scaledown::Live>,
+    moving: &BTreeMap<String, String>,
 ) -> Result<ConnectionPlan<'a>, RenderError> {
     let secret_data = match validate::resolve_secrets(connection, secrets) {
         Ok(data) => data,
@@ -113,6 +114,12 @@ pub fn connection<'a>(
     let mut by_group: BTreeMap<&str, Vec<&ForwardingRule>> = BTreeMap::new();
     for r in rules {
         by_group.entry(r.spec.group.as_str()).or_default().push(r);
+    }
+    // A rule on its way to another group stays in its old one until the new one runs it.
+    for r in rules {
+        if let Some(old) = moving.get(&r.name_any()) {
+            by_group.entry(old.as_str()).or_default().push(r);
+        }
     }
     let mut fates: BTreeMap<String, RulePlan> = BTreeMap::new();
     let mut groups = Vec::new();
@@ -156,7 +163,7 @@ pub fn connection<'a>(
             children,
             scale,
         });
-        for r in members {
+        for r in members.iter().filter(|r| r.spec.group == **group) {
             let fate = match refused.get(&r.name_any()) {
                 Some(outcome) => RulePlan::Refused(outcome.clone()),
                 None => RulePlan::Served {
@@ -164,6 +171,13 @@ pub fn connection<'a>(
                 },
             };
             fates.insert(r.name_any(), fate);
+        }
+    }
+    // Until its move is done a rule the new group accepted is served by the old group, and
+    // says so (its status names the old workload, which is how the next reconcile knows).
+    for (rule, old) in moving {
+        if let Some(fate @ RulePlan::Served { .. }) = fates.get_mut(rule) {
+            *fate = RulePlan::Served { group: old.clone() };
         }
     }
     Ok(ConnectionPlan {
@@ -518,6 +532,7 @@ mod tests {
             &secrets(),
             &ForwarderImage::default(),
             &BTreeMap::new(),
+            &BTreeMap::new(),
         )
         .expect("plan")
     }
@@ -551,6 +566,60 @@ mod tests {
             .flatten()
             .map(|(k, v)| k.len() + v.len())
             .sum()
+    }
+
+    /// A rule moved from group `east` to `west` while `west` does not run it yet: both groups'
+    /// configs hold it, and it is served by (its status names) `east` until the move is done.
+    #[test]
+    fn a_moving_rule_stays_in_its_old_group_until_the_new_one_runs_it() {
+        let conn = connection("mqtt", "[\"k:9092\"]", "{}");
+        let moved = rule("moved", "west", "m/#", "m", "2026-01-01T00:00:00Z");
+        let stays = rule("stays", "east", "s/#", "s", "2026-01-01T00:00:00Z");
+        let anchor = rule("anchor", "west", "a/#", "a", "2026-01-01T00:00:00Z");
+        let rules = [&moved, &stays, &anchor];
+        let plan_with = |moving: &BTreeMap<String, String>| {
+            super::connection(
+                &conn,
+                &rules,
+                &secrets(),
+                &ForwarderImage::default(),
+                &BTreeMap::new(),
+                moving,
+            )
+            .expect("plan")
+        };
+        let names = |plan: &ConnectionPlan<'_>, group: &str| -> Vec<String> {
+            served_config(plan, group)
+                .rules
+                .iter()
+                .map(|r| r.name.clone())
+                .collect()
+        };
+        let moving = BTreeMap::from([("moved".to_owned(), "east".to_owned())]);
+        let plan = plan_with(&moving);
+        assert_eq!(names(&plan, "east"), ["moved", "stays"]);
+        assert_eq!(names(&plan, "west"), ["anchor", "moved"]);
+        assert_eq!(
+            fate(&plan, "moved"),
+            &RulePlan::Served {
+                group: "east".into()
+            }
+        );
+        assert_eq!(
+            fate(&plan, "stays"),
+            &RulePlan::Served {
+                group: "east".into()
+            }
+        );
+        // Once the new group runs it, only there.
+        let plan = plan_with(&BTreeMap::new());
+        assert_eq!(names(&plan, "east"), ["stays"]);
+        assert_eq!(
+            fate(&plan, "moved"),
+            &RulePlan::Served {
+                group: "west".into()
+            }
+        );
     }
 
     #[test]
@@ -697,6 +766,7 @@ mod tests {
             &refs,
             &BTreeMap::new(),
             &ForwarderImage::default(),
+            &BTreeMap::new(),
             &BTreeMap::new(),
         )
         .expect("plan");

@@ -25,6 +25,8 @@ pub struct PodReport {
 /// ones too).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Live {
+    /// The group whose workload this is (its label).
+    pub group: String,
     pub replicas: i32,
     pub reports: BTreeMap<u32, PodReport>,
     pub pods: BTreeSet<u32>,
@@ -94,6 +96,7 @@ mod tests {
 
     fn live(replicas: i32, reports: &[(u32, bool, bool)]) -> Live {
         Live {
+            group: "g".to_owned(),
             replicas,
             reports: reports
                 .iter()

@@ -879,7 +879,83 @@ fn renaming_the_group_drains_the_old_workload_and_loses_nothing(
     assert_all_in_kafka(kafka, sent);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     assert_session_gone(&rt, mosquitto, "ferry.ferry.plant-default-0");
-    drop(east_pod);
+    moving_a_rule_between_two_running_groups_loses_nothing(
+        cp, op, mosquitto, kafka, east_pod, sent,
+    );
+}
+
+/// How long after the old group's pod the new group's pod sees its changed ConfigMap here:
+/// kubelets sync mounted ConfigMaps independently, up to a minute apart by default.
+const NEW_GROUP_LAG: Duration = Duration::from_secs(5);
+
+/// Rule handover moves from group `east` to group `west` (which serves another rule) under
+/// steady traffic, the new group's pod seeing its config NEW_GROUP_LAG after the old one's:
+/// the operator keeps the rule in `east` until `west`'s pod runs it, so one of them is
+/// subscribed throughout, and every acknowledged message is in Kafka.
+fn moving_a_rule_between_two_running_groups_loses_nothing(
+    cp: &ControlPlane,
+    op: &Operator,
+    mosquitto: &Mosquitto,
+    kafka: &Kafka,
+    east_pod: Pod,
+    sent_before: usize,
+) {
+    common::apply(
+        cp,
+        &rule_yaml("anchor", "plant", "west/anchor", "temps", "  group: west\n"),
+    );
+    op.wait_for("the west group's pod", WAIT, || {
+        cp.run_kubectl(["get", "pod", "plant-west-0", "-n", NS])
+            .is_ok()
+    });
+    let west_pod = run_pod(
+        cp,
+        "plant-west",
+        "plant-west-0",
+        Ipv4Addr::new(127, 77, 0, 4),
+    );
+    op.wait_for("west runs its rule", WAIT, || {
+        sync_config(cp, "plant-west", "plant-west-0");
+        pod_status(3).contains("\"anchor\"")
+    });
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = numbered_traffic(mosquitto.port(), "m", std::sync::Arc::clone(&stop));
+    std::thread::sleep(Duration::from_secs(2));
+    common::apply(
+        cp,
+        &rule_yaml(
+            "handover",
+            "plant",
+            "handover/#",
+            "handover",
+            "  group: west\n",
+        ),
+    );
+    let moved = Instant::now();
+    let mut dropped_early = false;
+    op.wait_for("handover served by west alone", WAIT, || {
+        let east = sync_config(cp, "plant-east", "plant-east-0");
+        if moved.elapsed() >= NEW_GROUP_LAG {
+            sync_config(cp, "plant-west", "plant-west-0");
+        } else {
+            dropped_early |= !east.contains("name: handover");
+        }
+        pod_status(3).contains("\"handover\"") && !pod_status(2).contains("\"handover\"")
+    });
+    eprintln!("handover moved east → west in {:.1?}", moved.elapsed());
+    assert!(
+        pod_status(2).contains("\"temps\""),
+        "east keeps its other rules"
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sent = sent_before + traffic.join().expect("traffic");
+    assert_all_in_kafka(kafka, sent);
+    assert!(
+        !dropped_early,
+        "east's config kept the rule while west did not run it"
+    );
+    drop((east_pod, west_pod));
 }
 
 /// `/status` of the stand-in pod on 127.77.0.<i + 1>; empty when it does not answer.
