@@ -4,6 +4,8 @@
 #
 #   helm         helm.sh/helm/v3/cmd/helm                        (lint, template)
 #   kubeconform  github.com/yannh/kubeconform/cmd/kubeconform    (validates rendered manifests)
+#   actionlint   github.com/rhysd/actionlint/cmd/actionlint      (lints .github/workflows and,
+#                through shellcheck, their scripts: e2e/tools/vet.sh)
 #   schemas      kubeconform normally downloads its schemas from GitHub, which is out of reach
 #                here. They are generated instead, the way openapi2jsonschema does ("standalone",
 #                "standalone-strict"), by the small Go program in openapi2jsonschema/:
@@ -15,7 +17,7 @@
 #                  (example/prometheus-operator-crd/), in the layout of the CRDs catalog.
 #
 # Output, in ${FERRY_CACHE:-~/.cache/ferry}/tools:
-#   bin/helm, bin/kubeconform, bin/ferry-openapi2jsonschema
+#   bin/helm, bin/kubeconform, bin/actionlint, bin/ferry-openapi2jsonschema
 #   schemas/v<k8s>-standalone-strict/<kind>-<group>-<version>.json (and -standalone/)
 #   schemas/crds/<group>/<kind>_<version>.json
 #   crds/monitoring.coreos.com_{servicemonitors,podmonitors,prometheusrules}.yaml (the CRDs
@@ -34,6 +36,7 @@ set -euo pipefail
 # The pinned versions: the only place they are written.
 HELM_VERSION=v3.22.0
 KUBECONFORM_VERSION=v0.8.0
+ACTIONLINT_VERSION=v1.7.12
 PROMETHEUS_OPERATOR_VERSION=v0.85.0 # the newest version of the root module on the proxy
 # GitOps CRDs for examples/gitops (Argo CD Application, Flux GitRepository and Kustomization).
 ARGOCD_VERSION=v3.5.7
@@ -48,14 +51,14 @@ bin="$root/bin"
 schemas="$root/schemas"
 # The stamp also names the checksums of this script and the schema generator: editing either
 # regenerates the schemas (helm and kubeconform are only rebuilt when their version changes).
-stamp="helm $HELM_VERSION kubeconform $KUBECONFORM_VERSION kubernetes $k8s_version \
+stamp="helm $HELM_VERSION kubeconform $KUBECONFORM_VERSION actionlint $ACTIONLINT_VERSION kubernetes $k8s_version \
 prometheus-operator $PROMETHEUS_OPERATOR_VERSION argo-cd $ARGOCD_VERSION \
 flux $FLUX_KUSTOMIZE_VERSION/$FLUX_SOURCE_VERSION script $(cat "$here/build.sh" "$here"/openapi2jsonschema/{go.mod,go.sum,main.go} | sha256sum | cut -c1-12)"
 
 complete() {
   [ "$(cat "$root/.complete" 2>/dev/null)" = "$stamp" ] || return 1
   local b
-  for b in helm kubeconform ferry-openapi2jsonschema; do [ -x "$bin/$b" ] || return 1; done
+  for b in helm kubeconform actionlint ferry-openapi2jsonschema; do [ -x "$bin/$b" ] || return 1; done
   [ -f "$schemas/$k8s_version-standalone-strict/deployment-apps-v1.json" ] &&
     [ -f "$schemas/crds/monitoring.coreos.com/servicemonitor_v1.json" ] &&
     [ -f "$root/crds/monitoring.coreos.com_podmonitors.yaml" ] &&
@@ -122,6 +125,11 @@ fi
 if [ "$("$bin/kubeconform" -v 2>/dev/null)" != "$KUBECONFORM_VERSION" ]; then
   go_install kubeconform "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION" \
     "-s -w -X main.version=$KUBECONFORM_VERSION"
+fi
+
+if [ "$("$bin/actionlint" -version 2>/dev/null | head -1)" != "$ACTIONLINT_VERSION" ]; then
+  go_install actionlint "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION" \
+    "-s -w -X github.com/rhysd/actionlint.version=$ACTIONLINT_VERSION"
 fi
 
 # The schema generator: its own Go module beside this script (go.mod and go.sum pinned, so the
