@@ -407,7 +407,7 @@ def write_image(args):
             os.unlink(tmp)
 
     mb = lambda n: f"{n / 1e6:.1f} MB"
-    print(f"ferry: images: {ref} -> {out} ({mb(os.path.getsize(out))})")
+    print(f"ferry: images: {PUBLISHED_REPOSITORY}/{ref} -> {out} ({mb(os.path.getsize(out))})")
     print(f"  manifest {sha256(manifest)}")
     print(f"  config   {sha256(config)} (image id)")
     print(

@@ -57,9 +57,7 @@ use ferry_e2e::cluster::{
     ferry_images, plant_connection_yaml, publish_paced, publish_to, wait_until,
 };
 use ferry_e2e::cluster::{VERSION, repo_dir};
-use ferry_e2e::{
-    Kafka, KafkaOptions, Mosquitto, MosquittoOptions, Record, Registry, http_get_ok,
-};
+use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions, Record, Registry, http_get_ok};
 
 /// README.md's install command. It must match the first `helm install` of README.md (a check
 /// will tie the two); this test runs it against a local registry, with only the `ghcr.io` of
@@ -664,7 +662,13 @@ fn run(
     }
     install_operator(c, mirror, t0)?;
     apply_connection_and_rules(c, mqtt, kafka, t0)?;
-    pods_run_the_mirrored_image(c, mirror, NS, "ferry.dev/connection=plant", "ferry-forwarder")?;
+    pods_run_the_mirrored_image(
+        c,
+        mirror,
+        NS,
+        "ferry.dev/connection=plant",
+        "ferry-forwarder",
+    )?;
     let (temps_sent, alarms_sent) = publish_and_read_back(c, mqtt, kafka, rt, t0)?;
     status_shows_forwarded(c, &temps_sent, &alarms_sent, t0)?;
     // The status tells the truth in broker outages.
@@ -705,9 +709,15 @@ fn mirror_release<'a>(
     for (name, repository) in IMAGE_REPOSITORIES {
         let archive = images
             .iter()
-            .find(|p| p.file_name().is_some_and(|f| f.to_string_lossy().starts_with(name)))
+            .find(|p| {
+                p.file_name()
+                    .is_some_and(|f| f.to_string_lossy().starts_with(name))
+            })
             .ok_or_else(|| anyhow!("no {name} image among {images:?}"))?;
-        digests.insert(name, registry.push_oci_archive(archive, repository, VERSION)?);
+        digests.insert(
+            name,
+            registry.push_oci_archive(archive, repository, VERSION)?,
+        );
     }
     let packaged = tempfile::tempdir()?;
     c.helm(&[
@@ -716,7 +726,9 @@ fn mirror_release<'a>(
         "--destination",
         &packaged.path().display().to_string(),
     ])?;
-    let chart = packaged.path().join(format!("ferry-{}.tgz", chart_version()?));
+    let chart = packaged
+        .path()
+        .join(format!("ferry-{}.tgz", chart_version()?));
     let pushed = c.helm(&[
         "push",
         &chart.display().to_string(),
@@ -745,7 +757,10 @@ fn chart_version() -> Result<String> {
 /// unless it installs charts/ferry's version into [`RELEASE_NS`].
 fn readme_install_from(registry: &str) -> Result<Vec<String>> {
     let mut words = README_INSTALL.split_whitespace();
-    ensure!(words.next() == Some("helm"), "{README_INSTALL:?} is not a helm command");
+    ensure!(
+        words.next() == Some("helm"),
+        "{README_INSTALL:?} is not a helm command"
+    );
     let published = format!("oci://{PUBLISHED_REGISTRY}/{CHART_REPOSITORY}/ferry");
     let args: Vec<String> = words
         .map(|w| {
@@ -756,11 +771,7 @@ fn readme_install_from(registry: &str) -> Result<Vec<String>> {
             }
         })
         .collect();
-    let value_of = |flag: &str| {
-        args.windows(2)
-            .find(|w| w[0] == flag)
-            .map(|w| w[1].clone())
-    };
+    let value_of = |flag: &str| args.windows(2).find(|w| w[0] == flag).map(|w| w[1].clone());
     ensure!(
         args.iter().filter(|a| a.starts_with("oci://")).count() == 1
             && !args.iter().any(|a| a == &published),
