@@ -15,6 +15,7 @@ pub mod image;
 pub mod metrics;
 pub mod ownership;
 pub mod plan;
+pub mod release;
 pub mod render;
 pub mod scaledown;
 pub mod scope;
