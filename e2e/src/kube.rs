@@ -407,10 +407,11 @@ impl ControlPlane {
             OsStr::new("-f"),
             dir.as_os_str(),
         ])?;
+        // Large CRDs (Argo CD's) on a loaded 2-core machine took over 30 s.
         let mut wait = vec![
             "wait".to_owned(),
             "--for=condition=Established".to_owned(),
-            "--timeout=30s".to_owned(),
+            "--timeout=90s".to_owned(),
         ];
         wait.extend(names.iter().map(|n| format!("crd/{n}")));
         // A CRD just created may have no status yet, which `kubectl wait` reports as an error
