@@ -2,7 +2,9 @@
 # Installs what Ferry's tests and demo run on, caching outside the repo:
 #   - Debian packages: Mosquitto (the real MQTT broker, mosquitto_passwd), the openssl CLI (test
 #     certificates), cmake/openssl headers (librdkafka's build), DejaVu fonts (benchmark plots),
-#     Lua 5.4 (runs the chart's Argo CD health checks)
+#     Lua 5.4 (runs the chart's Argo CD health checks), shellcheck (lints the workflows' scripts),
+#     Debian's docker-registry (the CNCF distribution registry) and skopeo (the full-path test
+#     installs from a private registry)
 #   - Apache Kafka's jars from Maven Central (version pinned in e2e/kafka/pom.xml)
 # Idempotent and quiet when everything is already there.
 set -euo pipefail
@@ -13,7 +15,8 @@ kafka_libs="$cache/kafka-$kafka_version/libs"
 
 need_pkgs=()
 for bin_pkg in mosquitto:mosquitto mosquitto_pub:mosquitto-clients openssl:openssl cmake:cmake pkg-config:pkg-config \
-               java:openjdk-17-jre-headless mvn:maven g++:g++ make:make lua5.4:lua5.4; do
+               java:openjdk-17-jre-headless mvn:maven g++:g++ make:make lua5.4:lua5.4 \
+               shellcheck:shellcheck docker-registry:docker-registry skopeo:skopeo; do
   command -v "${bin_pkg%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${bin_pkg%%:*}" ] || need_pkgs+=("${bin_pkg#*:}")
 done
 for dev_pkg in libssl-dev zlib1g-dev fonts-dejavu-core; do
@@ -25,10 +28,13 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
   "${sudo_cmd[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}" >/dev/null
 fi
-# Debian starts a system-wide mosquitto on :1883 after install; tests run their own on free ports.
-if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet mosquitto 2>/dev/null; then
-  systemctl disable --now mosquitto >/dev/null 2>&1 || true
-fi
+# Debian starts a system-wide mosquitto on :1883 and docker-registry on :5000 after install;
+# tests run their own on free ports.
+for service in mosquitto docker-registry; do
+  if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet "$service" 2>/dev/null; then
+    systemctl disable --now "$service" >/dev/null 2>&1 || true
+  fi
+done
 
 if [ ! -f "$kafka_libs/.complete" ]; then
   echo "ferry: fetching Apache Kafka $kafka_version jars from Maven Central into $kafka_libs (~55 MB, once)"

@@ -41,6 +41,8 @@ sched_port=10259
 kubelet_healthz_port=10248
 
 sock="$dir/containerd/containerd.sock"
+# containerd's registry hosts directory (config_path): <host:port>/hosts.toml.
+registry_hosts="$dir/containerd/certs.d"
 kubeconfig="$dir/kubeconfig"
 logs="$dir/logs"
 pids="$dir/pids"

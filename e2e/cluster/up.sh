@@ -140,7 +140,7 @@ for cidr in "$net.0/24" "$pod_cidr"; do
     die "$cidr is already routed or assigned on this host (another cluster? set FERRY_CLUSTER_NET / FERRY_CLUSTER_POD_NET)"
   fi
 done
-mkdir -p "$dir" "$logs" "$pids" "$dir/containerd" "$dir/cni/net.d" "$dir/cni/networks" \
+mkdir -p "$dir" "$logs" "$pids" "$dir/containerd" "$registry_hosts" "$dir/cni/net.d" "$dir/cni/networks" \
   "$dir/kubelet" "$dir/pod-logs"
 # The control plane's settings for e2e/k8s/control-plane.sh (its flags, keys and certificates).
 export CP_DIR=$dir CP_ETCD_PORT=$etcd_port CP_ETCD_PEER_PORT=$etcd_peer_port CP_API_BIND=0.0.0.0 \
@@ -205,6 +205,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       bin_dir = "/usr/lib/cni"
       conf_dir = "$dir/cni/net.d"
       max_conf_num = 1
+    # Per-registry settings (<host:port>/hosts.toml: its CA, mirrors), read at each pull, so a
+    # test can add a registry to a running cluster.
+    [plugins."io.containerd.grpc.v1.cri".registry]
+      config_path = "$registry_hosts"
 EOF
 
 cat > "$dir/cni/net.d/10-ferry.conflist" <<EOF

@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
 # Builds Ferry's container images without Docker, as OCI image layout tarballs:
 #
-#   ${out}/ferry-operator-<version>.oci.tar    image ferry-operator:<version>
-#   ${out}/ferry-forwarder-<version>.oci.tar   image ferry-forwarder:<version>
+#   ${out}/ferry-operator-<version>.oci.tar    image ghcr.io/ferry-dev/ferry-operator:<version>
+#   ${out}/ferry-forwarder-<version>.oci.tar   image ghcr.io/ferry-dev/ferry-forwarder:<version>
 #
-# <version> is the workspace version (Cargo.toml). Load one into containerd (the names come from
-# the tarball: docker.io/library/ferry-forwarder:<version>, which is what Kubernetes resolves
-# `ferry-forwarder:<version>` to) with
+# <version> is the workspace version (Cargo.toml). This is the one way Ferry's images are built:
+# `make images` here, and the release workflow (.github/workflows/release.yml) on each
+# architecture, which pushes these tarballs with skopeo. Load one into containerd (the name
+# comes from the tarball, the chart's default image) with
 #   ctr -n k8s.io images import ${out}/ferry-forwarder-<version>.oci.tar
+# or push it to a registry with
+#   skopeo copy oci-archive:${out}/ferry-forwarder-<version>.oci.tar docker://REGISTRY/ferry-dev/ferry-forwarder:<version>
 #
 # Each image is one layer: the release binary (debug info stripped) at /usr/local/bin/<name>,
 # the dynamic loader and the libraries `ldd` lists, copied from this Debian system, CA
 # certificates, /etc/passwd and /etc/group with the user nonroot (65532), /etc/nsswitch.conf
 # and /tmp. No shell, no package manager; it runs as 65532:65532 with entrypoint
-# /usr/local/bin/<name>. e2e/images/oci.py does the work and documents the details; the
-# Dockerfile at the repo root builds the same images with Docker, through the same oci.py.
+# /usr/local/bin/<name>. e2e/images/oci.py does the work and documents the details.
 # Reproducible: the same binaries and system libraries give the same digests (mtimes are
 # SOURCE_DATE_EPOCH, default 0).
 #

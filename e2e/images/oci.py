@@ -1,15 +1,13 @@
 #!/usr/bin/env python3
 """Lays out the root filesystem of a Ferry container image and writes it as an OCI image.
 
-    oci.py image  --binary B --name N --metadata CARGO_METADATA_JSON --out FILE.oci.tar [--epoch S]
-    oci.py rootfs --binary B --name N --dest DIR [--epoch S]
+    oci.py image --binary B --name N --metadata CARGO_METADATA_JSON --out FILE.oci.tar [--epoch S]
 
-`image` (used by e2e/images/build.sh) writes an OCI image layout tarball, as `ctr images import`
-takes it, without Docker: `oci-layout`, `index.json` naming the image (annotations
-`io.containerd.image.name` = docker.io/library/N:VERSION and `org.opencontainers.image.ref.name`
+`image` (used by e2e/images/build.sh, locally and in the release workflow) writes an OCI image
+layout tarball, as `ctr images import` and `skopeo copy oci-archive:` take it, without Docker:
+`oci-layout`, `index.json` naming the image (annotations `io.containerd.image.name` =
+ghcr.io/ferry-dev/N:VERSION, where releases publish it, and `org.opencontainers.image.ref.name`
 = VERSION), and in `blobs/sha256/` one gzip layer, the image config and the manifest.
-`rootfs` (used by the Dockerfile) writes the same files into DIR instead, for `COPY --from`.
-Both take the file list from `plan()` below, so the two ways give images with the same files.
 
 The root filesystem holds only what the binary needs, taken from this (Debian) system:
   - /usr/local/bin/N: the binary with its debug info stripped (`objcopy --strip-debug`: the
@@ -78,6 +76,10 @@ networks:  files
 protocols: files
 services:  files
 """
+
+# Where releases publish the images (.github/workflows/release.yml), and so the name a local
+# build carries: the chart's default image is then the imported one.
+PUBLISHED_REPOSITORY = "ghcr.io/ferry-dev"
 
 MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
@@ -327,6 +329,7 @@ def write_image(args):
         "org.opencontainers.image.version": version,
         "org.opencontainers.image.description": pkg.get("description") or "",
         "org.opencontainers.image.licenses": pkg.get("license") or "",
+        "org.opencontainers.image.source": pkg.get("repository") or "",
     }
     config = canonical_json(
         {
@@ -369,7 +372,7 @@ def write_image(args):
                     manifest,
                     platform={"architecture": arch, "os": "linux"},
                     annotations={
-                        "io.containerd.image.name": f"docker.io/library/{ref}",
+                        "io.containerd.image.name": f"{PUBLISHED_REPOSITORY}/{ref}",
                         "org.opencontainers.image.ref.name": version,
                     },
                 )
@@ -404,7 +407,7 @@ def write_image(args):
             os.unlink(tmp)
 
     mb = lambda n: f"{n / 1e6:.1f} MB"
-    print(f"ferry: images: {ref} -> {out} ({mb(os.path.getsize(out))})")
+    print(f"ferry: images: {PUBLISHED_REPOSITORY}/{ref} -> {out} ({mb(os.path.getsize(out))})")
     print(f"  manifest {sha256(manifest)}")
     print(f"  config   {sha256(config)} (image id)")
     print(
@@ -413,47 +416,17 @@ def write_image(args):
     )
 
 
-def write_rootfs(args):
-    if os.geteuid() != 0:
-        fail("rootfs needs root (it chowns /home/nonroot to 65532)")
-    if os.path.exists(args.dest) and os.listdir(args.dest):
-        fail(f"{args.dest} is not empty")
-    p = plan(args.binary, args.name)
-    os.makedirs(args.dest, exist_ok=True)
-    for path in sorted(p.entries):
-        e, full = p.entries[path], os.path.join(args.dest, path)
-        if e.kind == "dir":
-            os.mkdir(full)
-        elif e.kind == "symlink":
-            os.symlink(e.link, full)
-        else:
-            with open(full, "wb") as f:
-                f.write(e.data)
-    # Modes, owners and times after the files: a 0700 directory stays enterable while filling it.
-    for path in sorted(p.entries, reverse=True):
-        e, full = p.entries[path], os.path.join(args.dest, path)
-        if e.kind != "symlink":
-            os.chmod(full, e.mode)
-        os.lchown(full, e.uid, e.gid)
-        os.utime(full, (args.epoch, args.epoch), follow_symlinks=False)
-    print(f"ferry: images: {args.name} root filesystem in {args.dest}, {len(p.entries)} entries")
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for cmd in ("image", "rootfs"):
-        s = sub.add_parser(cmd)
-        s.add_argument("--binary", required=True)
-        s.add_argument("--name", required=True)
-        s.add_argument("--epoch", type=int, default=int(os.environ.get("SOURCE_DATE_EPOCH", "0")))
-        if cmd == "image":
-            s.add_argument("--metadata", required=True, help="`cargo metadata --no-deps` output")
-            s.add_argument("--out", required=True)
-        else:
-            s.add_argument("--dest", required=True)
+    s = sub.add_parser("image")
+    s.add_argument("--binary", required=True)
+    s.add_argument("--name", required=True)
+    s.add_argument("--epoch", type=int, default=int(os.environ.get("SOURCE_DATE_EPOCH", "0")))
+    s.add_argument("--metadata", required=True, help="`cargo metadata --no-deps` output")
+    s.add_argument("--out", required=True)
     args = ap.parse_args()
-    (write_image if args.cmd == "image" else write_rootfs)(args)
+    write_image(args)
 
 
 if __name__ == "__main__":

@@ -191,6 +191,12 @@ impl Cluster {
         self.dir.join("kubeconfig")
     }
 
+    /// containerd's registry hosts directory (`config_path` in `up.sh`): a
+    /// `<host:port>/hosts.toml` there applies from the next pull on.
+    pub fn registry_hosts_dir(&self) -> PathBuf {
+        self.dir.join("containerd/certs.d")
+    }
+
     /// Brokers started with this placement run inside the cluster's netns on the node address.
     pub fn placement(&self) -> Placement {
         Placement {
@@ -239,24 +245,40 @@ impl Cluster {
         mqtt_options: MosquittoOptions<'_>,
         kafka_options: KafkaOptions<'_>,
     ) -> Result<(Mosquitto, Kafka)> {
+        let (mqtt, kafka, ()) = self.start_brokers_while(mqtt_options, kafka_options, || {
+            for image in images {
+                self.cluster_script(
+                    "import-image.sh",
+                    &[&image.display().to_string()],
+                    Duration::from_secs(300),
+                )?;
+            }
+            Ok(())
+        })?;
+        Ok((mqtt, kafka))
+    }
+
+    /// Starts Mosquitto and Kafka in the cluster's netns on the node address while `meanwhile`
+    /// runs on another thread (e.g. getting images into place); fails if either fails.
+    ///
+    /// The brokers are started by the calling thread, which they are tied to by
+    /// `PR_SET_PDEATHSIG`: call this from the thread that keeps them.
+    pub fn start_brokers_while<T: Send>(
+        &self,
+        mqtt_options: MosquittoOptions<'_>,
+        kafka_options: KafkaOptions<'_>,
+        meanwhile: impl FnOnce() -> Result<T> + Send,
+    ) -> Result<(Mosquitto, Kafka, T)> {
         let placement = self.placement();
-        std::thread::scope(|s| -> Result<(Mosquitto, Kafka)> {
-            let imports = s.spawn(|| -> Result<()> {
-                for image in images {
-                    self.cluster_script(
-                        "import-image.sh",
-                        &[&image.display().to_string()],
-                        Duration::from_secs(300),
-                    )?;
-                }
-                Ok(())
-            });
+        std::thread::scope(|s| -> Result<(Mosquitto, Kafka, T)> {
+            let side = s.spawn(meanwhile);
             let brokers = Mosquitto::start_placed(mqtt_options, placement.clone())
                 .and_then(|m| Ok((m, Kafka::start_placed(kafka_options, placement.clone())?)));
-            imports
+            let value = side
                 .join()
-                .map_err(|_| anyhow!("the image import panicked"))??;
-            brokers
+                .map_err(|_| anyhow!("the work beside the brokers' start panicked"))??;
+            let (mqtt, kafka) = brokers?;
+            Ok((mqtt, kafka, value))
         })
     }
 

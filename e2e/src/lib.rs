@@ -29,10 +29,12 @@ mod kafka_node;
 pub mod kube;
 pub mod metrics;
 mod pki;
+pub mod registry;
 pub use fault_proxy::{FaultProxy, ProxyMode};
 pub use kafka_cluster::{ClusterOptions, KafkaCluster};
 use kafka_node::{Listener, NodeProps};
 pub use pki::{CLIENT_CN, KeyType, Pki};
+pub use registry::Registry;
 
 /// Mosquitto's flow-control settings used everywhere, printed by the tests and benchmarks:
 /// 1000 unacknowledged messages in flight toward a client (as a production broker serving a

@@ -13,6 +13,7 @@
 //! and rustls all read, for RSA and ECDSA alike. RSA keys are 2048 bits, ECDSA keys are P-256.
 
 use std::fs;
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -57,6 +58,12 @@ impl Pki {
     /// Generates a new CA, server and client certificate. Needs the `openssl` CLI
     /// (`e2e/install.sh` installs it). Takes well under a second for ECDSA, about one for RSA.
     pub fn generate(key_type: KeyType) -> Result<Self> {
+        Self::generate_for(key_type, &[])
+    }
+
+    /// [`Pki::generate`] with the server certificate also valid for `ips` (a server that
+    /// listens on an address other than loopback, e.g. a cluster's node address).
+    pub fn generate_for(key_type: KeyType, ips: &[IpAddr]) -> Result<Self> {
         let dir = tempfile::Builder::new().prefix("ferry-pki-").tempdir()?;
         let d = dir.path();
         fs::write(d.join("req.cnf"), REQ_CONFIG)?;
@@ -65,7 +72,7 @@ impl Pki {
             KeyType::Ecdsa => &["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"],
         };
         generate_ca(d, newkey)?;
-        for (name, subject, extensions) in leaves(key_type) {
+        for (name, subject, extensions) in leaves(key_type, ips) {
             sign_leaf(d, newkey, name, &subject, &extensions)?;
         }
         let pki = Self {
@@ -149,7 +156,8 @@ fn generate_ca(d: &Path, newkey: &[&str]) -> Result<()> {
 }
 
 /// The server and client certificates: (file name, subject, extensions).
-fn leaves(key_type: KeyType) -> [(&'static str, String, String); 2] {
+fn leaves(key_type: KeyType, ips: &[IpAddr]) -> [(&'static str, String, String); 2] {
+    let extra_sans: String = ips.iter().map(|ip| format!(",IP:{ip}")).collect();
     let server_key_usage = match key_type {
         KeyType::Rsa => "digitalSignature,keyEncipherment",
         KeyType::Ecdsa => "digitalSignature",
@@ -162,7 +170,7 @@ fn leaves(key_type: KeyType) -> [(&'static str, String, String); 2] {
                 "basicConstraints=critical,CA:FALSE\n\
                  keyUsage=critical,{server_key_usage}\n\
                  extendedKeyUsage=serverAuth\n\
-                 subjectAltName=DNS:localhost,IP:127.0.0.1\n\
+                 subjectAltName=DNS:localhost,IP:127.0.0.1{extra_sans}\n\
                  subjectKeyIdentifier=hash\n\
                  authorityKeyIdentifier=keyid\n"
             ),

@@ -1,10 +1,17 @@
 //! Ferry's whole user path on a real single-node Kubernetes cluster (`e2e/cluster/up.sh`:
 //! kubelet, containerd, runc), with a private state dir, network namespace and subnets:
 //!
-//! 1. the cluster comes up, the `ferry-operator` and `ferry-forwarder` images are imported;
+//! 1. the cluster comes up; a private registry (Debian's `docker-registry`, HTTPS with its own
+//!    CA, which the cluster's containerd trusts through a `hosts.toml`) starts on the node
+//!    address, and the release is mirrored into it as a platform team would: the
+//!    `ferry-operator` and `ferry-forwarder` images with `skopeo copy oci-archive:…`, the chart
+//!    with `helm package` and `helm push` (nothing is imported into containerd);
 //! 2. Mosquitto and Kafka run inside the cluster's namespace on the node address, so pods reach
 //!    them (and so does this test, through the veth);
-//! 3. `helm install` of `charts/ferry` (2 operator replicas, leader election);
+//! 3. README.md's install command ([`README_INSTALL`]) against that registry: `helm install` of
+//!    the `oci://` chart with `--set image.registry=` and `--set forwarder.image.registry=` (2
+//!    operator replicas, leader election); the operator pods, and later the forwarder pods, run
+//!    the images pulled from the registry (their image IDs are the digests skopeo pushed);
 //! 4. a `BrokerConnection` (MQTT 5, persistent sessions, 2 forwarder replicas, an MQTT password
 //!    made of YAML's special characters and a newline, from a Secret) and two `ForwardingRule`s
 //!    are applied; both rules become Ready (time measured);
@@ -32,12 +39,14 @@
 //! minute here (the kubelet's default `syncFrequency`), which is most of the ~2.5 min this test
 //! takes once the cluster's binaries and images are cached.
 //!
-//! Needs root, `e2e/install.sh` (Mosquitto, Kafka), `e2e/tools/build.sh` (helm) and the images
-//! of `e2e/images/build.sh`. The cluster is always torn down (`down.sh`, also on failure; the
+//! Needs root, `e2e/install.sh` (Mosquitto, Kafka, docker-registry, skopeo), `e2e/tools/build.sh`
+//! (helm) and the images of `e2e/images/build.sh`. The cluster is always torn down (`down.sh`, also on failure; the
 //! component logs are then kept and their path printed).
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -47,8 +56,21 @@ use ferry_e2e::cluster::{
     Cluster, MqttEndpoint, cel_example_messages, ensure_helm, ensure_root, example_rules,
     ferry_images, plant_connection_yaml, publish_paced, publish_to, wait_until,
 };
-use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions, Record, http_get_ok};
+use ferry_e2e::cluster::{VERSION, repo_dir};
+use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions, Record, Registry, http_get_ok};
 
+/// README.md's install command. It must match the first `helm install` of README.md (a check
+/// will tie the two); this test runs it against a local registry, with only the `ghcr.io` of
+/// the chart reference replaced by that registry and flags appended.
+const README_INSTALL: &str = "helm install ferry oci://ghcr.io/ferry-dev/charts/ferry --version 0.1.0 --namespace ferry-system --create-namespace";
+/// Where releases publish (`.github/workflows/release.yml`); a mirror keeps the paths under it.
+const PUBLISHED_REGISTRY: &str = "ghcr.io";
+const CHART_REPOSITORY: &str = "ferry-dev/charts";
+/// The images (`e2e/images/build.sh` names) and their repositories under a registry.
+const IMAGE_REPOSITORIES: [(&str, &str); 2] = [
+    ("ferry-operator", "ferry-dev/ferry-operator"),
+    ("ferry-forwarder", "ferry-dev/ferry-forwarder"),
+];
 const NS: &str = "plant";
 const RELEASE_NS: &str = "ferry-system";
 const STS: &str = "plant-default";
@@ -552,8 +574,11 @@ fn full_user_path_on_a_real_cluster() -> Result<()> {
     let up_time = t.elapsed();
     println!("[{:6.1?}] cluster up in {up_time:.1?}", t0.elapsed());
 
-    // The brokers, inside the netns on the node address; the images meanwhile.
+    // The registry on the node address, trusted by the cluster's containerd; the brokers,
+    // inside the netns on the node address, while the release is mirrored into the registry.
     let t = Instant::now();
+    let registry = Registry::start_placed(cluster.placement())?;
+    registry.write_containerd_hosts(&cluster.registry_hosts_dir())?;
     // (The brokers are started by this thread: they are tied to it by PR_SET_PDEATHSIG.)
     let mqtt_options = MosquittoOptions {
         log_connections: true,
@@ -563,11 +588,15 @@ fn full_user_path_on_a_real_cluster() -> Result<()> {
         ],
         ..MosquittoOptions::default()
     };
-    let (mqtt, kafka) =
-        cluster.import_images_and_start_brokers(&images, mqtt_options, KafkaOptions::default())?;
+    let (mqtt, kafka, mirror) =
+        cluster.start_brokers_while(mqtt_options, KafkaOptions::default(), || {
+            mirror_release(&cluster, &registry, &images)
+        })?;
     println!(
-        "[{:6.1?}] images imported, brokers up (MQTT {}:{}, Kafka {}) in {:.1?}",
+        "[{:6.1?}] release mirrored into the registry {} ({mirror:?}), brokers up (MQTT {}:{}, \
+         Kafka {}) in {:.1?}",
         t0.elapsed(),
+        registry.address(),
         mqtt.host(),
         mqtt.port(),
         kafka.bootstrap(),
@@ -580,13 +609,14 @@ fn full_user_path_on_a_real_cluster() -> Result<()> {
         .build()?;
     let mut mqtt = mqtt;
     let mut kafka = kafka;
-    let result = run(&cluster, &mut mqtt, &mut kafka, &rt, t0);
+    let result = run(&cluster, &mirror, &mut mqtt, &mut kafka, &rt, t0);
     if let Err(e) = &result {
         eprintln!("ferry: the full-path test failed: {e:#}");
         cluster.diagnose(RELEASE_NS, NS, "plant");
         for (name, path) in [
             ("mosquitto", mqtt.dir().join("mosquitto.log")),
             ("kafka", kafka.dir().join("kafka.log")),
+            ("registry", mirror.registry.log()),
         ] {
             let text = fs::read_to_string(&path).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
@@ -599,6 +629,7 @@ fn full_user_path_on_a_real_cluster() -> Result<()> {
     drop(rt);
     drop(kafka);
     drop(mqtt);
+    drop(mirror);
     let t = Instant::now();
     if result.is_ok() {
         cluster.down(None)?;
@@ -613,6 +644,7 @@ fn full_user_path_on_a_real_cluster() -> Result<()> {
 
 fn run(
     c: &Cluster,
+    mirror: &Mirror<'_>,
     mqtt: &mut Mosquitto,
     kafka: &mut Kafka,
     rt: &tokio::runtime::Runtime,
@@ -628,8 +660,15 @@ fn run(
     ] {
         rt.block_on(kafka.create_topic(topic, 2))?;
     }
-    install_operator(c, t0)?;
+    install_operator(c, mirror, t0)?;
     apply_connection_and_rules(c, mqtt, kafka, t0)?;
+    pods_run_the_mirrored_image(
+        c,
+        mirror,
+        NS,
+        "ferry.dev/connection=plant",
+        "ferry-forwarder",
+    )?;
     let (temps_sent, alarms_sent) = publish_and_read_back(c, mqtt, kafka, rt, t0)?;
     status_shows_forwarded(c, &temps_sent, &alarms_sent, t0)?;
     // The status tells the truth in broker outages.
@@ -647,11 +686,185 @@ fn run(
     Ok(())
 }
 
-/// `helm install` with `--wait`, then one operator replica holds the Lease.
-fn install_operator(c: &Cluster, t0: Instant) -> Result<()> {
+/// The release in the private registry: the images' digests there, by image name.
+struct Mirror<'a> {
+    registry: &'a Registry,
+    digests: BTreeMap<&'static str, String>,
+}
+
+impl std::fmt::Debug for Mirror<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_map().entries(&self.digests).finish()
+    }
+}
+
+/// What a platform team does to install from its own registry: both images pushed with
+/// skopeo from the OCI archives, the chart packaged and pushed as an OCI artifact.
+fn mirror_release<'a>(
+    c: &Cluster,
+    registry: &'a Registry,
+    images: &[PathBuf],
+) -> Result<Mirror<'a>> {
+    let mut digests = BTreeMap::new();
+    for (name, repository) in IMAGE_REPOSITORIES {
+        let archive = images
+            .iter()
+            .find(|p| {
+                p.file_name()
+                    .is_some_and(|f| f.to_string_lossy().starts_with(name))
+            })
+            .ok_or_else(|| anyhow!("no {name} image among {images:?}"))?;
+        digests.insert(
+            name,
+            registry.push_oci_archive(archive, repository, VERSION)?,
+        );
+    }
+    let packaged = tempfile::tempdir()?;
+    c.helm(&[
+        "package",
+        &repo_dir().join("charts/ferry").display().to_string(),
+        "--destination",
+        &packaged.path().display().to_string(),
+    ])?;
+    let chart = packaged
+        .path()
+        .join(format!("ferry-{}.tgz", chart_version()?));
+    let pushed = c.helm(&[
+        "push",
+        &chart.display().to_string(),
+        &format!("oci://{}/{CHART_REPOSITORY}", registry.address()),
+        "--ca-file",
+        &registry.ca_cert().display().to_string(),
+    ])?;
+    ensure!(
+        pushed.contains("Digest: sha256:"),
+        "helm push printed no digest:\n{pushed}"
+    );
+    Ok(Mirror { registry, digests })
+}
+
+/// `version:` of charts/ferry/Chart.yaml.
+fn chart_version() -> Result<String> {
+    let chart = fs::read_to_string(repo_dir().join("charts/ferry/Chart.yaml"))?;
+    chart
+        .lines()
+        .find_map(|l| l.strip_prefix("version:"))
+        .map(|v| v.trim().trim_matches('"').to_owned())
+        .ok_or_else(|| anyhow!("charts/ferry/Chart.yaml has no version"))
+}
+
+/// [`README_INSTALL`]'s arguments with the chart taken from `registry` instead of ghcr.io; fails
+/// unless it installs charts/ferry's version into [`RELEASE_NS`].
+fn readme_install_from(registry: &str) -> Result<Vec<String>> {
+    let mut words = README_INSTALL.split_whitespace();
+    ensure!(
+        words.next() == Some("helm"),
+        "{README_INSTALL:?} is not a helm command"
+    );
+    let published = format!("oci://{PUBLISHED_REGISTRY}/{CHART_REPOSITORY}/ferry");
+    let args: Vec<String> = words
+        .map(|w| {
+            if w == published {
+                format!("oci://{registry}/{CHART_REPOSITORY}/ferry")
+            } else {
+                w.to_owned()
+            }
+        })
+        .collect();
+    let value_of = |flag: &str| args.windows(2).find(|w| w[0] == flag).map(|w| w[1].clone());
+    ensure!(
+        args.iter().filter(|a| a.starts_with("oci://")).count() == 1
+            && !args.iter().any(|a| a == &published),
+        "{README_INSTALL:?} should install the chart {published}"
+    );
+    ensure!(
+        value_of("--version") == Some(chart_version()?),
+        "{README_INSTALL:?} does not install charts/ferry's version {}",
+        chart_version()?
+    );
+    ensure!(
+        value_of("--namespace").as_deref() == Some(RELEASE_NS),
+        "{README_INSTALL:?} should install into {RELEASE_NS}"
+    );
+    Ok(args)
+}
+
+/// Every pod of `selector` in `ns` runs `image` from the registry, pulled there by the digest
+/// skopeo pushed (containerd records the repository digest it pulled as the image ID).
+fn pods_run_the_mirrored_image(
+    c: &Cluster,
+    mirror: &Mirror<'_>,
+    ns: &str,
+    selector: &str,
+    image: &str,
+) -> Result<()> {
+    let (_, repository) = IMAGE_REPOSITORIES
+        .iter()
+        .find(|(name, _)| *name == image)
+        .ok_or_else(|| anyhow!("no repository for {image}"))?;
+    let address = mirror.registry.address();
+    let digest = mirror
+        .digests
+        .get(image)
+        .ok_or_else(|| anyhow!("{image} was not pushed"))?;
+    let out = c.kubectl(&[
+        "get",
+        "pods",
+        "-n",
+        ns,
+        "-l",
+        selector,
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name} {.spec.containers[0].image} \
+         {.status.containerStatuses[0].imageID}{\"\\n\"}{end}",
+    ])?;
+    let pods: Vec<&str> = out.lines().filter(|l| !l.trim().is_empty()).collect();
+    ensure!(!pods.is_empty(), "no pods of {selector} in {ns}");
+    let want = format!("{address}/{repository}:{VERSION} {address}/{repository}@{digest}");
+    for pod in &pods {
+        let (name, rest) = pod.split_once(' ').unwrap_or((pod, ""));
+        ensure!(
+            rest == want,
+            "pod {ns}/{name} runs `{rest}`, expected `{want}` (image, imageID) from the registry"
+        );
+    }
+    println!("{} {image} pods run {want}", pods.len());
+    Ok(())
+}
+
+/// README.md's `helm install` ([`README_INSTALL`]) from the registry, with `--wait`; the
+/// operator pods run the mirrored image; then one operator replica holds the Lease.
+fn install_operator(c: &Cluster, mirror: &Mirror<'_>, t0: Instant) -> Result<()> {
     let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
     let t = Instant::now();
-    c.helm_install_ferry(RELEASE_NS)?;
+    let registry = mirror.registry.address();
+    let mut args = readme_install_from(&registry)?;
+    args.extend(
+        [
+            "--ca-file",
+            &mirror.registry.ca_cert().display().to_string(),
+            "--set",
+            &format!("image.registry={registry}"),
+            "--set",
+            &format!("forwarder.image.registry={registry}"),
+            // The test's own: status every 2 s, and wait for the operator pods.
+            "--set",
+            "statusIntervalSeconds=2",
+            "--wait",
+            "--timeout",
+            "3m",
+        ]
+        .map(str::to_owned),
+    );
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    c.helm(&args)?;
+    pods_run_the_mirrored_image(
+        c,
+        mirror,
+        RELEASE_NS,
+        "app.kubernetes.io/name=ferry",
+        "ferry-operator",
+    )?;
     let operators = c.kubectl(&[
         "get",
         "pods",

@@ -4,6 +4,8 @@
 #
 #   helm         helm.sh/helm/v3/cmd/helm                        (lint, template)
 #   kubeconform  github.com/yannh/kubeconform/cmd/kubeconform    (validates rendered manifests)
+#   actionlint   github.com/rhysd/actionlint/cmd/actionlint      (lints .github/workflows and,
+#                through shellcheck, their scripts: e2e/tools/vet.sh)
 #   lychee       the link checker of `make lint` (e2e/tools/linkcheck.sh): a crate, so it is
 #                `cargo install`ed (pinned version, `--locked`) from crates.io, not from the Go
 #                module proxy. Once: about 9 CPU-minutes (measured 7m49s user + 52s system;
@@ -20,7 +22,7 @@
 #                  (example/prometheus-operator-crd/), in the layout of the CRDs catalog.
 #
 # Output, in ${FERRY_CACHE:-~/.cache/ferry}/tools:
-#   bin/helm, bin/kubeconform, bin/ferry-openapi2jsonschema, bin/lychee
+#   bin/helm, bin/kubeconform, bin/actionlint, bin/ferry-openapi2jsonschema, bin/lychee
 #   schemas/v<k8s>-standalone-strict/<kind>-<group>-<version>.json (and -standalone/)
 #   schemas/crds/<group>/<kind>_<version>.json
 #   crds/monitoring.coreos.com_{servicemonitors,podmonitors,prometheusrules}.yaml (the CRDs
@@ -40,6 +42,7 @@ set -euo pipefail
 # The pinned versions: the only place they are written.
 HELM_VERSION=v3.22.0
 KUBECONFORM_VERSION=v0.8.0
+ACTIONLINT_VERSION=v1.7.12
 LYCHEE_VERSION=0.24.2
 PROMETHEUS_OPERATOR_VERSION=v0.85.0 # the newest version of the root module on the proxy
 # GitOps CRDs for examples/gitops (Argo CD Application, Flux GitRepository and Kustomization,
@@ -57,16 +60,16 @@ root="$cache/tools"
 bin="$root/bin"
 schemas="$root/schemas"
 # The stamp also names the checksums of this script and the schema generator: editing either
-# regenerates the schemas (helm, kubeconform and lychee are only rebuilt when their version
-# changes).
-stamp="helm $HELM_VERSION kubeconform $KUBECONFORM_VERSION lychee $LYCHEE_VERSION kubernetes $k8s_version \
+# regenerates the schemas (helm, kubeconform, actionlint and lychee are only rebuilt when their
+# version changes).
+stamp="helm $HELM_VERSION kubeconform $KUBECONFORM_VERSION actionlint $ACTIONLINT_VERSION lychee $LYCHEE_VERSION kubernetes $k8s_version \
 prometheus-operator $PROMETHEUS_OPERATOR_VERSION argo-cd $ARGOCD_VERSION \
 flux $FLUX_KUSTOMIZE_VERSION/$FLUX_SOURCE_VERSION external-secrets $EXTERNAL_SECRETS_VERSION script $(cat "$here/build.sh" "$here"/openapi2jsonschema/{go.mod,go.sum,main.go} | sha256sum | cut -c1-12)"
 
 complete() {
   [ "$(cat "$root/.complete" 2>/dev/null)" = "$stamp" ] || return 1
   local b
-  for b in helm kubeconform ferry-openapi2jsonschema lychee; do [ -x "$bin/$b" ] || return 1; done
+  for b in helm kubeconform actionlint ferry-openapi2jsonschema lychee; do [ -x "$bin/$b" ] || return 1; done
   [ -f "$schemas/$k8s_version-standalone-strict/deployment-apps-v1.json" ] &&
     [ -f "$schemas/crds/monitoring.coreos.com/servicemonitor_v1.json" ] &&
     [ -f "$root/crds/monitoring.coreos.com_podmonitors.yaml" ] &&
@@ -134,6 +137,11 @@ fi
 if [ "$("$bin/kubeconform" -v 2>/dev/null)" != "$KUBECONFORM_VERSION" ]; then
   go_install kubeconform "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION" \
     "-s -w -X main.version=$KUBECONFORM_VERSION"
+fi
+
+if [ "$("$bin/actionlint" -version 2>/dev/null | head -1)" != "$ACTIONLINT_VERSION" ]; then
+  go_install actionlint "github.com/rhysd/actionlint/cmd/actionlint@$ACTIONLINT_VERSION" \
+    "-s -w -X github.com/rhysd/actionlint.version=$ACTIONLINT_VERSION"
 fi
 
 if [ "$("$bin/lychee" --version 2>/dev/null)" != "lychee $LYCHEE_VERSION" ]; then

@@ -694,8 +694,13 @@ spec:
         let version = env!("CARGO_PKG_VERSION");
         assert_eq!(
             image_of(&pod_with(&conn, &[])),
-            (format!("ferry-forwarder:{version}"), None, vec![]),
-            "no flag, no override: the build matching the operator; pulls as Kubernetes does"
+            (
+                format!("ghcr.io/ferry-dev/ferry-forwarder:{version}"),
+                None,
+                vec![]
+            ),
+            "no flag, no override: the published build matching the operator; pulls as \
+             Kubernetes does"
         );
         let flags = [
             "--forwarder-image",

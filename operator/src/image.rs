@@ -12,9 +12,14 @@ use std::str::FromStr;
 
 use ferry_api::crd::{ForwarderPods, ImagePullPolicy};
 
-/// The forwarder image when neither a flag nor a connection names one: the build matching
-/// this operator (`docker.io/library/ferry-forwarder:<version>` once a runtime resolves it).
-pub const DEFAULT_FORWARDER_IMAGE: &str = concat!("ferry-forwarder:", env!("CARGO_PKG_VERSION"));
+/// The repository the project publishes the forwarder image to (the chart's default too).
+pub const DEFAULT_FORWARDER_REPOSITORY: &str = "ghcr.io/ferry-dev/ferry-forwarder";
+/// The forwarder image when neither a flag nor a connection names one: the published build
+/// matching this operator.
+pub const DEFAULT_FORWARDER_IMAGE: &str = concat!(
+    "ghcr.io/ferry-dev/ferry-forwarder:",
+    env!("CARGO_PKG_VERSION")
+);
 /// The tag of a reference that names neither a tag nor a digest. Not `latest`: the forwarder
 /// and the config the operator renders for it must come from the same release.
 pub const DEFAULT_TAG: &str = env!("CARGO_PKG_VERSION");
@@ -67,7 +72,7 @@ impl ImageRef {
     /// The build matching this operator.
     pub fn default_forwarder() -> Self {
         Self {
-            name: "ferry-forwarder".to_owned(),
+            name: DEFAULT_FORWARDER_REPOSITORY.to_owned(),
             tag: Some(DEFAULT_TAG.to_owned()),
             digest: None,
         }

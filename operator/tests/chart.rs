@@ -20,6 +20,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use ferry_e2e::kube::ControlPlane;
+use ferry_operator::image::DEFAULT_FORWARDER_IMAGE;
 use serde_json::Value;
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/ferry");
@@ -34,7 +35,7 @@ const OPERATOR: &str = "ferry-operator";
 /// Every optional feature on, and every other value away from its default.
 const ALL_OPTIONS: &str = r#"
 replicaCount: 3
-image: { repository: registry.example/ferry/ferry-operator, tag: "0.1.0-rc1", pullPolicy: Always }
+image: { registry: "", repository: registry.example/ferry/ferry-operator, tag: "0.1.0-rc1", pullPolicy: Always }
 imagePullSecrets: [{ name: regcred }]
 serviceAccount: { annotations: { team: iot } }
 leaderElection: { leaseName: ferry-leader, leaseDurationSeconds: 20 }
@@ -290,7 +291,8 @@ fn default_render_is_strictly_valid_and_least_privileged() {
     let pod = &deployment["spec"]["template"]["spec"];
     assert_eq!(pod["serviceAccountName"], OPERATOR);
     let container = &pod["containers"][0];
-    assert_eq!(container["image"], "ferry-operator:0.1.0");
+    // The project's registry path, tagged with the chart's appVersion.
+    assert_eq!(container["image"], "ghcr.io/ferry-dev/ferry-operator:0.1.0");
     let sc = &container["securityContext"];
     assert_eq!(sc["runAsNonRoot"], true);
     assert_eq!(sc["readOnlyRootFilesystem"], true);
@@ -327,7 +329,8 @@ fn default_render_is_strictly_valid_and_least_privileged() {
         ("FERRY_STATUS_WRITES_PER_SECOND", "20"),
         ("FERRY_LOG_FORMAT", "json"),
         ("FERRY_LOG", "info"),
-        ("FERRY_FORWARDER_IMAGE", "ferry-forwarder:0.1.0"),
+        // The operator's own default: a chart and an operator run alone name the same image.
+        ("FERRY_FORWARDER_IMAGE", DEFAULT_FORWARDER_IMAGE),
         ("FERRY_FORWARDER_IMAGE_PULL_POLICY", "IfNotPresent"),
     ] {
         assert_eq!(env[name]["value"], value, "{name}");

@@ -81,7 +81,11 @@ fn help_lists_the_forwarder_image_and_namespace_flags_with_their_environment_var
     for expected in [
         "--forwarder-image <REFERENCE>",
         "[env: FERRY_FORWARDER_IMAGE=]",
-        concat!("[default: ferry-forwarder:", env!("CARGO_PKG_VERSION"), "]"),
+        concat!(
+            "[default: ghcr.io/ferry-dev/ferry-forwarder:",
+            env!("CARGO_PKG_VERSION"),
+            "]"
+        ),
         "--forwarder-image-pull-policy <POLICY>",
         "[env: FERRY_FORWARDER_IMAGE_PULL_POLICY=]",
         "--forwarder-image-pull-secrets <NAMES>",
