@@ -8,7 +8,7 @@
 //!    with `helm package` and `helm push` (nothing is imported into containerd);
 //! 2. Mosquitto and Kafka run inside the cluster's namespace on the node address, so pods reach
 //!    them (and so does this test, through the veth);
-//! 3. README.md's install command ([`README_INSTALL`]) against that registry: `helm install` of
+//! 3. README.md's install command ([`readme_install`]) against that registry: `helm install` of
 //!    the `oci://` chart with `--set image.registry=` and `--set forwarder.image.registry=` (2
 //!    operator replicas, leader election); the operator pods, and later the forwarder pods, run
 //!    the images pulled from the registry (their image IDs are the digests skopeo pushed);
@@ -59,10 +59,16 @@ use ferry_e2e::cluster::{
 use ferry_e2e::cluster::{VERSION, repo_dir};
 use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions, Record, Registry, http_get_ok};
 
-/// README.md's install command. It must match the first `helm install` of README.md (a check
-/// will tie the two); this test runs it against a local registry, with only the `ghcr.io` of
-/// the chart reference replaced by that registry and flags appended.
-const README_INSTALL: &str = "helm install ferry oci://ghcr.io/ferry-dev/charts/ferry --version 0.1.0 --namespace ferry-system --create-namespace";
+/// README.md's install command: its first line that starts with `helm install `. This test
+/// runs it against a local registry, with only the `ghcr.io` of the chart reference replaced by
+/// that registry and flags appended, so the README's command is the one tested.
+fn readme_install() -> Result<&'static str> {
+    include_str!("../../README.md")
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("helm install "))
+        .ok_or_else(|| anyhow!("README.md has no `helm install` command"))
+}
 /// Where releases publish (`.github/workflows/release.yml`); a mirror keeps the paths under it.
 const PUBLISHED_REGISTRY: &str = "ghcr.io";
 const CHART_REPOSITORY: &str = "ferry-dev/charts";
@@ -753,13 +759,14 @@ fn chart_version() -> Result<String> {
         .ok_or_else(|| anyhow!("charts/ferry/Chart.yaml has no version"))
 }
 
-/// [`README_INSTALL`]'s arguments with the chart taken from `registry` instead of ghcr.io; fails
-/// unless it installs charts/ferry's version into [`RELEASE_NS`].
+/// [`readme_install`]'s arguments with the chart taken from `registry` instead of ghcr.io;
+/// fails unless it installs charts/ferry's version into [`RELEASE_NS`].
 fn readme_install_from(registry: &str) -> Result<Vec<String>> {
-    let mut words = README_INSTALL.split_whitespace();
+    let readme_install = readme_install()?;
+    let mut words = readme_install.split_whitespace();
     ensure!(
         words.next() == Some("helm"),
-        "{README_INSTALL:?} is not a helm command"
+        "{readme_install:?} is not a helm command"
     );
     let published = format!("oci://{PUBLISHED_REGISTRY}/{CHART_REPOSITORY}/ferry");
     let args: Vec<String> = words
@@ -775,16 +782,16 @@ fn readme_install_from(registry: &str) -> Result<Vec<String>> {
     ensure!(
         args.iter().filter(|a| a.starts_with("oci://")).count() == 1
             && !args.iter().any(|a| a == &published),
-        "{README_INSTALL:?} should install the chart {published}"
+        "{readme_install:?} should install the chart {published}"
     );
     ensure!(
         value_of("--version") == Some(chart_version()?),
-        "{README_INSTALL:?} does not install charts/ferry's version {}",
+        "{readme_install:?} does not install charts/ferry's version {}",
         chart_version()?
     );
     ensure!(
         value_of("--namespace").as_deref() == Some(RELEASE_NS),
-        "{README_INSTALL:?} should install into {RELEASE_NS}"
+        "{readme_install:?} should install into {RELEASE_NS}"
     );
     Ok(args)
 }
@@ -832,7 +839,7 @@ fn pods_run_the_mirrored_image(
     Ok(())
 }
 
-/// README.md's `helm install` ([`README_INSTALL`]) from the registry, with `--wait`; the
+/// README.md's `helm install` ([`readme_install`]) from the registry, with `--wait`; the
 /// operator pods run the mirrored image; then one operator replica holds the Lease.
 fn install_operator(c: &Cluster, mirror: &Mirror<'_>, t0: Instant) -> Result<()> {
     let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
@@ -1490,5 +1497,18 @@ fn helm_uninstall_leaves_only_the_crds(c: &Cluster, t0: Instant) -> Result<()> {
             leases.trim()
         ));
     }
+    Ok(())
+}
+
+/// The README's install command is one this test can run: checked without a cluster, so a
+/// README edit that breaks it fails at once, not only on the kubelet cluster.
+#[test]
+fn the_readme_install_command_installs_this_chart_version() -> Result<()> {
+    let args = readme_install_from("registry.test:5000")?;
+    ensure!(
+        args.iter()
+            .any(|a| a == "oci://registry.test:5000/ferry-dev/charts/ferry"),
+        "{args:?}"
+    );
     Ok(())
 }
