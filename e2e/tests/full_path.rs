@@ -687,7 +687,9 @@ fn run(
     delete_pod_under_load(c, mqtt, kafka, rt, t0, &format!("{STS}-1"), true)?;
     cel_examples_forward_as_documented(c, mqtt, kafka, rt, t0)?;
     deleting_the_connection_removes_its_children_and_sessions(c, mqtt, rt, t0)?;
+    let depot = a_connection_holds_the_finalizer(c, t0)?;
     helm_uninstall_leaves_only_the_crds(c, t0)?;
+    the_uninstall_released_the_finalizer(c, &depot, t0)?;
     println!("[{:6.1?}] full path passed", t0.elapsed());
     Ok(())
 }
@@ -1429,10 +1431,74 @@ fn deleting_the_connection_removes_its_children_and_sessions(
     Ok(())
 }
 
+/// The operator's finalizer on a BrokerConnection, as on every one it serves.
+const SESSIONS_FINALIZER: &str = "ferry.dev/mqtt-sessions";
+
+/// A connection left in place through the uninstall; once the operator holds it (its
+/// finalizer), returns its name.
+fn a_connection_holds_the_finalizer(c: &Cluster, t0: Instant) -> Result<String> {
+    let depot = "depot";
+    c.kubectl_in(
+        &["apply", "-f", "-"],
+        Some(&format!(
+            "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\nmetadata: {{ name: {depot}, namespace: {NS} }}\n\
+             spec:\n  mqtt: {{ host: mqtt.invalid }}\n  kafka: {{ bootstrapServers: [\"kafka.invalid:9092\"] }}\n"
+        )),
+    )?;
+    wait_until(
+        Duration::from_secs(60),
+        "the operator's finalizer on the connection",
+        || {
+            let finalizers = c.kubectl(&[
+                "get",
+                "bc",
+                depot,
+                "-n",
+                NS,
+                "-o",
+                "jsonpath={.metadata.finalizers}",
+            ])?;
+            Ok(finalizers.contains(SESSIONS_FINALIZER).then_some(()))
+        },
+    )?;
+    println!(
+        "[{:6.1?}] connection {depot} held by the operator's finalizer",
+        t0.elapsed()
+    );
+    Ok(depot.to_owned())
+}
+
+/// The chart's pre-delete hook released the finalizer of the connection left in place and
+/// marked it, so deleting it completes without an operator.
+fn the_uninstall_released_the_finalizer(c: &Cluster, depot: &str, t0: Instant) -> Result<()> {
+    let meta = c.kubectl(&[
+        "get",
+        "bc",
+        depot,
+        "-n",
+        NS,
+        "-o",
+        "jsonpath={.metadata.finalizers} {.metadata.annotations}",
+    ])?;
+    ensure!(
+        !meta.contains(SESSIONS_FINALIZER) && meta.contains("ferry.dev/finalizer-released-at"),
+        "the uninstall hook released and marked {depot}: {meta}"
+    );
+    let t = Instant::now();
+    c.kubectl(&["delete", "bc", depot, "-n", NS, "--timeout=60s"])?;
+    println!(
+        "[{:6.1?}] {depot} deleted without an operator in {:.1?}",
+        t0.elapsed(),
+        t.elapsed()
+    );
+    Ok(())
+}
+
 /// `helm uninstall` leaves nothing of the release but the CRDs.
 fn helm_uninstall_leaves_only_the_crds(c: &Cluster, t0: Instant) -> Result<()> {
     let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
     let t = Instant::now();
+    // The pre-delete hook's Job stops the operator (up to its 120 s) before releasing.
     c.helm(&[
         "uninstall",
         "ferry",
@@ -1440,7 +1506,7 @@ fn helm_uninstall_leaves_only_the_crds(c: &Cluster, t0: Instant) -> Result<()> {
         RELEASE_NS,
         "--wait",
         "--timeout",
-        "2m",
+        "5m",
     ])?;
     let left = wait_until(
         Duration::from_secs(90),
