@@ -9,13 +9,13 @@ use ferry_api::crd::{BrokerConnection, ForwardingRule};
 use futures::{Stream, StreamExt};
 use kube::Client;
 use kube::core::DeserializeGuard;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use tokio::sync::{mpsc, watch};
 use tracing::warn;
 
 use crate::budget::WriteBudget;
+use crate::events::Recorder;
 use crate::image::ForwarderImage;
 use crate::metrics::Metrics;
 

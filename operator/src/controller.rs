@@ -27,7 +27,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -39,6 +38,7 @@ use crate::budget::WriteBudget;
 use crate::children;
 use crate::conditions::FALSE;
 use crate::context::{Context, Error, listed, wait_listed};
+use crate::events::{Recorder, Reporter};
 use crate::finalize::{SessionsOutcome, end_gone_sessions, finalize, set_finalizer};
 use crate::image::ForwarderImage;
 use crate::metrics::{Kind, Metrics};
@@ -86,11 +86,13 @@ pub async fn run(
     let rule_events = scope.reflect(&client, &unfiltered, rule_writer);
     let (rule_events, rules_listed) = listed(rule_events);
 
+    metrics.watched().watch(connections.clone(), rules.clone());
+    let serving = Arc::clone(&metrics);
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
             controller: "ferry-operator".into(),
-            instance: Some(identity),
+            instance: identity,
         },
     );
     let (ctx, ready_changes) = Context::new(
@@ -131,6 +133,7 @@ pub async fn run(
         _ = futures::future::join(connection_loop, rule_loop) => {}
         () = poller => {}
     }
+    serving.watched().clear();
 }
 
 /// The BrokerConnection loop. Besides its own spec changes, what decides its children wakes
