@@ -104,12 +104,23 @@ impl Recorder {
                 "lastTimestamp": Time(truncated(now)),
             });
             match api
-                .patch(&previous.name, &PatchParams::default(), &Patch::Merge(&patch))
+                .patch(
+                    &previous.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
                 .await
             {
                 Ok(_) => {
                     let at = now;
-                    self.sent().insert(key, Sent { count, at, ..previous });
+                    self.sent().insert(
+                        key,
+                        Sent {
+                            count,
+                            at,
+                            ..previous
+                        },
+                    );
                     return Ok(());
                 }
                 // Deleted meanwhile (Events expire): a new one.
@@ -118,10 +129,20 @@ impl Recorder {
             }
         }
         let created = api
-            .create(&PostParams::default(), &self.core_event(event, regarding, now))
+            .create(
+                &PostParams::default(),
+                &self.core_event(event, regarding, now),
+            )
             .await?;
         let name = created.name_any();
-        self.sent().insert(key, Sent { name, count: 1, at: now });
+        self.sent().insert(
+            key,
+            Sent {
+                name,
+                count: 1,
+                at: now,
+            },
+        );
         Ok(())
     }
 

@@ -89,13 +89,19 @@ impl Watched {
     }
 
     fn stores(&self) -> Option<Stores> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 }
 
 /// `Ready`'s (status, reason) label values from `conditions`, the reason one of `known` (else
 /// [`OTHER`]).
-pub fn ready_labels(conditions: &[Condition], known: &[&'static str]) -> (&'static str, &'static str) {
+pub fn ready_labels(
+    conditions: &[Condition],
+    known: &[&'static str],
+) -> (&'static str, &'static str) {
     let Some(ready) = conditions.iter().find(|c| c.type_ == READY) else {
         return (UNKNOWN, NOT_RECONCILED);
     };

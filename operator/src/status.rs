@@ -358,8 +358,13 @@ pub fn rule_data(
         dead_lettered: total(|r| r.dead_lettered),
         failed: total(|r| r.failed),
         // Two decimals: a rate that moves in the noise should not rewrite the status.
-        rate_per_second: (!loaded.is_empty())
-            .then(|| if flowing { (rate * 100.0).round() / 100.0 } else { 0.0 }),
+        rate_per_second: (!loaded.is_empty()).then(|| {
+            if flowing {
+                (rate * 100.0).round() / 100.0
+            } else {
+                0.0
+            }
+        }),
         last_forwarded_at: loaded
             .iter()
             .filter_map(|(_, _, r)| r.last_forwarded_at)
@@ -633,7 +638,10 @@ mod tests {
         let zero = groups.clone().map(|(g, _)| (g, workload(0, 0)));
         let (s, t) = connection(Some(&running), Some(2), &[], &[], &zero, at(2));
         let c = condition(&s.conditions, READY).unwrap();
-        assert_eq!((c.status.as_str(), c.reason.as_str()), (FALSE, "ScaledToZero"));
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            (FALSE, "ScaledToZero")
+        );
         assert_eq!(t.len(), 1);
         assert!(t[0].noteworthy() && !t[0].warns(), "a Normal Event: {t:?}");
         // And its rules: Ready False, reason ScaledToZero, a Normal Event too.

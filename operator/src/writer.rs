@@ -12,8 +12,8 @@ use tracing::warn;
 
 use crate::budget::Urgency;
 use crate::conditions::Transition;
-use crate::events::Recorder;
 use crate::context::{At, Context, Error, Step};
+use crate::events::Recorder;
 use crate::metrics::Kind;
 
 /// Field manager of children, connection status and the rules' `Accepted`/`Ready`.

@@ -13,7 +13,7 @@
 //! helm and kubeconform come from `bash e2e/tools/build.sh` (`$FERRY_CACHE/tools/bin`); without
 //! them these tests fail and say so.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -1620,6 +1620,7 @@ fn matchers_and_groupings(expr: &str) -> (Vec<(String, String, String)>, Vec<Str
         let inside = &inside[..inside.find('}').expect("closing brace")];
         for m in inside.split(',').filter(|m| !m.trim().is_empty()) {
             let (label, value) = m.split_once('=').expect("label=value");
+            let label = label.trim_end_matches('!');
             let value = value.trim_start_matches('~').trim().trim_matches('"');
             matchers.push((name.clone(), label.trim().to_owned(), value.to_owned()));
         }
@@ -1641,7 +1642,7 @@ fn matchers_and_groupings(expr: &str) -> (Vec<(String, String, String)>, Vec<Str
 fn alerts_use_only_metrics_and_label_values_that_exist() {
     let values = values_file(
         "alerts",
-        "prometheusRule: { enabled: true }\n\
+        "prometheusRule: { enabled: true, noData: { enabled: true, excludeRules: nightly-.* } }\n\
          metrics: { serviceMonitor: { enabled: true }, podMonitor: { enabled: true } }\n",
     );
     let rendered = template(&["--values", &values.display().to_string()]);
@@ -1656,6 +1657,8 @@ fn alerts_use_only_metrics_and_label_values_that_exist() {
         "FerryMessagesDeadLettered",
         "FerryForwarderDown",
         "FerryOperatorNotLeading",
+        "FerryRuleNotReady",
+        "FerryRuleNoData",
     ] {
         assert!(names.contains(&promised), "{promised} in {names:?}");
     }
@@ -1684,15 +1687,83 @@ fn alerts_use_only_metrics_and_label_values_that_exist() {
         "{plain_names:?}"
     );
     assert!(
+        !plain_names.iter().any(|n| n == "FerryRuleNoData"),
+        "the no-data alert is opt-in: {plain_names:?}"
+    );
+    assert!(
         !kinds(&documents(&template(&[]))).contains(&"PrometheusRule".to_owned()),
         "no PrometheusRule by default"
     );
+}
+
+/// Every alert links its runbook: `runbook_url` is the chart's base URL (a value) and `#` an
+/// anchor that a heading of docs/runbooks.md makes (GitHub's rule: lower case, spaces to `-`,
+/// other punctuation dropped), so the on-call lands on the alert's own section.
+#[test]
+fn every_alert_links_a_runbook_section_that_exists() {
+    let runbooks = include_str!("../../docs/runbooks.md");
+    let anchors: BTreeSet<String> = runbooks
+        .lines()
+        .filter_map(|l| l.strip_prefix("## ").or_else(|| l.strip_prefix("### ")))
+        .map(github_anchor)
+        .collect();
+    let values = values_file(
+        "runbooks",
+        "prometheusRule: { enabled: true, noData: { enabled: true } }\n\
+         metrics: { serviceMonitor: { enabled: true }, podMonitor: { enabled: true } }\n",
+    );
+    let default_base = "https://github.com/ferry-dev/ferry/blob/main/docs/runbooks.md";
+    for (base, extra) in [
+        (default_base, vec![]),
+        (
+            "https://wiki.example.com/ferry",
+            vec![
+                "--set",
+                "prometheusRule.runbookBaseUrl=https://wiki.example.com/ferry",
+            ],
+        ),
+    ] {
+        let mut args = vec!["--values", values.to_str().expect("path")];
+        args.extend(extra);
+        let rules = alert_rules(&documents(&template(&args)));
+        assert!(rules.len() >= 13, "every alert rendered: {}", rules.len());
+        for rule in &rules {
+            let alert = rule["alert"].as_str().expect("alert");
+            let url = rule["annotations"]["runbook_url"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{alert}: no runbook_url"));
+            let anchor = url
+                .strip_prefix(&format!("{base}#"))
+                .unwrap_or_else(|| panic!("{alert}: {url} is not under {base}"));
+            assert_eq!(anchor, alert.to_lowercase(), "{alert}: its own section");
+            assert!(
+                anchors.contains(anchor),
+                "{alert}: docs/runbooks.md has no heading for #{anchor}"
+            );
+        }
+    }
+}
+
+/// The anchor GitHub makes of a Markdown heading.
+fn github_anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
 }
 
 /// One alerting rule: a severity, a balanced expression, and only metrics, label names and
 /// label values that exist (the README's rows, or the target labels the monitors add).
 fn check_alert(rule: &Value, rows: &BTreeMap<String, String>) {
     let target_labels = ["namespace", "pod", "job"];
+    // Labels whose values are object names: any value (a regular expression) is fine.
+    let name_labels = ["rule", "connection"];
     let alert = rule["alert"].as_str().expect("alert name");
     let expr = rule["expr"].as_str().expect("expr");
     assert!(
@@ -1715,6 +1786,14 @@ fn check_alert(rule: &Value, rows: &BTreeMap<String, String>) {
     let (matchers, groupings) = matchers_and_groupings(expr);
     for (name, label, value) in matchers {
         if target_labels.contains(&label.as_str()) {
+            continue;
+        }
+        if name_labels.contains(&label.as_str()) {
+            let row = &rows[&name];
+            assert!(
+                row.contains(&format!("`{label}`")),
+                "{alert}: {name} has no {label}"
+            );
             continue;
         }
         let row = &rows[&name];
@@ -2195,6 +2274,10 @@ fn ferry_metrics_in(expr: &str) -> Vec<String> {
 fn is_registered(name: &str) -> bool {
     let forwarder = include_str!("../../forwarder/src/metrics.rs");
     let operator = include_str!("../src/metrics.rs");
+    // The per-object series the operator serves from its stores.
+    if include_str!("../src/readiness.rs").contains(&format!("\"{name}\"")) {
+        return true;
+    }
     let base = ["_total", "_bucket", "_sum", "_count"]
         .iter()
         .find_map(|s| name.strip_suffix(s))

@@ -360,6 +360,13 @@ fn refused_rules_say_why(s: &Scene, temps_accepted_at: &str) {
         status == "False" && expression.contains("spec.filter") && expression.contains(&at),
         "names the field and the position ({at}): {expression}"
     );
+    // Paused on purpose: a Normal Event, never a Warning.
+    s.op.wait_for("the paused rule's Event", WAIT, || {
+        s.events("resting").contains("Normal Paused")
+    });
+    let resting = s.events("resting");
+    assert!(!resting.contains("Warning"), "{resting}");
+    events_sort_by_last_timestamp(s);
     assert_eq!(s.cond("fr", "deep", "Ready").1, "NotAccepted");
     assert_eq!(s.argo_health("fr", "deep").0, "Degraded");
     assert_eq!(s.argo_health("fr", "hot").0, "Degraded");
@@ -381,6 +388,45 @@ fn refused_rules_say_why(s: &Scene, temps_accepted_at: &str) {
         s.accepted_at("temps"),
         temps_accepted_at,
         "a condition that did not change keeps its transition time"
+    );
+}
+
+/// Ferry's Events carry core/v1 `firstTimestamp`, `lastTimestamp` and `count`, so that
+/// `kubectl get events --sort-by=.lastTimestamp` places them among everyone else's.
+fn events_sort_by_last_timestamp(s: &Scene) {
+    let listed = s
+        .cp
+        .run_kubectl([
+            "get",
+            "events",
+            "-n",
+            s.ns,
+            "--sort-by=.lastTimestamp",
+            "-o",
+            "jsonpath={range .items[*]}{.lastTimestamp}|{.firstTimestamp}|{.count}|{.reportingComponent}|{.involvedObject.name}|{.reason}{\"\\n\"}{end}",
+        ])
+        .expect("kubectl get events --sort-by=.lastTimestamp");
+    let rows: Vec<Vec<&str>> = listed.lines().map(|l| l.split('|').collect()).collect();
+    let ours: Vec<&Vec<&str>> = rows.iter().filter(|r| r[3] == "ferry-operator").collect();
+    assert!(ours.len() >= 3, "Ferry's Events:\n{listed}");
+    for row in &ours {
+        assert!(
+            !row[0].is_empty() && !row[1].is_empty() && row[2].parse::<u32>().is_ok_and(|n| n >= 1),
+            "lastTimestamp, firstTimestamp and count set: {row:?}\n{listed}"
+        );
+    }
+    let times: Vec<jiff::Timestamp> = rows
+        .iter()
+        .filter(|r| !r[0].is_empty())
+        .map(|r| r[0].parse().expect("a timestamp"))
+        .collect();
+    assert!(
+        times.windows(2).all(|w| w[0] <= w[1]),
+        "sorted by lastTimestamp:\n{listed}"
+    );
+    assert!(
+        ours.iter().any(|r| r[4] == "plant" && r[5] == "SecretMissing"),
+        "{listed}"
     );
 }
 
@@ -464,8 +510,10 @@ fn argo_cd_reads_scaled_to_zero_ready_and_deleting(s: &Scene) {
     .expect("scale to zero");
     s.op.wait_for("rules ScaledToZero", WAIT, || {
         s.cond("fr", "temps", "Ready").1 == "ScaledToZero"
+            && s.cond("bc", "plant", "Ready").1 == "ScaledToZero"
     });
     assert_eq!(s.argo_health("fr", "temps").0, "Suspended");
+    assert_eq!(s.argo_health("bc", "plant").0, "Suspended");
 
     let get = |kind: &str, name: &str| -> serde_json::Value {
         let json =
