@@ -2246,6 +2246,8 @@ fn check_dashboard_metrics(dashboard: &Value) {
         "ferry_operator_reconciles_total",
         "ferry_operator_reconcile_errors_total",
         "ferry_operator_leader",
+        "ferry_rule_ready",
+        "ferry_rule_last_forwarded_timestamp_seconds",
     ] {
         assert!(
             used.contains(promised),
