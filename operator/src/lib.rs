@@ -14,6 +14,7 @@ pub mod events;
 pub mod finalize;
 pub mod image;
 pub mod metrics;
+pub mod netpol;
 pub mod ownership;
 pub mod plan;
 pub mod readiness;
