@@ -64,7 +64,9 @@ networkPolicy:
   extraEgress: [{ to: [{ ipBlock: { cidr: 192.0.2.0/24 } }], ports: [{ port: 4318, protocol: TCP }] }]
 dashboard: { namespace: monitoring, labels: { grafana_dashboard: "1", team: iot }, annotations: { grafana_folder: Ferry } }
 crds: { keep: false }
-prometheusRule: { enabled: true, namespace: monitoring, labels: { release: prometheus }, alertLabels: { team: iot } }
+prometheusRule: { enabled: true, namespace: monitoring, labels: { release: prometheus }, alertLabels: { team: iot }, runbookBaseUrl: "https://wiki.example.com/ferry/runbooks", noData: { enabled: true, afterSeconds: 900, rules: "telemetry-.*", namespaces: "plant|factory", excludeRules: "telemetry-nightly", lookback: 12h } }
+forwarder:
+  networkPolicy: { enabled: true, metricsFrom: [{ namespaceSelector: { matchLabels: { kubernetes.io/metadata.name: monitoring } } }] }
 "#;
 
 // ---------------------------------------------------------------------------------------------
@@ -463,6 +465,49 @@ fn render_with_every_option_is_strictly_valid() {
             "a Role in {ns}"
         );
     }
+    // forwarder.networkPolicy: the operator's flags (its own pods' labels, the metrics
+    // sources as JSON) and the rights on NetworkPolicies where it renders forwarders.
+    let env = &deployment["spec"]["template"]["spec"]["containers"][0]["env"];
+    let var = |name: &str| {
+        env.as_array()
+            .expect("env")
+            .iter()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_else(|| panic!("{name} in {env}"))
+            .to_owned()
+    };
+    assert_eq!(var("FERRY_FORWARDER_NETWORK_POLICY"), "true");
+    let selector = &deployment["spec"]["selector"]["matchLabels"];
+    let labels: BTreeMap<String, String> = var("FERRY_OPERATOR_POD_LABELS")
+        .split(',')
+        .map(|kv| kv.split_once('=').expect("key=value"))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    assert_eq!(
+        serde_json::to_value(&labels).expect("JSON"),
+        *selector,
+        "the operator pods' own selector"
+    );
+    let metrics: Value = serde_json::from_str(&var("FERRY_FORWARDER_METRICS_FROM")).expect("JSON");
+    assert_eq!(
+        metrics[0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "monitoring"
+    );
+    let role = docs
+        .iter()
+        .find(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == "plant")
+        .expect("a Role in plant");
+    assert!(
+        role["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .any(|r| r["resources"]
+                .as_array()
+                .is_some_and(|rs| rs.iter().any(|x| x == "networkpolicies"))),
+        "{role}"
+    );
 }
 
 /// Namespace mode: the operator's rules in a Role per watched namespace, nothing cluster-wide,
@@ -1027,6 +1072,8 @@ fn installed_chart_gives_the_operator_exactly_the_rights_it_uses() {
         &["update", "forwardingrules.ferry.dev", "-n", "plant"],
         &["delete", "brokerconnections.ferry.dev", "-n", "plant"],
         &["create", "deployments.apps", "-n", "plant"],
+        // Only with forwarder.networkPolicy.enabled.
+        &["create", "networkpolicies.networking.k8s.io", "-n", "plant"],
         &["create", "clusterroles.rbac.authorization.k8s.io"],
         &[
             "create",
