@@ -1666,7 +1666,8 @@ fn matchers_and_groupings(expr: &str) -> (Vec<(String, String, String)>, Vec<Str
         let inside = &expr[start + name.len() + 1..];
         let inside = &inside[..inside.find('}').expect("closing brace")];
         for m in inside.split(',').filter(|m| !m.trim().is_empty()) {
-            let (label, value) = m.split_once('=').expect("label=value");
+            // `=`, `!=`, `=~` or `!~`.
+            let (label, value) = m.split_once(['=', '~']).expect("label=value");
             let label = label.trim_end_matches('!');
             let value = value.trim_start_matches('~').trim().trim_matches('"');
             matchers.push((name.clone(), label.trim().to_owned(), value.to_owned()));
