@@ -137,55 +137,79 @@ fn sample<'a>(
     Ok(())
 }
 
+/// How one kind's series are made: its name label, its reasons, what an unreadable object's
+/// `Ready` says, and where its conditions are.
+struct Kind<K> {
+    label: &'static str,
+    reasons: &'static [&'static str],
+    unreadable: &'static str,
+    conditions: fn(&K) -> &[Condition],
+}
+
+const RULES: Kind<ForwardingRule> = Kind {
+    label: "rule",
+    reasons: &RULE_REASONS,
+    // Its Ready is written False, NotAccepted (InvalidSpec).
+    unreadable: "NotAccepted",
+    conditions: |r| {
+        r.status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default()
+    },
+};
+
+const CONNECTIONS: Kind<BrokerConnection> = Kind {
+    label: "connection",
+    reasons: &CONNECTION_REASONS,
+    unreadable: "InvalidSpec",
+    conditions: |c| {
+        c.status
+            .as_ref()
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default()
+    },
+};
+
+/// The label sets of `objects`' series, borrowed from the store's objects.
+fn series<'a, K>(
+    objects: &'a [Arc<DeserializeGuard<K>>],
+    kind: &'a Kind<K>,
+) -> impl Iterator<Item = [(&'static str, &'a str); 4]> + 'a
+where
+    K: Resource<DynamicType = ()>,
+{
+    objects.iter().map(move |guarded| {
+        let (status, reason) = match &guarded.0 {
+            Ok(object) => ready_labels((kind.conditions)(object), kind.reasons),
+            Err(_) => (FALSE, kind.unreadable),
+        };
+        labels(guarded.meta(), kind.label, status, reason)
+    })
+}
+
 impl Collector for Watched {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let Some(stores) = self.stores() else {
             return Ok(());
         };
         let rules = stores.rules.state();
-        let rule_series = rules.iter().map(|guarded| {
-            let (status, reason) = match &guarded.0 {
-                Ok(rule) => ready_labels(
-                    rule.status
-                        .as_ref()
-                        .map(|s| s.conditions.as_slice())
-                        .unwrap_or_default(),
-                    &RULE_REASONS,
-                ),
-                // Unreadable: its Ready is written False, NotAccepted (InvalidSpec).
-                Err(_) => (FALSE, "NotAccepted"),
-            };
-            labels(guarded.meta(), "rule", status, reason)
-        });
         sample(
             &mut encoder,
             (
                 "ferry_rule_ready",
                 "1 while a ForwardingRule's Ready condition is True; its status and reason as labels",
             ),
-            rule_series,
+            series(&rules, &RULES),
         )?;
         let connections = stores.connections.state();
-        let connection_series = connections.iter().map(|guarded| {
-            let (status, reason) = match &guarded.0 {
-                Ok(c) => ready_labels(
-                    c.status
-                        .as_ref()
-                        .map(|s| s.conditions.as_slice())
-                        .unwrap_or_default(),
-                    &CONNECTION_REASONS,
-                ),
-                Err(_) => (FALSE, "InvalidSpec"),
-            };
-            labels(guarded.meta(), "connection", status, reason)
-        });
         sample(
             &mut encoder,
             (
                 "ferry_connection_ready",
                 "1 while a BrokerConnection's Ready condition is True; its status and reason as labels",
             ),
-            connection_series,
+            series(&connections, &CONNECTIONS),
         )
     }
 }
