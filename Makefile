@@ -5,7 +5,7 @@ FERRY_CACHE ?= $(HOME)/.cache/ferry
 export FERRY_CACHE
 export CARGO_TARGET_DIR ?= $(FERRY_CACHE)/target
 
-.PHONY: all deps k8s tools build release images test lint unit demo demo-local bench soak crds chart-docs chart-docs-check clean-cache
+.PHONY: all deps k8s tools build release images test lint docs-check unit demo demo-local bench soak crds chart-docs chart-docs-check clean-cache
 
 all: build
 
@@ -19,7 +19,8 @@ k8s:
 	@bash e2e/k8s/build.sh
 
 # helm and kubeconform from the Go module proxy, plus kubeconform's Kubernetes JSON schemas
-# generated offline (about 2.5 min once, then cached); idempotent.
+# generated offline (about 2.5 min once, then cached), and lychee from crates.io (the docs' link
+# checker; about 9 CPU-minutes once, then cached); idempotent.
 tools:
 	@bash e2e/tools/build.sh
 
@@ -35,10 +36,17 @@ release: deps
 images: release
 	@FERRY_IMAGES_SKIP_BUILD=1 bash e2e/images/build.sh
 
+# Formatting, clippy, go vet, and the docs' relative links and #anchors (lychee, offline: README.md,
+# docs/, the chart's README, CHANGELOG.md, SECURITY.md).
 lint: deps tools
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	bash e2e/tools/vet.sh
+	bash e2e/tools/linkcheck.sh
+
+# Only the docs' link check (needs `make tools` once for lychee).
+docs-check:
+	@bash e2e/tools/linkcheck.sh
 
 # Unit tests plus every integration test against real Mosquitto and Kafka. The broker tests
 # each start their own brokers; they run one at a time so timings stay meaningful on 2 cores.

@@ -1,7 +1,7 @@
 //! What an estimated step of the expression cost model (`ferry_api::expr::Cost`) takes on this
 //! machine: expressions near the budget evaluated on the model's worst-case values (the longest
 //! topic, the most elements `json` holds), best of five, beside their estimates. The budget's
-//! figures in the README come from here:
+//! figures in docs/expressions.md come from here:
 //! `cargo run --release -p ferry-api --example expression_cost`.
 
 use std::sync::Arc;

@@ -47,6 +47,22 @@ pub struct ForwarderConfig {
     /// can then end without losing anything. Applied by a live reload.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drain: Vec<String>,
+    /// Drain before stopping on SIGTERM, as if listed in `drain`, for up to
+    /// `shutdown_timeout_secs`: for replicas that may be stopped for good by something that
+    /// does not drain them first (an autoscaler scaling down). Client ids in `except` stop
+    /// without draining and keep their session (the replica that always stays: unsubscribing
+    /// it would leave nobody subscribed while it restarts). Unset: stop without draining.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_on_shutdown: Option<DrainOnShutdown>,
+}
+
+/// See [`ForwarderConfig::drain_on_shutdown`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DrainOnShutdown {
+    /// Client ids that stop without draining.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub except: Vec<String>,
 }
 
 /// What a forwarder subscribes to, and what its resumed session may hold that it must not.
@@ -101,6 +117,21 @@ impl ForwarderConfig {
     /// This forwarder is listed in `drain`.
     pub fn draining(&self) -> bool {
         self.drain.contains(&self.mqtt.client_id)
+    }
+
+    /// This forwarder drains before it stops on SIGTERM (see `drain_on_shutdown`).
+    pub fn drains_on_shutdown(&self) -> bool {
+        self.drain_on_shutdown
+            .as_ref()
+            .is_some_and(|d| !d.except.contains(&self.mqtt.client_id))
+    }
+
+    /// The same config with this forwarder listed in `drain`.
+    pub fn with_self_draining(mut self) -> Self {
+        if !self.draining() {
+            self.drain.push(self.mqtt.client_id.clone());
+        }
+        self
     }
 
     /// Its filters go through `$share/<group>/`.

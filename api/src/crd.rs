@@ -187,9 +187,11 @@ pub struct TlsRefs {
     /// Secret key holding the CA certificate(s) that sign the broker's certificate.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_secret_ref: Option<SecretKeyRef>,
-    /// A `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`) with the client certificate.
+    /// A Secret with the client certificate and its key: a `kubernetes.io/tls` Secret
+    /// (`tls.crt`, `tls.key`) by default; `certKey`/`keyKey` name other keys (a Strimzi
+    /// KafkaUser's Secret: `user.crt`, `user.key`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub client_cert_secret_ref: Option<LocalRef>,
+    pub client_cert_secret_ref: Option<ClientCertRef>,
     /// Trust the system's root certificates (what happens anyway without caSecretRef): set it
     /// to use TLS with neither a CA nor a client certificate from a Secret.
     #[serde(default)]
@@ -209,11 +211,19 @@ pub struct Sasl {
 /// A Secret in the same namespace and the keys of a username and a password in it.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.username) || self.usernameKey == 'username'").message("username is given literally: remove usernameKey, which would name the username's key in the Secret"))]
 pub struct CredentialsRef {
     /// Name of the Secret.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
-    /// Key of the username in the Secret.
+    /// The username itself, for a Secret that holds only the password (a Strimzi KafkaUser's
+    /// Secret has `password` and `sasl.jaas.config`; the username is the KafkaUser's name).
+    /// When set, the Secret's `usernameKey` is not read. Not a secret: it is shown by `kubectl
+    /// get -o yaml`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 1024))]
+    pub username: Option<String>,
+    /// Key of the username in the Secret (unless `username` is set).
     #[serde(default = "default_username_key")]
     pub username_key: String,
     /// Key of the password in the Secret.
@@ -230,6 +240,24 @@ pub struct SecretKeyRef {
     /// Key in the Secret.
     #[schemars(length(min = 1, max = 253))]
     pub key: String,
+}
+
+/// A Secret in the same namespace with a client certificate (PEM, the chain from the leaf) and
+/// its private key (PEM).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientCertRef {
+    /// Name of the Secret.
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Key of the certificate in the Secret.
+    #[serde(default = "default_cert_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub cert_key: String,
+    /// Key of the private key in the Secret.
+    #[serde(default = "default_key_key")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key_key: String,
 }
 
 /// An object in the same namespace, by name.
@@ -260,10 +288,17 @@ pub struct ForwarderPods {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16))]
     pub image_pull_secrets: Option<Vec<LocalRef>>,
-    /// Replicas per group. More than one splits the messages through a shared subscription.
+    /// Replicas per group (unless `groups` says otherwise for a group). More than one splits
+    /// the messages through a shared subscription.
     #[serde(default = "default_replicas")]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 64").message("replicas must be between 0 and 64"))]
     pub replicas: i32,
+    /// Settings of named groups, overriding the connection's: replicas, or an autoscaler
+    /// (HorizontalPodAutoscaler, KEDA) owning them. A name no rule uses is kept, unused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    pub groups: Vec<GroupPods>,
     /// CPU and memory requests and limits of the forwarder container. Default: requests of
     /// 50m CPU and 64Mi memory, no limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -282,6 +317,48 @@ pub struct ForwarderPods {
     pub pod_annotations: BTreeMap<String, String>,
 }
 
+/// How the forwarder pods of one group run, where it differs from the connection's.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!(has(self.replicas) && has(self.autoscaled) && self.autoscaled)").message("replicas and autoscaled: true both decide the group's replicas: set one"))]
+pub struct GroupPods {
+    /// The group (a ForwardingRule's `spec.group`).
+    #[schemars(length(min = 1, max = 40))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("name must be a group name: a DNS label of at most 40 characters"))]
+    pub name: String,
+    /// This group's replicas. Unset: the connection's `replicas` (unless autoscaled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 64").message("replicas must be between 0 and 64"))]
+    pub replicas: Option<i32>,
+    /// An autoscaler owns the replicas of this group's StatefulSet (`<connection>-<group>`):
+    /// the operator neither sets nor restores them, and every pod but the first (ordinal 0)
+    /// drains into Kafka before it stops, so a scale-down loses nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub autoscaled: bool,
+}
+
+/// Who decides a group's replicas.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GroupReplicas {
+    /// The operator, to this count.
+    Fixed(i32),
+    /// An autoscaler.
+    Autoscaled,
+}
+
+impl ForwarderPods {
+    /// The replicas of group `group`: its own setting, else the connection's.
+    pub fn replicas_of(&self, group: &str) -> GroupReplicas {
+        match self.groups.iter().find(|g| g.name == group) {
+            Some(g) if g.autoscaled => GroupReplicas::Autoscaled,
+            Some(GroupPods {
+                replicas: Some(n), ..
+            }) => GroupReplicas::Fixed(*n),
+            _ => GroupReplicas::Fixed(self.replicas),
+        }
+    }
+}
+
 impl Default for ForwarderPods {
     fn default() -> Self {
         Self {
@@ -289,6 +366,7 @@ impl Default for ForwarderPods {
             image_pull_policy: None,
             image_pull_secrets: None,
             replicas: default_replicas(),
+            groups: Vec::new(),
             resources: None,
             node_selector: BTreeMap::new(),
             tolerations: Vec::new(),
@@ -714,6 +792,12 @@ fn default_group() -> String {
 }
 fn default_username_key() -> String {
     "username".into()
+}
+fn default_cert_key() -> String {
+    "tls.crt".into()
+}
+fn default_key_key() -> String {
+    "tls.key".into()
 }
 fn default_password_key() -> String {
     "password".into()

@@ -1,6 +1,6 @@
 //! The forwarder config's defaults, each written once. Serde fills them into a Ferry-format file,
 //! the legacy mapping and the operator's renderer use them too, so changing one here changes it
-//! everywhere (and the README's table of defaults must follow).
+//! everywhere (and docs/configuration.md's table of defaults must follow).
 
 /// `mqtt.port`.
 pub const MQTT_PORT: u16 = 1883;

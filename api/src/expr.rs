@@ -53,7 +53,7 @@ pub struct Variable {
     pub meaning: &'static str,
 }
 
-/// Every variable an expression sees, with what it holds (the README's table is this list).
+/// Every variable an expression sees, with what it holds (docs/expressions.md's table is this list).
 pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "topic",
@@ -936,7 +936,7 @@ mod cost_tests {
         refused(&nested(6));
     }
 
-    /// Whatever the README, the examples, the tests and the bench write still compiles.
+    /// Whatever the docs, the examples, the tests and the bench write still compiles.
     #[test]
     fn legitimate_expressions_fit() {
         for ok in [

@@ -1,6 +1,6 @@
 //! Reading a config file: `${VAR}` substitution (unless the caller turns it off), format detection, parsing, credential files,
 //! then validation. Two input formats are accepted:
-//! - Ferry's own (top-level `rules`), documented in the README;
+//! - Ferry's own (top-level `rules`), documented in docs/configuration.md;
 //! - the replaced forwarder's `config.yaml` (top-level `forwarding`), unchanged (see
 //!   `legacy.rs`).
 //!

@@ -85,6 +85,13 @@ impl ValidConfig {
     pub fn into_inner(self) -> ForwarderConfig {
         self.config
     }
+
+    /// The same config with this forwarder listed in `drain` (nothing validated depends on
+    /// `drain`).
+    pub fn with_self_draining(mut self) -> Self {
+        self.config = self.config.with_self_draining();
+        self
+    }
 }
 
 impl Deref for ValidConfig {

@@ -106,8 +106,8 @@ struct Bench {
     runs: u32,
     messages: u64,
     kafka_config: String,
-    /// The broker's `max_inflight_messages` now: the window of the run, as the README tells
-    /// users to set it (see [`Bench::broker_inflight`]).
+    /// The broker's `max_inflight_messages` now: the window of the run, as docs/guarantees.md
+    /// tells users to set it (see [`Bench::broker_inflight`]).
     broker_inflight: u32,
     /// The window outside the window sweep.
     window: u32,

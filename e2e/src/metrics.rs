@@ -1,5 +1,5 @@
-//! A `/metrics` page read as Prometheus reads it, and checked against what the README
-//! documents: alerts and dashboards are written from the README, so a served name or label
+//! A `/metrics` page read as Prometheus reads it, and checked against what docs/metrics.md
+//! documents: alerts and dashboards are written from there, so a served name or label
 //! value it does not list is a bug.
 
 use std::collections::BTreeSet;
@@ -100,11 +100,11 @@ impl Scrape {
         Ok(())
     }
 
-    /// What this page serves that `readme` does not document: a metric with no row of its own
+    /// What this page serves that `doc` does not document: a metric with no row of its own
     /// in a Markdown table, or a label value that row does not list (as `` `value` ``). Labels
     /// in `free` take any value (rule names, versions); `le` is the histograms' own.
-    pub fn undocumented(&self, readme: &str, free: &[&str]) -> Vec<String> {
-        let rows: Vec<&str> = readme
+    pub fn undocumented(&self, doc: &str, free: &[&str]) -> Vec<String> {
+        let rows: Vec<&str> = doc
             .lines()
             .filter(|l| l.trim_start().starts_with('|'))
             .collect();
@@ -130,10 +130,10 @@ impl Scrape {
     }
 }
 
-/// The values `readme`'s metrics table lists for `label` of `metric` (the snake_case code
+/// The values `doc`'s metrics table lists for `label` of `metric` (the snake_case code
 /// spans after `` `label`: `` in its row, up to the next `;`), to compare with the code's own vocabulary.
-pub fn documented(readme: &str, metric: &str, label: &str) -> BTreeSet<String> {
-    let Some(row) = readme
+pub fn documented(doc: &str, metric: &str, label: &str) -> BTreeSet<String> {
+    let Some(row) = doc
         .lines()
         .find(|l| l.trim_start().starts_with('|') && l.contains(&format!("`{metric}`")))
     else {

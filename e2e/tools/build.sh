@@ -4,6 +4,11 @@
 #
 #   helm         helm.sh/helm/v3/cmd/helm                        (lint, template)
 #   kubeconform  github.com/yannh/kubeconform/cmd/kubeconform    (validates rendered manifests)
+#   lychee       the link checker of `make lint` (e2e/tools/linkcheck.sh): a crate, so it is
+#                `cargo install`ed (pinned version, `--locked`) from crates.io, not from the Go
+#                module proxy. Once: about 9 CPU-minutes (measured 7m49s user + 52s system;
+#                23 min of wall time while other builds shared the 2 cores), ~0.9 GB of objects
+#                in a temporary target dir that is removed; then cached like the others
 #   schemas      kubeconform normally downloads its schemas from GitHub, which is out of reach
 #                here. They are generated instead, the way openapi2jsonschema does ("standalone",
 #                "standalone-strict"), by the small Go program in openapi2jsonschema/:
@@ -15,7 +20,7 @@
 #                  (example/prometheus-operator-crd/), in the layout of the CRDs catalog.
 #
 # Output, in ${FERRY_CACHE:-~/.cache/ferry}/tools:
-#   bin/helm, bin/kubeconform, bin/ferry-openapi2jsonschema
+#   bin/helm, bin/kubeconform, bin/ferry-openapi2jsonschema, bin/lychee
 #   schemas/v<k8s>-standalone-strict/<kind>-<group>-<version>.json (and -standalone/)
 #   schemas/crds/<group>/<kind>_<version>.json
 #   crds/monitoring.coreos.com_{servicemonitors,podmonitors,prometheusrules}.yaml (the CRDs
@@ -28,17 +33,22 @@
 #
 # GOPATH, GOMODCACHE and GOCACHE live in ${FERRY_CACHE}/go (shared with e2e/k8s/build.sh).
 # Idempotent; silent and instant when the `.complete` stamp names the versions below. Cold (empty
-# module and build caches): ~2.5 min on 2 cores, nearly all of it helm; ~1.5 GB in the Go caches.
+# module and build caches): ~2.5 min on 2 cores, nearly all of it helm; ~1.5 GB in the Go caches;
+# lychee's build comes on top (above).
 set -euo pipefail
 
 # The pinned versions: the only place they are written.
 HELM_VERSION=v3.22.0
 KUBECONFORM_VERSION=v0.8.0
+LYCHEE_VERSION=0.24.2
 PROMETHEUS_OPERATOR_VERSION=v0.85.0 # the newest version of the root module on the proxy
-# GitOps CRDs for examples/gitops (Argo CD Application, Flux GitRepository and Kustomization).
+# GitOps CRDs for examples/gitops (Argo CD Application, Flux GitRepository and Kustomization,
+# External Secrets ExternalSecret).
 ARGOCD_VERSION=v3.5.7
 FLUX_KUSTOMIZE_VERSION=v1.10.1
 FLUX_SOURCE_VERSION=v1.10.1
+# The ExternalSecret CRD, for examples/gitops/external-secrets.yaml.
+EXTERNAL_SECRETS_VERSION=v1.3.2
 
 here=$(cd "$(dirname "$0")" && pwd)
 k8s_version=$(tr -d ' \t\r\n' < "$here/../k8s/VERSION")
@@ -47,21 +57,23 @@ root="$cache/tools"
 bin="$root/bin"
 schemas="$root/schemas"
 # The stamp also names the checksums of this script and the schema generator: editing either
-# regenerates the schemas (helm and kubeconform are only rebuilt when their version changes).
-stamp="helm $HELM_VERSION kubeconform $KUBECONFORM_VERSION kubernetes $k8s_version \
+# regenerates the schemas (helm, kubeconform and lychee are only rebuilt when their version
+# changes).
+stamp="helm $HELM_VERSION kubeconform $KUBECONFORM_VERSION lychee $LYCHEE_VERSION kubernetes $k8s_version \
 prometheus-operator $PROMETHEUS_OPERATOR_VERSION argo-cd $ARGOCD_VERSION \
-flux $FLUX_KUSTOMIZE_VERSION/$FLUX_SOURCE_VERSION script $(cat "$here/build.sh" "$here"/openapi2jsonschema/{go.mod,go.sum,main.go} | sha256sum | cut -c1-12)"
+flux $FLUX_KUSTOMIZE_VERSION/$FLUX_SOURCE_VERSION external-secrets $EXTERNAL_SECRETS_VERSION script $(cat "$here/build.sh" "$here"/openapi2jsonschema/{go.mod,go.sum,main.go} | sha256sum | cut -c1-12)"
 
 complete() {
   [ "$(cat "$root/.complete" 2>/dev/null)" = "$stamp" ] || return 1
   local b
-  for b in helm kubeconform ferry-openapi2jsonschema; do [ -x "$bin/$b" ] || return 1; done
+  for b in helm kubeconform ferry-openapi2jsonschema lychee; do [ -x "$bin/$b" ] || return 1; done
   [ -f "$schemas/$k8s_version-standalone-strict/deployment-apps-v1.json" ] &&
     [ -f "$schemas/crds/monitoring.coreos.com/servicemonitor_v1.json" ] &&
     [ -f "$root/crds/monitoring.coreos.com_podmonitors.yaml" ] &&
     [ -f "$root/crds/monitoring.coreos.com_prometheusrules.yaml" ] &&
     [ -f "$root/crds/argoproj.io_applications.yaml" ] &&
-    [ -f "$root/crds/kustomize.toolkit.fluxcd.io_kustomizations.yaml" ]
+    [ -f "$root/crds/kustomize.toolkit.fluxcd.io_kustomizations.yaml" ] &&
+    [ -f "$root/crds/external-secrets.io_externalsecrets.yaml" ]
 }
 complete && exit 0
 
@@ -124,6 +136,20 @@ if [ "$("$bin/kubeconform" -v 2>/dev/null)" != "$KUBECONFORM_VERSION" ]; then
     "-s -w -X main.version=$KUBECONFORM_VERSION"
 fi
 
+if [ "$("$bin/lychee" --version 2>/dev/null)" != "lychee $LYCHEE_VERSION" ]; then
+  # Its own target dir, removed afterwards: never the workspace's (the Makefile exports
+  # CARGO_TARGET_DIR), and ~1 GB of objects that are not needed once the binary is built.
+  s=$SECONDS
+  step "building lychee $LYCHEE_VERSION (cargo install --locked)"
+  tmp=$(mktemp -d "$root/lychee.XXXXXX")
+  cargo install lychee --version "$LYCHEE_VERSION" --locked --root "$tmp/root" \
+    --target-dir "$tmp/target" >"$root/lychee.log" 2>&1 ||
+    { cat "$root/lychee.log" >&2; rm -rf "$tmp"; exit 1; }
+  mv -f "$tmp/root/bin/lychee" "$bin/lychee"
+  rm -rf "$tmp"
+  step "  lychee built in $((SECONDS - s)) s"
+fi
+
 # The schema generator: its own Go module beside this script (go.mod and go.sum pinned, so the
 # build only reads the repository; its objects go to GOCACHE).
 "$go" -C "$here/openapi2jsonschema" build -mod=readonly -trimpath -ldflags "-s -w" \
@@ -141,7 +167,8 @@ promop_crds=("$promop_dir"/example/prometheus-operator-crd/monitoring.coreos.com
 argocd_crd="$(module_dir "github.com/argoproj/argo-cd/v3@$ARGOCD_VERSION")/manifests/crds/application-crd.yaml"
 flux_kustomization_crd="$(module_dir "github.com/fluxcd/kustomize-controller@$FLUX_KUSTOMIZE_VERSION")/config/crd/bases/kustomize.toolkit.fluxcd.io_kustomizations.yaml"
 flux_gitrepository_crd="$(module_dir "github.com/fluxcd/source-controller@$FLUX_SOURCE_VERSION")/config/crd/bases/source.toolkit.fluxcd.io_gitrepositories.yaml"
-gitops_crds=("$argocd_crd" "$flux_kustomization_crd" "$flux_gitrepository_crd")
+externalsecret_crd="$(module_dir "github.com/external-secrets/external-secrets@$EXTERNAL_SECRETS_VERSION")/config/crds/bases/external-secrets.io_externalsecrets.yaml"
+gitops_crds=("$argocd_crd" "$flux_kustomization_crd" "$flux_gitrepository_crd" "$externalsecret_crd")
 for f in "${gitops_crds[@]}"; do
   [ -f "$f" ] || { echo "ferry: tools: no CRD $f" >&2; exit 1; }
 done
@@ -159,7 +186,7 @@ for kind in servicemonitors podmonitors prometheusrules; do
 done
 # And the GitOps ones, for the test that applies examples/gitops.
 cp -f "$argocd_crd" "$root/crds/argoproj.io_applications.yaml"
-cp -f "$flux_kustomization_crd" "$flux_gitrepository_crd" "$root/crds/"
+cp -f "$flux_kustomization_crd" "$flux_gitrepository_crd" "$externalsecret_crd" "$root/crds/"
 
 printf '%s\n' "$stamp" > "$root/.complete"
 step "done in $((SECONDS - t0)) s: $bin ($stamp)"

@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use ferry_api::{ForwarderConfig, ValidConfig};
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::{info, warn};
 
@@ -37,6 +37,8 @@ use crate::route::Router;
 const DISCONNECT_BOUND: Duration = Duration::from_secs(5);
 const KAFKA_PROBE_INTERVAL: Duration = Duration::from_secs(5);
 const RATE_SAMPLE_INTERVAL: Duration = Duration::from_secs(5);
+/// How often a forwarder draining before it stops looks whether it is drained.
+const DRAIN_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -94,7 +96,15 @@ pub async fn run(
     )?;
     // Unbounded in type, bounded in fact: one message per producer and one from the probe.
     let (fatal_tx, fatal_rx) = mpsc::unbounded_channel();
-    let mut background = Background::spawn(&config, source, listener, &metrics, &fatal_tx);
+    let (leave_tx, leave_rx) = oneshot::channel();
+    let shutdown = drain_before_stopping(
+        shutdown,
+        config.drains_on_shutdown().then_some(leave_tx),
+        Arc::clone(&metrics),
+        Duration::from_secs(config.shutdown_timeout_secs),
+    );
+    let mut background =
+        Background::spawn(&config, source, listener, &metrics, &fatal_tx, leave_rx);
     let pipeline = Pipeline::new(
         router,
         config.kafka.clone(),
@@ -120,6 +130,35 @@ pub async fn run(
     summarize(exit, reader_exit)
 }
 
+/// Resolves once `shutdown` has and, for a forwarder that drains on shutdown (`leave` is
+/// set), once it has drained or `bound` passed: until then the pipeline forwards as usual what
+/// the broker still delivers, and then stops as always (finishing what is in flight).
+async fn drain_before_stopping(
+    shutdown: impl Future<Output = ()>,
+    leave: Option<oneshot::Sender<()>>,
+    metrics: Arc<Metrics>,
+    bound: Duration,
+) {
+    shutdown.await;
+    let Some(leave) = leave else { return };
+    if leave.send(()).is_err() {
+        return; // Nothing applies the drain: stop as usual.
+    }
+    info!("draining before stopping (drain_on_shutdown)");
+    let drained = async {
+        while !metrics.drained() {
+            tokio::time::sleep(DRAIN_CHECK_INTERVAL).await;
+        }
+    };
+    match tokio::time::timeout(bound, drained).await {
+        Ok(()) => info!("drained; stopping"),
+        Err(_) => warn!(
+            bound_secs = bound.as_secs(),
+            "not drained within shutdown_timeout_secs; stopping with what the session still holds"
+        ),
+    }
+}
+
 /// The tasks that run beside the pipeline until the forwarder stops.
 struct Background {
     /// /metrics and /status, the rate sampler, the Kafka reachability probe, the config
@@ -136,6 +175,7 @@ impl Background {
         listener: TcpListener,
         metrics: &Arc<Metrics>,
         fatal: &kafka::FatalSender,
+        leave: oneshot::Receiver<()>,
     ) -> Self {
         let mut tasks = JoinSet::new();
         tasks.spawn(http::serve(listener, Arc::clone(metrics)));
@@ -155,13 +195,24 @@ impl Background {
             fatal.clone(),
         ));
         let (reload_tx, reloads) = mpsc::channel(1);
-        if let Some(source) = source {
-            tasks.spawn(reload::watch(
-                source,
-                config.clone(),
-                Arc::clone(metrics),
-                reload_tx,
-            ));
+        match source {
+            Some(source) => {
+                tasks.spawn(reload::watch(
+                    source,
+                    config.clone(),
+                    Arc::clone(metrics),
+                    reload_tx,
+                    leave,
+                ));
+            }
+            None => {
+                tasks.spawn(reload::drain_when_leaving(
+                    config.clone(),
+                    Arc::clone(metrics),
+                    reload_tx,
+                    leave,
+                ));
+            }
         }
         Self { tasks, reloads }
     }

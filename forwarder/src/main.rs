@@ -129,7 +129,7 @@ fn start_logging(cli: &Cli, log: &LogConfig, path: &Path) -> Option<LogLevelSett
 fn forward(config: ValidConfig, source: Option<ConfigSource>) -> ExitCode {
     // One thread: the pipeline and the MQTT driver hand each message to each other, and on a
     // multi-thread runtime each hand-off can wake another thread, which costs more CPU per
-    // message than the work itself (the README's performance section has the figures). The
+    // message than the work itself (docs/performance.md has the figures). The
     // heavy lifting (compression, the network to Kafka) is on librdkafka's own threads anyway.
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()

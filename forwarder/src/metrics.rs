@@ -1,7 +1,7 @@
 //! Prometheus metrics, the per-rule counters behind `/status`, and the health flags behind
 //! `/readyz`. Labels are rule names and a small fixed set of failure reasons, never raw MQTT
-//! topics (bounded cardinality). Label values are lower-case snake_case, as documented in the
-//! README: alerts are written from there.
+//! topics (bounded cardinality). Label values are lower-case snake_case, as documented in
+//! docs/metrics.md: alerts are written from there.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -853,6 +853,15 @@ impl Metrics {
         }
     }
 
+    /// Draining, and the session holds nothing more (what `/status` reports as
+    /// `drain.drained`).
+    pub fn drained(&self) -> bool {
+        self.drain.draining()
+            && self
+                .drain
+                .drained(self.health.mqtt_connected(), self.inflight.get())
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
@@ -867,7 +876,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     fn documented(metric: &str, label: &str) -> BTreeSet<String> {
-        ferry_e2e::metrics::documented(include_str!("../../README.md"), metric, label)
+        ferry_e2e::metrics::documented(include_str!("../../docs/metrics.md"), metric, label)
     }
 
     #[test]
@@ -923,7 +932,7 @@ mod tests {
     }
 
     #[test]
-    fn the_readme_lists_every_reason_and_only_those() {
+    fn the_metrics_page_lists_every_reason_and_only_those() {
         let permanent: BTreeSet<String> =
             PermanentReason::ALL.map(|r| r.as_str().to_owned()).into();
         assert_eq!(

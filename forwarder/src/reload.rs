@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use ferry_api::config::MqttConfig;
 use ferry_api::{ForwarderConfig, ValidConfig};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tracing::{error, info, warn};
 
 use crate::load::{LoadSettings, load};
@@ -68,17 +68,37 @@ pub fn restart_required(running: &ForwarderConfig, new: &ForwarderConfig) -> Vec
     changed
 }
 
+/// Polls the config file and sends each changed, valid version to the pipeline. Once `leave`
+/// fires (the forwarder stops and drains first), the running config and every later one are
+/// applied with this forwarder listed in `drain`.
 pub async fn watch(
     source: ConfigSource,
     started_with: ValidConfig,
     metrics: Arc<Metrics>,
     to_pipeline: mpsc::Sender<Reload>,
+    mut leave: oneshot::Receiver<()>,
 ) {
     let path = source.path.display().to_string();
     let mut last_text = tokio::fs::read_to_string(&source.path).await.ok();
     let mut running = started_with.clone();
+    // Whether `leave` may still fire, and whether it has.
+    let (mut listening, mut leaving) = (true, false);
     loop {
-        tokio::time::sleep(POLL_INTERVAL).await;
+        tokio::select! {
+            () = tokio::time::sleep(POLL_INTERVAL) => {}
+            fired = &mut leave, if listening => {
+                listening = false;
+                if fired.is_err() {
+                    continue; // Not draining on shutdown: only the file matters.
+                }
+                leaving = true;
+                running = running.with_self_draining();
+                if send_draining(&running, &metrics, &to_pipeline).await.is_err() {
+                    return;
+                }
+                continue;
+            }
+        }
         let text = match tokio::fs::read_to_string(&source.path).await {
             Ok(t) => t,
             // Mid-swap or briefly missing: look again next time; the running config stays.
@@ -88,7 +108,7 @@ pub async fn watch(
             continue;
         }
         last_text = Some(text.clone());
-        let (new, reload) = match prepare(&source, text, &metrics).await {
+        let (new, reload) = match prepare(&source, text, leaving, &metrics).await {
             Ok(prepared) => prepared,
             Err(e) => {
                 error!(config = %path, error = %e, "config file changed but is invalid; keeping the running config");
@@ -121,15 +141,48 @@ pub async fn watch(
 async fn prepare(
     source: &ConfigSource,
     text: String,
+    leaving: bool,
     metrics: &Arc<Metrics>,
 ) -> Result<(ValidConfig, Reload), String> {
     let source = source.clone();
     let metrics = Arc::clone(metrics);
     tokio::task::spawn_blocking(move || {
-        let new = source.load(&text)?;
+        let mut new = source.load(&text)?;
+        if leaving {
+            new = new.with_self_draining();
+        }
         let reload = Reload::new(&new, &metrics);
         Ok((new, reload))
     })
     .await
     .map_err(|e| format!("building the new rules failed: {e}"))?
+}
+
+/// Without a config file to watch: once `leave` fires, applies the config with this forwarder
+/// listed in `drain`.
+pub async fn drain_when_leaving(
+    config: ValidConfig,
+    metrics: Arc<Metrics>,
+    to_pipeline: mpsc::Sender<Reload>,
+    leave: oneshot::Receiver<()>,
+) {
+    if leave.await.is_ok() {
+        let _ = send_draining(&config.with_self_draining(), &metrics, &to_pipeline).await;
+    }
+}
+
+/// Sends `config` (this forwarder listed in `drain`) to the pipeline, its routing table built
+/// on a blocking thread as for any reload. Err when the pipeline is gone.
+async fn send_draining(
+    config: &ValidConfig,
+    metrics: &Arc<Metrics>,
+    to_pipeline: &mpsc::Sender<Reload>,
+) -> Result<(), ()> {
+    let (config, built_for) = (config.clone(), Arc::clone(metrics));
+    let reload = tokio::task::spawn_blocking(move || Reload::new(&config, &built_for))
+        .await
+        .map_err(|e| error!(error = %e, "building the draining rules failed"))?;
+    to_pipeline.send(reload).await.map_err(|_| ())?;
+    info!("draining: unsubscribed, forwarding what the session still holds");
+    Ok(())
 }

@@ -190,7 +190,7 @@ fn forwarder_sigkilled_mid_stream_and_restarted_loses_nothing() {
     // Replays are what the broker had not seen acked when the kill reset the connection: at
     // most its in-flight limit (max_inflight_messages), plus, as Mosquitto reads a flooded
     // subscriber's acks late, up to a window of acks the forwarder had written and the reset
-    // discarded (README, "Replays after a crash").
+    // discarded (docs/guarantees.md, "Replays after a crash").
     let bound = REPLAY_BOUND;
     assert!(
         d.duplicates <= bound,
@@ -748,9 +748,11 @@ fn group_replica(
 /// Scaling a shared group from two replicas to one, under steady QoS 1 traffic: the leaving
 /// replica is listed in `drain`, unsubscribes, forwards what the broker still had for its
 /// session (in flight and queued), and says `drained` in `/status`; it then stops and its
-/// session is ended with a clean start, as the operator ends it. Every message the broker
-/// acknowledged to the publisher is in Kafka. Without the drain, what the broker queued for
-/// the leaving session is discarded with it.
+/// session is ended with a clean start, as the operator ends it. A third replica, of a group an
+/// autoscaler scales (`drain_on_shutdown`), is only sent SIGTERM: it drains the same way before
+/// it stops, and its session is ended too; the replica named in `except` stops without
+/// draining. Every message the broker acknowledged to the publisher is in Kafka. Without the
+/// drain, what the broker queued for the leaving session is discarded with it.
 #[test]
 fn a_drained_replica_leaves_nothing_in_its_session_when_it_ends() {
     let brokers = Brokers::start();
@@ -759,12 +761,16 @@ fn a_drained_replica_leaves_nothing_in_its_session_when_it_ends() {
         .expect("topic");
     let rules =
         "  - name: scaled\n    mqtt: { topics: [\"sensors/#\"] }\n    kafka: { topic: scaled }\n";
-    let replica =
-        |id: &str, drain: &[&str]| group_replica(&brokers, id, rules, "3.1.1", true, drain);
+    let replica = |id: &str, drain: &[&str]| {
+        group_replica(&brokers, id, rules, "3.1.1", true, drain)
+            + "drain_on_shutdown: { except: [ferry-stays] }\n"
+    };
     let mut stays = Forwarder::start_configmap(&replica("ferry-stays", &[]));
     let mut leaves = Forwarder::start_configmap(&replica("ferry-leaves", &[]));
+    let mut autoscaled = Forwarder::start_configmap(&replica("ferry-autoscaled", &[]));
     stays.wait_ready(Duration::from_secs(30));
     leaves.wait_ready(Duration::from_secs(30));
+    autoscaled.wait_ready(Duration::from_secs(30));
     let publisher = SteadyPublisher::start(
         brokers.mqtt.port(),
         "pub-scaled",
@@ -772,9 +778,15 @@ fn a_drained_replica_leaves_nothing_in_its_session_when_it_ends() {
         500,
         Duration::from_millis(20),
     );
-    wait_until(&leaves, Duration::from_secs(30), "traffic on both", || {
-        leaves.metric("ferry_mqtt_received_messages_total") >= 2000.0
-    });
+    wait_until(
+        &leaves,
+        Duration::from_secs(30),
+        "traffic on all three",
+        || {
+            leaves.metric("ferry_mqtt_received_messages_total") >= 2000.0
+                && autoscaled.metric("ferry_mqtt_received_messages_total") >= 2000.0
+        },
+    );
     leaves.swap_config(&replica("ferry-leaves", &["ferry-leaves"]));
     let drain_started = Instant::now();
     wait_until(&leaves, Duration::from_secs(60), "drained", || {
@@ -799,6 +811,25 @@ fn a_drained_replica_leaves_nothing_in_its_session_when_it_ends() {
         "the drained replica stops"
     );
     end_session(brokers.mqtt.port(), "ferry-leaves");
+
+    // The autoscaler's scale-down: SIGTERM only. The stop waits for the drain, bounded by
+    // shutdown_timeout_secs (the test config's) for the drain and again for the stop.
+    let stop_started = Instant::now();
+    autoscaled.signal(libc::SIGTERM);
+    assert!(
+        autoscaled.wait_exit(Duration::from_secs(60)).is_some(),
+        "the autoscaled replica stops"
+    );
+    let log = autoscaled.log();
+    assert!(
+        log.contains("draining before stopping") && log.contains("drained; stopping"),
+        "drained before it stopped:\n{log}"
+    );
+    eprintln!(
+        "SIGTERM → drained and stopped in {:.1?}",
+        stop_started.elapsed()
+    );
+    end_session(brokers.mqtt.port(), "ferry-autoscaled");
     // The group goes on with one replica.
     std::thread::sleep(Duration::from_secs(2));
     let total = publisher.stop();
@@ -810,7 +841,12 @@ fn a_drained_replica_leaves_nothing_in_its_session_when_it_ends() {
         d.missing, 0,
         "every acknowledged message is in Kafka: {d:?}"
     );
-    stays.kill();
+    stays.signal(libc::SIGTERM);
+    assert!(stays.wait_exit(Duration::from_secs(30)).is_some());
+    assert!(
+        !stays.log().contains("draining before stopping"),
+        "the replica named in except keeps its session"
+    );
 }
 
 /// A group of one replica subscribes plainly (`subscribe_shared: false`), switching live from

@@ -1,5 +1,5 @@
 //! What a running forwarder serves on `/metrics`, read as Prometheus reads it: every name and
-//! label value is one the README documents (alerts are written from there), and the standard
+//! label value is one docs/metrics.md documents (alerts are written from there), and the standard
 //! `process_*` and build-info metrics are there.
 
 mod common;
@@ -11,7 +11,7 @@ use common::{Brokers, Forwarder, runtime, wait_until};
 use ferry_e2e::metrics::Scrape;
 use rumqttc::QoS;
 
-const README: &str = include_str!("../../README.md");
+const METRICS_DOC: &str = include_str!("../../docs/metrics.md");
 
 fn set(values: &[&str]) -> BTreeSet<String> {
     values.iter().map(|v| (*v).to_owned()).collect()
@@ -93,9 +93,9 @@ fn metrics_serve_exactly_the_documented_names_and_label_values() {
     let scrape = Scrape::get(fwd.http_port).expect("scrape");
     eprintln!("{}", scrape.text);
     assert_eq!(
-        scrape.undocumented(README, &["rule", "version"]),
+        scrape.undocumented(METRICS_DOC, &["rule", "version"]),
         Vec::<String>::new(),
-        "served but not in README.md's metrics table"
+        "served but not in docs/metrics.md's metrics table"
     );
     assert_eq!(
         scrape.label_values("ferry_rule_failed_messages_total", "reason"),

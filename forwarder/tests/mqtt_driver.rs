@@ -621,7 +621,7 @@ async fn after_a_kill_the_broker_replays_at_most_the_window() -> Result<()> {
         );
         // What the broker replays is that, plus acks it had received but not yet read when the
         // reset discarded them: how late it reads them is the broker's, not a bound of ours.
-        // A broker whose max_inflight_messages is the window (as the README asks) never has
+        // A broker whose max_inflight_messages is the window (as docs/guarantees.md asks) never has
         // more than the window unacked, so it replays at most that, when it keeps to its
         // limit: with one publisher. Flooding (4 publishers, or a backlog), Mosquitto 2.0.11
         // exceeds its own max_inflight_messages and Receive Maximum; an unlimited broker reads

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use ferry_api::crd::BrokerConnection;
+use ferry_api::crd::{BrokerConnection, GroupReplicas};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
@@ -15,7 +15,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::children::{self, Children, LABEL_CONNECTION};
+use crate::children::{self, Children, LABEL_CONNECTION, LABEL_GROUP};
 use crate::context::{At, Error, Step};
 use crate::ownership::{self, Holder, Serving};
 use crate::scaledown::{Live, PodReport};
@@ -437,7 +437,9 @@ pub(crate) async fn live_scale(
     recorded: &[String],
 ) -> Result<BTreeMap<String, Live>, Error> {
     let selector = selector(connection);
-    let wanted = connection.spec.forwarder.replicas.max(0);
+    // What each StatefulSet should run: its group's fixed replicas, or (an autoscaler's) what
+    // it runs, so no scale-down waits there.
+    let mut wanted_of: BTreeMap<String, i32> = BTreeMap::new();
     let mut live: BTreeMap<String, Live> = Api::<StatefulSet>::namespaced(client.clone(), ns)
         .list(&ListParams::default().labels(&selector))
         .await
@@ -446,6 +448,12 @@ pub(crate) async fn live_scale(
         .iter()
         .map(|s| {
             let replicas = s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+            let group = s.labels().get(LABEL_GROUP).map_or("", String::as_str);
+            let wanted = match connection.spec.forwarder.replicas_of(group) {
+                GroupReplicas::Fixed(n) => n.max(0),
+                GroupReplicas::Autoscaled => replicas,
+            };
+            wanted_of.insert(s.name_any(), wanted);
             let live = Live {
                 replicas,
                 ..Live::default()
@@ -453,6 +461,7 @@ pub(crate) async fn live_scale(
             (s.name_any(), live)
         })
         .collect();
+    let wanted = |workload: &str| wanted_of.get(workload).copied().unwrap_or(0);
     let pods = Api::<Pod>::namespaced(client.clone(), ns)
         .list(&ListParams::default().labels(&selector))
         .await
@@ -467,13 +476,14 @@ pub(crate) async fn live_scale(
         }
         by_name.insert(name, pod);
     }
-    if live.values().all(|l| l.replicas <= wanted) {
+    if live.iter().all(|(w, l)| l.replicas <= wanted(w)) {
         return Ok(live);
     }
-    let stays = wanted.max(1).unsigned_abs();
+    let stays = |workload: &str| wanted(workload).max(1).unsigned_abs();
     let asked = |workload: &str, ordinal: u32| {
+        let wanted = wanted(workload);
         live.get(workload)
-            .is_some_and(|l| l.replicas > wanted && (ordinal >= stays || wanted == 0))
+            .is_some_and(|l| l.replicas > wanted && (ordinal >= stays(workload) || wanted == 0))
     };
     let reports = pod_reports(&pods.items, asked).await;
     for ((workload, ordinal), report) in reports {
@@ -482,8 +492,12 @@ pub(crate) async fn live_scale(
         }
     }
     // A pod that never ran left no session: nothing to drain, nothing to keep.
-    for (workload, l) in live.iter_mut().filter(|(_, l)| l.replicas > wanted) {
-        let first = if wanted == 0 { 0 } else { stays };
+    for (workload, l) in live.iter_mut().filter(|(w, l)| l.replicas > wanted(w)) {
+        let first = if wanted(workload) == 0 {
+            0
+        } else {
+            stays(workload)
+        };
         for ordinal in first..l.replicas.unsigned_abs() {
             let pod = format!("{workload}-{ordinal}");
             if !may_hold_session(ns, recorded, &pod, by_name.get(&pod).copied()) {

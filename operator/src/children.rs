@@ -11,7 +11,7 @@
 
 use std::collections::BTreeMap;
 
-use ferry_api::crd::{BrokerConnection, ForwarderPods};
+use ferry_api::crd::{BrokerConnection, ForwarderPods, GroupReplicas};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::apps::v1::{StatefulSet, StatefulSetSpec};
 use k8s_openapi::api::core::v1::{
@@ -102,7 +102,7 @@ pub fn build(
     let stateful_set = StatefulSet {
         metadata: meta.clone(),
         spec: Some(StatefulSetSpec {
-            replicas: Some(replicas(rendered, pods)),
+            replicas: replicas(rendered, pods, group),
             service_name: Some(name.clone()),
             // Replicas are independent (shared subscription); no need to start them in order.
             pod_management_policy: Some("Parallel".to_owned()),
@@ -137,13 +137,16 @@ pub fn set_replicas(children: &mut Children, replicas: i32) {
     }
 }
 
-/// Every rule paused or refused: no pods (a forwarder refuses a config without rules), and the
-/// persistent sessions keep the messages until a rule is back.
-pub fn replicas(rendered: &Rendered, pods: &ForwarderPods) -> i32 {
+/// The StatefulSet's replicas: none (left to an autoscaler) for an autoscaled group. Every rule
+/// paused or refused: no pods (a forwarder refuses a config without rules), and the persistent
+/// sessions keep the messages until a rule is back.
+pub fn replicas(rendered: &Rendered, pods: &ForwarderPods, group: &str) -> Option<i32> {
     if rendered.config.rules.is_empty() {
-        0
-    } else {
-        pods.replicas
+        return Some(0);
+    }
+    match pods.replicas_of(group) {
+        GroupReplicas::Fixed(n) => Some(n),
+        GroupReplicas::Autoscaled => None,
     }
 }
 
@@ -206,9 +209,16 @@ fn pod_template(
         spec: Some(PodSpec {
             // The forwarder never talks to the Kubernetes API.
             automount_service_account_token: Some(false),
-            // The drain bound plus time to disconnect.
+            // The drain bound (twice when it drains its session first) plus time to
+            // disconnect.
             termination_grace_period_seconds: Some(
-                i64::try_from(rendered.config.shutdown_timeout_secs).unwrap_or(30) + 10,
+                i64::try_from(rendered.config.shutdown_timeout_secs).unwrap_or(30)
+                    * if rendered.config.drain_on_shutdown.is_some() {
+                        2
+                    } else {
+                        1
+                    }
+                    + 10,
             ),
             security_context: Some(PodSecurityContext {
                 run_as_non_root: Some(true),
@@ -291,7 +301,7 @@ fn container(
 }
 
 /// The connection's `spec.forwarder.resources`, else requests only: a forwarder peaks at about
-/// 28 MiB resident under load (README, Performance) and a few millicores at rest, so 50m and 64Mi schedule it as Burstable
+/// 25 MiB resident under load (docs/performance.md) and a few millicores at rest, so 50m and 64Mi schedule it as Burstable
 /// (BestEffort pods are evicted first under node pressure) without reserving much. No limits:
 /// a throttled or OOM-killed forwarder stalls every rule of its group.
 fn resources(pods: &ForwarderPods) -> ResourceRequirements {

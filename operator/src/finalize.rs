@@ -16,6 +16,7 @@ use tracing::{info, warn};
 use crate::apply::{prune, read_secrets};
 use crate::children::{LABEL_CONNECTION, SELECTOR};
 use crate::context::{At, Context, Error, Step};
+use crate::release::RELEASED_ANNOTATION;
 use crate::validate;
 use crate::writer::{current_status, warn_event};
 
@@ -197,7 +198,7 @@ pub(crate) async fn finalize(
 }
 
 /// Adds (`present`) or removes [`crate::sessions::FINALIZER`], leaving other finalizers as
-/// they are. A merge patch carrying the `resourceVersion` it was computed from: a concurrent
+/// they are; adding it also removes [`RELEASED_ANNOTATION`]. A merge patch carrying the `resourceVersion` it was computed from: a concurrent
 /// change fails it (409) and the reconcile is retried, and it can never create the object.
 pub(crate) async fn set_finalizer(
     client: &Client,
@@ -218,12 +219,16 @@ pub(crate) async fn set_finalizer(
     if present {
         finalizers.push(ours);
     }
-    let patch = serde_json::json!({
+    let mut patch = serde_json::json!({
         "metadata": {
             "resourceVersion": guarded.meta().resource_version,
             "finalizers": finalizers,
         }
     });
+    if present && guarded.annotations().contains_key(RELEASED_ANNOTATION) {
+        // Managed again after an uninstall released it (see crate::release).
+        patch["metadata"]["annotations"] = serde_json::json!({ RELEASED_ANNOTATION: null });
+    }
     let resource = ApiResource::erase::<BrokerConnection>(&());
     Api::<DynamicObject>::namespaced_with(client.clone(), ns, &resource)
         .patch(

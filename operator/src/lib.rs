@@ -18,6 +18,7 @@ pub mod netpol;
 pub mod ownership;
 pub mod plan;
 pub mod readiness;
+pub mod release;
 pub mod render;
 pub mod scaledown;
 pub mod scope;

@@ -16,6 +16,7 @@ use ferry_operator::dataplane::Polling;
 use ferry_operator::image::ForwarderImage;
 use ferry_operator::metrics::Metrics;
 use ferry_operator::netpol::{ForwarderNetworkPolicy, NetworkPolicyArgs};
+use ferry_operator::release;
 use ferry_operator::scope::Scope;
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
 use tokio::sync::watch;
@@ -70,16 +71,49 @@ struct Args {
         long,
         env = "FERRY_WATCH_NAMESPACES",
         value_name = "NAMESPACES",
-        value_parser = Scope::parse
+        value_parser = Scope::parse,
+        global = true
     )]
     watch_namespaces: Option<Scope>,
     /// `text` or `json`.
-    #[arg(long, env = "FERRY_LOG_FORMAT", default_value = "text")]
+    #[arg(long, env = "FERRY_LOG_FORMAT", default_value = "text", global = true)]
     log_format: LogFormat,
     #[command(flatten)]
     forwarder_image: ForwarderImage,
     #[command(flatten)]
     network_policy: NetworkPolicyArgs,
+    #[command(subcommand)]
+    command: Option<Subcommand>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Subcommand {
+    /// Before the operator is uninstalled (the chart's pre-delete hook): stop it, then remove
+    /// its finalizer from every BrokerConnection in scope (`--watch-namespaces`), marking each
+    /// `ferry.dev/finalizer-released-at`, so that deleting them later completes without an
+    /// operator. Their forwarders keep running until then; their MQTT sessions are no longer
+    /// ended on deletion (they end by their expiry). A reinstalled operator puts the finalizer
+    /// back.
+    ReleaseFinalizers(ReleaseArgs),
+}
+
+#[derive(clap::Args, Debug)]
+struct ReleaseArgs {
+    /// The operator Deployment to scale to 0 first: a running operator would put its
+    /// finalizer straight back.
+    #[arg(long, requires = "operator_selector")]
+    operator_deployment: Option<String>,
+    /// Label selector of the operator's pods: none may be left (terminating ones included)
+    /// before the finalizers are removed.
+    #[arg(long, requires = "operator_deployment")]
+    operator_selector: Option<String>,
+    /// Namespace of the operator Deployment; default: the service account's (or the
+    /// kubeconfig's).
+    #[arg(long, env = "POD_NAMESPACE")]
+    operator_namespace: Option<String>,
+    /// How long to wait for the operator's pods to be gone.
+    #[arg(long, default_value_t = 120)]
+    stop_timeout_seconds: u64,
 }
 
 /// `--status-writes-per-second`: a number, 0 or more.
@@ -116,7 +150,13 @@ async fn main() -> ExitCode {
             .with_span_list(false)
             .init(),
     }
-    match run(args).await {
+    let result = match args.command {
+        Some(Subcommand::ReleaseFinalizers(ref release)) => {
+            release_finalizers(release, args.watch_namespaces.clone().unwrap_or_default()).await
+        }
+        None => run(args).await,
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!(error = %e, "stopping");
@@ -147,6 +187,33 @@ enum Error {
     LeaseTooShort,
     #[error(transparent)]
     NetworkPolicy(#[from] ferry_operator::netpol::PolicyError),
+    #[error(transparent)]
+    Release(#[from] ferry_operator::release::Error),
+}
+
+/// `release-finalizers`: see [`Subcommand::ReleaseFinalizers`].
+async fn release_finalizers(args: &ReleaseArgs, scope: Scope) -> Result<(), Error> {
+    let client = kube::Client::try_default().await.map_err(Error::Client)?;
+    if let (Some(deployment), Some(selector)) = (&args.operator_deployment, &args.operator_selector)
+    {
+        let operator = release::Operator {
+            namespace: args
+                .operator_namespace
+                .clone()
+                .unwrap_or_else(|| client.default_namespace().to_owned()),
+            deployment: deployment.clone(),
+            selector: selector.clone(),
+        };
+        release::stop_operator(
+            &client,
+            &operator,
+            Duration::from_secs(args.stop_timeout_seconds),
+        )
+        .await?;
+    }
+    let released = release::release_finalizers(&client, &scope).await?;
+    info!(%scope, released = released.len(), connections = ?released, "released the finalizer of every BrokerConnection in scope");
+    Ok(())
 }
 
 async fn run(args: Args) -> Result<(), Error> {

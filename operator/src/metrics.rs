@@ -1,7 +1,7 @@
 //! The operator's Prometheus metrics and its HTTP endpoints: `/metrics`, `/healthz` (the
 //! process serves), `/readyz` (it reached the API server: leading or standing by).
 //!
-//! Label values are lower-case snake_case words, the vocabulary the README documents (alerts
+//! Label values are lower-case snake_case words, the vocabulary docs/metrics.md documents (alerts
 //! are written from there): `kind` is [`Kind::label`], `reason` the reconcile error's,
 //! `result` `ok` or `error`.
 
@@ -241,7 +241,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     #[test]
-    fn the_readme_lists_every_kind_and_only_those() {
+    fn the_metrics_page_lists_every_kind_and_only_those() {
         let kinds: BTreeSet<String> = [Kind::BrokerConnection, Kind::ForwardingRule]
             .map(|k| k.label().to_owned())
             .into();
@@ -251,8 +251,11 @@ mod tests {
             "ferry_operator_reconcile_duration_seconds",
             "ferry_operator_status_writes_total",
         ] {
-            let documented =
-                ferry_e2e::metrics::documented(include_str!("../../README.md"), metric, "kind");
+            let documented = ferry_e2e::metrics::documented(
+                include_str!("../../docs/metrics.md"),
+                metric,
+                "kind",
+            );
             assert_eq!(documented, kinds, "{metric}");
         }
     }

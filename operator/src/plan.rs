@@ -130,15 +130,14 @@ pub fn connection<'a>(
             name: group,
             rules: fitting,
         })?;
-        let scale = if rendered.config.rules.is_empty() {
+        let wanted = children::replicas(&rendered, &connection.spec.forwarder, group);
+        let scale = match wanted {
             // Every rule paused: no pod can run (a forwarder refuses a config without rules),
             // so none can drain; the sessions keep their messages until a rule is back.
-            scaledown::Step::default()
-        } else {
-            scaledown::step(
-                children::replicas(&rendered, &connection.spec.forwarder),
-                live.get(&rendered.workload),
-            )
+            Some(_) if rendered.config.rules.is_empty() => scaledown::Step::default(),
+            Some(wanted) => scaledown::step(wanted, live.get(&rendered.workload)),
+            // An autoscaler's replicas: its pods drain themselves when stopped.
+            None => scaledown::Step::default(),
         };
         let namespace = connection.namespace().unwrap_or_default();
         let leaving = scale
@@ -149,7 +148,9 @@ pub fn connection<'a>(
         let rendered = rendered.draining(leaving)?;
         let mut children =
             children::build(connection, group, &rendered, secret_data.clone(), image);
-        children::set_replicas(&mut children, scale.replicas);
+        if wanted.is_some() {
+            children::set_replicas(&mut children, scale.replicas);
+        }
         groups.push(GroupPlan {
             name: (*group).to_owned(),
             children,

@@ -8,12 +8,12 @@
 use std::collections::BTreeMap;
 
 use ferry_api::config::{
-    DeadLetter, ForwarderConfig, Headers, HttpConfig, KafkaConfig, KeyStrategy, LogConfig,
-    LogFormat, MqttConfig, MqttProtocol, OnUnwritable, PayloadFormat, Rule, RuleKafka, RuleMqtt,
-    Sasl, Secret, Tls,
+    DeadLetter, DrainOnShutdown, ForwarderConfig, Headers, HttpConfig, KafkaConfig, KeyStrategy,
+    LogConfig, LogFormat, MqttConfig, MqttProtocol, OnUnwritable, PayloadFormat, Rule, RuleKafka,
+    RuleMqtt, Sasl, Secret, Tls,
 };
 use ferry_api::crd::{
-    self, BrokerConnection, ForwardingRule, MqttProtocolVersion, Payload, TlsRefs,
+    self, BrokerConnection, ForwardingRule, GroupReplicas, MqttProtocolVersion, Payload, TlsRefs,
 };
 use ferry_api::defaults;
 use kube::ResourceExt;
@@ -146,13 +146,24 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
         .filter(|r| !r.spec.paused)
         .collect();
     rules.sort_by_key(|r| r.name_any());
+    let shared_group = format!("ferry.{namespace}.{workload}");
+    let replicas = spec.forwarder.replicas_of(group.name);
+    // An autoscaler stops pods without asking the operator: each but the first drains on
+    // SIGTERM, while the first stays subscribed for the others.
+    let drain_on_shutdown = (replicas == GroupReplicas::Autoscaled).then(|| DrainOnShutdown {
+        except: vec![format!("{shared_group}-0")],
+    });
     let config = ForwarderConfig {
-        // Shared by two replicas or more; one (or none, keeping pod 0's session) subscribes
-        // plainly, which Mosquitto restores after a restart. A reload switches live.
+        // Shared by two replicas or more, and whenever an autoscaler may add some; one (or
+        // none, keeping pod 0's session) subscribes plainly, which Mosquitto restores after a
+        // restart. A reload switches live.
         mqtt: mqtt_config(
             &spec.mqtt,
-            format!("ferry.{namespace}.{workload}"),
-            spec.forwarder.replicas > 1,
+            shared_group,
+            match replicas {
+                GroupReplicas::Fixed(n) => n > 1,
+                GroupReplicas::Autoscaled => true,
+            },
         ),
         kafka: kafka_config(&spec.kafka),
         rules: rules.into_iter().map(rule).collect(),
@@ -164,6 +175,7 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
             ..LogConfig::default()
         },
         drain: Vec::new(),
+        drain_on_shutdown,
     };
     let config_yaml = serde_saphyr::to_string(&config).map_err(|e| RenderError::Yaml {
         group: workload.clone(),

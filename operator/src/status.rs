@@ -127,7 +127,7 @@ pub fn rule_control(
                     READY,
                     FALSE,
                     "ScaledToZero",
-                    "the connection's forwarder.replicas is 0",
+                    "the group's StatefulSet has 0 replicas (the connection's spec.forwarder.replicas or groups, or an autoscaler)",
                 )
             } else if let Some((reason, message)) = blocked(current) {
                 Desired::new(

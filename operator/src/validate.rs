@@ -110,8 +110,15 @@ pub fn resolve_secrets(
             problem,
         });
     };
+    // Usernames given literally (a Strimzi KafkaUser's Secret has none): not read from a Secret.
+    let mut literal = BTreeMap::new();
     let mut credentials = |field: &str, c: &CredentialsRef, user: &str, password: &str| {
-        take(field, &c.name, &c.username_key, user);
+        match &c.username {
+            Some(name) => {
+                literal.insert(user.to_owned(), ByteString(name.clone().into_bytes()));
+            }
+            None => take(field, &c.name, &c.username_key, user),
+        }
         take(field, &c.name, &c.password_key, password);
     };
     if let Some(c) = &spec.mqtt.credentials_secret_ref {
@@ -136,8 +143,8 @@ pub fn resolve_secrets(
         }
         if let Some(r) = &t.client_cert_secret_ref {
             let field = format!("{at}.clientCertSecretRef");
-            take(&field, &r.name, "tls.crt", cert);
-            take(&field, &r.name, "tls.key", key);
+            take(&field, &r.name, &r.cert_key, cert);
+            take(&field, &r.name, &r.key_key, key);
         }
     };
     if let Some(t) = &spec.mqtt.tls {
@@ -159,6 +166,7 @@ pub fn resolve_secrets(
         );
     }
     if missing.is_empty() {
+        out.extend(literal);
         Ok(out)
     } else {
         // One line per Secret that is missing or unmarked, not one per key.
@@ -338,6 +346,50 @@ mod tests {
             ]
         );
         assert_eq!(got["kafka-password"].0, b"kp");
+    }
+
+    /// The Secrets Strimzi's User Operator writes for a KafkaUser: SCRAM has `password` and
+    /// `sasl.jaas.config` but no username (it is the KafkaUser's name); TLS has `ca.crt`,
+    /// `user.crt`, `user.key`, `user.p12` and `user.password`. The cluster CA is its own Secret.
+    #[test]
+    fn strimzi_shaped_secrets_resolve_with_a_literal_username_and_named_keys() {
+        const STRIMZI: &str = "  mqtt:\n    host: h\n  kafka:\n    bootstrapServers: [\"k:9093\"]\n    \
+             tls: { caSecretRef: { name: plant-cluster-ca-cert, key: ca.crt }, clientCertSecretRef: { name: forwarder-tls, certKey: user.crt, keyKey: user.key } }\n    \
+             sasl: { mechanism: SCRAM-SHA-512, credentialsSecretRef: { name: forwarder, username: forwarder } }\n";
+        let secrets: Secrets = BTreeMap::from([
+            (
+                "forwarder".to_owned(),
+                secret(&[
+                    ("password", "scram-pw"),
+                    (
+                        "sasl.jaas.config",
+                        "org.apache.kafka.common.security.scram.ScramLoginModule required username=\"forwarder\" password=\"scram-pw\";",
+                    ),
+                ]),
+            ),
+            (
+                "forwarder-tls".to_owned(),
+                secret(&[
+                    ("ca.crt", "CLIENTS-CA"),
+                    ("user.crt", "CERT"),
+                    ("user.key", "KEY"),
+                    ("user.p12", "P12"),
+                    ("user.password", "P12-PW"),
+                ]),
+            ),
+            (
+                "plant-cluster-ca-cert".to_owned(),
+                secret(&[("ca.crt", "CLUSTER-CA"), ("ca.p12", "P12")]),
+            ),
+        ]);
+        let got = resolve_secrets(&conn(STRIMZI), &secrets).expect("resolves");
+        let text = |k: &str| String::from_utf8_lossy(&got[k].0).into_owned();
+        assert_eq!(text("kafka-username"), "forwarder", "the literal");
+        assert_eq!(text("kafka-password"), "scram-pw");
+        assert_eq!(text("kafka-tls.crt"), "CERT");
+        assert_eq!(text("kafka-tls.key"), "KEY");
+        assert_eq!(text("kafka-ca.crt"), "CLUSTER-CA");
+        assert_eq!(got.len(), 5, "nothing else copied: {:?}", got.keys());
     }
 
     #[test]

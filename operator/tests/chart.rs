@@ -24,6 +24,9 @@ use serde_json::Value;
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/ferry");
 const RELEASE: &str = "ferry";
+/// What discovery lists on an API server serving ValidatingAdmissionPolicy (GA in 1.30):
+/// `helm template` knows only group/versions, so the tests pass it as `--api-versions`.
+const VAP_API: &str = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy";
 const NAMESPACE: &str = "ferry-system";
 /// The ServiceAccount (and Deployment, ClusterRole) of release `ferry` with default names.
 const OPERATOR: &str = "ferry-operator";
@@ -64,6 +67,8 @@ networkPolicy:
   extraEgress: [{ to: [{ ipBlock: { cidr: 192.0.2.0/24 } }], ports: [{ port: 4318, protocol: TCP }] }]
 dashboard: { namespace: monitoring, labels: { grafana_dashboard: "1", team: iot }, annotations: { grafana_folder: Ferry } }
 crds: { keep: false }
+admissionPolicy: { enabled: true }
+uninstall: { releaseFinalizers: true, stopTimeoutSeconds: 60 }
 prometheusRule: { enabled: true, namespace: monitoring, labels: { release: prometheus }, alertLabels: { team: iot }, runbookBaseUrl: "https://wiki.example.com/ferry/runbooks", noData: { enabled: true, afterSeconds: 900, rules: "telemetry-.*", namespaces: "plant|factory", excludeRules: "telemetry-nightly", lookback: 12h } }
 forwarder:
   networkPolicy: { enabled: true, metricsFrom: [{ namespaceSelector: { matchLabels: { kubernetes.io/metadata.name: monitoring } } }] }
@@ -102,7 +107,7 @@ fn chart_crds_are_the_generated_ones() {
 }
 
 /// The CRDs `helm template` renders: exactly the generated ones plus the chart's labels and,
-/// with `crds.keep`, the keep annotation; none with `crds.enabled=false`.
+/// with `crds.keep`, Helm's and Argo CD's keep annotations; none with `crds.enabled=false`.
 #[test]
 fn rendered_crds_are_the_generated_ones_labelled_and_kept() {
     let generated: BTreeMap<String, Value> = ferry_operator::crdgen::crds()
@@ -143,11 +148,25 @@ fn rendered_crds_are_the_generated_ones_labelled_and_kept() {
                 assert_eq!(labels[label], value, "{name}: label {label}");
             }
             let policy = &annotations["helm.sh/resource-policy"];
+            // Argo CD ignores Helm's policy: without its own options, syncing the chart would
+            // prune a CRD that left the desired state, or delete it with the Application, and
+            // every BrokerConnection and ForwardingRule with it.
+            let argo = &annotations["argocd.argoproj.io/sync-options"];
             if keep {
                 assert_eq!(policy, "keep", "{name} with crds.keep");
+                let options: Vec<&str> = argo
+                    .as_str()
+                    .unwrap_or_default()
+                    .split(',')
+                    .map(str::trim)
+                    .collect();
+                assert!(
+                    options.contains(&"Prune=false") && options.contains(&"Delete=false"),
+                    "{name} with crds.keep: Argo CD's sync options {argo}"
+                );
             } else {
                 assert!(
-                    policy.is_null(),
+                    policy.is_null() && argo.is_null(),
                     "{name} with crds.keep=false: {annotations}"
                 );
             }
@@ -209,18 +228,24 @@ fn default_render_is_strictly_valid_and_least_privileged() {
             "ClusterRole",
             "ClusterRole",
             "ClusterRole",
+            "ClusterRole",
+            "ClusterRoleBinding",
             "ClusterRoleBinding",
             "ConfigMap",
             "CustomResourceDefinition",
             "CustomResourceDefinition",
             "Deployment",
+            "Job",
             "PodDisruptionBudget",
             "Role",
+            "Role",
+            "RoleBinding",
             "RoleBinding",
             "Service",
             "ServiceAccount",
+            "ServiceAccount",
         ],
-        "the default install: no monitors and no NetworkPolicy"
+        "the default install: no monitors and no NetworkPolicy; the uninstall hook"
     );
     // Two replicas: a drain takes one at a time, and they prefer different nodes.
     let pdb = find(&docs, "PodDisruptionBudget", OPERATOR);
@@ -396,10 +421,18 @@ fn default_render_is_strictly_valid_and_least_privileged() {
 #[test]
 fn render_with_every_option_is_strictly_valid() {
     let values = values_file("all-options", ALL_OPTIONS);
-    let rendered = template(&["--values", &values.display().to_string()]);
+    let rendered = template(&[
+        "--values",
+        &values.display().to_string(),
+        "--api-versions",
+        VAP_API,
+    ]);
     let docs = documents(&rendered);
     let kinds = kinds(&docs);
     for kind in [
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "Job",
         "ServiceMonitor",
         "PodMonitor",
         "PrometheusRule",
@@ -431,8 +464,8 @@ fn render_with_every_option_is_strictly_valid() {
     assert!(
         docs.iter()
             .filter(|d| d["kind"] == "CustomResourceDefinition")
-            .all(|d| d["metadata"]["annotations"]["helm.sh/resource-policy"].is_null()),
-        "crds.keep=false"
+            .all(|d| d["metadata"]["annotations"].is_null()),
+        "crds.keep=false: neither Helm's nor Argo CD's keep annotation"
     );
     let pod_monitor = find(&docs, "PodMonitor", "ferry-forwarders");
     assert_eq!(
@@ -520,8 +553,10 @@ fn watch_namespaces_renders_a_role_per_namespace_instead_of_the_cluster_role() {
     );
     let rendered = template(&["--values", &values.display().to_string()]);
     let docs = documents(&rendered);
+    // The uninstall hook's objects, which exist only while it runs, are checked apart.
+    let installed: Vec<Value> = docs.iter().filter(|d| !is_hook(d)).cloned().collect();
     assert_eq!(
-        kinds(&docs),
+        kinds(&installed),
         [
             "ClusterRole",
             "ClusterRole",
@@ -788,23 +823,7 @@ fn a_private_registry_install_pulls_the_operator_and_hands_the_forwarder_image_t
             .expect("namespace");
     }
     let kubeconfig = cp.kubeconfig_path().display().to_string();
-    let out = helm(
-        &[
-            "install",
-            RELEASE,
-            CHART,
-            "--kubeconfig",
-            &kubeconfig,
-            "--namespace",
-            NAMESPACE,
-            "--values",
-            &values,
-        ],
-        None,
-    );
-    let text = output_text(&out);
-    eprintln!("{text}");
-    assert!(out.status.success(), "helm install failed:\n{text}");
+    let text = helm_install(&cp, &["--values", &values]);
     assert!(
         text.contains(&format!(
             "Forwarder pods run {forwarder} (pull secrets regcred, team-cred"
@@ -965,23 +984,7 @@ fn installed_chart_gives_the_operator_exactly_the_rights_it_uses() {
          dashboard: { namespace: monitoring }\n",
     );
     let kubeconfig = cp.kubeconfig_path().display().to_string();
-    let out = helm(
-        &[
-            "install",
-            RELEASE,
-            CHART,
-            "--kubeconfig",
-            &kubeconfig,
-            "--namespace",
-            NAMESPACE,
-            "--values",
-            &values.display().to_string(),
-        ],
-        None,
-    );
-    let text = output_text(&out);
-    eprintln!("{text}");
-    assert!(out.status.success(), "helm install failed:\n{text}");
+    let text = helm_install(&cp, &["--values", &values.display().to_string()]);
     assert!(
         text.contains("kubectl apply -n <ns> -f examples/kubernetes/")
             && text.contains("kubectl get -n <ns> brokerconnections,fr"),
@@ -1209,10 +1212,12 @@ spec:
     }
     drop(operator);
 
+    // The pre-delete hook's Job cannot run without a kubelet (its command is tested apart).
     let out = helm(
         &[
             "uninstall",
             RELEASE,
+            "--no-hooks",
             "--kubeconfig",
             &kubeconfig,
             "--namespace",
@@ -1638,9 +1643,9 @@ fn readme_values_table_is_generated_from_values_yaml() {
     );
 }
 
-/// The rows of the main README's metrics tables, by metric name.
-fn readme_metric_rows() -> BTreeMap<String, String> {
-    let readme = include_str!("../../README.md");
+/// The rows of docs/metrics.md's metrics tables, by metric name.
+fn documented_metric_rows() -> BTreeMap<String, String> {
+    let readme = include_str!("../../docs/metrics.md");
     let mut rows = BTreeMap::new();
     for line in readme.lines().map(str::trim) {
         let Some(first) = line.strip_prefix("| `").and_then(|l| l.split(" |").next()) else {
@@ -1684,7 +1689,7 @@ fn matchers_and_groupings(expr: &str) -> (Vec<(String, String, String)>, Vec<Str
     (matchers, groupings)
 }
 
-/// Every metric an alert uses is one the forwarder or the operator registers and the README
+/// Every metric an alert uses is one the forwarder or the operator registers and docs/metrics.md
 /// documents, with label names and values from its row (or target labels the monitors add).
 #[test]
 fn alerts_use_only_metrics_and_label_values_that_exist() {
@@ -1710,7 +1715,7 @@ fn alerts_use_only_metrics_and_label_values_that_exist() {
     ] {
         assert!(names.contains(&promised), "{promised} in {names:?}");
     }
-    let rows = readme_metric_rows();
+    let rows = documented_metric_rows();
     for rule in &rules {
         check_alert(rule, &rows);
     }
@@ -1807,7 +1812,7 @@ fn github_anchor(heading: &str) -> String {
 }
 
 /// One alerting rule: a severity, a balanced expression, and only metrics, label names and
-/// label values that exist (the README's rows, or the target labels the monitors add).
+/// label values that exist (docs/metrics.md's rows, or the target labels the monitors add).
 fn check_alert(rule: &Value, rows: &BTreeMap<String, String>) {
     let target_labels = ["namespace", "pod", "job"];
     // Labels whose values are object names: any value (a regular expression) is fine.
@@ -1828,7 +1833,7 @@ fn check_alert(rule: &Value, rows: &BTreeMap<String, String>) {
         assert!(is_registered(name), "{alert}: {name} is not registered");
         assert!(
             rows.contains_key(name),
-            "{alert}: {name} is not in the README"
+            "{alert}: {name} is not in docs/metrics.md"
         );
     }
     let (matchers, groupings) = matchers_and_groupings(expr);
@@ -1847,7 +1852,7 @@ fn check_alert(rule: &Value, rows: &BTreeMap<String, String>) {
         let row = &rows[&name];
         assert!(
             row.contains(&format!("`{label}`")) && row.contains(&format!("`{value}`")),
-            "{alert}: {name}{{{label}=\"{value}\"}}: not a label value the README lists:\n{row}"
+            "{alert}: {name}{{{label}=\"{value}\"}}: not a label value docs/metrics.md lists:\n{row}"
         );
     }
     for label in groupings {
@@ -1933,7 +1938,11 @@ impl Release<'_> {
     fn try_helm(&self, verb: &str, chart: &Path) -> Output {
         let chart = chart.display().to_string();
         let mut args = vec![verb, RELEASE];
-        if verb != "uninstall" {
+        if verb == "uninstall" {
+            // The pre-delete hook's Job cannot run without a kubelet; its command is tested
+            // on its own (uninstall_hook_releases_finalizers_...).
+            args.push("--no-hooks");
+        } else {
             args.push(&chart);
         }
         args.extend(["--kubeconfig", &self.kubeconfig, "--namespace", NAMESPACE]);
@@ -2149,6 +2158,27 @@ fn output_text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
+}
+
+/// `helm install ferry charts/ferry --namespace ferry-system EXTRA...` into `cp`, which must
+/// succeed; its output.
+fn helm_install(cp: &ControlPlane, extra: &[&str]) -> String {
+    let kubeconfig = cp.kubeconfig_path().display().to_string();
+    let mut args = vec![
+        "install",
+        RELEASE,
+        CHART,
+        "--kubeconfig",
+        &kubeconfig,
+        "--namespace",
+        NAMESPACE,
+    ];
+    args.extend_from_slice(extra);
+    let out = helm(&args, None);
+    let text = output_text(&out);
+    eprintln!("{text}");
+    assert!(out.status.success(), "helm install failed:\n{text}");
+    text
 }
 
 /// helm with its config, cache and data dirs in the test's temp dir (nothing in $HOME).
@@ -2377,19 +2407,7 @@ impl SaOperator {
     /// Starts it as pod `name` (logs `<name>.log` and `.stderr` in the control plane's dir)
     /// with `env` added to the chart's settings.
     fn start(cp: &ControlPlane, name: &str, env: &[(&str, &str)]) -> Self {
-        let token = cp
-            .run_kubectl([
-                "create",
-                "token",
-                OPERATOR,
-                "-n",
-                NAMESPACE,
-                "--duration=1h",
-            ])
-            .expect("token");
-        let kubeconfig = cp.dir().join(format!("{name}-kubeconfig"));
-        cp.write_kubeconfig(&kubeconfig, "operator", token.trim(), NAMESPACE)
-            .expect("kubeconfig");
+        let kubeconfig = sa_kubeconfig(cp, OPERATOR, name);
         let port = ferry_e2e::free_port().expect("port");
         let log = cp.dir().join(format!("{name}.log"));
         let child = Command::new(env!("CARGO_BIN_EXE_ferry-operator"))
@@ -2426,6 +2444,18 @@ impl SaOperator {
     }
 }
 
+/// A kubeconfig `<name>-kubeconfig` in the control plane's dir with nothing but a token of
+/// ServiceAccount `sa` of the release namespace, as a pod of that account has.
+fn sa_kubeconfig(cp: &ControlPlane, sa: &str, name: &str) -> PathBuf {
+    let token = cp
+        .run_kubectl(["create", "token", sa, "-n", NAMESPACE, "--duration=1h"])
+        .expect("token");
+    let kubeconfig = cp.dir().join(format!("{name}-kubeconfig"));
+    cp.write_kubeconfig(&kubeconfig, sa, token.trim(), NAMESPACE)
+        .expect("kubeconfig");
+    kubeconfig
+}
+
 /// Kills the child when dropped (also when the test panics).
 struct ChildGuard(Child);
 
@@ -2444,13 +2474,75 @@ impl Drop for ChildGuard {
 fn gitops_examples_are_valid_for_argo_cd_and_flux() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/gitops");
     let mut all = String::new();
-    for file in ["argocd-application.yaml", "flux.yaml"] {
+    for file in [
+        "argocd-application.yaml",
+        "flux.yaml",
+        "external-secrets.yaml",
+    ] {
         let text = std::fs::read_to_string(dir.join(file)).expect("example");
         all.push_str("---\n");
         all.push_str(&text);
     }
-    // Offline schemas generated from the Argo CD and Flux CRDs (e2e/tools/build.sh).
-    kubeconform(&all, 3);
+    // Offline schemas generated from the Argo CD, Flux and External Secrets CRDs
+    // (e2e/tools/build.sh).
+    kubeconform(&all, 5);
+
+    // What they sync holds no Secret (self-heal would put a placeholder back over the real
+    // password); the ExternalSecrets make exactly the Secrets the connection references,
+    // labelled so that it may use them.
+    let synced = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/kubernetes");
+    let mut referenced = Vec::new();
+    for entry in std::fs::read_dir(&synced).expect("examples/kubernetes") {
+        let text = std::fs::read_to_string(entry.expect("entry").path()).expect("example");
+        for doc in documents(&text) {
+            assert_ne!(
+                doc["kind"], "Secret",
+                "a Secret in examples/kubernetes: {doc}"
+            );
+            let spec = &doc["spec"];
+            for secret in [
+                &spec["mqtt"]["credentialsSecretRef"]["name"],
+                &spec["kafka"]["sasl"]["credentialsSecretRef"]["name"],
+            ] {
+                if let Some(name) = secret.as_str() {
+                    referenced.push(name.to_owned());
+                }
+            }
+        }
+    }
+    referenced.sort();
+    let docs = documents(&all);
+    let mut made: Vec<String> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ExternalSecret")
+        .map(|d| {
+            let target = &d["spec"]["target"];
+            assert_eq!(
+                target["template"]["metadata"]["labels"]["ferry.dev/broker-credentials"], "true",
+                "{d}"
+            );
+            target["name"].as_str().expect("target name").to_owned()
+        })
+        .collect();
+    made.sort();
+    assert_eq!(
+        made, referenced,
+        "the ExternalSecrets make the referenced Secrets"
+    );
+    // Flux waits on health, with expressions for Ferry's kinds (evaluated against the
+    // operator's own statuses in tests/reconcile.rs).
+    let kustomization = find(&docs, "Kustomization", "ferry-plant");
+    assert_eq!(
+        kustomization["spec"]["wait"], true,
+        "healthCheckExprs apply only with wait"
+    );
+    let checked: Vec<&str> = kustomization["spec"]["healthCheckExprs"]
+        .as_array()
+        .expect("healthCheckExprs")
+        .iter()
+        .map(|c| c["kind"].as_str().expect("kind"))
+        .collect();
+    assert_eq!(checked, ["BrokerConnection", "ForwardingRule"]);
 
     // And a real API server with those CRDs, refusing unknown fields.
     let cp = ControlPlane::start().expect("control plane (run e2e/k8s/build.sh once)");
@@ -2465,6 +2557,10 @@ fn gitops_examples_are_valid_for_argo_cd_and_flux() {
             "kustomize.toolkit.fluxcd.io_kustomizations.yaml",
             "kustomizations.kustomize.toolkit.fluxcd.io",
         ),
+        (
+            "external-secrets.io_externalsecrets.yaml",
+            "externalsecrets.external-secrets.io",
+        ),
     ] {
         cp.install_crds(&crds.join(file), &[name])
             .unwrap_or_else(|e| panic!("install {file}: {e}"));
@@ -2478,7 +2574,7 @@ fn gitops_examples_are_valid_for_argo_cd_and_flux() {
         match cp.run_kubectl_with_stdin(["apply", "--validate=strict", "-f", "-"], &all) {
             Ok(out) => {
                 eprintln!("{}", out.trim());
-                assert_eq!(out.lines().count(), 3, "{out}");
+                assert_eq!(out.lines().count(), 5, "{out}");
                 break;
             }
             // Discovery may lag the CRDs by a moment.
@@ -2503,5 +2599,517 @@ fn gitops_examples_are_valid_for_argo_cd_and_flux() {
     assert_eq!(
         path, "./examples/kubernetes",
         "points at the Ferry examples"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Namespace mode refused at admission: a ValidatingAdmissionPolicy from watchNamespaces
+// ---------------------------------------------------------------------------------------------
+
+/// The policy and its binding render only in namespace mode, and only where the API server
+/// serves ValidatingAdmissionPolicy (what `helm install` finds by discovery; `helm template`
+/// without `--api-versions` stands for an older cluster).
+#[test]
+fn admission_policy_renders_only_in_namespace_mode_on_api_servers_that_serve_it() {
+    let policy_kinds = |docs: &[Value]| -> Vec<String> {
+        kinds(docs)
+            .into_iter()
+            .filter(|k| k.starts_with("ValidatingAdmissionPolicy"))
+            .collect()
+    };
+    let scoped = ["--set", "watchNamespaces={plant,factory}"];
+    let rendered = template(&[scoped[0], scoped[1], "--api-versions", VAP_API]);
+    let docs = documents(&rendered);
+    assert_eq!(
+        policy_kinds(&docs),
+        [
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding"
+        ]
+    );
+    kubeconform(&rendered, docs.len());
+    let policy = find(
+        &docs,
+        "ValidatingAdmissionPolicy",
+        "ferry-watched-namespaces",
+    );
+    assert!(
+        policy["spec"]["validations"][0]["expression"]
+            .as_str()
+            .expect("expression")
+            .contains("request.namespace in ['plant','factory']"),
+        "{policy}"
+    );
+    assert_eq!(
+        find(
+            &docs,
+            "ValidatingAdmissionPolicyBinding",
+            "ferry-watched-namespaces"
+        )["spec"]["validationActions"],
+        serde_json::json!(["Deny"])
+    );
+    for (what, args) in [
+        ("cluster mode", &["--api-versions", VAP_API][..]),
+        ("an API server without the API", &scoped[..]),
+        (
+            "admissionPolicy.enabled=false",
+            &[
+                scoped[0],
+                scoped[1],
+                "--api-versions",
+                VAP_API,
+                "--set",
+                "admissionPolicy.enabled=false",
+            ][..],
+        ),
+    ] {
+        assert!(
+            policy_kinds(&documents(&template(args))).is_empty(),
+            "nothing rendered for {what}"
+        );
+    }
+}
+
+/// Installed by `helm install` into a real API server (v1.34) watching plant and factory: a
+/// connection or rule elsewhere is refused with a message naming the watched namespaces; in a
+/// watched one it is accepted; one created before the policy can still be cleaned up and
+/// deleted, but its spec no longer changed.
+#[test]
+fn watch_namespaces_refuses_connections_and_rules_elsewhere_at_admission() {
+    let cp = ControlPlane::start().expect("control plane (run `bash e2e/k8s/build.sh` once)");
+    for ns in [NAMESPACE, "plant", "factory", "elsewhere", "legacy"] {
+        cp.run_kubectl(["create", "namespace", ns])
+            .expect("namespace");
+    }
+    cp.install_crds(
+        &Path::new(CHART).join("crd-files"),
+        &["forwardingrules.ferry.dev", "brokerconnections.ferry.dev"],
+    )
+    .expect("CRDs");
+    // Created before the policy, with a finalizer of someone else's.
+    let legacy = connection_in("legacy", false).replace(
+        "metadata: { name: plant, namespace: legacy }",
+        "metadata: { name: plant, namespace: legacy, finalizers: [example.com/hold] }",
+    );
+    cp.run_kubectl_with_stdin(["apply", "-f", "-"], &legacy)
+        .expect("a connection in legacy before the policy");
+
+    // The CRDs are already there (installed by hand): the chart leaves them alone.
+    let values = values_file(
+        "admission",
+        "watchNamespaces: [plant, factory]\ncrds: { enabled: false }\n",
+    );
+    helm_install(&cp, &["--values", &values.display().to_string()]);
+    for kind in [
+        "validatingadmissionpolicy",
+        "validatingadmissionpolicybinding",
+    ] {
+        cp.run_kubectl(["get", kind, "ferry-watched-namespaces"])
+            .unwrap_or_else(|e| panic!("helm installed the {kind} (discovery has the API): {e}"));
+    }
+
+    // The API server loads a new policy asynchronously: the first refusal shows it in force.
+    let mut refusal = String::new();
+    wait_for(
+        "the policy to refuse a connection in elsewhere",
+        Duration::from_secs(30),
+        || match cp.run_kubectl_with_stdin(["apply", "-f", "-"], &connection_in("elsewhere", false))
+        {
+            Ok(_) => {
+                for kind in ["fr/telemetry", "bc/plant"] {
+                    let _ = cp.run_kubectl(["delete", kind, "-n", "elsewhere", "--wait=false"]);
+                }
+                false
+            }
+            Err(e) => {
+                refusal = e.to_string();
+                true
+            }
+        },
+    );
+    eprintln!("refused: {refusal}");
+    for expected in [
+        "ferry-watched-namespaces",
+        "BrokerConnection plant in namespace elsewhere would never be served",
+        "watches only the namespaces plant, factory",
+        "add elsewhere to the chart value watchNamespaces",
+    ] {
+        assert!(refusal.contains(expected), "«{expected}» in: {refusal}");
+    }
+    let rule_alone = connection_in("elsewhere", false)
+        .split("---")
+        .find(|d| d.contains("kind: ForwardingRule"))
+        .expect("the rule")
+        .to_owned();
+    let refused = cp
+        .run_kubectl_with_stdin(["apply", "-f", "-"], &rule_alone)
+        .expect_err("a rule in elsewhere is refused too");
+    assert!(
+        refused
+            .to_string()
+            .contains("ForwardingRule telemetry in namespace elsewhere"),
+        "{refused}"
+    );
+    let listed = cp
+        .run_kubectl(["get", "bc,fr", "-n", "elsewhere", "-o", "name"])
+        .expect("list");
+    assert!(listed.trim().is_empty(), "nothing was created: {listed}");
+
+    // Watched namespaces: accepted.
+    for ns in ["plant", "factory"] {
+        cp.run_kubectl_with_stdin(["apply", "-f", "-"], &connection_in(ns, true))
+            .unwrap_or_else(|e| panic!("a connection and rule in {ns}: {e}"));
+    }
+
+    // The connection from before: its spec is frozen, its metadata not, and it deletes.
+    let patch_legacy = |patch: &str| {
+        cp.run_kubectl([
+            "patch",
+            "bc",
+            "plant",
+            "-n",
+            "legacy",
+            "--type=merge",
+            "-p",
+            patch,
+        ])
+    };
+    let spec_change = patch_legacy(r#"{"spec":{"mqtt":{"host":"other.legacy.svc"}}}"#)
+        .expect_err("a spec change outside the watched namespaces is refused");
+    assert!(
+        spec_change.to_string().contains("would never be served"),
+        "{spec_change}"
+    );
+    patch_legacy(r#"{"metadata":{"finalizers":null,"labels":{"team":"iot"}}}"#)
+        .expect("a metadata-only change (a finalizer removed) is allowed");
+    cp.run_kubectl(["delete", "bc", "plant", "-n", "legacy", "--timeout=30s"])
+        .expect("and it deletes");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Uninstalling: the pre-delete hook that releases the operator's finalizers
+// ---------------------------------------------------------------------------------------------
+
+const HOOK_SA: &str = "ferry-uninstall";
+
+fn is_hook(doc: &Value) -> bool {
+    doc["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+}
+
+/// The hook's objects: all `pre-delete` hooks, removed once it succeeded; the Job runs the
+/// operator image's `release-finalizers` and waits for exactly the operator's pods (not its
+/// own); its RBAC follows the operator's scope.
+#[test]
+fn uninstall_hook_renders_a_release_finalizers_job_with_rbac_of_its_own() {
+    let docs = documents(&template(&[]));
+    let hooks: Vec<&Value> = docs.iter().filter(|d| is_hook(d)).collect();
+    let mut hook_kinds: Vec<String> = hooks
+        .iter()
+        .map(|d| d["kind"].as_str().expect("kind").to_owned())
+        .collect();
+    hook_kinds.sort();
+    assert_eq!(
+        hook_kinds,
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Job",
+            "Role",
+            "RoleBinding",
+            "ServiceAccount"
+        ]
+    );
+    for hook in &hooks {
+        let annotations = &hook["metadata"]["annotations"];
+        assert_eq!(
+            annotations["helm.sh/hook-delete-policy"], "before-hook-creation,hook-succeeded",
+            "{hook}"
+        );
+        let weight: i32 = annotations["helm.sh/hook-weight"]
+            .as_str()
+            .expect("weight")
+            .parse()
+            .expect("a number");
+        assert_eq!(
+            weight < 0,
+            hook["kind"] != "Job",
+            "the ServiceAccount and RBAC before the Job: {hook}"
+        );
+    }
+    let job = find(&docs, "Job", HOOK_SA);
+    let pod = &job["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], HOOK_SA);
+    assert_eq!(pod["restartPolicy"], "Never");
+    let container = &pod["containers"][0];
+    let deployment = find(&docs, "Deployment", OPERATOR);
+    assert_eq!(
+        container["image"],
+        deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    );
+    assert_eq!(
+        container["securityContext"],
+        deployment["spec"]["template"]["spec"]["containers"][0]["securityContext"],
+        "admitted wherever the operator is (restricted)"
+    );
+    let args = hook_args(job);
+    assert_eq!(args[0], "release-finalizers");
+    let selector = args
+        .iter()
+        .find_map(|a| a.strip_prefix("--operator-selector="))
+        .expect("--operator-selector");
+    let mut expected: Vec<String> = deployment["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("matchLabels")
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().expect("label")))
+        .collect();
+    expected.sort();
+    assert_eq!(selector, expected.join(","), "the operator's own pods");
+    let own_labels = &job["spec"]["template"]["metadata"]["labels"];
+    assert!(
+        !expected.iter().all(|kv| {
+            let (k, v) = kv.split_once('=').expect("k=v");
+            own_labels[k] == v
+        }),
+        "the hook's pod must not match the selector it waits on: {own_labels}"
+    );
+    assert!(args.contains(&format!("--operator-deployment={OPERATOR}")));
+
+    // Namespace mode: a Role per watched namespace, nothing cluster-wide.
+    let scoped = documents(&template(&["--set", "watchNamespaces={plant,factory}"]));
+    let scoped_hooks: Vec<&Value> = scoped.iter().filter(|d| is_hook(d)).collect();
+    assert!(
+        scoped_hooks
+            .iter()
+            .all(|d| !d["kind"].as_str().expect("kind").starts_with("Cluster")),
+        "namespace mode: no cluster-wide rights for the hook"
+    );
+    for ns in ["plant", "factory"] {
+        assert!(scoped_hooks.iter().any(|d| d["kind"] == "Role"
+            && d["metadata"]["name"] == "ferry-uninstall-connections"
+            && d["metadata"]["namespace"] == ns));
+    }
+    let env = &find(&scoped, "Job", HOOK_SA)["spec"]["template"]["spec"]["containers"][0]["env"];
+    assert!(
+        env.as_array()
+            .expect("env")
+            .iter()
+            .any(|e| e["name"] == "FERRY_WATCH_NAMESPACES" && e["value"] == "plant,factory"),
+        "{env}"
+    );
+    let off = documents(&template(&["--set", "uninstall.releaseFinalizers=false"]));
+    assert!(
+        !off.iter().any(is_hook),
+        "uninstall.releaseFinalizers=false"
+    );
+}
+
+fn hook_args(job: &Value) -> Vec<String> {
+    job["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("arg").to_owned())
+        .collect()
+}
+
+/// `release-finalizers` run as the hook's pod would (the Job's arguments, nothing but a token
+/// of the hook's ServiceAccount with the chart's RBAC) against a real API server after `helm
+/// install`: it stops the operator Deployment, then releases every connection, so that one
+/// whose deletion hung without an operator completes; the forwarders stay until their
+/// connection is deleted, then the garbage collector removes them; an operator started again
+/// puts its finalizer back.
+#[test]
+fn uninstall_hook_releases_finalizers_so_connections_delete_without_the_operator() {
+    let cp = ControlPlane::start().expect("control plane (run `bash e2e/k8s/build.sh` once)");
+    for ns in [NAMESPACE, "plant"] {
+        cp.run_kubectl(["create", "namespace", ns])
+            .expect("namespace");
+    }
+    helm_install(&cp, &[]);
+    let depot = connection_in("plant", false)
+        .split("---")
+        .next()
+        .expect("the connection")
+        .replace("name: plant, namespace", "name: depot, namespace");
+    cp.run_kubectl_with_stdin(
+        ["apply", "-f", "-"],
+        &format!("{}---\n{depot}", connection_in("plant", true)),
+    )
+    .expect("connections plant and depot");
+
+    // The operator (as the chart's ServiceAccount) takes both: finalizer and forwarders.
+    let has_finalizer = |name: &str| {
+        cp.run_kubectl([
+            "get",
+            "bc",
+            name,
+            "-n",
+            "plant",
+            "-o",
+            "jsonpath={.metadata.finalizers}",
+        ])
+        .is_ok_and(|f| f.contains("ferry.dev/mqtt-sessions"))
+    };
+    let annotation = || {
+        cp.run_kubectl([
+            "get",
+            "bc",
+            "plant",
+            "-n",
+            "plant",
+            "-o",
+            "jsonpath={.metadata.annotations.ferry\\.dev/finalizer-released-at}",
+        ])
+        .expect("get bc")
+    };
+    let exists =
+        |kind: &str, name: &str| cp.run_kubectl(["get", kind, name, "-n", "plant"]).is_ok();
+    {
+        let operator =
+            SaOperator::start(&cp, "before-uninstall", &[("FERRY_LEADER_ELECT", "false")]);
+        let log = operator.log_reader();
+        wait_for(
+            "the finalizers and forwarders",
+            Duration::from_secs(60),
+            || {
+                has_finalizer("plant")
+                    && has_finalizer("depot")
+                    && exists("statefulset", "plant-default")
+            },
+        );
+        drop(operator);
+        eprintln!(
+            "operator stopped; its log ends:\n{}",
+            log().lines().rev().take(3).collect::<Vec<_>>().join("\n")
+        );
+    }
+    // No operator: a deletion waits on the finalizer for ever (what the hook exists for).
+    cp.run_kubectl(["delete", "bc", "depot", "-n", "plant", "--wait=false"])
+        .expect("delete depot");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        exists("bc", "depot"),
+        "depot's deletion hangs without the operator"
+    );
+
+    // The hook's ServiceAccount and RBAC, as rendered; it may do what it does and no more.
+    let docs = documents(&template(&[]));
+    let hooks: Vec<Value> = docs.iter().filter(|d| is_hook(d)).cloned().collect();
+    apply_rbac(&cp, &hooks);
+    let sa = format!("system:serviceaccount:{NAMESPACE}:{HOOK_SA}");
+    for args in [
+        &["list", "brokerconnections.ferry.dev", "--all-namespaces"][..],
+        &["patch", "brokerconnections.ferry.dev", "-n", "plant"],
+        &[
+            "patch",
+            "deployments.apps/ferry-operator",
+            "--subresource=scale",
+            "-n",
+            NAMESPACE,
+        ],
+        &["list", "pods", "-n", NAMESPACE],
+    ] {
+        assert!(can_i(&cp, &sa, args), "the hook needs: {args:?}");
+    }
+    for args in [
+        &["get", "secrets", "-n", "plant"][..],
+        &["list", "secrets", "-n", NAMESPACE],
+        &["delete", "brokerconnections.ferry.dev", "-n", "plant"],
+        &["update", "brokerconnections.ferry.dev", "-n", "plant"],
+        &[
+            "patch",
+            "brokerconnections.ferry.dev",
+            "--subresource=status",
+            "-n",
+            "plant",
+        ],
+        &["patch", "forwardingrules.ferry.dev", "-n", "plant"],
+        &["patch", "deployments.apps/ferry-operator", "-n", NAMESPACE],
+        &[
+            "patch",
+            "deployments.apps/other",
+            "--subresource=scale",
+            "-n",
+            NAMESPACE,
+        ],
+        &["delete", "statefulsets.apps", "-n", "plant"],
+        &["list", "pods", "-n", "plant"],
+    ] {
+        assert!(
+            !can_i(&cp, &sa, args),
+            "the hook must not be allowed: {args:?}"
+        );
+    }
+
+    let job = find(&docs, "Job", HOOK_SA);
+    let run_hook = |name: &str| {
+        let config = sa_kubeconfig(&cp, HOOK_SA, name);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ferry-operator"));
+        cmd.args(hook_args(job))
+            .env("KUBECONFIG", &config)
+            .env("POD_NAMESPACE", NAMESPACE)
+            .env("FERRY_LOG", "info");
+        let started = Instant::now();
+        let out = run(cmd, None);
+        let text = output_text(&out);
+        eprintln!("release-finalizers in {:.1?}:\n{text}", started.elapsed());
+        assert!(out.status.success(), "release-finalizers failed:\n{text}");
+        text
+    };
+    let text = run_hook("hook");
+    assert!(
+        text.contains("plant/plant") && text.contains("plant/depot"),
+        "{text}"
+    );
+    assert_eq!(
+        cp.run_kubectl([
+            "get",
+            "deployment",
+            OPERATOR,
+            "-n",
+            NAMESPACE,
+            "-o",
+            "jsonpath={.spec.replicas}",
+        ])
+        .expect("deployment"),
+        "0",
+        "the operator is stopped first"
+    );
+    wait_for(
+        "depot's deletion to complete",
+        Duration::from_secs(30),
+        || !exists("bc", "depot"),
+    );
+    assert!(!has_finalizer("plant"), "released");
+    assert!(
+        annotation().parse::<jiff::Timestamp>().is_ok(),
+        "marked with the time: {:?}",
+        annotation()
+    );
+    assert!(
+        exists("statefulset", "plant-default"),
+        "the forwarders keep running until their connection is deleted"
+    );
+
+    // An operator installed again takes the connection back.
+    {
+        let _operator = SaOperator::start(&cp, "reinstalled", &[("FERRY_LEADER_ELECT", "false")]);
+        wait_for(
+            "the finalizer back and the mark gone",
+            Duration::from_secs(60),
+            || has_finalizer("plant") && annotation().is_empty(),
+        );
+    }
+    run_hook("hook-again");
+    assert!(!has_finalizer("plant"));
+
+    // Deleting the connection now completes with no operator, and takes its forwarders.
+    cp.run_kubectl(["delete", "bc", "plant", "-n", "plant", "--timeout=30s"])
+        .expect("the released connection deletes without an operator");
+    wait_for(
+        "the garbage collector to remove the forwarders",
+        Duration::from_secs(60),
+        || !exists("statefulset", "plant-default") && !exists("configmap", "plant-default"),
     );
 }

@@ -155,3 +155,33 @@ fn a_bad_watch_namespaces_flag_exits_2_naming_the_flag_and_the_name() {
         );
     }
 }
+
+/// The uninstall hook's command: stopping the operator needs both its Deployment and its pods'
+/// selector (waiting on nothing would let a running operator undo the release), and a bad
+/// `--watch-namespaces` after the subcommand is refused as before it.
+#[test]
+fn release_finalizers_refuses_half_an_operator_and_bad_namespaces() {
+    let (code, stderr) = run(
+        &[
+            "release-finalizers",
+            "--operator-deployment",
+            "ferry-operator",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--operator-selector"), "{stderr}");
+    let (code, stderr) = run(&["release-finalizers", "--watch-namespaces", "Plant"], &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--watch-namespaces") && stderr.contains("\"Plant\""),
+        "{stderr}"
+    );
+    // Flags right, no API server: it says so and fails.
+    let (code, stderr) = run(&["release-finalizers"], &[]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("cannot reach the Kubernetes API"),
+        "{stderr}"
+    );
+}

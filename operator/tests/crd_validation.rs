@@ -147,6 +147,38 @@ fn invalid_objects() -> Vec<(&'static str, String, &'static str)> {
             "replicas must be between 0 and 64",
         ),
         (
+            "a literal username and a usernameKey",
+            conn(
+                "credentialsSecretRef: { name: kafka-credentials }",
+                "credentialsSecretRef: { name: kafka-credentials, username: forwarder, usernameKey: user }",
+            ),
+            "username is given literally: remove usernameKey",
+        ),
+        (
+            "a group with replicas and autoscaled",
+            conn(
+                "replicas: 2\n",
+                "replicas: 2\n    groups: [{ name: bulk, replicas: 3, autoscaled: true }]\n",
+            ),
+            "replicas and autoscaled: true both decide the group's replicas: set one",
+        ),
+        (
+            "a group name that is no group",
+            conn(
+                "replicas: 2\n",
+                "replicas: 2\n    groups: [{ name: Bulk_1, replicas: 3 }]\n",
+            ),
+            "name must be a group name",
+        ),
+        (
+            "a group's replicas out of range",
+            conn(
+                "replicas: 2\n",
+                "replicas: 2\n    groups: [{ name: bulk, replicas: 65 }]\n",
+            ),
+            "replicas must be between 0 and 64",
+        ),
+        (
             "upper-case repository",
             conn("team/ferry-forwarder", "Team/ferry-forwarder"),
             image,
@@ -403,9 +435,28 @@ fn accepted_objects() -> Vec<(String, String)> {
         .chain([format!("{:?}", "t".repeat(1024))])
         .collect();
     let mut cases = vec![(
+        "Strimzi-shaped Secrets, groups of their own".to_owned(),
+        CONNECTION
+            .replacen(
+                "credentialsSecretRef: { name: kafka-credentials }",
+                "credentialsSecretRef: { name: forwarder, username: forwarder }",
+                1,
+            )
+            .replacen(
+                "tls: { useSystemRoots: true }",
+                "tls: { caSecretRef: { name: c-cluster-ca-cert, key: ca.crt }, clientCertSecretRef: { name: forwarder, certKey: user.crt, keyKey: user.key } }",
+                1,
+            )
+            .replacen(
+                "replicas: 2\n",
+                "replicas: 2\n    groups: [{ name: bulk, replicas: 0 }, { name: scaled, autoscaled: true }, { name: same }]\n",
+                1,
+            ),
+    )];
+    cases.push((
         "every valid filter".to_owned(),
         RULE.replacen(TOPICS, &format!("[{}]", valid_filters.join(", ")), 1),
-    )];
+    ));
     cases.push((
         "a 3-digit placeholder and a header prefix".to_owned(),
         RULE.replacen("telemetry.{1}", "t.{999}", 1).replacen(
@@ -501,7 +552,28 @@ fn accepted_objects() -> Vec<(String, String)> {
             1,
         ),
     ));
+    cases.push((
+        "the README's first connection and rule".to_owned(),
+        readme_first_objects(),
+    ));
     cases
+}
+
+/// The README's first BrokerConnection and ForwardingRule (its first YAML block), as a user
+/// copies them, moved to this test's namespace: the README's first steps stay valid as the
+/// CRDs change.
+fn readme_first_objects() -> String {
+    let readme = include_str!("../../README.md");
+    let yaml = readme
+        .split("```yaml\n")
+        .nth(1)
+        .and_then(|block| block.split("```").next())
+        .expect("the README has a YAML block");
+    assert!(
+        yaml.contains("kind: BrokerConnection") && yaml.contains("kind: ForwardingRule"),
+        "the README's first YAML block is a connection and a rule:\n{yaml}"
+    );
+    yaml.replace("namespace: plant", "namespace: ferry")
 }
 
 #[test]

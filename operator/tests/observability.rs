@@ -1,6 +1,6 @@
 //! What people and their tools read off the operator, against a real kube-apiserver: the
 //! table `kubectl get` prints, and `/metrics` as Prometheus reads it (every name and label
-//! value documented in the README, where alerts are written from).
+//! value documented in docs/metrics.md, where alerts are written from).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -13,7 +13,7 @@ mod common;
 
 const NS: &str = "ferry";
 const WAIT: Duration = Duration::from_secs(60);
-const README: &str = include_str!("../../README.md");
+const METRICS_DOC: &str = include_str!("../../docs/metrics.md");
 
 /// A connection with two Kafka brokers, two groups, and a rule with two MQTT filters: every
 /// list a column shows has more than one item.
@@ -169,9 +169,9 @@ fn metrics_serve_exactly_the_documented_names_and_label_values() {
     let scrape = Scrape::get(op.port).expect("scrape");
     eprintln!("{}", scrape.text);
     assert_eq!(
-        scrape.undocumented(README, &["version", "namespace", "rule", "connection"]),
+        scrape.undocumented(METRICS_DOC, &["version", "namespace", "rule", "connection"]),
         Vec::<String>::new(),
-        "served but not in README.md's metrics tables"
+        "served but not in docs/metrics.md's metrics tables"
     );
     let kinds = BTreeSet::from(["broker_connection".to_owned(), "forwarding_rule".to_owned()]);
     for metric in [

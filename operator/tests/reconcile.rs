@@ -131,7 +131,75 @@ fn argo_health(object: &serde_json::Value) -> (String, String) {
     );
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let (status, message) = text.split_once('\n').expect("status and message");
+    // The Flux example's health expressions say the same of every object Argo CD is asked
+    // about (Suspended is stopped on purpose: Current for Flux, which has no such state). A
+    // deletion is Argo CD's alone: Flux does not health-check what it is deleting.
+    if object["metadata"]["deletionTimestamp"].is_null() {
+        let expected = match status {
+            "Healthy" | "Suspended" => "Current",
+            "Progressing" => "InProgress",
+            "Degraded" => "Failed",
+            other => panic!("Argo CD health {other}"),
+        };
+        assert_eq!(
+            flux_health(object),
+            expected,
+            "examples/gitops/flux.yaml's healthCheckExprs disagree with Argo CD's {status} ({message}) on {object}"
+        );
+    }
     (status.to_owned(), message.to_owned())
+}
+
+/// What Flux's kustomize-controller makes of `object` with the `healthCheckExprs` of
+/// `examples/gitops/flux.yaml` (RFC 0009, fluxcd/pkg runtime/cel): InProgress while
+/// `status.observedGeneration` lags `metadata.generation`; then the first of inProgress,
+/// failed, current that is true; else InProgress. The object's top-level fields are the
+/// variables, as there. Evaluated with the workspace's CEL (the `cel` crate; Flux uses cel-go).
+fn flux_health(object: &serde_json::Value) -> &'static str {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/gitops/flux.yaml");
+    let text = std::fs::read_to_string(path).expect("examples/gitops/flux.yaml");
+    let kustomization = text
+        .split("\n---")
+        .map(|d| serde_saphyr::from_str::<serde_json::Value>(d).expect("flux.yaml parses"))
+        .find(|d| d["kind"] == "Kustomization")
+        .expect("a Kustomization in flux.yaml");
+    let check = kustomization["spec"]["healthCheckExprs"]
+        .as_array()
+        .expect("healthCheckExprs")
+        .iter()
+        .find(|c| c["kind"] == object["kind"] && c["apiVersion"] == object["apiVersion"])
+        .unwrap_or_else(|| panic!("no healthCheckExprs for {}", object["kind"]));
+    if object["status"].is_null() {
+        // No status yet: cel-go cannot resolve `status`, and Flux keeps waiting (Unknown).
+        return "InProgress";
+    }
+    let observed = &object["status"]["observedGeneration"];
+    if !observed.is_null() && *observed != object["metadata"]["generation"] {
+        return "InProgress";
+    }
+    let mut context = cel::Context::default();
+    for (name, value) in object.as_object().expect("an object") {
+        context
+            .add_variable(name.as_str(), value)
+            .expect("a CEL variable");
+    }
+    for (field, health) in [
+        ("inProgress", "InProgress"),
+        ("failed", "Failed"),
+        ("current", "Current"),
+    ] {
+        let Some(expr) = check[field].as_str() else {
+            continue;
+        };
+        let program =
+            cel::Program::compile(expr).unwrap_or_else(|e| panic!("{field}: {expr}: {e}"));
+        match program.execute(&context) {
+            Ok(cel::Value::Bool(true)) => return health,
+            Ok(cel::Value::Bool(false)) => {}
+            other => panic!("{field}: {expr} on {object}: {other:?}"),
+        }
+    }
+    "InProgress"
 }
 
 /// `value` as a Lua table constructor, as Argo CD hands an object to a health check (JSON null
@@ -579,6 +647,30 @@ fn deleting_the_connection_collects_its_children(s: &Scene) {
 fn the_kubernetes_examples_apply_and_render_as_documented() {
     let cp = common::control_plane_with_crds("ferry");
     let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/kubernetes/");
+    // The Secrets are not among the examples (GitOps must never sync placeholders): created
+    // out of band as connection.yaml says.
+    for name in ["mqtt-credentials", "kafka-credentials"] {
+        cp.run_kubectl([
+            "create",
+            "secret",
+            "generic",
+            name,
+            "-n",
+            "ferry",
+            "--from-literal=username=ferry",
+            "--from-literal=password=change-me",
+        ])
+        .expect("create secret");
+        cp.run_kubectl([
+            "label",
+            "secret",
+            name,
+            "-n",
+            "ferry",
+            "ferry.dev/broker-credentials=true",
+        ])
+        .expect("label secret");
+    }
     let start = Instant::now();
     while let Err(e) = cp.run_kubectl(["apply", "-n", "ferry", "-f", examples]) {
         assert!(
@@ -873,4 +965,187 @@ fn forwarder_network_policies_admit_only_the_operator_and_the_metrics_sources() 
         get("networkpolicy", "plant-analytics").is_none()
     });
     assert!(get("networkpolicy", "plant-default").is_some());
+}
+
+/// Neighbours' shapes. Secrets as Strimzi's User Operator writes them for a KafkaUser (SCRAM:
+/// `password` and `sasl.jaas.config`, no username; TLS: `user.crt`, `user.key`, …) and its
+/// cluster CA Secret (`ca.crt`) are used as they are, through a literal username and named
+/// keys. Replicas per group: one group's own count, and an autoscaled group whose replicas the
+/// operator leaves to the autoscaler (here `kubectl scale`, as a HorizontalPodAutoscaler writes
+/// them) across later reconciles, with every pod but the first draining on SIGTERM.
+#[test]
+fn strimzi_shaped_secrets_and_replicas_per_group_without_a_fight_with_an_autoscaler() {
+    let cp = common::control_plane_with_crds("ferry");
+    let op = Operator::start(&cp, "operator", &[]);
+    let marked = "ferry.dev/broker-credentials=true";
+    for (name, literals) in [
+        (
+            "forwarder",
+            vec![
+                "--from-literal=password=scram-pw",
+                "--from-literal=sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username=\"forwarder\" password=\"scram-pw\";",
+            ],
+        ),
+        (
+            "forwarder-tls",
+            vec![
+                "--from-literal=ca.crt=CLIENTS-CA",
+                "--from-literal=user.crt=USER-CERT",
+                "--from-literal=user.key=USER-KEY",
+                "--from-literal=user.p12=P12",
+                "--from-literal=user.password=P12-PW",
+            ],
+        ),
+        (
+            "plant-cluster-ca-cert",
+            vec!["--from-literal=ca.crt=CLUSTER-CA"],
+        ),
+    ] {
+        let mut args = vec!["create", "secret", "generic", name, "-n", "ferry"];
+        args.extend(literals);
+        cp.run_kubectl(args).expect("secret");
+        cp.run_kubectl(["label", "secret", name, "-n", "ferry", marked])
+            .expect("mark");
+    }
+    common::apply(
+        &cp,
+        r#"
+apiVersion: ferry.dev/v1alpha1
+kind: BrokerConnection
+metadata: { name: plant, namespace: ferry }
+spec:
+  mqtt: { host: mqtt.ferry.svc }
+  kafka:
+    bootstrapServers: ["plant-kafka-bootstrap.kafka.svc:9093"]
+    tls:
+      caSecretRef: { name: plant-cluster-ca-cert, key: ca.crt }
+      clientCertSecretRef: { name: forwarder-tls, certKey: user.crt, keyKey: user.key }
+    sasl:
+      mechanism: SCRAM-SHA-512
+      credentialsSecretRef: { name: forwarder, username: forwarder }
+  forwarder:
+    replicas: 2
+    groups:
+      - { name: bulk, replicas: 3 }
+      - { name: scaled, autoscaled: true }
+"#,
+    );
+    for group in ["default", "bulk", "scaled"] {
+        common::apply(&cp, &rule(group, group, &format!("plant/{group}/#"), group));
+    }
+    let replicas = |sts: &str| jsonpath(&cp, "ferry", "statefulset", sts, "{.spec.replicas}");
+    op.wait_for("three forwarder StatefulSets", WAIT, || {
+        ["plant-default", "plant-bulk", "plant-scaled"]
+            .iter()
+            .all(|s| !replicas(s).is_empty())
+    });
+    assert_eq!(
+        ["plant-default", "plant-bulk", "plant-scaled"].map(replicas),
+        ["2", "3", "1"].map(str::to_owned),
+        "the connection's, the group's own, and the API server's default for the autoscaled one"
+    );
+
+    // The group Secret holds what the forwarder reads, under Ferry's keys.
+    let copied = |key: &str| {
+        cp.run_kubectl([
+            "get",
+            "secret",
+            "plant-default",
+            "-n",
+            "ferry",
+            "-o",
+            &format!("go-template={{{{index .data \"{key}\" | base64decode}}}}"),
+        ])
+        .unwrap_or_else(|e| panic!("read {key} of the group Secret: {e}"))
+    };
+    assert_eq!(
+        copied("kafka-username"),
+        "forwarder",
+        "the literal username"
+    );
+    assert_eq!(copied("kafka-password"), "scram-pw");
+    assert_eq!(copied("kafka-tls.crt"), "USER-CERT");
+    assert_eq!(copied("kafka-tls.key"), "USER-KEY");
+    assert_eq!(copied("kafka-ca.crt"), "CLUSTER-CA");
+    op.wait_for("the connection's Secrets resolved", WAIT, || {
+        condition(&cp, "ferry", "bc", "plant", "SecretsResolved").is_some_and(|c| c.0 == "True")
+    });
+
+    // The autoscaled group: every pod but the first drains on SIGTERM, given the time to.
+    let config = jsonpath(&cp, "ferry", "configmap", "plant-scaled", "{.data}");
+    assert!(
+        config.contains("drain_on_shutdown") && config.contains("ferry.ferry.plant-scaled-0"),
+        "{config}"
+    );
+    assert!(
+        !jsonpath(&cp, "ferry", "configmap", "plant-bulk", "{.data}").contains("drain_on_shutdown"),
+        "only autoscaled groups"
+    );
+    let grace = |sts: &str| {
+        jsonpath(
+            &cp,
+            "ferry",
+            "statefulset",
+            sts,
+            "{.spec.template.spec.terminationGracePeriodSeconds}",
+        )
+    };
+    assert!(
+        grace("plant-scaled").parse::<u64>().expect("grace")
+            > grace("plant-bulk").parse::<u64>().expect("grace"),
+        "room for the drain before the stop's own"
+    );
+
+    // An autoscaler scales it; the operator's later reconciles (an edited rule, an edited
+    // connection) leave its count alone and go on setting the others'.
+    cp.run_kubectl([
+        "scale",
+        "statefulset",
+        "plant-scaled",
+        "-n",
+        "ferry",
+        "--replicas=4",
+    ])
+    .expect("scale as an autoscaler does");
+    common::apply(
+        &cp,
+        &rule("scaled", "scaled", "plant/scaled/+/temp", "scaled"),
+    );
+    op.wait_for("the edited rule in the config", WAIT, || {
+        jsonpath(&cp, "ferry", "configmap", "plant-scaled", "{.data}")
+            .contains("plant/scaled/+/temp")
+    });
+    cp.run_kubectl([
+        "patch",
+        "bc",
+        "plant",
+        "-n",
+        "ferry",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"forwarder":{"groups":[{"name":"bulk","replicas":1},{"name":"scaled","autoscaled":true}]}}}"#,
+    ])
+    .expect("edit the connection");
+    op.wait_for("bulk scaled to its new count", WAIT, || {
+        replicas("plant-bulk") == "1"
+    });
+    assert_eq!(
+        replicas("plant-scaled"),
+        "4",
+        "the autoscaler's count stands"
+    );
+    let owners = jsonpath(
+        &cp,
+        "ferry",
+        "statefulset",
+        "plant-scaled",
+        "{range .metadata.managedFields[*]}{.manager}={.fieldsV1.f:spec}{\"\\n\"}{end}",
+    );
+    assert!(
+        owners
+            .lines()
+            .filter(|l| l.starts_with("ferry-operator="))
+            .all(|l| !l.contains("f:replicas")),
+        "the operator does not own the autoscaled replicas:\n{owners}"
+    );
 }

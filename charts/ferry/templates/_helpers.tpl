@@ -97,3 +97,13 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: ferry
 app.kubernetes.io/component: crds
 {{- end -}}
+
+{{/* Labels of the uninstall hook's objects: not the operator's selector labels. */}}
+{{- define "ferry.uninstallLabels" -}}
+helm.sh/chart: {{ include "ferry.chart" . }}
+app.kubernetes.io/name: {{ include "ferry.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: ferry
+app.kubernetes.io/component: uninstall-hook
+{{- end -}}

@@ -208,7 +208,7 @@ fn tear_down(mut cluster: Cluster, demo_succeeded: bool, t0: Instant) -> Result<
     println!(
         "\nThe demo took {:.0?}. Next: `make test` runs every test (the full path with a rule \
          edited live and forwarder pods killed under load: e2e/tests/full_path.rs); \
-         README.md has the configuration reference.",
+         docs/configuration.md has the configuration reference.",
         t0.elapsed()
     );
     Ok(())

@@ -270,7 +270,7 @@ fn explain(telemetry: usize, alarms: usize) {
          topic, so one sensor's readings stay in one partition, in order. The alarm was wrapped as JSON with\n    \
          its MQTT topic and keyed by plant id. Every message was acknowledged to MQTT only after Kafka\n    \
          confirmed it. No rule subscribes to office/coffee, so the broker never sent it to the forwarder.\n\n    \
-         Next: `make test` runs every test against real brokers; README.md has the configuration reference.",
+         Next: `make test` runs every test against real brokers; docs/configuration.md has the configuration reference.",
         telemetry, alarms
     );
 }
