@@ -291,7 +291,7 @@ pub fn connection(
                 READY,
                 FALSE,
                 "ScaledToZero",
-                "forwarder.replicas is 0: no forwarder runs",
+                "every group wants 0 forwarder pods (its replicas are 0, or all its rules are paused): none runs",
             )
         } else if not_ready.is_empty() {
             let (ready, wanted) = workloads

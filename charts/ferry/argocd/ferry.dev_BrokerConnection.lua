@@ -21,7 +21,7 @@ if obj.status.conditions ~= nil then
       if c.status == "True" or c.reason == "NoRules" then
         hs.status = "Healthy"
       elseif c.reason == "ScaledToZero" then
-        -- spec.forwarder.replicas is 0 on purpose.
+        -- Every group at 0 pods on purpose (replicas 0, or its rules paused).
         hs.status = "Suspended"
       elseif c.reason == "ForwardersNotReady" then
         hs.status = "Progressing"
