@@ -7,6 +7,7 @@ use ferry_api::crd::{BrokerConnection, ForwardingRule, GroupReplicas};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
@@ -55,10 +56,16 @@ pub(crate) async fn taken(
     client: &Client,
     ns: &str,
     uid: &str,
-    children: &Children,
+    (children, network_policy): (&Children, bool),
 ) -> Result<Option<String>, Error> {
     let name = children.stateful_set.name_any();
+    let policy = if network_policy {
+        holder::<NetworkPolicy>(client, ns, &name, uid).await?
+    } else {
+        Holder::Absent
+    };
     let holders = [
+        ("NetworkPolicy", policy),
         (
             "ConfigMap",
             holder::<ConfigMap>(client, ns, &name, uid).await?,
@@ -295,11 +302,12 @@ async fn list_in_drain(
 /// of the object read (a replacement of the same name is left alone). With `retire` (the
 /// client ids recorded as having run), a workload whose pods may hold sessions is drained
 /// first (see [`retire`]); without (the connection is being deleted), it goes at once.
+/// NetworkPolicies only with `network_policies` (the operator renders them and may list them).
 pub(crate) async fn prune(
     client: &Client,
     ns: &str,
     connection: &BrokerConnection,
-    serving: &BTreeMap<String, Serving>,
+    (serving, network_policies): (&BTreeMap<String, Serving>, bool),
     retire: Option<&[String]>,
 ) -> Result<Pruned, Error> {
     let selector = selector(connection);
@@ -336,6 +344,11 @@ pub(crate) async fn prune(
     out.deleted += prune_kind::<PodDisruptionBudget>(client, ns, &selector, &only)
         .await?
         .deleted;
+    if network_policies {
+        out.deleted += prune_kind::<NetworkPolicy>(client, ns, &selector, &only)
+            .await?
+            .deleted;
+    }
     Ok(out)
 }
 

@@ -9,13 +9,13 @@ use ferry_api::crd::{BrokerConnection, ForwardingRule};
 use futures::{Stream, StreamExt};
 use kube::Client;
 use kube::core::DeserializeGuard;
-use kube::runtime::events::Recorder;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use tokio::sync::{mpsc, watch};
 use tracing::warn;
 
 use crate::budget::WriteBudget;
+use crate::events::Recorder;
 use crate::image::ForwarderImage;
 use crate::metrics::Metrics;
 
@@ -131,6 +131,8 @@ pub struct Context {
     pub(crate) rules_listed: watch::Receiver<bool>,
     /// The forwarder image of connections that name none (the operator's flags).
     pub(crate) forwarder_image: ForwarderImage,
+    /// The NetworkPolicy each forwarder group gets, if the operator renders them.
+    pub(crate) network_policy: Option<crate::netpol::ForwarderNetworkPolicy>,
     /// The status writes a second the whole operator may send (see [`crate::budget`]).
     pub(crate) budget: WriteBudget,
     /// Consecutive failures per object, for its backoff.
@@ -167,6 +169,7 @@ impl Context {
             rules,
             rules_listed,
             forwarder_image,
+            network_policy: None,
             budget,
             failures: Mutex::new(HashMap::new()),
             draining: Mutex::new(std::collections::HashSet::new()),

@@ -27,7 +27,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
 use kube::core::{DeserializeGuard, PartialObjectMeta};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource, ResourceExt};
@@ -39,9 +38,11 @@ use crate::budget::WriteBudget;
 use crate::children;
 use crate::conditions::FALSE;
 use crate::context::{Context, Error, listed, wait_listed};
+use crate::events::{Recorder, Reporter};
 use crate::finalize::{SessionsOutcome, end_gone_sessions, finalize, set_finalizer};
 use crate::image::ForwarderImage;
 use crate::metrics::{Kind, Metrics};
+use crate::netpol::ForwarderNetworkPolicy;
 use crate::ownership::Serving;
 use crate::plan::{self, GroupPlan};
 use crate::scope::Scope;
@@ -74,7 +75,7 @@ pub async fn run(
     metrics: Arc<Metrics>,
     status_polling: crate::dataplane::Polling,
     identity: String,
-    forwarder_image: ForwarderImage,
+    (forwarder_image, network_policy): (ForwarderImage, Option<ForwarderNetworkPolicy>),
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
@@ -86,11 +87,13 @@ pub async fn run(
     let rule_events = scope.reflect(&client, &unfiltered, rule_writer);
     let (rule_events, rules_listed) = listed(rule_events);
 
+    metrics.watched().watch(connections.clone(), rules.clone());
+    let serving = Arc::clone(&metrics);
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
             controller: "ferry-operator".into(),
-            instance: Some(identity),
+            instance: identity,
         },
     );
     let (ctx, ready_changes) = Context::new(
@@ -102,6 +105,8 @@ pub async fn run(
         forwarder_image,
         WriteBudget::new(status_polling.writes_per_second),
     );
+    let mut ctx = ctx;
+    ctx.network_policy = network_policy;
     let ctx = Arc::new(ctx);
     // The rule loop's own watch, once its store has a rule's change, tells the connection loop
     // (rather than a second watch of every rule, which could run ahead of the store the
@@ -131,6 +136,7 @@ pub async fn run(
         _ = futures::future::join(connection_loop, rule_loop) => {}
         () = poller => {}
     }
+    serving.watched().clear();
 }
 
 /// The BrokerConnection loop. Besides its own spec changes, what decides its children wakes
@@ -455,7 +461,8 @@ async fn reconcile_readable(
         // What runs keeps running (with the credentials it has) until the Secret is back.
         None => SessionsOutcome::unchanged(recorded),
         Some(secret_data) => {
-            let pruned = prune(client, ns, connection, &applied.serving(), Some(&recorded)).await?;
+            let serving = (&applied.serving(), ctx.network_policy.is_some());
+            let pruned = prune(client, ns, connection, serving, Some(&recorded)).await?;
             draining |= report_retiring(ctx, connection, &pruned.retiring).await;
             debug!(connection = %name, namespace = %ns, groups = applied.workloads.len(), pruned = pruned.deleted, "applied");
             // An earlier name's StatefulSet still running keeps its sessions; so do the pods of
@@ -651,7 +658,7 @@ async fn apply_groups(
     // compiler's proof that the reconcile is `Send`.
     let applies: Vec<_> = groups
         .iter()
-        .map(|group| apply_unless_taken(client, ns, uid, group))
+        .map(|group| apply_unless_taken(client, ns, uid, group, ctx.network_policy.as_ref()))
         .collect();
     let results: Vec<GroupApplied> = futures::stream::iter(applies)
         .buffer_unordered(CONCURRENT_WRITES)
@@ -696,21 +703,30 @@ async fn apply_unless_taken<'a>(
     ns: &str,
     uid: &str,
     group: &'a GroupPlan,
+    policy: Option<&ForwarderNetworkPolicy>,
 ) -> GroupApplied<'a> {
-    let result = match taken(client, ns, uid, &group.children).await {
+    let result = match taken(client, ns, uid, (&group.children, policy.is_some())).await {
         Ok(Some(why)) => Err(why),
-        Ok(None) => Ok(apply_group(client, ns, group).await),
+        Ok(None) => Ok(apply_group(client, ns, group, policy).await),
         Err(error) => Ok(Err(error)),
     };
     (group, result)
 }
 
-async fn apply_group(client: &Client, ns: &str, group: &GroupPlan) -> Result<Workload, Error> {
+async fn apply_group(
+    client: &Client,
+    ns: &str,
+    group: &GroupPlan,
+    policy: Option<&ForwarderNetworkPolicy>,
+) -> Result<Workload, Error> {
     let c = &group.children;
     apply(client, ns, &c.config_map).await?;
     apply(client, ns, &c.secret).await?;
     apply(client, ns, &c.service).await?;
     apply(client, ns, &c.pdb).await?;
+    if let Some(policy) = policy {
+        apply(client, ns, &crate::netpol::build(c, policy)).await?;
+    }
     let applied = apply(client, ns, &c.stateful_set).await?;
     Ok(Workload {
         name: applied.name_any(),

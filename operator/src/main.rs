@@ -15,6 +15,7 @@ use clap::Parser;
 use ferry_operator::dataplane::Polling;
 use ferry_operator::image::ForwarderImage;
 use ferry_operator::metrics::Metrics;
+use ferry_operator::netpol::{ForwarderNetworkPolicy, NetworkPolicyArgs};
 use ferry_operator::release;
 use ferry_operator::scope::Scope;
 use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
@@ -79,6 +80,8 @@ struct Args {
     log_format: LogFormat,
     #[command(flatten)]
     forwarder_image: ForwarderImage,
+    #[command(flatten)]
+    network_policy: NetworkPolicyArgs,
     #[command(subcommand)]
     command: Option<Subcommand>,
 }
@@ -183,6 +186,8 @@ enum Error {
     #[error("--lease-duration-seconds must be at least 3")]
     LeaseTooShort,
     #[error(transparent)]
+    NetworkPolicy(#[from] ferry_operator::netpol::PolicyError),
+    #[error(transparent)]
     Release(#[from] ferry_operator::release::Error),
 }
 
@@ -213,9 +218,18 @@ async fn release_finalizers(args: &ReleaseArgs, scope: Scope) -> Result<(), Erro
 
 async fn run(args: Args) -> Result<(), Error> {
     let client = kube::Client::try_default().await.map_err(Error::Client)?;
+    let own_namespace = args
+        .lease_namespace
+        .clone()
+        .unwrap_or_else(|| client.default_namespace().to_owned());
+    let network_policy = args.network_policy.resolve(Some(&own_namespace))?;
     let metrics = Arc::new(Metrics::new());
     serve_metrics(args.listen, Arc::clone(&metrics)).await?;
-    let reconciler = Reconciler::new(&args, client, metrics);
+    let mut reconciler = Reconciler::new(&args, client, metrics);
+    if let Some(p) = &network_policy {
+        info!(operator_namespace = %p.operator_namespace, operator_pods = ?p.operator_pods, metrics_from = p.metrics_from.len(), "forwarder NetworkPolicies: ingress to their http port only from these");
+    }
+    reconciler.network_policy = network_policy;
     if !args.leader_elect {
         reconciler.metrics.set_ready();
         reconciler.metrics.set_leader(true);
@@ -225,10 +239,7 @@ async fn run(args: Args) -> Result<(), Error> {
     if args.lease_duration_seconds < 3 {
         return Err(Error::LeaseTooShort);
     }
-    let namespace = args
-        .lease_namespace
-        .clone()
-        .unwrap_or_else(|| reconciler.client.default_namespace().to_owned());
+    let namespace = own_namespace;
     let manager = lease_manager(&args, &reconciler, &namespace).await?;
     let (mut leading, lease_task) = manager.watch().await;
     reconciler.metrics.set_ready();
@@ -269,6 +280,7 @@ struct Reconciler {
     /// This replica's name in the Lease and in Events.
     identity: String,
     forwarder_image: ForwarderImage,
+    network_policy: Option<ForwarderNetworkPolicy>,
 }
 
 impl Reconciler {
@@ -292,6 +304,7 @@ impl Reconciler {
             status_polling,
             identity,
             forwarder_image: args.forwarder_image.clone(),
+            network_policy: None,
         }
     }
 
@@ -303,7 +316,7 @@ impl Reconciler {
             self.metrics,
             self.status_polling,
             self.identity,
-            self.forwarder_image,
+            (self.forwarder_image, self.network_policy),
             shutdown,
         )
         .await;

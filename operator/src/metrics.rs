@@ -68,12 +68,16 @@ pub struct Metrics {
     events_skipped: Counter,
     leader: Gauge,
     ready: AtomicBool,
+    /// The objects behind `ferry_rule_ready` and `ferry_connection_ready`.
+    watched: crate::readiness::Watched,
 }
 
 impl Metrics {
     pub fn new() -> Self {
         let mut root = Registry::default();
         ferry_api::metrics::register(&mut root, "ferry_operator", env!("CARGO_PKG_VERSION"));
+        let watched = crate::readiness::Watched::default();
+        root.register_collector(Box::new(watched.clone()));
         let registry = root.sub_registry_with_prefix("ferry_operator");
         let reconciles = Family::<KindLabel, Counter>::default();
         let errors = Family::<ErrorLabel, Counter>::default();
@@ -132,6 +136,7 @@ impl Metrics {
             events_skipped,
             leader,
             ready: AtomicBool::new(false),
+            watched,
         }
     }
 
@@ -172,6 +177,11 @@ impl Metrics {
 
     pub fn set_leader(&self, leading: bool) {
         self.leader.set(i64::from(leading));
+    }
+
+    /// The objects whose `Ready` the per-object series report (see [`crate::readiness`]).
+    pub fn watched(&self) -> &crate::readiness::Watched {
+        &self.watched
     }
 
     pub fn set_ready(&self) {

@@ -273,9 +273,10 @@ pub fn connection(
         desired.push(Desired::new(READY, FALSE, reason, message));
     }
     if missing_secrets.is_empty() {
+        // A group scaled to zero is so on purpose, not a forwarder failing to start.
         let not_ready: Vec<String> = workloads
             .iter()
-            .filter(|(_, w)| !w.is_ready())
+            .filter(|(_, w)| w.wanted > 0 && !w.is_ready())
             .map(|(_, w)| format!("{} {} pods ready", w.name, w.pods()))
             .collect();
         desired.push(if workloads.is_empty() {
@@ -284,6 +285,13 @@ pub fn connection(
                 TRUE,
                 "NoRules",
                 "no ForwardingRule uses this connection",
+            )
+        } else if workloads.iter().all(|(_, w)| w.wanted == 0) {
+            Desired::new(
+                READY,
+                FALSE,
+                "ScaledToZero",
+                "every group wants 0 forwarder pods (its replicas are 0, or all its rules are paused): none runs",
             )
         } else if not_ready.is_empty() {
             let (ready, wanted) = workloads
@@ -332,6 +340,9 @@ pub fn rule_data(
         .filter_map(|(_, _, r)| r.last_error.as_ref())
         .max_by_key(|e| e.at);
     let condition = forwarding(reports.is_empty(), &loaded, recent_error, now);
+    // The pods' rates are averages over their last minute: while the data plane is known not
+    // to forward, RATE says 0 at once rather than the minute before the outage.
+    let flowing = !(condition.status == FALSE && BLOCKING_REASONS.contains(&condition.reason));
     let previous = current.map(|s| s.conditions.as_slice()).unwrap_or_default();
     let (conditions, transitions) = merge(previous, &[condition], None, now);
     // Summed over the pods that report the rule; absent while none does.
@@ -347,7 +358,13 @@ pub fn rule_data(
         dead_lettered: total(|r| r.dead_lettered),
         failed: total(|r| r.failed),
         // Two decimals: a rate that moves in the noise should not rewrite the status.
-        rate_per_second: (!loaded.is_empty()).then(|| (rate * 100.0).round() / 100.0),
+        rate_per_second: (!loaded.is_empty()).then(|| {
+            if flowing {
+                (rate * 100.0).round() / 100.0
+            } else {
+                0.0
+            }
+        }),
         last_forwarded_at: loaded
             .iter()
             .filter_map(|(_, _, r)| r.last_forwarded_at)
@@ -612,6 +629,46 @@ mod tests {
     }
 
     #[test]
+    fn a_connection_scaled_to_zero_says_so_and_its_events_are_normal() {
+        let groups = [
+            ("default".to_owned(), workload(1, 1)),
+            ("bulk".to_owned(), workload(1, 1)),
+        ];
+        let (running, _) = connection(None, Some(1), &[], &[], &groups, at(1));
+        let zero = groups.clone().map(|(g, _)| (g, workload(0, 0)));
+        let (s, t) = connection(Some(&running), Some(2), &[], &[], &zero, at(2));
+        let c = condition(&s.conditions, READY).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            (FALSE, "ScaledToZero")
+        );
+        assert_eq!(t.len(), 1);
+        assert!(t[0].noteworthy() && !t[0].warns(), "a Normal Event: {t:?}");
+        // And its rules: Ready False, reason ScaledToZero, a Normal Event too.
+        let rendered = |paused| RuleOutcome::Rendered {
+            workload: workload(0, 0),
+            paused,
+        };
+        let (ready, _) = rule_control(
+            None,
+            Some(1),
+            &RuleOutcome::Rendered {
+                workload: workload(1, 1),
+                paused: false,
+            },
+            at(1),
+        );
+        for paused in [false, true] {
+            let (_, t) = rule_control(Some(&ready), Some(2), &rendered(paused), at(2));
+            assert!(t.len() == 1 && t[0].noteworthy() && !t[0].warns(), "{t:?}");
+        }
+        // One group scaled to zero of two running is not a forwarder failing.
+        let mixed = [groups[0].clone(), ("bulk".to_owned(), workload(0, 0))];
+        let (s, _) = connection(Some(&running), Some(2), &[], &[], &mixed, at(2));
+        assert_eq!(condition(&s.conditions, READY).unwrap().status, TRUE);
+    }
+
+    #[test]
     fn connection_names_missing_secrets_and_heals() {
         let missing = |problem| MissingSecret {
             field: "spec.mqtt.credentialsSecretRef".to_owned(),
@@ -860,6 +917,12 @@ mod tests {
             (FALSE, "KafkaUnreachable")
         );
         assert!(c.message.contains("p-1") && c.message.contains("broker down"));
+        assert_eq!(
+            s.rate_per_second,
+            Some(0.0),
+            "not forwarding: RATE 0, not the last minute's average"
+        );
+        assert_eq!(s.forwarded, Some(30), "the counters stay");
     }
 
     #[test]

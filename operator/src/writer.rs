@@ -4,7 +4,7 @@
 use ferry_api::crd::BrokerConnection;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::{Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -13,6 +13,7 @@ use tracing::warn;
 use crate::budget::Urgency;
 use crate::conditions::Transition;
 use crate::context::{At, Context, Error, Step};
+use crate::events::Recorder;
 use crate::metrics::Kind;
 
 /// Field manager of children, connection status and the rules' `Accepted`/`Ready`.

@@ -13,7 +13,7 @@
 //! helm and kubeconform come from `bash e2e/tools/build.sh` (`$FERRY_CACHE/tools/bin`); without
 //! them these tests fail and say so.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -70,7 +70,9 @@ dashboard: { namespace: monitoring, labels: { grafana_dashboard: "1", team: iot 
 crds: { keep: false }
 admissionPolicy: { enabled: true }
 uninstall: { releaseFinalizers: true, stopTimeoutSeconds: 60 }
-prometheusRule: { enabled: true, namespace: monitoring, labels: { release: prometheus }, alertLabels: { team: iot } }
+prometheusRule: { enabled: true, namespace: monitoring, labels: { release: prometheus }, alertLabels: { team: iot }, runbookBaseUrl: "https://wiki.example.com/ferry/runbooks", noData: { enabled: true, afterSeconds: 900, rules: "telemetry-.*", namespaces: "plant|factory", excludeRules: "telemetry-nightly", lookback: 12h } }
+forwarder:
+  networkPolicy: { enabled: true, metricsFrom: [{ namespaceSelector: { matchLabels: { kubernetes.io/metadata.name: monitoring } } }] }
 "#;
 
 // ---------------------------------------------------------------------------------------------
@@ -499,6 +501,49 @@ fn render_with_every_option_is_strictly_valid() {
             "a Role in {ns}"
         );
     }
+    // forwarder.networkPolicy: the operator's flags (its own pods' labels, the metrics
+    // sources as JSON) and the rights on NetworkPolicies where it renders forwarders.
+    let env = &deployment["spec"]["template"]["spec"]["containers"][0]["env"];
+    let var = |name: &str| {
+        env.as_array()
+            .expect("env")
+            .iter()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_else(|| panic!("{name} in {env}"))
+            .to_owned()
+    };
+    assert_eq!(var("FERRY_FORWARDER_NETWORK_POLICY"), "true");
+    let selector = &deployment["spec"]["selector"]["matchLabels"];
+    let labels: BTreeMap<String, String> = var("FERRY_OPERATOR_POD_LABELS")
+        .split(',')
+        .map(|kv| kv.split_once('=').expect("key=value"))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+    assert_eq!(
+        serde_json::to_value(&labels).expect("JSON"),
+        *selector,
+        "the operator pods' own selector"
+    );
+    let metrics: Value = serde_json::from_str(&var("FERRY_FORWARDER_METRICS_FROM")).expect("JSON");
+    assert_eq!(
+        metrics[0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"],
+        "monitoring"
+    );
+    let role = docs
+        .iter()
+        .find(|d| d["kind"] == "Role" && d["metadata"]["namespace"] == "plant")
+        .expect("a Role in plant");
+    assert!(
+        role["rules"]
+            .as_array()
+            .expect("rules")
+            .iter()
+            .any(|r| r["resources"]
+                .as_array()
+                .is_some_and(|rs| rs.iter().any(|x| x == "networkpolicies"))),
+        "{role}"
+    );
 }
 
 /// Namespace mode: the operator's rules in a Role per watched namespace, nothing cluster-wide,
@@ -1033,6 +1078,8 @@ fn installed_chart_gives_the_operator_exactly_the_rights_it_uses() {
         &["update", "forwardingrules.ferry.dev", "-n", "plant"],
         &["delete", "brokerconnections.ferry.dev", "-n", "plant"],
         &["create", "deployments.apps", "-n", "plant"],
+        // Only with forwarder.networkPolicy.enabled.
+        &["create", "networkpolicies.networking.k8s.io", "-n", "plant"],
         &["create", "clusterroles.rbac.authorization.k8s.io"],
         &[
             "create",
@@ -1627,7 +1674,9 @@ fn matchers_and_groupings(expr: &str) -> (Vec<(String, String, String)>, Vec<Str
         let inside = &expr[start + name.len() + 1..];
         let inside = &inside[..inside.find('}').expect("closing brace")];
         for m in inside.split(',').filter(|m| !m.trim().is_empty()) {
-            let (label, value) = m.split_once('=').expect("label=value");
+            // `=`, `!=`, `=~` or `!~`.
+            let (label, value) = m.split_once(['=', '~']).expect("label=value");
+            let label = label.trim_end_matches('!');
             let value = value.trim_start_matches('~').trim().trim_matches('"');
             matchers.push((name.clone(), label.trim().to_owned(), value.to_owned()));
         }
@@ -1649,7 +1698,7 @@ fn matchers_and_groupings(expr: &str) -> (Vec<(String, String, String)>, Vec<Str
 fn alerts_use_only_metrics_and_label_values_that_exist() {
     let values = values_file(
         "alerts",
-        "prometheusRule: { enabled: true }\n\
+        "prometheusRule: { enabled: true, noData: { enabled: true, excludeRules: nightly-.* } }\n\
          metrics: { serviceMonitor: { enabled: true }, podMonitor: { enabled: true } }\n",
     );
     let rendered = template(&["--values", &values.display().to_string()]);
@@ -1664,6 +1713,8 @@ fn alerts_use_only_metrics_and_label_values_that_exist() {
         "FerryMessagesDeadLettered",
         "FerryForwarderDown",
         "FerryOperatorNotLeading",
+        "FerryRuleNotReady",
+        "FerryRuleNoData",
     ] {
         assert!(names.contains(&promised), "{promised} in {names:?}");
     }
@@ -1692,15 +1743,83 @@ fn alerts_use_only_metrics_and_label_values_that_exist() {
         "{plain_names:?}"
     );
     assert!(
+        !plain_names.iter().any(|n| n == "FerryRuleNoData"),
+        "the no-data alert is opt-in: {plain_names:?}"
+    );
+    assert!(
         !kinds(&documents(&template(&[]))).contains(&"PrometheusRule".to_owned()),
         "no PrometheusRule by default"
     );
+}
+
+/// Every alert links its runbook: `runbook_url` is the chart's base URL (a value) and `#` an
+/// anchor that a heading of docs/runbooks.md makes (GitHub's rule: lower case, spaces to `-`,
+/// other punctuation dropped), so the on-call lands on the alert's own section.
+#[test]
+fn every_alert_links_a_runbook_section_that_exists() {
+    let runbooks = include_str!("../../docs/runbooks.md");
+    let anchors: BTreeSet<String> = runbooks
+        .lines()
+        .filter_map(|l| l.strip_prefix("## ").or_else(|| l.strip_prefix("### ")))
+        .map(github_anchor)
+        .collect();
+    let values = values_file(
+        "runbooks",
+        "prometheusRule: { enabled: true, noData: { enabled: true } }\n\
+         metrics: { serviceMonitor: { enabled: true }, podMonitor: { enabled: true } }\n",
+    );
+    let default_base = "https://github.com/ferry-dev/ferry/blob/main/docs/runbooks.md";
+    for (base, extra) in [
+        (default_base, vec![]),
+        (
+            "https://wiki.example.com/ferry",
+            vec![
+                "--set",
+                "prometheusRule.runbookBaseUrl=https://wiki.example.com/ferry",
+            ],
+        ),
+    ] {
+        let mut args = vec!["--values", values.to_str().expect("path")];
+        args.extend(extra);
+        let rules = alert_rules(&documents(&template(&args)));
+        assert!(rules.len() >= 13, "every alert rendered: {}", rules.len());
+        for rule in &rules {
+            let alert = rule["alert"].as_str().expect("alert");
+            let url = rule["annotations"]["runbook_url"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{alert}: no runbook_url"));
+            let anchor = url
+                .strip_prefix(&format!("{base}#"))
+                .unwrap_or_else(|| panic!("{alert}: {url} is not under {base}"));
+            assert_eq!(anchor, alert.to_lowercase(), "{alert}: its own section");
+            assert!(
+                anchors.contains(anchor),
+                "{alert}: docs/runbooks.md has no heading for #{anchor}"
+            );
+        }
+    }
+}
+
+/// The anchor GitHub makes of a Markdown heading.
+fn github_anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
 }
 
 /// One alerting rule: a severity, a balanced expression, and only metrics, label names and
 /// label values that exist (docs/metrics.md's rows, or the target labels the monitors add).
 fn check_alert(rule: &Value, rows: &BTreeMap<String, String>) {
     let target_labels = ["namespace", "pod", "job"];
+    // Labels whose values are object names: any value (a regular expression) is fine.
+    let name_labels = ["rule", "connection"];
     let alert = rule["alert"].as_str().expect("alert name");
     let expr = rule["expr"].as_str().expect("expr");
     assert!(
@@ -1723,6 +1842,14 @@ fn check_alert(rule: &Value, rows: &BTreeMap<String, String>) {
     let (matchers, groupings) = matchers_and_groupings(expr);
     for (name, label, value) in matchers {
         if target_labels.contains(&label.as_str()) {
+            continue;
+        }
+        if name_labels.contains(&label.as_str()) {
+            let row = &rows[&name];
+            assert!(
+                row.contains(&format!("`{label}`")),
+                "{alert}: {name} has no {label}"
+            );
             continue;
         }
         let row = &rows[&name];
@@ -2200,6 +2327,8 @@ fn check_dashboard_metrics(dashboard: &Value) {
         "ferry_operator_reconciles_total",
         "ferry_operator_reconcile_errors_total",
         "ferry_operator_leader",
+        "ferry_rule_ready",
+        "ferry_rule_last_forwarded_timestamp_seconds",
     ] {
         assert!(
             used.contains(promised),
@@ -2228,6 +2357,10 @@ fn ferry_metrics_in(expr: &str) -> Vec<String> {
 fn is_registered(name: &str) -> bool {
     let forwarder = include_str!("../../forwarder/src/metrics.rs");
     let operator = include_str!("../src/metrics.rs");
+    // The per-object series the operator serves from its stores.
+    if include_str!("../src/readiness.rs").contains(&format!("\"{name}\"")) {
+        return true;
+    }
     let base = ["_total", "_bucket", "_sum", "_count"]
         .iter()
         .find_map(|s| name.strip_suffix(s))

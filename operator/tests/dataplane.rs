@@ -495,6 +495,14 @@ fn kafka_outage_is_reported_at_once(cp: &ControlPlane, op: &Operator, kafka: &mu
         message.contains("plant-default-"),
         "names the pod: {message}"
     );
+    // RATE says 0 with the condition, not the pods' average of the minute before the outage
+    // (the steady traffic just before made it well above 0).
+    let rate = jsonpath(cp, NS, "fr", "temps", "{.status.ratePerSecond}");
+    assert_eq!(
+        rate.parse::<f64>().ok(),
+        Some(0.0),
+        "RATE while Kafka is down: {rate:?}"
+    );
     let events = cp
         .run_kubectl([
             "get",

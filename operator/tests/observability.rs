@@ -169,7 +169,7 @@ fn metrics_serve_exactly_the_documented_names_and_label_values() {
     let scrape = Scrape::get(op.port).expect("scrape");
     eprintln!("{}", scrape.text);
     assert_eq!(
-        scrape.undocumented(METRICS_DOC, &["version"]),
+        scrape.undocumented(METRICS_DOC, &["version", "namespace", "rule", "connection"]),
         Vec::<String>::new(),
         "served but not in docs/metrics.md's metrics tables"
     );
@@ -190,6 +190,76 @@ fn metrics_serve_exactly_the_documented_names_and_label_values() {
         Some(1.0)
     );
     scrape.check_process_metrics().expect("process metrics");
+
+    // One Ready series per object, with the reason its status holds, gone with the object.
+    let ready_of = |s: &Scrape, rule: &str| -> Vec<(String, String, Option<f64>)> {
+        s.samples
+            .iter()
+            .filter(|x| x.metric == "ferry_rule_ready")
+            .filter(|x| x.labels.get("rule") == Some(rule) && x.labels.get("namespace") == Some(NS))
+            .map(|x| {
+                let label = |l: &str| x.labels.get(l).unwrap_or_default().to_owned();
+                let value = match x.value {
+                    ferry_e2e::metrics::Value::Gauge(v) => Some(v),
+                    _ => None,
+                };
+                (label("status"), label("reason"), value)
+            })
+            .collect()
+    };
+    let status_of = |rule: &str| {
+        let get = |field: &str| {
+            let path = format!("{{.status.conditions[?(@.type==\"Ready\")].{field}}}");
+            jsonpath(&cp, NS, "fr", rule, &path)
+        };
+        (get("status"), get("reason"))
+    };
+    op.wait_for("the orphan rule's Ready series", WAIT, || {
+        Scrape::get(op.port).is_ok_and(|s| {
+            ready_of(&s, "orphan") == [("False".into(), "NotAccepted".into(), Some(0.0))]
+        })
+    });
+    // The series follows the status as the operator's watch sees it: each rule's one series
+    // says what its Ready condition says (compared until both settled).
+    let mut last = String::new();
+    let agree = |last: &mut String| {
+        let Ok(scrape) = Scrape::get(op.port) else {
+            return false;
+        };
+        ["temps", "audit", "orphan"].iter().all(|rule| {
+            let (status, reason) = status_of(rule);
+            let series = ready_of(&scrape, rule);
+            *last = format!("{rule}: status {status}/{reason}, series {series:?}");
+            let value = if status == "True" { 1.0 } else { 0.0 };
+            !status.is_empty() && series == [(status, reason, Some(value))]
+        })
+    };
+    op.wait_for(
+        "each rule's series to say what its status says",
+        WAIT,
+        || agree(&mut last),
+    );
+    eprintln!("{last}");
+    let scrape = Scrape::get(op.port).expect("scrape");
+    assert_eq!(
+        scrape.value(
+            "ferry_connection_ready",
+            &[
+                ("namespace", NS),
+                ("connection", "plant"),
+                ("status", "False"),
+                ("reason", "ForwardersNotReady")
+            ]
+        ),
+        Some(0.0),
+        "{}",
+        scrape.text
+    );
+    cp.run_kubectl(["delete", "fr", "orphan", "-n", NS])
+        .expect("delete the orphan rule");
+    op.wait_for("the deleted rule's series to go", WAIT, || {
+        Scrape::get(op.port).is_ok_and(|s| ready_of(&s, "orphan").is_empty())
+    });
 
     // The same run's log: every line one flat JSON object with a top-level message.
     let log = op.log();

@@ -428,6 +428,13 @@ fn refused_rules_say_why(s: &Scene, temps_accepted_at: &str) {
         status == "False" && expression.contains("spec.filter") && expression.contains(&at),
         "names the field and the position ({at}): {expression}"
     );
+    // Paused on purpose: a Normal Event, never a Warning.
+    s.op.wait_for("the paused rule's Event", WAIT, || {
+        s.events("resting").contains("Normal Paused")
+    });
+    let resting = s.events("resting");
+    assert!(!resting.contains("Warning"), "{resting}");
+    events_sort_by_last_timestamp(s);
     assert_eq!(s.cond("fr", "deep", "Ready").1, "NotAccepted");
     assert_eq!(s.argo_health("fr", "deep").0, "Degraded");
     assert_eq!(s.argo_health("fr", "hot").0, "Degraded");
@@ -449,6 +456,44 @@ fn refused_rules_say_why(s: &Scene, temps_accepted_at: &str) {
         s.accepted_at("temps"),
         temps_accepted_at,
         "a condition that did not change keeps its transition time"
+    );
+}
+
+/// Ferry's Events carry core/v1 `firstTimestamp`, `lastTimestamp` and `count`, so that
+/// `kubectl get events --sort-by=.lastTimestamp` places them among everyone else's.
+fn events_sort_by_last_timestamp(s: &Scene) {
+    let listed = s
+        .cp
+        .run_kubectl([
+            "get",
+            "events",
+            "-n",
+            s.ns,
+            "--sort-by=.lastTimestamp",
+            "-o",
+            "jsonpath={range .items[*]}{.lastTimestamp}|{.firstTimestamp}|{.count}|{.reportingComponent}|{.involvedObject.name}|{.reason}{\"\\n\"}{end}",
+        ])
+        .expect("kubectl get events --sort-by=.lastTimestamp");
+    let rows: Vec<Vec<&str>> = listed.lines().map(|l| l.split('|').collect()).collect();
+    let ours: Vec<&Vec<&str>> = rows.iter().filter(|r| r[3] == "ferry-operator").collect();
+    assert!(ours.len() >= 3, "Ferry's Events:\n{listed}");
+    for row in &ours {
+        assert!(
+            row[0].parse::<jiff::Timestamp>().is_ok()
+                && row[1].parse::<jiff::Timestamp>().is_ok()
+                && row[2].parse::<u32>().is_ok_and(|n| n >= 1),
+            "lastTimestamp, firstTimestamp and count set: {row:?}\n{listed}"
+        );
+    }
+    let times: Vec<jiff::Timestamp> = rows.iter().filter_map(|r| r[0].parse().ok()).collect();
+    assert!(
+        times.windows(2).all(|w| w[0] <= w[1]),
+        "sorted by lastTimestamp:\n{listed}"
+    );
+    assert!(
+        ours.iter()
+            .any(|r| r[4] == "plant" && r[5] == "SecretMissing"),
+        "{listed}"
     );
 }
 
@@ -532,8 +577,10 @@ fn argo_cd_reads_scaled_to_zero_ready_and_deleting(s: &Scene) {
     .expect("scale to zero");
     s.op.wait_for("rules ScaledToZero", WAIT, || {
         s.cond("fr", "temps", "Ready").1 == "ScaledToZero"
+            && s.cond("bc", "plant", "Ready").1 == "ScaledToZero"
     });
     assert_eq!(s.argo_health("fr", "temps").0, "Suspended");
+    assert_eq!(s.argo_health("bc", "plant").0, "Suspended");
 
     let get = |kind: &str, name: &str| -> serde_json::Value {
         let json =
@@ -828,6 +875,96 @@ fn forwarder_images_and_resources_come_from_the_operator_unless_the_connection_o
         format!("registry.example.com:5000/team/ferry-forwarder:{version}"),
         "another connection's edit leaves this one alone"
     );
+}
+
+/// `--forwarder-network-policy`: each group gets a NetworkPolicy selecting exactly its pods,
+/// letting only the operator's pods (its namespace and labels) and the metrics sources reach
+/// port 8080, egress left open; owned by the connection, and pruned with its group.
+#[test]
+fn forwarder_network_policies_admit_only_the_operator_and_the_metrics_sources() {
+    let cp = common::control_plane_with_crds("ferry");
+    let metrics_from =
+        r#"[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]"#;
+    let op = Operator::start(
+        &cp,
+        "operator",
+        &[
+            "--forwarder-network-policy",
+            "true",
+            "--operator-namespace",
+            "ferry-system",
+            "--operator-pod-labels",
+            "app.kubernetes.io/name=ferry,app.kubernetes.io/component=operator",
+            "--forwarder-metrics-from",
+            metrics_from,
+        ],
+    );
+    common::apply(
+        &cp,
+        "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\nmetadata: { name: plant, namespace: ferry }\n\
+         spec:\n  mqtt: { host: mqtt.ferry.svc }\n  kafka: { bootstrapServers: [\"kafka.ferry.svc:9092\"] }\n",
+    );
+    common::apply(&cp, &rule("temps", "default", "plant/+/temp", "temps"));
+    common::apply(&cp, &rule("audit", "analytics", "plant/#", "audit"));
+    let get = |kind: &str, name: &str| -> Option<serde_json::Value> {
+        let json = cp
+            .run_kubectl(["get", kind, name, "-n", "ferry", "-o", "json"])
+            .ok()?;
+        serde_json::from_str(&json).ok()
+    };
+    op.wait_for("both groups' NetworkPolicies", WAIT, || {
+        get("networkpolicy", "plant-default").is_some()
+            && get("networkpolicy", "plant-analytics").is_some()
+    });
+    let policy = get("networkpolicy", "plant-default").expect("policy");
+    let set = get("statefulset", "plant-default").expect("StatefulSet");
+    assert_eq!(
+        policy["spec"]["podSelector"], set["spec"]["selector"],
+        "exactly the group's pods"
+    );
+    assert_eq!(
+        policy["spec"]["policyTypes"],
+        serde_json::json!(["Ingress"])
+    );
+    assert!(policy["spec"]["egress"].is_null(), "egress open: {policy}");
+    let ingress = policy["spec"]["ingress"].as_array().expect("ingress");
+    assert_eq!(ingress.len(), 1, "{policy}");
+    assert_eq!(
+        ingress[0]["ports"],
+        serde_json::json!([{ "port": 8080, "protocol": "TCP" }])
+    );
+    let metrics: serde_json::Value = serde_json::from_str(metrics_from).expect("JSON");
+    assert_eq!(
+        ingress[0]["from"],
+        serde_json::json!([
+            {
+                "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": "ferry-system" } },
+                "podSelector": { "matchLabels": {
+                    "app.kubernetes.io/name": "ferry",
+                    "app.kubernetes.io/component": "operator"
+                } }
+            },
+            metrics[0]
+        ]),
+        "the operator's pods and the metrics sources, nobody else"
+    );
+    let owner = &policy["metadata"]["ownerReferences"][0];
+    assert_eq!(
+        (&owner["kind"], &owner["name"], &owner["controller"]),
+        (
+            &serde_json::json!("BrokerConnection"),
+            &serde_json::json!("plant"),
+            &serde_json::json!(true)
+        ),
+        "owned by the connection: deleted with it"
+    );
+
+    cp.run_kubectl(["delete", "fr", "audit", "-n", "ferry"])
+        .expect("delete the analytics group's rule");
+    op.wait_for("the emptied group's policy pruned", WAIT, || {
+        get("networkpolicy", "plant-analytics").is_none()
+    });
+    assert!(get("networkpolicy", "plant-default").is_some());
 }
 
 /// Neighbours' shapes. Secrets as Strimzi's User Operator writes them for a KafkaUser (SCRAM:

@@ -20,6 +20,9 @@ if obj.status.conditions ~= nil then
       hs.message = c.message or c.reason or ""
       if c.status == "True" or c.reason == "NoRules" then
         hs.status = "Healthy"
+      elseif c.reason == "ScaledToZero" then
+        -- Every group at 0 pods on purpose (replicas 0, or its rules paused).
+        hs.status = "Suspended"
       elseif c.reason == "ForwardersNotReady" then
         hs.status = "Progressing"
       elseif c.status == "False" then
