@@ -622,6 +622,55 @@ mod tests {
         );
     }
 
+    /// A rule moved into a group where another rule already writes its topic from an
+    /// overlapping filter is refused there, naming that rule; it is not served in its old group's
+    /// name, so the next plan (its status no longer names the old workload) leaves it out there
+    /// too. Every other rule of both groups is served as before.
+    #[test]
+    fn a_rule_moved_into_a_conflict_is_refused_and_its_neighbours_keep_their_groups() {
+        let conn = connection("mqtt", "[\"k:9092\"]", "{}");
+        let moved = rule("moved", "west", "m/#", "shared", "2026-01-02T00:00:00Z");
+        let stays = rule("stays", "east", "s/#", "s", "2026-01-01T00:00:00Z");
+        let owner = rule("owner", "west", "m/+", "shared", "2026-01-01T00:00:00Z");
+        let rules = [&moved, &stays, &owner];
+        let plan_with = |moving: &BTreeMap<String, String>| {
+            super::connection(
+                &conn,
+                &rules,
+                &secrets(),
+                &ForwarderImage::default(),
+                &BTreeMap::new(),
+                moving,
+            )
+            .expect("plan")
+        };
+        let names = |plan: &ConnectionPlan<'_>, group: &str| -> Vec<String> {
+            served_config(plan, group)
+                .rules
+                .iter()
+                .map(|r| r.name.clone())
+                .collect()
+        };
+        let plan = plan_with(&BTreeMap::from([("moved".to_owned(), "east".to_owned())]));
+        assert!(
+            matches!(fate(&plan, "moved"), RulePlan::Refused(RuleOutcome::Conflict(m)) if m.contains("owner")),
+            "{:?}",
+            fate(&plan, "moved")
+        );
+        assert_eq!(names(&plan, "west"), ["owner"]);
+        for (rule, group) in [("stays", "east"), ("owner", "west")] {
+            assert_eq!(
+                fate(&plan, rule),
+                &RulePlan::Served {
+                    group: group.into()
+                }
+            );
+        }
+        let next = plan_with(&BTreeMap::new());
+        assert_eq!(names(&next, "east"), ["stays"]);
+        assert_eq!(names(&next, "west"), ["owner"]);
+    }
+
     #[test]
     fn dollar_braces_in_a_rule_are_rendered_as_written() {
         let mut r = rule(
