@@ -1449,15 +1449,7 @@ fn a_connection_holds_the_finalizer(c: &Cluster, t0: Instant) -> Result<String> 
         Duration::from_secs(60),
         "the operator's finalizer on the connection",
         || {
-            let finalizers = c.kubectl(&[
-                "get",
-                "bc",
-                depot,
-                "-n",
-                NS,
-                "-o",
-                "jsonpath={.metadata.finalizers}",
-            ])?;
+            let finalizers = c.jsonpath("bc", depot, NS, ".metadata.finalizers")?;
             Ok(finalizers.contains(SESSIONS_FINALIZER).then_some(()))
         },
     )?;
@@ -1471,15 +1463,7 @@ fn a_connection_holds_the_finalizer(c: &Cluster, t0: Instant) -> Result<String> 
 /// The chart's pre-delete hook released the finalizer of the connection left in place and
 /// marked it, so deleting it completes without an operator.
 fn the_uninstall_released_the_finalizer(c: &Cluster, depot: &str, t0: Instant) -> Result<()> {
-    let meta = c.kubectl(&[
-        "get",
-        "bc",
-        depot,
-        "-n",
-        NS,
-        "-o",
-        "jsonpath={.metadata.finalizers} {.metadata.annotations}",
-    ])?;
+    let meta = c.jsonpath("bc", depot, NS, ".metadata")?;
     ensure!(
         !meta.contains(SESSIONS_FINALIZER) && meta.contains("ferry.dev/finalizer-released-at"),
         "the uninstall hook released and marked {depot}: {meta}"

@@ -243,14 +243,8 @@ async fn serving_runs_its_rules(
             .and_then(|text| serde_saphyr::from_str::<ferry_api::ForwarderConfig>(&text).ok())
             .map(|c| c.rules.into_iter().map(|r| r.name).collect())
             .unwrap_or_default();
-        for pod in pods {
-            let name = pod.name_any();
-            if workload_of(&name).is_none_or(|(w, _)| w != workload)
-                || pod.metadata.deletion_timestamp.is_some()
-            {
-                continue;
-            }
-            let Some(status) = crate::dataplane::pod_status(pod).await else {
+        for status in reports_of(pods, workload).await {
+            let Some(status) = status else {
                 return Ok(false);
             };
             if !rules
@@ -593,21 +587,29 @@ pub(crate) async fn moves_pending(
 /// Whether `workload` has a pod and each of its pods (not terminating) is connected to the
 /// broker and runs `rule`, by its `/status`.
 async fn runs_rule(pods: &[Pod], workload: &str, rule: &str) -> bool {
-    let mut any = false;
+    let reports = reports_of(pods, workload).await;
+    !reports.is_empty()
+        && reports.iter().all(|status| {
+            status
+                .as_ref()
+                .is_some_and(|s| s.mqtt.connected && s.rules.iter().any(|r| r.name == rule))
+        })
+}
+
+/// The `/status` of each pod of `workload` in `pods` that is not terminating; `None` for one
+/// that does not answer.
+async fn reports_of(
+    pods: &[Pod],
+    workload: &str,
+) -> Vec<Option<ferry_api::status::ForwarderStatus>> {
+    let mut out = Vec::new();
     for pod in pods {
         if workload_of(&pod.name_any()).is_none_or(|(w, _)| w != workload)
             || pod.metadata.deletion_timestamp.is_some()
         {
             continue;
         }
-        match crate::dataplane::pod_status(pod).await {
-            Some(status)
-                if status.mqtt.connected && status.rules.iter().any(|r| r.name == rule) =>
-            {
-                any = true;
-            }
-            _ => return false,
-        }
+        out.push(crate::dataplane::pod_status(pod).await);
     }
-    any
+    out
 }

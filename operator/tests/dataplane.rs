@@ -82,6 +82,15 @@ fn run_pod(cp: &ControlPlane, workload: &str, name: &str, ip: Ipv4Addr) -> Pod {
     Pod { child, log }
 }
 
+/// Once the StatefulSet controller has created pod 0 of the new `workload`, runs it on `ip`.
+fn run_new_pod(cp: &ControlPlane, op: &Operator, workload: &str, ip: Ipv4Addr) -> Pod {
+    let name = format!("{workload}-0");
+    op.wait_for(&format!("{workload}'s pod"), WAIT, || {
+        cp.run_kubectl(["get", "pod", &name, "-n", NS]).is_ok()
+    });
+    run_pod(cp, workload, &name, ip)
+}
+
 /// Reports the pods Ready or NotReady, as their kubelet would from the readiness probe.
 fn set_ready(cp: &ferry_e2e::kube::ControlPlane, names: &[&str], ready: bool) {
     for name in names {
@@ -845,16 +854,7 @@ fn renaming_the_group_drains_the_old_workload_and_loses_nothing(
         ]
         .join("---\n"),
     );
-    op.wait_for("the new group's pod", WAIT, || {
-        cp.run_kubectl(["get", "pod", "plant-east-0", "-n", NS])
-            .is_ok()
-    });
-    let east_pod = run_pod(
-        cp,
-        "plant-east",
-        "plant-east-0",
-        Ipv4Addr::new(127, 77, 0, 3),
-    );
+    let east_pod = run_new_pod(cp, op, "plant-east", Ipv4Addr::new(127, 77, 0, 3));
     op.wait_for("the old workload drained and removed", WAIT, || {
         sync_config(cp, "plant-east", "plant-east-0");
         let config = jsonpath(
@@ -912,16 +912,7 @@ fn moving_a_rule_between_two_running_groups_loses_nothing(
         cp,
         &rule_yaml("anchor", "plant", "west/anchor", "temps", "  group: west\n"),
     );
-    op.wait_for("the west group's pod", WAIT, || {
-        cp.run_kubectl(["get", "pod", "plant-west-0", "-n", NS])
-            .is_ok()
-    });
-    let west_pod = run_pod(
-        cp,
-        "plant-west",
-        "plant-west-0",
-        Ipv4Addr::new(127, 77, 0, 4),
-    );
+    let west_pod = run_new_pod(cp, op, "plant-west", Ipv4Addr::new(127, 77, 0, 4));
     op.wait_for("west runs its rule", WAIT, || {
         sync_config(cp, "plant-west", "plant-west-0");
         pod_status(3).contains("\"anchor\"")
