@@ -11,6 +11,7 @@ pub mod mqtt;
 pub mod permanent;
 pub mod pipeline;
 pub mod record;
+pub mod registry;
 pub mod reload;
 pub mod route;
 pub mod tls;

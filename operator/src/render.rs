@@ -176,6 +176,7 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
         },
         drain: Vec::new(),
         drain_on_shutdown,
+        schema_registry: None,
     };
     let config_yaml = serde_saphyr::to_string(&config).map_err(|e| RenderError::Yaml {
         group: workload.clone(),
@@ -297,6 +298,7 @@ fn rule(fr: &ForwardingRule) -> Rule {
                     .unwrap_or_else(|| Headers::default().prefix),
                 expressions: s.kafka.headers.expressions.clone(),
             },
+            value: None,
         },
         payload: match (&s.payload_transform, s.payload) {
             // CEL refuses a transform with wrappedJson; should one get through, the
