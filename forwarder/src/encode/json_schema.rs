@@ -47,3 +47,131 @@ impl JsonSchemaEncoder {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    use crate::encode::{EncodeError, Encoder, RegisteredSchema, SchemaError, SchemaKind};
+
+    const DRAFT7: &str = r#"{
+        "type": "object",
+        "required": ["device", "temp"],
+        "properties": {
+          "device": {"type": "string", "maxLength": 64},
+          "temp": {"type": "number"},
+          "tags": {"type": "array", "items": {"type": "string"}},
+          "pair": {"type": "array", "items": [{"type": "string"}, {"type": "integer"}]}
+        }
+    }"#;
+
+    const DRAFT2020: &str = r##"{
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "properties": {
+          "pair": {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}]},
+          "reading": {"$ref": "#/$defs/reading"}
+        },
+        "$defs": {"reading": {"type": "object", "properties": {"temp": {"type": "number"}}}}
+    }"##;
+
+    fn compile(text: &str) -> Result<Encoder, SchemaError> {
+        let schema = RegisteredSchema {
+            id: 3,
+            kind: SchemaKind::JsonSchema,
+            text: text.to_owned(),
+        };
+        Encoder::compile(&schema, None)
+    }
+
+    fn encode(text: &str, json: &str) -> Result<Vec<u8>, EncodeError> {
+        let mut out = Vec::new();
+        compile(text)
+            .unwrap_or_else(|e| panic!("{e}"))
+            .encode(json.as_bytes(), &mut out)
+            .map(|()| out)
+    }
+
+    #[test]
+    fn a_valid_value_is_carried_as_given() {
+        let json = "{\"device\": \"d\",\n \"temp\": 21.370, \"extra\": true}";
+        let record = encode(DRAFT7, json).unwrap();
+        assert_eq!(record[..5], [0, 0, 0, 0, 3]);
+        assert_eq!(&record[5..], json.as_bytes());
+        let decoded: Value = serde_json::from_slice(&record[5..]).unwrap();
+        assert_eq!(
+            decoded,
+            json!({"device": "d", "temp": 21.37, "extra": true})
+        );
+    }
+
+    #[test]
+    fn errors_give_the_instance_path_and_the_rule() {
+        let e = encode(DRAFT7, r#"{"device": "d", "temp": "warm"}"#).unwrap_err();
+        assert_eq!(e.path, "/temp");
+        assert_eq!(e.reason, r#""warm" is not of type "number""#);
+        let e = encode(DRAFT7, r#"{"temp": 1}"#).unwrap_err();
+        assert_eq!(e.path, "");
+        assert!(
+            e.reason.contains("\"device\" is a required property"),
+            "{e}"
+        );
+        let e = encode(DRAFT7, r#"{"device": "d", "temp": 1, "tags": ["a", 2]}"#).unwrap_err();
+        assert_eq!(
+            (e.path.as_str(), e.reason.as_str()),
+            ("/tags/1", r#"2 is not of type "string""#)
+        );
+        // Draft 7's tuple form of `items`.
+        let e = encode(DRAFT7, r#"{"device": "d", "temp": 1, "pair": ["a", "b"]}"#).unwrap_err();
+        assert_eq!(e.path, "/pair/1");
+        // Nothing of a long value beyond a short excerpt.
+        let long = "x".repeat(10_000);
+        let e = encode(DRAFT7, &format!(r#"{{"device": "{long}", "temp": 1}}"#)).unwrap_err();
+        assert_eq!(e.path, "/device");
+        assert!(e.reason.len() < 100, "{e}");
+        let e = encode(DRAFT7, r#"{"device": "d", "temp": 1"#).unwrap_err();
+        assert!(e.reason.starts_with("not valid JSON"), "{e}");
+    }
+
+    #[test]
+    fn draft_2020_12_keywords_apply() {
+        assert!(encode(DRAFT2020, r#"{"pair": ["a", 1], "reading": {"temp": 1}}"#).is_ok());
+        let e = encode(DRAFT2020, r#"{"pair": ["a", "b"]}"#).unwrap_err();
+        assert_eq!(e.path, "/pair/1");
+        let e = encode(DRAFT2020, r#"{"reading": {"temp": []}}"#).unwrap_err();
+        assert_eq!(
+            (e.path.as_str(), e.reason.as_str()),
+            ("/reading/temp", r#"the array is not of type "number""#)
+        );
+    }
+
+    #[test]
+    fn unusable_schemas_say_why() {
+        assert!(matches!(
+            compile("{not json"),
+            Err(SchemaError::JsonSchemaText(_))
+        ));
+        assert!(matches!(
+            compile(r#"{"type": 5}"#),
+            Err(SchemaError::JsonSchemaCompile { .. })
+        ));
+        // Other documents are not fetched.
+        assert!(matches!(
+            compile(r#"{"$ref": "https://example.com/reading.json"}"#),
+            Err(SchemaError::JsonSchemaCompile { .. })
+        ));
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            let mut out = Vec::new();
+            let encoder = compile(DRAFT2020).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            match encoder.encode(&bytes, &mut out) {
+                Ok(()) => prop_assert_eq!(&out[5..], &bytes[..]),
+                Err(_) => prop_assert!(out.is_empty()),
+            }
+        }
+    }
+}
