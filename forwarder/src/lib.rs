@@ -1,6 +1,7 @@
 //! Ferry's forwarder: MQTT in, Kafka out, at least once and in order. `run` is the whole data
 //! plane; the binary adds config loading, logging and signals.
 
+pub mod encode;
 pub mod eval;
 pub mod http;
 pub mod kafka;
