@@ -395,7 +395,8 @@ fn check_value_encoding(
     if !has_registry {
         p.add(
             at("kafka.value"),
-            "encodes through a schema registry, and none is configured (schema_registry)",
+            "encodes through a schema registry, and none is configured (schema_registry; on \
+             Kubernetes, the BrokerConnection's spec.schemaRegistry)",
         );
     }
     if value.subject.trim().is_empty() {
@@ -771,7 +772,7 @@ rules:
         assert_eq!(
             found(&encoded(good, "")),
             [
-                "rules[1].kafka.value: encodes through a schema registry, and none is configured (schema_registry)"
+                "rules[1].kafka.value: encodes through a schema registry, and none is configured (schema_registry; on Kubernetes, the BrokerConnection's spec.schemaRegistry)"
             ]
         );
         let bad = "{ format: avro, subject: \" \", version: 0, message: a.B }";

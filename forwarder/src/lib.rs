@@ -15,6 +15,7 @@ pub mod record;
 pub mod registry;
 pub mod reload;
 pub mod route;
+pub mod schemas;
 pub mod tls;
 pub mod window;
 
@@ -80,6 +81,7 @@ pub async fn run(
 ) -> Result<RunSummary, RunError> {
     let metrics = Arc::new(Metrics::new());
     let router = Router::new(&config, &metrics);
+    schemas::resolve(router.schemas(), &[], config.schema_registry.as_ref());
     let addr = config.http.listen;
     let listener = TcpListener::bind(addr)
         .await

@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use ferry_api::KafkaTopic;
 use ferry_api::ValidConfig;
-use ferry_api::config::{KafkaConfig, SubscriptionPlan};
+use ferry_api::config::{KafkaConfig, SchemaRegistry, SubscriptionPlan};
 use ferry_api::expr::JsonReads;
 use ferry_api::status::{BlockedBy, Held};
 use rdkafka::error::KafkaError;
@@ -26,8 +26,9 @@ use crate::kafka::{self, Classified, Fatal, KafkaProducer, ProducerWiring, Repla
 use crate::limits::{self, Judgement, Learned, TopicLimits};
 use crate::metrics::{Metrics, RuleStats};
 use crate::mqtt::{Link, Message, Outbound, Subscriptions};
-use crate::record::Source;
+use crate::record::{Source, Unencoded};
 use crate::route::{Routed, Router, RuleSet, Target};
+use crate::schemas;
 use crate::window::{
     Action, Backoff, BlockReason, Dest, HeldRecord, Outcome, PermanentReason, Policy, Seq,
     TargetRef, TargetSpec, Window,
@@ -98,6 +99,8 @@ pub struct Reload {
     pub draining: bool,
     /// The new config subscribes through `$share/<group>/`.
     pub shared: bool,
+    /// Where the new rules' schemas are looked up.
+    pub schema_registry: Option<SchemaRegistry>,
 }
 
 impl Reload {
@@ -107,6 +110,7 @@ impl Reload {
             subscriptions: config.subscription_plan(),
             draining: config.draining(),
             shared: config.shares_subscriptions(),
+            schema_registry: config.schema_registry.clone(),
         }
     }
 }
@@ -324,6 +328,11 @@ impl Pipeline {
     /// at once). The new router is in place before new filters are subscribed, so nothing
     /// arrives unrouted.
     fn apply(&mut self, reload: Reload) {
+        schemas::resolve(
+            reload.router.schemas(),
+            self.router.schemas(),
+            reload.schema_registry.as_ref(),
+        );
         self.router = Arc::new(reload.router);
         self.rejudge();
         if reload.draining && !self.metrics.drain.draining() {
@@ -600,7 +609,24 @@ impl Pipeline {
         let leg = &*leg;
         let source = leg.source(message);
         let record = match dest {
-            Dest::Primary => source.primary(),
+            Dest::Primary => match source.encoded_primary() {
+                Ok(record) => record,
+                Err(unencoded) => {
+                    let outcome = match unencoded {
+                        Unencoded::Waiting(error) => Outcome::Blocked {
+                            reason: BlockReason::Schema,
+                            error,
+                        },
+                        Unencoded::Mismatch(error) => Outcome::Permanent {
+                            reason: PermanentReason::SchemaMismatch,
+                            error,
+                        },
+                    };
+                    self.window
+                        .on_outcome(target, outcome, std::time::Instant::now());
+                    return;
+                }
+            },
             Dest::DeadLetter { error } => {
                 source.dead_letter(&leg.target.matched_names(&leg.matched), error)
             }

@@ -448,9 +448,7 @@ impl Scalar<'_> {
             Scalar::Uint(u) => i64::try_from(u).ok(),
             // 2^63 is exact in f64; integral values below it convert exactly.
             Scalar::Float(x)
-                if x.fract() == 0.0
-                    && (-9.223_372_036_854_775_808e18..9.223_372_036_854_775_808e18)
-                        .contains(&x) =>
+                if x.fract() == 0.0 && (i64::MIN as f64..-(i64::MIN as f64)).contains(&x) =>
             {
                 Some(x as i64)
             }
