@@ -81,7 +81,6 @@ pub async fn run(
 ) -> Result<RunSummary, RunError> {
     let metrics = Arc::new(Metrics::new());
     let router = Router::new(&config, &metrics);
-    schemas::resolve(router.schemas(), &[], config.schema_registry.as_ref());
     let addr = config.http.listen;
     let listener = TcpListener::bind(addr)
         .await
@@ -117,6 +116,7 @@ pub async fn run(
             link,
             subscriptions,
             fatal: (fatal_tx, fatal_rx),
+            schema_registry: config.schema_registry.clone(),
         },
         max_inflight,
     )?;

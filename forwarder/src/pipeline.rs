@@ -28,7 +28,7 @@ use crate::metrics::{Metrics, RuleStats};
 use crate::mqtt::{Link, Message, Outbound, Subscriptions};
 use crate::record::{Source, Unencoded};
 use crate::route::{Routed, Router, RuleSet, Target};
-use crate::schemas;
+use crate::schemas::{self, RegistryCell};
 use crate::window::{
     Action, Backoff, BlockReason, Dest, HeldRecord, Outcome, PermanentReason, Policy, Seq,
     TargetRef, TargetSpec, Window,
@@ -127,6 +127,8 @@ pub struct PipelineExit {
 
 pub struct Pipeline {
     router: Arc<Router>,
+    /// The schema registry client of the latest config, for every schema lookup.
+    registry: Arc<RegistryCell>,
     metrics: Arc<Metrics>,
     /// Dropped when the pipeline ends: the MQTT driver then disconnects.
     link: Link,
@@ -167,6 +169,8 @@ pub struct Wiring {
     /// The fatal channel (`kafka::Fatal`): its sender goes to every producer's callbacks and
     /// to the reachability probe.
     pub fatal: (kafka::FatalSender, mpsc::UnboundedReceiver<Fatal>),
+    /// Where rules' schemas are looked up (`kafka.value`).
+    pub schema_registry: Option<SchemaRegistry>,
 }
 
 impl Pipeline {
@@ -187,8 +191,11 @@ impl Pipeline {
         let record_max_bytes = eval::record_max_bytes(&kafka.config);
         let (limit_asks, asks) = mpsc::unbounded_channel();
         let (answers, limit_answers) = mpsc::unbounded_channel();
+        let registry = RegistryCell::new(wiring.schema_registry.as_ref());
+        schemas::resolve(router.schemas(), &[], &registry);
         Ok(Self {
             router: Arc::new(router),
+            registry,
             metrics: wiring.metrics,
             link: wiring.link,
             subscriptions: wiring.subscriptions,
@@ -328,10 +335,11 @@ impl Pipeline {
     /// at once). The new router is in place before new filters are subscribed, so nothing
     /// arrives unrouted.
     fn apply(&mut self, reload: Reload) {
+        self.registry.set(reload.schema_registry.as_ref());
         schemas::resolve(
             reload.router.schemas(),
             self.router.schemas(),
-            reload.schema_registry.as_ref(),
+            &self.registry,
         );
         self.router = Arc::new(reload.router);
         self.rejudge();

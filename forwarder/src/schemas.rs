@@ -1,7 +1,9 @@
 //! The schemas rules encode their values with, each looked up in the registry by a task of its
 //! own: until one is found (registry unreachable, credentials refused, subject missing), the
 //! records that need it wait, unacknowledged, and the rule says why; a version found stays in
-//! use when a later lookup of `latest` fails.
+//! use when a later lookup of `latest` fails. A reload hands each encoding over to the new
+//! config's slot (records in flight follow it) and every lookup uses the registry settings of
+//! the latest config.
 
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
@@ -24,6 +26,36 @@ pub struct SchemaSlot {
     state: RwLock<State>,
     /// The rules encoding with it, told which schema they use.
     rules: RwLock<Vec<Arc<RuleStats>>>,
+    /// The same encoding in the config that replaced this one: records routed before the
+    /// reload take their schema from it, and this slot's lookup ends.
+    successor: RwLock<Option<Arc<SchemaSlot>>>,
+}
+
+/// The registry client of the latest config (or why there is none), read by every lookup.
+#[derive(Debug)]
+pub struct RegistryCell(RwLock<Result<Arc<RegistryClient>, String>>);
+
+impl RegistryCell {
+    pub fn new(config: Option<&SchemaRegistry>) -> Arc<Self> {
+        Arc::new(Self(RwLock::new(client_of(config))))
+    }
+
+    pub fn set(&self, config: Option<&SchemaRegistry>) {
+        *write(&self.0) = client_of(config);
+    }
+
+    fn get(&self) -> Result<Arc<RegistryClient>, String> {
+        read(&self.0).clone()
+    }
+}
+
+fn client_of(config: Option<&SchemaRegistry>) -> Result<Arc<RegistryClient>, String> {
+    match config.map(RegistryClient::new) {
+        Some(Ok(client)) => Ok(Arc::new(client)),
+        Some(Err(e)) => Err(e.to_string()),
+        // Validation refuses encodings without a registry; kept total.
+        None => Err("no schema_registry is configured".to_owned()),
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -51,6 +83,7 @@ impl SchemaSlot {
             spec,
             state: RwLock::new(State::Pending { why: None }),
             rules: RwLock::new(Vec::new()),
+            successor: RwLock::new(None),
         })
     }
 
@@ -60,6 +93,9 @@ impl SchemaSlot {
 
     /// The schema to encode with, or why there is none yet.
     pub fn ready(&self) -> Result<Arc<Ready>, NotYet> {
+        if let Some(next) = read(&self.successor).as_ref() {
+            return next.ready();
+        }
         match &*read(&self.state) {
             State::Ready(r) => Ok(Arc::clone(r)),
             State::Pending { why } => Err(NotYet(why.clone().unwrap_or_else(|| {
@@ -112,52 +148,39 @@ impl SchemaSlot {
     }
 }
 
-/// Starts the lookups of `slots` (the ones of a new config) after taking over what the
-/// previous config's slots found. Each lookup runs while its slot is in use: by a config or
-/// by a record in flight that needs it.
+/// Starts the lookups of `slots` (the ones of a new config), each taking over from the
+/// previous config's slot of the same encoding what it found and the records waiting on it.
+/// Each lookup runs while its slot is in use and has no successor.
 pub fn resolve(
     slots: &[Arc<SchemaSlot>],
     previous: &[Arc<SchemaSlot>],
-    registry: Option<&SchemaRegistry>,
+    registry: &Arc<RegistryCell>,
 ) {
     for slot in slots {
         if let Some(old) = previous.iter().find(|p| p.spec == slot.spec) {
             slot.adopt(old);
+            *write(&old.successor) = Some(Arc::clone(slot));
         }
-    }
-    if slots.is_empty() {
-        return;
-    }
-    let client = match registry.map(RegistryClient::new) {
-        Some(Ok(client)) => Arc::new(client),
-        Some(Err(e)) => return fail_all(slots, &e.to_string()),
-        // Refused by validation; kept total.
-        None => return fail_all(slots, "no schema_registry is configured"),
-    };
-    for slot in slots {
-        tokio::spawn(look_up(Arc::downgrade(slot), Arc::clone(&client)));
-    }
-}
-
-fn fail_all(slots: &[Arc<SchemaSlot>], why: &str) {
-    warn!(
-        error = why,
-        "schema registry client not usable; encoded records wait"
-    );
-    for slot in slots {
-        slot.set_failed(why.to_owned());
+        tokio::spawn(look_up(Arc::downgrade(slot), Arc::clone(registry)));
     }
 }
 
 /// Looks the slot's schema up until found (pinned) or for as long as the slot lives
 /// (`latest`, again every `LATEST_SCHEMA_REFRESH_SECS`).
-async fn look_up(slot: Weak<SchemaSlot>, client: Arc<RegistryClient>) {
+async fn look_up(slot: Weak<SchemaSlot>, registry: Arc<RegistryCell>) {
     let mut failures = 0u32;
     loop {
-        let Some(spec) = slot.upgrade().map(|s| s.spec.clone()) else {
+        let Some(spec) = slot
+            .upgrade()
+            .filter(|s| read(&s.successor).is_none())
+            .map(|s| s.spec.clone())
+        else {
             return;
         };
-        let result = fetch_and_compile(&client, &spec).await;
+        let result = match registry.get() {
+            Ok(client) => fetch_and_compile(&client, &spec).await,
+            Err(why) => Err(why),
+        };
         let Some(s) = slot.upgrade() else { return };
         let wait = match result {
             Ok(found) => {
@@ -292,6 +315,36 @@ mod tests {
         let other = SchemaSlot::new(spec(SchemaFormat::JsonSchema));
         other.adopt(&slot);
         assert!(other.ready().is_err());
+    }
+
+    #[tokio::test]
+    async fn records_routed_before_a_reload_follow_the_new_configs_slot() {
+        let registry = RegistryCell::new(None);
+        let old = SchemaSlot::new(spec(SchemaFormat::Avro));
+        resolve(std::slice::from_ref(&old), &[], &registry);
+        let new = SchemaSlot::new(spec(SchemaFormat::Avro));
+        resolve(
+            std::slice::from_ref(&new),
+            std::slice::from_ref(&old),
+            &registry,
+        );
+        assert!(old.ready().is_err());
+        let found = compile(fetched(SchemaFormat::Avro, 9, READING), &new.spec);
+        new.set_ready(Arc::new(found.unwrap_or_else(|e| panic!("{e}"))));
+        assert_eq!(
+            old.ready().map(|r| r.id).ok(),
+            Some(9),
+            "the old slot follows"
+        );
+        // Without a registry, lookups say why rather than wait silently.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let waiting = SchemaSlot::new(spec(SchemaFormat::JsonSchema));
+        resolve(std::slice::from_ref(&waiting), &[], &registry);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            waiting.ready().err(),
+            Some(NotYet("no schema_registry is configured".into()))
+        );
     }
 
     #[test]
