@@ -30,11 +30,13 @@ pub mod kube;
 pub mod metrics;
 mod pki;
 pub mod registry;
+pub mod schema_registry;
 pub use fault_proxy::{FaultProxy, ProxyMode};
 pub use kafka_cluster::{ClusterOptions, KafkaCluster};
 use kafka_node::{Listener, NodeProps};
 pub use pki::{CLIENT_CN, KeyType, Pki};
 pub use registry::Registry;
+pub use schema_registry::{SchemaRegistry, SchemaRegistryOptions, SchemaType};
 
 /// Mosquitto's flow-control settings used everywhere, printed by the tests and benchmarks:
 /// 1000 unacknowledged messages in flight toward a client (as a production broker serving a
