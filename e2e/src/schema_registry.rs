@@ -16,18 +16,15 @@
 //! serializers.
 
 use std::fmt;
-use std::io::{Read as _, Write as _};
-use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::io::Write as _;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
-use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, ServerName};
 
-use crate::{Pki, Placement};
+use crate::{HttpOptions, Pki, Placement};
 
 /// The registry build's pins, read where `install.sh` reads them.
 const REGISTRY_POM: &str = include_str!("../registry/pom.xml");
@@ -282,19 +279,21 @@ impl SchemaRegistry {
 
     /// One request to the Confluent API, `path` relative to [`SchemaRegistry::url`] (e.g.
     /// `/subjects/t-value/versions`), with the registry's credentials and trusting its CA; a
-    /// `body` is sent as `application/vnd.schemaregistry.v1+json`. Returns status and body.
+    /// `body` is sent as `application/json`. Returns status and body.
     pub fn request(&self, method: &str, path: &str, body: Option<&str>) -> Result<(u16, String)> {
-        let auth = self
-            .basic_auth
-            .as_ref()
-            .map(|(user, password)| (user.as_str(), password.as_str()));
-        http_request(
+        let options = HttpOptions {
+            body,
+            tls_ca: self.ca.as_deref(),
+            basic_auth: self
+                .basic_auth
+                .as_ref()
+                .map(|(user, password)| (user.as_str(), password.as_str())),
+        };
+        crate::http_request(
             self.address(),
-            self.ca.as_deref(),
-            auth,
             method,
             &format!("{CCOMPAT_PATH}{path}"),
-            body,
+            &options,
         )
     }
 
@@ -502,84 +501,4 @@ fn run_tool(cmd: &mut Command, input: &str, timeout: Duration) -> Result<String>
         }
     );
     Ok(stdout)
-}
-
-/// One HTTP/1.0 request (the server closes the connection after its answer, without chunked
-/// encoding), over TLS trusting `ca` when there is one, with basic `auth` when given.
-pub fn http_request(
-    addr: SocketAddr,
-    ca: Option<&Path>,
-    auth: Option<(&str, &str)>,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-) -> Result<(u16, String)> {
-    use base64::Engine as _;
-    let what = format!("{method} {addr}{path}");
-    let mut head =
-        format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\nAccept: application/json\r\n");
-    if let Some((user, password)) = auth {
-        let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
-        head.push_str(&format!("Authorization: Basic {token}\r\n"));
-    }
-    let body = body.unwrap_or("");
-    if !body.is_empty() || method != "GET" {
-        head.push_str(&format!(
-            "Content-Type: application/vnd.schemaregistry.v1+json\r\nContent-Length: {}\r\n",
-            body.len()
-        ));
-    }
-    head.push_str("\r\n");
-    let request = [head.as_bytes(), body.as_bytes()].concat();
-    let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
-        .with_context(|| format!("{what}: cannot connect"))?;
-    tcp.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut answer = Vec::new();
-    match ca {
-        None => {
-            let mut tcp = tcp;
-            tcp.write_all(&request)?;
-            tcp.read_to_end(&mut answer)
-                .with_context(|| format!("{what}: reading the answer"))?;
-        }
-        Some(ca) => {
-            let config = tls_client_config(ca)?;
-            let name = ServerName::from(addr.ip());
-            let conn = rustls::ClientConnection::new(config, name)?;
-            let mut tls = rustls::StreamOwned::new(conn, tcp);
-            tls.write_all(&request)
-                .with_context(|| format!("{what}: TLS"))?;
-            match tls.read_to_end(&mut answer) {
-                Ok(_) => {}
-                // A peer that closes without close_notify, after a whole answer.
-                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !answer.is_empty() => {}
-                Err(e) => return Err(e).with_context(|| format!("{what}: reading the answer")),
-            }
-        }
-    }
-    let text = String::from_utf8_lossy(&answer);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .with_context(|| format!("{what}: not an HTTP answer: {text:?}"))?;
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .with_context(|| format!("{what}: no status in {head:?}"))?;
-    Ok((status, body.to_owned()))
-}
-
-fn tls_client_config(ca: &Path) -> Result<Arc<rustls::ClientConfig>> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in
-        CertificateDer::pem_file_iter(ca).with_context(|| format!("read {}", ca.display()))?
-    {
-        roots.add(cert?)?;
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(Arc::new(config))
 }

@@ -5,7 +5,10 @@
 
 use std::time::{Duration, Instant};
 
-use ferry_e2e::{Kafka, KeyType, Pki, SchemaRegistry, SchemaRegistryOptions, SchemaType};
+use ferry_e2e::{
+    HttpOptions, Kafka, KeyType, Pki, SchemaRegistry, SchemaRegistryOptions, SchemaType,
+    http_request,
+};
 use serde_json::{Value, json};
 
 const AVRO: &str = r#"{"type":"record","name":"Reading","namespace":"ferry.test","fields":[{"name":"device","type":"string"},{"name":"celsius","type":"double"}]}"#;
@@ -137,36 +140,28 @@ fn tls_basic_auth_and_the_confluent_kafka_round_trip() {
         registry.url()
     );
 
-    let ca = registry.ca_cert().map(ToOwned::to_owned);
-    let path = "/apis/ccompat/v7/subjects";
-    let anonymous = ferry_e2e::schema_registry::http_request(
-        registry.address(),
-        ca.as_deref(),
-        None,
-        "GET",
-        path,
-        None,
-    )
-    .unwrap();
+    // The API's path at the registry's address, as any client would ask for it.
+    let subjects = |tls_ca, basic_auth| {
+        let options = HttpOptions {
+            tls_ca,
+            basic_auth,
+            ..HttpOptions::default()
+        };
+        http_request(
+            registry.address(),
+            "GET",
+            "/apis/ccompat/v7/subjects",
+            &options,
+        )
+    };
+    let ca = registry.ca_cert();
+    let anonymous = subjects(ca, None).unwrap();
     assert_eq!(anonymous.0, 401, "anonymous: {anonymous:?}");
-    let wrong = ferry_e2e::schema_registry::http_request(
-        registry.address(),
-        ca.as_deref(),
-        Some(("ferry", "wrong")),
-        "GET",
-        path,
-        None,
-    )
-    .unwrap();
+    let wrong = subjects(ca, Some(("ferry", "wrong"))).unwrap();
     assert_eq!(wrong.0, 401, "wrong password: {wrong:?}");
-    let plain = ferry_e2e::schema_registry::http_request(
-        registry.address(),
-        None,
-        Some(("ferry", "s3cret pass")),
-        "GET",
-        path,
-        None,
-    );
+    let right = subjects(ca, Some(("ferry", "s3cret pass"))).unwrap();
+    assert_eq!(right, (200, "[]".to_owned()));
+    let plain = subjects(None, Some(("ferry", "s3cret pass")));
     assert!(
         !matches!(plain, Ok((200, _))),
         "plain HTTP to the TLS port must not be served: {plain:?}"
