@@ -30,12 +30,13 @@ use crate::{HttpOptions, Pki, Placement};
 const REGISTRY_POM: &str = include_str!("../registry/pom.xml");
 const PYTHON_REQUIREMENTS: &str = include_str!("../tools/confluent-requirements.txt");
 
-/// How long a start may take before it fails. Measured here (2 cores): the API answers 2.7 to
-/// 4.7 s after the JVM starts, 7-8 s while another build or JVM runs.
+/// How long a start may take before it fails. Measured here (2 cores, load 3-4): the API
+/// answers 3.2 to 3.7 s after the JVM starts; up to 8 s without the JVM options below.
 const START_TIMEOUT: Duration = Duration::from_secs(45);
 
-/// The JVM of a test registry: C1 only and the serial collector start it fastest (3 s instead
-/// of 4-8 s) and keep it at about 210 MB RSS; a test's schemas need little heap.
+/// The JVM of a test registry: C1 only and the serial collector start it fastest (about 3.5 s
+/// instead of 4-8 s) and keep it at about 155 MB RSS (210 MB without -Xms64m); a test's
+/// schemas need little heap.
 const REGISTRY_JVM: &[&str] = &[
     "-Xms64m",
     "-Xmx256m",
