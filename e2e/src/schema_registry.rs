@@ -395,7 +395,8 @@ impl SchemaRegistry {
             );
         }
         let mut cmd = Command::new(venv.join("bin/python"));
-        cmd.arg(
+        // No __pycache__ in the repository's e2e/tools.
+        cmd.env("PYTHONDONTWRITEBYTECODE", "1").arg(
             Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("tools")
                 .join(script),
