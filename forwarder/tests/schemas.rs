@@ -45,7 +45,7 @@ fn reading(n: usize) -> Value {
     json!({
         "device": format!("plant-7/line-3/sensor-{n}"),
         "temp": 20.0 + n as f64 / 4.0,
-        "ok": n % 2 == 0,
+        "ok": n.is_multiple_of(2),
         "tags": ["a", format!("n{n}")],
     })
 }
