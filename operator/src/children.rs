@@ -696,6 +696,80 @@ spec:
     }
 
     #[test]
+    fn the_schema_registrys_certificate_and_credentials_are_files_the_config_points_at() {
+        let (mut conn, rules) = fixture();
+        conn.spec.schema_registry = Some(ferry_api::crd::SchemaRegistryEndpoint {
+            url: "https://registry.kafka:8081".into(),
+            tls: Some(ferry_api::crd::TlsRefs {
+                ca_secret_ref: Some(ferry_api::crd::SecretKeyRef {
+                    name: "registry-ca".into(),
+                    key: "ca.crt".into(),
+                }),
+                ..Default::default()
+            }),
+            credentials_secret_ref: Some(ferry_api::crd::CredentialsRef {
+                name: "registry-credentials".into(),
+                username: None,
+                username_key: "username".into(),
+                password_key: "password".into(),
+            }),
+        });
+        let rendered = render(&Group {
+            connection: &conn,
+            name: "default",
+            rules: rules.iter().collect(),
+        })
+        .expect("render");
+        let mut data = secrets("pw");
+        for key in [
+            keys::REGISTRY_CA,
+            keys::REGISTRY_USERNAME,
+            keys::REGISTRY_PASSWORD,
+        ] {
+            data.insert(key.to_owned(), ByteString(b"x".to_vec()));
+        }
+        let children = build(
+            &conn,
+            "default",
+            &rendered,
+            data,
+            &ForwarderImage::default(),
+        );
+        let pod = children
+            .stateful_set
+            .spec
+            .and_then(|s| s.template.spec)
+            .expect("pod spec");
+        let mounted: Vec<String> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .flat_map(|v| {
+                let dir = pod.containers[0]
+                    .volume_mounts
+                    .iter()
+                    .flatten()
+                    .find(|m| m.name == v.name)
+                    .map(|m| m.mount_path.clone())
+                    .unwrap_or_default();
+                v.secret
+                    .iter()
+                    .flat_map(|s| s.items.iter().flatten())
+                    .map(move |i| format!("{dir}/{}", i.path))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let registry = rendered.config.schema_registry.as_ref().expect("rendered");
+        let ca = registry.tls.as_ref().and_then(|t| t.ca_file.clone());
+        let auth = registry.basic_auth.as_ref().expect("basic auth");
+        for file in [ca, auth.username_file.clone(), auth.password_file.clone()] {
+            let file = file.expect("a file");
+            assert!(mounted.contains(&file), "{file} is not mounted: {mounted:?}");
+        }
+        assert!(auth.password.is_empty(), "the password is a file, never inline");
+    }
+
+    #[test]
     fn the_forwarder_image_is_the_operators_build_then_its_flags_then_the_connections() {
         let (mut conn, _) = fixture();
         let version = env!("CARGO_PKG_VERSION");

@@ -298,7 +298,17 @@ pub fn referenced_secrets(c: &BrokerConnection) -> BTreeSet<String> {
             .as_ref()
             .map(|r| r.credentials_secret_ref.name.clone()),
     );
-    for tls in [&s.mqtt.tls, &s.kafka.tls].into_iter().flatten() {
+    let registry = s.schema_registry.as_ref();
+    names.extend(
+        registry
+            .and_then(|r| r.credentials_secret_ref.as_ref())
+            .map(|r| r.name.clone()),
+    );
+    let registry_tls = registry.and_then(|r| r.tls.as_ref());
+    for tls in [s.mqtt.tls.as_ref(), s.kafka.tls.as_ref(), registry_tls]
+        .into_iter()
+        .flatten()
+    {
         names.extend(tls.ca_secret_ref.as_ref().map(|r| r.name.clone()));
         names.extend(tls.client_cert_secret_ref.as_ref().map(|r| r.name.clone()));
     }
@@ -411,6 +421,41 @@ mod tests {
         assert_eq!(text("kafka-tls.key"), "KEY");
         assert_eq!(text("kafka-ca.crt"), "CLUSTER-CA");
         assert_eq!(got.len(), 5, "nothing else copied: {:?}", got.keys());
+    }
+
+    #[test]
+    fn the_schema_registrys_secrets_are_referenced_resolved_and_named_when_missing() {
+        let spec = format!(
+            "{SPEC}  schemaRegistry:\n    url: https://r\n    tls: {{ caSecretRef: {{ name: registry-ca, key: ca.crt }} }}\n    credentialsSecretRef: {{ name: registry }}\n"
+        );
+        let c = conn(&spec);
+        let names = referenced_secrets(&c);
+        assert!(names.contains("registry") && names.contains("registry-ca"), "{names:?}");
+        let mut secrets: Secrets = BTreeMap::from([
+            (
+                "mqtt-credentials".to_owned(),
+                secret(&[("username", "u"), ("password", "p")]),
+            ),
+            (
+                "mqtt-client".to_owned(),
+                secret(&[("tls.crt", "CERT"), ("tls.key", "KEY")]),
+            ),
+            ("kafka".to_owned(), secret(&[("user", "ku"), ("pass", "kp")])),
+            ("registry-ca".to_owned(), secret(&[("ca.crt", "CA")])),
+        ]);
+        let missing = resolve_secrets(&c, &secrets).expect_err("missing");
+        let text: Vec<String> = missing.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            text,
+            [r#"Secret "registry" (spec.schemaRegistry.credentialsSecretRef) does not exist"#]
+        );
+        secrets.insert(
+            "registry".to_owned(),
+            secret(&[("username", "ru"), ("password", "rp")]),
+        );
+        let got = resolve_secrets(&c, &secrets).expect("resolves");
+        assert_eq!(got[keys::REGISTRY_PASSWORD].0, b"rp");
+        assert_eq!(got[keys::REGISTRY_CA].0, b"CA");
     }
 
     #[test]
