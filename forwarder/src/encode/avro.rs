@@ -506,7 +506,20 @@ fn put_scalar(
     scalar: Scalar<'_>,
     out: &mut Vec<u8>,
 ) -> Result<(), String> {
-    let fits = match (&nodes[node], scalar) {
+    if put(nodes, node, scalar, out) {
+        Ok(())
+    } else {
+        Err(format!(
+            "expected {}, found {scalar}",
+            expected(nodes, node)
+        ))
+    }
+}
+
+/// Appends `scalar` as `node` if it fits (else nothing): [`put_scalar`] without the reason, for
+/// trying a union's branches.
+fn put(nodes: &[Node], node: NodeId, scalar: Scalar<'_>, out: &mut Vec<u8>) -> bool {
+    match (&nodes[node], scalar) {
         (Node::Null, Scalar::Null) => true,
         (Node::Boolean, Scalar::Bool(b)) => {
             out.push(u8::from(b));
@@ -558,22 +571,14 @@ fn put_scalar(
             for (i, branch) in union.branches.iter().enumerate() {
                 let start = out.len();
                 put_zigzag(out, i as i64);
-                if put_scalar(nodes, branch.node, scalar, out).is_ok() {
-                    return Ok(());
+                if put(nodes, branch.node, scalar, out) {
+                    return true;
                 }
                 out.truncate(start);
             }
             false
         }
         _ => false,
-    };
-    if fits {
-        Ok(())
-    } else {
-        Err(format!(
-            "expected {}, found {scalar}",
-            expected(nodes, node)
-        ))
     }
 }
 
@@ -685,9 +690,11 @@ impl Seed<'_, '_> {
 /// items once they are counted.
 fn close_block(out: &mut Vec<u8>, start: usize, count: i64) {
     if count > 0 {
-        let mut prefix = Vec::with_capacity(10);
-        put_zigzag(&mut prefix, count);
-        out.splice(start..start, prefix);
+        // The count's varint is at most 10 bytes: written at the end, then rotated into place.
+        let end = out.len();
+        put_zigzag(out, count);
+        let prefix = out.len() - end;
+        out[start..].rotate_right(prefix);
     }
     out.push(0);
 }
@@ -829,8 +836,8 @@ fn encode_record<'de, A: MapAccess<'de>>(
     let fields = &record.fields;
     let mut next = 0;
     let mut scratch = Vec::new();
-    let mut parked: smallvec::SmallVec<[Option<(usize, usize)>; 16]> =
-        smallvec::smallvec![None; fields.len()];
+    // Ranges of `scratch`, by field; allocated when a field first comes early.
+    let mut parked: Vec<Option<(usize, usize)>> = Vec::new();
     loop {
         let found = map.next_key_seed(FieldSeed { fields, hint: next });
         let k = match found {
@@ -844,7 +851,7 @@ fn encode_record<'de, A: MapAccess<'de>>(
             Err(e) => return Err(cx.locate(String::new, e)),
         };
         let field = &fields[k];
-        if k < next || parked[k].is_some() {
+        if k < next || parked.get(k).is_some_and(Option::is_some) {
             let e = cx.fail("the field appears more than once".to_owned());
             return Err(cx.locate(|| field.name.clone(), e));
         }
@@ -863,6 +870,9 @@ fn encode_record<'de, A: MapAccess<'de>>(
             return Err(cx.locate(|| field.name.clone(), e));
         }
         if parking {
+            if parked.is_empty() {
+                parked.resize(fields.len(), None);
+            }
             parked[k] = Some((at, scratch.len()));
             continue;
         }
@@ -873,7 +883,7 @@ fn encode_record<'de, A: MapAccess<'de>>(
         }
     }
     for (k, field) in fields.iter().enumerate().skip(next) {
-        match (parked[k], &field.default) {
+        match (parked.get(k).copied().flatten(), &field.default) {
             (Some((from, to)), _) => out.extend_from_slice(&scratch[from..to]),
             (None, Some(default)) => out.extend_from_slice(default),
             (None, None) => {
