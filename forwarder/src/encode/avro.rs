@@ -446,11 +446,9 @@ impl Scalar<'_> {
         match self {
             Scalar::Int(i) => Some(i),
             Scalar::Uint(u) => i64::try_from(u).ok(),
-            // 2^63 is exact in f64; integral values below it convert exactly.
+            // -2^63 and 2^63 are exact in f64; integral values between convert exactly.
             Scalar::Float(x)
-                if x.fract() == 0.0
-                    && (-9.223_372_036_854_775_808e18..9.223_372_036_854_775_808e18)
-                        .contains(&x) =>
+                if x.fract() == 0.0 && (i64::MIN as f64..-(i64::MIN as f64)).contains(&x) =>
             {
                 Some(x as i64)
             }
