@@ -13,13 +13,14 @@
 //! - A union takes a plain JSON value, encoded as the first branch it fits; or Avro's JSON
 //!   encoding of a union, `{"<branch>": value}`, when that cannot be read as a plain value.
 //! - Logical types are their underlying type (`date` an int, `timestamp-millis` a long, `uuid`
-//!   a string); `decimal` and `duration` are refused at compile time.
+//!   a string); a `decimal` takes a number or a string of its digits; `duration` is refused at
+//!   compile time.
 
 use std::collections::HashMap;
 use std::fmt;
 
 use apache_avro::Schema;
-use apache_avro::schema::{Name, RecordSchema, UnionSchema, UuidSchema};
+use apache_avro::schema::{InnerDecimalSchema, Name, RecordSchema, UnionSchema, UuidSchema};
 use serde::Deserialize as _;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
@@ -38,8 +39,19 @@ enum Node {
     Double,
     Bytes,
     String,
-    Fixed { size: usize },
-    Enum { symbols: Vec<String> },
+    Fixed {
+        size: usize,
+    },
+    /// The unscaled value, two's complement big-endian: in as few bytes as it takes, or in
+    /// `size` (a fixed).
+    Decimal {
+        precision: usize,
+        scale: usize,
+        size: Option<usize>,
+    },
+    Enum {
+        symbols: Vec<String>,
+    },
     Array(NodeId),
     Map(NodeId),
     Record(Record),
@@ -247,7 +259,27 @@ impl Builder {
                         }
                     });
                 }
-                Schema::Decimal(_) => return Err(unsupported("the decimal logical type")),
+                Schema::Decimal(d) => {
+                    if d.precision > MAX_PRECISION {
+                        return Err(unsupported(&format!(
+                            "a decimal of precision {} (at most {MAX_PRECISION})",
+                            d.precision
+                        )));
+                    }
+                    let decimal = |size| Node::Decimal {
+                        precision: d.precision,
+                        scale: d.scale,
+                        size,
+                    };
+                    match &d.inner {
+                        InnerDecimalSchema::Bytes => decimal(None),
+                        InnerDecimalSchema::Fixed(fixed) => {
+                            let (id, _) = self.name(&fixed.name, ns);
+                            self.nodes[id] = decimal(Some(fixed.size));
+                            return Ok(id);
+                        }
+                    }
+                }
                 Schema::BigDecimal => return Err(unsupported("the big-decimal logical type")),
                 Schema::Duration(_) => return Err(unsupported("the duration logical type")),
             };
@@ -326,11 +358,15 @@ impl Builder {
             Node::Long => "long",
             Node::Float => "float",
             Node::Double => "double",
-            Node::Bytes => "bytes",
+            Node::Bytes | Node::Decimal { size: None, .. } => "bytes",
             Node::String => "string",
             Node::Array(_) => "array",
             Node::Map(_) => "map",
-            Node::Fixed { .. } | Node::Enum { .. } | Node::Record(_) | Node::Union(_) => "",
+            Node::Fixed { .. }
+            | Node::Decimal { size: Some(_), .. }
+            | Node::Enum { .. }
+            | Node::Record(_)
+            | Node::Union(_) => "",
         }
     }
 }
@@ -477,6 +513,11 @@ fn expected(nodes: &[Node], node: NodeId) -> String {
         Node::Double => "a double (a number)".into(),
         Node::Bytes => "bytes (a string of characters U+0000..U+00FF)".into(),
         Node::String => "a string".into(),
+        Node::Decimal {
+            precision, scale, ..
+        } => format!(
+            "a decimal of at most {precision} digits, {scale} after the point (a number or a string)"
+        ),
         Node::Fixed { size } => {
             format!("fixed (a string of {size} characters U+0000..U+00FF)")
         }
@@ -558,6 +599,14 @@ fn put(nodes: &[Node], node: NodeId, scalar: Scalar<'_>, out: &mut Vec<u8>) -> b
         }
         (Node::Bytes, Scalar::Str(s)) => put_latin1(s, None, out),
         (Node::Fixed { size }, Scalar::Str(s)) => put_latin1(s, Some(*size), out),
+        (
+            Node::Decimal {
+                precision,
+                scale,
+                size,
+            },
+            scalar,
+        ) => put_decimal(scalar, *precision, *scale, *size, out),
         (Node::Enum { symbols }, Scalar::Str(s)) => match symbols.iter().position(|y| y == s) {
             Some(i) => {
                 put_zigzag(out, i as i64);
@@ -578,6 +627,105 @@ fn put(nodes: &[Node], node: NodeId, scalar: Scalar<'_>, out: &mut Vec<u8>) -> b
         }
         _ => false,
     }
+}
+
+/// The largest decimal precision encoded (the digits of an i128).
+const MAX_PRECISION: usize = 38;
+
+/// Appends a decimal given as a JSON number or string (`"-12.50"`, `"1.5e3"`): its unscaled
+/// value at `scale`, refusing digits beyond the scale (no rounding) or the precision.
+fn put_decimal(
+    scalar: Scalar<'_>,
+    precision: usize,
+    scale: usize,
+    size: Option<usize>,
+    out: &mut Vec<u8>,
+) -> bool {
+    let text;
+    let digits = match scalar {
+        Scalar::Str(s) => s,
+        Scalar::Int(_) | Scalar::Uint(_) | Scalar::Float(_) => {
+            text = scalar.to_string();
+            &text
+        }
+        _ => return false,
+    };
+    let Some(unscaled) = unscaled(digits, precision, scale) else {
+        return false;
+    };
+    let bytes = unscaled.to_be_bytes();
+    // Sign extension: the leading bytes that only repeat the sign can go.
+    let fill = if unscaled < 0 { 0xff } else { 0 };
+    let mut first = 0;
+    while first < bytes.len() - 1
+        && bytes[first] == fill
+        && (bytes[first + 1] & 0x80) == (fill & 0x80)
+    {
+        first += 1;
+    }
+    let minimal = &bytes[first..];
+    match size {
+        None => {
+            put_zigzag(out, minimal.len() as i64);
+            out.extend_from_slice(minimal);
+        }
+        Some(size) if size >= minimal.len() => {
+            out.extend(std::iter::repeat_n(fill, size - minimal.len()));
+            out.extend_from_slice(minimal);
+        }
+        Some(_) => return false,
+    }
+    true
+}
+
+/// The unscaled value of decimal text at `scale`, if it has at most `precision` digits and no
+/// non-zero digit beyond the scale.
+fn unscaled(text: &str, precision: usize, scale: usize) -> Option<i128> {
+    let (negative, rest) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text.strip_prefix('+').unwrap_or(text)),
+    };
+    let (mantissa, exponent) = match rest.find(['e', 'E']) {
+        Some(at) => (&rest[..at], rest[at + 1..].parse::<i32>().ok()?),
+        None => (rest, 0),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if (whole.is_empty() && fraction.is_empty())
+        || !whole
+            .bytes()
+            .chain(fraction.bytes())
+            .all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    // The digits, and the power of ten they are to be multiplied by to be at the scale.
+    let shift = i64::from(exponent) - fraction.len() as i64 + scale as i64;
+    let mut digits: Vec<u8> = whole
+        .bytes()
+        .chain(fraction.bytes())
+        .map(|b| b - b'0')
+        .collect();
+    if shift < 0 {
+        let cut = digits.len().saturating_sub(usize::try_from(-shift).ok()?);
+        if digits[cut..].iter().any(|&d| d != 0) {
+            return None;
+        }
+        digits.truncate(cut);
+    } else {
+        digits.extend(std::iter::repeat_n(
+            0,
+            usize::try_from(shift).ok()?.min(precision + 1),
+        ));
+    }
+    let significant: Vec<u8> = digits.into_iter().skip_while(|&d| d == 0).collect();
+    if significant.len() > precision {
+        return None;
+    }
+    let mut value: i128 = 0;
+    for d in significant {
+        value = value.checked_mul(10)?.checked_add(i128::from(d))?;
+    }
+    Some(if negative { -value } else { value })
 }
 
 /// Appends the bytes a string of characters U+0000..U+00FF stands for: with a `size` (fixed)
@@ -1401,31 +1549,92 @@ mod tests {
     }
 
     #[test]
-    fn decimal_and_duration_are_refused_when_compiled() {
-        let decimal = r#"{"type": "record", "name": "R", "fields": [{"name": "price",
-            "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}}]}"#;
-        let schema = RegisteredSchema {
-            id: 1,
-            kind: SchemaKind::Avro,
-            text: decimal.into(),
+    fn unusable_schemas_are_refused_when_compiled() {
+        let compile = |text: &str| {
+            let schema = RegisteredSchema {
+                id: 1,
+                kind: SchemaKind::Avro,
+                text: text.into(),
+            };
+            Encoder::compile(&schema, None)
         };
-        match Encoder::compile(&schema, None) {
+        let duration = r#"{"type": "record", "name": "R", "fields": [{"name": "took",
+            "type": {"type": "fixed", "name": "D", "size": 12, "logicalType": "duration"}}]}"#;
+        match compile(duration) {
             Err(SchemaError::AvroUnsupported { path, construct }) => {
-                assert_eq!(path, "price");
-                assert!(construct.contains("decimal"));
+                assert_eq!(path, "took");
+                assert!(construct.contains("duration"), "{construct}");
             }
             other => panic!("{other:?}"),
         }
-        let schema = RegisteredSchema {
-            id: 1,
-            kind: SchemaKind::Avro,
-            text: r#"{"type": "record", "name": "R", "fields": [{"name": "a", "type": "nope"}]}"#
-                .into(),
-        };
+        let wide = r#"{"type": "record", "name": "R", "fields": [{"name": "n",
+            "type": {"type": "bytes", "logicalType": "decimal", "precision": 40, "scale": 0}}]}"#;
         assert!(matches!(
-            Encoder::compile(&schema, None),
-            Err(SchemaError::AvroParse(_))
+            compile(wide),
+            Err(SchemaError::AvroUnsupported { .. })
         ));
+        let bad = r#"{"type": "record", "name": "R", "fields": [{"name": "a", "type": "nope"}]}"#;
+        assert!(matches!(compile(bad), Err(SchemaError::AvroParse(_))));
+    }
+
+    #[test]
+    fn decimals_are_their_unscaled_value_in_twos_complement() {
+        let text = r#"{"type": "record", "name": "R", "fields": [
+            {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 6, "scale": 2}},
+            {"name": "total", "type": ["null", {"type": "fixed", "name": "F", "size": 4, "logicalType": "decimal", "precision": 9, "scale": 3}]}
+        ]}"#;
+        let unscaled = |v: &Avro| -> Vec<u8> {
+            match v {
+                Avro::Decimal(d) => Vec::<u8>::try_from(d).unwrap(),
+                Avro::Union(_, inner) => match &**inner {
+                    Avro::Decimal(d) => Vec::<u8>::try_from(d).unwrap(),
+                    other => panic!("{other:?}"),
+                },
+                other => panic!("{other:?}"),
+            }
+        };
+        let cases: [(&str, &[u8], &str, &[u8]); 5] = [
+            (
+                r#""12.34""#,
+                &[0x04, 0xd2],
+                "-1.5",
+                &[0xff, 0xff, 0xfa, 0x24],
+            ),
+            ("12.3", &[0x04, 0xce], r#""0""#, &[0, 0, 0, 0]),
+            (
+                r#""-0.01""#,
+                &[0xff],
+                r#""1.5e3""#,
+                &[0x00, 0x16, 0xe3, 0x60],
+            ),
+            ("1", &[0x64], "128.000", &[0x00, 0x01, 0xf4, 0x00]),
+            (
+                r#""9999.99""#,
+                &[0x0f, 0x42, 0x3f],
+                r#""+0.128""#,
+                &[0, 0, 0, 0x80],
+            ),
+        ];
+        for (price, price_bytes, total, total_bytes) in cases {
+            let json = format!(r#"{{"price": {price}, "total": {total}}}"#);
+            let v = roundtrip(text, &json);
+            assert_eq!(unscaled(field(&v, "price")), price_bytes, "{json}");
+            assert_eq!(unscaled(field(&v, "total")), total_bytes, "{json}");
+        }
+        for (price, why) in [
+            (r#""12.345""#, "more decimals than the scale"),
+            (r#""10000.00""#, "more digits than the precision"),
+            (r#""12,3""#, "not a number"),
+            ("true", "not a number"),
+        ] {
+            let e = error(text, &format!(r#"{{"price": {price}, "total": null}}"#));
+            assert_eq!(e.path, "/price", "{why}");
+            assert!(
+                e.reason
+                    .starts_with("expected a decimal of at most 6 digits, 2 after the point"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
