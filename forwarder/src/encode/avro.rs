@@ -5,7 +5,8 @@
 //!
 //! Conventions (docs/configuration.md has the user's version):
 //! - Record fields may come in any order; fields the schema does not have are ignored; a
-//!   missing field takes the schema's default, or is an error naming it.
+//!   missing field takes the schema's default, else null if its type allows it, else is an
+//!   error naming it.
 //! - `int`/`long` take JSON integers in range (or numbers with no fraction); `float`/`double`
 //!   any number.
 //! - `bytes` and `fixed` take a string whose characters are the bytes (U+0000..U+00FF, as in
@@ -301,11 +302,17 @@ impl Builder {
                 format!("{path}.{}", field.name)
             };
             let node = self.node(&field.schema, inner_ns.as_deref(), &field_path)?;
-            if let Some(value) = &field.default {
+            // A field that may be null is null when missing, as in Confluent's Python serializer
+            // (fastavro): what a device leaving out an optional reading means.
+            let default = field
+                .default
+                .clone()
+                .or_else(|| self.nullable(node).then_some(Value::Null));
+            if let Some(value) = default {
                 self.defaults.push(PendingDefault {
                     record: id,
                     field: i,
-                    value: value.clone(),
+                    value,
                     path: field_path,
                 });
             }
@@ -348,6 +355,16 @@ impl Builder {
             .iter()
             .any(|b| matches!(self.nodes[b.node], Node::Map(_)));
         Ok(Union { branches, has_map })
+    }
+
+    fn nullable(&self, node: NodeId) -> bool {
+        match &self.nodes[node] {
+            Node::Union(union) => union
+                .branches
+                .iter()
+                .any(|b| matches!(self.nodes[b.node], Node::Null)),
+            _ => false,
+        }
     }
 
     fn type_name(&self, node: NodeId) -> &'static str {
@@ -1386,6 +1403,42 @@ mod tests {
                 1,
                 Box::new(Avro::Record(vec![("long".into(), Avro::Long(5))]))
             )
+        );
+    }
+
+    #[test]
+    fn a_missing_field_takes_its_default_or_null() {
+        let text = r#"{"type": "record", "name": "R", "fields": [
+            {"name": "a", "type": ["null", "double"]},
+            {"name": "b", "type": ["string", "null"]},
+            {"name": "c", "type": ["string", "null"], "default": "c"},
+            {"name": "d", "type": "long", "default": 7},
+            {"name": "e", "type": "long"}
+        ]}"#;
+        assert_eq!(
+            roundtrip(text, r#"{"e": 1}"#),
+            Avro::Record(vec![
+                ("a".into(), Avro::Union(0, Box::new(Avro::Null))),
+                ("b".into(), Avro::Union(1, Box::new(Avro::Null))),
+                (
+                    "c".into(),
+                    Avro::Union(0, Box::new(Avro::String("c".into())))
+                ),
+                ("d".into(), Avro::Long(7)),
+                ("e".into(), Avro::Long(1)),
+            ])
+        );
+        // Given, a field's value is not replaced by its default.
+        let e = error(text, r#"{"e": 1, "d": null}"#);
+        assert_eq!(
+            (e.path.as_str(), e.reason.as_str()),
+            ("/d", "expected a long (a 64-bit integer), found null")
+        );
+        let e = error(text, r#"{"a": 1}"#);
+        assert_eq!(e.path, "/e");
+        assert!(
+            e.reason.starts_with("missing (the field has no default)"),
+            "{e}"
         );
     }
 
