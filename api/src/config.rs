@@ -21,6 +21,10 @@ pub const MAX_RULES: usize = 10_000;
 /// adding it to the clock must not overflow.
 pub const MAX_SHUTDOWN_TIMEOUT_SECS: u64 = 86_400;
 
+/// How often a rule encoding with a subject's latest schema looks it up again: a version
+/// registered later is used from then on.
+pub const LATEST_SCHEMA_REFRESH_SECS: u64 = 300;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ForwarderConfig {
@@ -54,6 +58,76 @@ pub struct ForwarderConfig {
     /// it would leave nobody subscribed while it restarts). Unset: stop without draining.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_on_shutdown: Option<DrainOnShutdown>,
+    /// The schema registry of rules whose `kafka.value` is encoded through one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_registry: Option<SchemaRegistry>,
+}
+
+/// A schema registry speaking Confluent's REST API (Confluent, Apicurio's `ccompat` API,
+/// Karapace, Redpanda).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchemaRegistry {
+    /// Base URL, `http://` or `https://`: `https://registry:8081`, or for Apicurio
+    /// `https://apicurio:8080/apis/ccompat/v7`.
+    pub url: String,
+    /// TLS settings for an `https://` URL (its server certificate is always verified).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<Tls>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic_auth: Option<BasicAuth>,
+}
+
+/// HTTP basic authentication, as for SASL: a value inline or a file read exactly.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BasicAuth {
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub username: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username_file: Option<String>,
+    #[serde(default, skip_serializing_if = "Secret::is_empty")]
+    pub password: Secret,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password_file: Option<String>,
+}
+
+/// How a rule's record value is encoded through the schema registry: validated against the
+/// schema and written in Confluent's wire format (magic byte, schema id, payload).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValueEncoding {
+    pub format: SchemaFormat,
+    /// The registry subject whose schema encodes the value (`telemetry-value` by the topic
+    /// name strategy).
+    pub subject: String,
+    /// A version of the subject; unset: the latest, looked up again every
+    /// [`LATEST_SCHEMA_REFRESH_SECS`] and at each reload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<u32>,
+    /// Protobuf: the fully-qualified message to encode; unset: the schema's first message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// The encodings a registry's schemas give (the registry's `schemaType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SchemaFormat {
+    Avro,
+    Protobuf,
+    JsonSchema,
+}
+
+impl SchemaFormat {
+    /// As the registry's `schemaType` names it.
+    pub const fn registry_type(self) -> &'static str {
+        match self {
+            Self::Avro => "AVRO",
+            Self::Protobuf => "PROTOBUF",
+            Self::JsonSchema => "JSON",
+        }
+    }
 }
 
 /// See [`ForwarderConfig::drain_on_shutdown`].
@@ -418,6 +492,9 @@ pub struct RuleKafka {
     pub key: KeyStrategy,
     #[serde(default)]
     pub headers: Headers,
+    /// Encode the value through the schema registry; unset: the value as `payload` makes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<ValueEncoding>,
 }
 
 /// Which Kafka headers a record carries. All off by default, so records are exactly the

@@ -67,6 +67,31 @@ pub struct BrokerConnectionSpec {
     /// How the forwarder pods run (one StatefulSet per group of rules).
     #[serde(default)]
     pub forwarder: ForwarderPods,
+    /// The schema registry (Confluent REST API) of rules that encode their values
+    /// (`spec.kafka.value` of a ForwardingRule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_registry: Option<SchemaRegistryEndpoint>,
+}
+
+/// A schema registry speaking Confluent's REST API: Confluent Schema Registry, Apicurio
+/// Registry (`.../apis/ccompat/v7`), Karapace, Redpanda.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SchemaRegistryEndpoint {
+    /// Base URL: `https://registry.kafka:8081`, or Apicurio's
+    /// `https://apicurio.kafka:8080/apis/ccompat/v7`. Credentials go in credentialsSecretRef,
+    /// not in the URL.
+    #[schemars(length(min = 8, max = 2048))]
+    #[x_kube(
+        validation = Rule::new("self.matches('^https?://[^/@?#\\\\s]+(/[^?#\\\\s]*)?$')").message("schemaRegistry.url must be an http:// or https:// URL with a host, without credentials, query or fragment")
+    )]
+    pub url: String,
+    /// TLS for an `https://` URL; the registry's certificate is always verified.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsRefs>,
+    /// Secret with the HTTP basic-auth username and password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_secret_ref: Option<CredentialsRef>,
 }
 
 /// The MQTT broker.
@@ -473,10 +498,25 @@ pub struct BrokerConnectionStatus {
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
+    ),
+    printcolumn(
+        name = "Schema ID",
+        type_ = "integer",
+        description = "The registered schema id values are encoded with (spec.kafka.value)",
+        json_path = ".status.schema.id",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Schema Version",
+        type_ = "integer",
+        json_path = ".status.schema.version",
+        priority = 1
     )
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.payloadTransform) || self.payload == 'raw'").message("payloadTransform makes the record's value itself: it needs payload raw (the default), not wrappedJson"))]
+#[x_kube(validation = Rule::new("!has(self.kafka.value) || self.payload == 'raw'").message("kafka.value encodes the payload or payloadTransform's result: it needs payload raw (the default), not wrappedJson"))]
+#[x_kube(validation = Rule::new("!has(self.kafka.value) || has(self.kafka.value.subject) || self.kafka.value.subjectNameStrategy == 'RecordName' || (has(self.kafka.topic) && !self.kafka.topic.contains('{'))").message("kafka.value: the topic name strategies need kafka.topic to be one name (no {N} placeholders, no topicExpression): set kafka.value.subject"))]
 pub struct ForwardingRuleSpec {
     /// The BrokerConnection (same namespace) this rule forwards through.
     pub connection_ref: LocalRef,
@@ -577,6 +617,88 @@ pub struct RuleKafka {
     /// none.
     #[serde(default)]
     pub headers: Headers,
+    /// Encode the record's value with a schema from the connection's schema registry (Avro,
+    /// Protobuf or JSON Schema, in Confluent's wire format); unset: the value as `payload`
+    /// makes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<ValueFormat>,
+}
+
+/// A record value encoded through the schema registry.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("self.subjectNameStrategy == 'TopicName' || has(self.recordName) || has(self.subject)").message("value.recordName is needed by the RecordName and TopicRecordName strategies (or set value.subject)"),
+    validation = Rule::new("!has(self.message) || self.format == 'protobuf'").message("value.message names a Protobuf message: set it only with format protobuf")
+)]
+pub struct ValueFormat {
+    /// `avro`, `protobuf` or `jsonSchema`: the registered schema's type. The value (the
+    /// payload, or payloadTransform's result) is JSON, validated and encoded against it.
+    pub format: ValueFormatKind,
+    /// The registry subject; unset: derived by subjectNameStrategy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 255))]
+    pub subject: Option<String>,
+    /// `TopicName` (default: `<kafka.topic>-value`, needs a topic without placeholders),
+    /// `RecordName` (`<recordName>`) or `TopicRecordName` (`<kafka.topic>-<recordName>`).
+    #[serde(default)]
+    pub subject_name_strategy: SubjectNameStrategy,
+    /// The fully-qualified record name for the RecordName strategies (`com.acme.Reading`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 255))]
+    pub record_name: Option<String>,
+    /// A version of the subject; unset: its latest, looked up again every 5 minutes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("value.version starts at 1"))]
+    pub version: Option<i64>,
+    /// Protobuf: the fully-qualified message to encode; unset: the schema's first message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 255))]
+    pub message: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum ValueFormatKind {
+    Avro,
+    Protobuf,
+    JsonSchema,
+}
+
+/// How the subject follows from the topic and the record name (Confluent's strategies).
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, schemars::JsonSchema,
+)]
+pub enum SubjectNameStrategy {
+    #[default]
+    TopicName,
+    RecordName,
+    TopicRecordName,
+}
+
+impl RuleKafka {
+    /// The registry subject of the value's schema, or why there is none (a topic strategy
+    /// over a topic that is not one name).
+    pub fn value_subject(&self) -> Option<Result<String, &'static str>> {
+        let v = self.value.as_ref()?;
+        if let Some(subject) = &v.subject {
+            return Some(Ok(subject.clone()));
+        }
+        let topic = self.topic.as_deref().filter(|t| !t.contains('{'));
+        let record = v.record_name.as_deref();
+        Some(match (v.subject_name_strategy, topic, record) {
+            (SubjectNameStrategy::RecordName, _, Some(r)) => Ok(r.to_owned()),
+            (SubjectNameStrategy::TopicName, Some(t), _) => Ok(format!("{t}-value")),
+            (SubjectNameStrategy::TopicRecordName, Some(t), Some(r)) => Ok(format!("{t}-{r}")),
+            (_, _, None) if v.subject_name_strategy != SubjectNameStrategy::TopicName => {
+                Err("value.recordName is needed by the RecordName and TopicRecordName strategies")
+            }
+            _ => Err(
+                "the topic name strategies need kafka.topic to be one name (no {N} placeholders, \
+                 no topicExpression): set value.subject",
+            ),
+        })
+    }
 }
 
 /// The record key.
@@ -737,6 +859,10 @@ pub struct ForwardingRuleStatus {
     /// `spec.kafka.topic`, or the `spec.kafka.topicExpression` that names it, for `kubectl get`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kafka_topic: Option<String>,
+    /// The registered schema the forwarder pods encode values with (`spec.kafka.value`), once
+    /// they found it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<crate::status::SchemaInUse>,
 }
 
 /// Conditions as a list-map keyed by `type`, so server-side apply merges them per type.

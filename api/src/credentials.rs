@@ -59,6 +59,22 @@ pub fn read_files(
             s.password = Secret(v);
         }
     }
+    if let Some(a) = config
+        .schema_registry
+        .as_mut()
+        .and_then(|r| r.basic_auth.as_mut())
+    {
+        let file = a.username_file.as_deref();
+        let at = "schema_registry.basic_auth.username_file";
+        if let Some(v) = source(at, !a.username.is_empty(), file) {
+            a.username = v;
+        }
+        let file = a.password_file.as_deref();
+        let at = "schema_registry.basic_auth.password_file";
+        if let Some(v) = source(at, !a.password.is_empty(), file) {
+            a.password = Secret(v);
+        }
+    }
     problems
 }
 

@@ -87,6 +87,7 @@ impl LegacyConfig {
             log: LogConfig::default(),
             drain: Vec::new(),
             drain_on_shutdown: None,
+            schema_registry: None,
         }
     }
 }
@@ -151,6 +152,7 @@ impl LegacyForwarding {
                 topic_expression: None,
                 key: KeyStrategy::MqttTopic,
                 headers: Headers::default(),
+                value: None,
             },
             payload: if self.wrap_as_json.unwrap_or(false) {
                 PayloadFormat::WrappedJson

@@ -21,6 +21,7 @@ pub mod validate;
 
 pub use config::{
     ConfigError, ForwarderConfig, KeyStrategy, PayloadFormat, Problem, ProblemKind, Rule,
+    SchemaFormat, SchemaRegistry, ValueEncoding,
 };
 pub use load::{LoadOptions, Loaded, SourceFormat, load_str, load_str_reading, load_with};
 pub use topic::{TopicFilter, TopicTemplate, validate_kafka_topic};

@@ -113,6 +113,19 @@ pub struct RuleStatus {
     /// by an ACL): nothing arrives through those filters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subscription_refused: Option<SubscriptionRefused>,
+    /// The registered schema this rule encodes its values with (`kafka.value`), once found.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<SchemaInUse>,
+}
+
+/// A schema registry's schema, as a rule uses it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "crd", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct SchemaInUse {
+    pub subject: String,
+    pub version: u32,
+    pub id: u32,
 }
 
 /// Filters of a rule the broker refused to subscribe.

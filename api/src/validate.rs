@@ -13,7 +13,8 @@ use std::ops::Deref;
 use crate::addr;
 use crate::config::{
     DeadLetter, ForwarderConfig, KafkaConfig, MAX_RULES, MAX_SHUTDOWN_TIMEOUT_SECS, MqttConfig,
-    MqttProtocol, Problem, ProblemKind, Rule, Sasl, SaslMechanism, Tls,
+    MqttProtocol, Problem, ProblemKind, Rule, Sasl, SaslMechanism, SchemaFormat, SchemaRegistry,
+    Tls, ValueEncoding,
 };
 use crate::config::{KeyStrategy, PayloadFormat};
 use crate::expr::{self, Expression, Kinds};
@@ -117,7 +118,10 @@ fn check(config: &ForwarderConfig) -> (Vec<Problem>, Option<Vec<RuleTopics>>) {
     if let Some(dl) = &config.dead_letter {
         check_dead_letter(&mut p, "dead_letter.topic", dl);
     }
-    let topics = check_rules(&mut p, &config.rules);
+    if let Some(registry) = &config.schema_registry {
+        check_schema_registry(&mut p, registry);
+    }
+    let topics = check_rules(&mut p, &config.rules, config.schema_registry.is_some());
     if config.shutdown_timeout_secs > MAX_SHUTDOWN_TIMEOUT_SECS {
         p.add(
             "shutdown_timeout_secs",
@@ -327,7 +331,96 @@ fn check_dead_letter(p: &mut Problems, at: &str, dl: &DeadLetter) {
 }
 
 /// The rules' parsed topics come back only when every rule's topics parsed.
-fn check_rules(p: &mut Problems, rules: &[Rule]) -> Option<Vec<RuleTopics>> {
+fn check_schema_registry(p: &mut Problems, registry: &SchemaRegistry) {
+    if let Some(problem) = registry_url_problem(&registry.url) {
+        p.add(
+            "schema_registry.url",
+            format!("{:?} {problem}", registry.url),
+        );
+    }
+    if let Some(tls) = &registry.tls {
+        if registry.url.starts_with("http://") {
+            p.add(
+                "schema_registry.tls",
+                "is set but the url is http://: use https:// for TLS",
+            );
+        }
+        check_tls(p, "schema_registry.tls", tls);
+    }
+    if let Some(auth) = &registry.basic_auth {
+        if auth.username.is_empty() && auth.username_file.is_none() {
+            p.add(
+                "schema_registry.basic_auth.username",
+                "must not be empty (set username or username_file)",
+            );
+        }
+        if auth.password.is_empty() && auth.password_file.is_none() {
+            p.add(
+                "schema_registry.basic_auth.password",
+                "must not be empty (set password or password_file)",
+            );
+        }
+    }
+}
+
+/// What is wrong with a registry base URL: an `http` or `https` URL with a host, no query,
+/// fragment or credentials (those come from `basic_auth`).
+pub fn registry_url_problem(url: &str) -> Option<&'static str> {
+    let Some(rest) = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+    else {
+        return Some("must start with http:// or https://");
+    };
+    let authority = rest.split('/').next().unwrap_or_default();
+    if authority.is_empty() {
+        return Some("has no host");
+    }
+    if authority.contains('@') {
+        return Some("must not carry credentials: set basic_auth");
+    }
+    if rest.contains(['?', '#']) || rest.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Some("must be a base URL without query, fragment or spaces");
+    }
+    None
+}
+
+fn check_value_encoding(
+    p: &mut Problems,
+    at: &dyn Fn(&str) -> String,
+    rule: &Rule,
+    value: &ValueEncoding,
+    has_registry: bool,
+) {
+    if !has_registry {
+        p.add(
+            at("kafka.value"),
+            "encodes through a schema registry, and none is configured (schema_registry; on \
+             Kubernetes, the BrokerConnection's spec.schemaRegistry)",
+        );
+    }
+    if value.subject.trim().is_empty() {
+        p.add(at("kafka.value.subject"), "must not be empty");
+    }
+    if value.version == Some(0) {
+        p.add(at("kafka.value.version"), "versions start at 1");
+    }
+    if value.message.is_some() && value.format != SchemaFormat::Protobuf {
+        p.add(
+            at("kafka.value.message"),
+            "names a Protobuf message: set it only with format protobuf",
+        );
+    }
+    if rule.payload == PayloadFormat::WrappedJson {
+        p.add(
+            at("payload"),
+            "wrapped_json is Ferry's own JSON envelope; a schema-encoded value is the payload \
+             (raw) or a transform's result",
+        );
+    }
+}
+
+fn check_rules(p: &mut Problems, rules: &[Rule], has_registry: bool) -> Option<Vec<RuleTopics>> {
     if rules.is_empty() {
         p.add("rules", "must contain at least one rule");
     }
@@ -354,6 +447,9 @@ fn check_rules(p: &mut Problems, rules: &[Rule]) -> Option<Vec<RuleTopics>> {
         }
         if let Some(dl) = &rule.dead_letter {
             check_dead_letter(p, &at("dead_letter.topic"), dl);
+        }
+        if let Some(value) = &rule.kafka.value {
+            check_value_encoding(p, &at, rule, value, has_registry);
         }
         topics.push(parsed);
     }
@@ -650,5 +746,69 @@ rules:
             "    kafka: { topic: x }\n    filter: \"json.enabled\"\n",
         );
         assert_eq!(parsed(&open).validate(), []);
+    }
+
+    #[test]
+    fn a_schema_encoded_value_needs_a_registry_a_subject_and_a_payload_it_can_encode() {
+        let encoded = |value: &str, extra: &str| {
+            TWO_RULES.replace(
+                "    kafka: { topic: x }\n",
+                &format!("    kafka: {{ topic: x, value: {value} }}\n{extra}"),
+            )
+        };
+        let good = "{ format: avro, subject: x-value }";
+        let registry = "schema_registry: { url: \"https://registry:8081/ccompat\" }\n";
+        assert_eq!(
+            parsed(&format!("{registry}{}", encoded(good, ""))).validate(),
+            []
+        );
+        let found = |yaml: &str| -> Vec<String> {
+            parsed(yaml)
+                .validate()
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        assert_eq!(
+            found(&encoded(good, "")),
+            [
+                "rules[1].kafka.value: encodes through a schema registry, and none is configured (schema_registry; on Kubernetes, the BrokerConnection's spec.schemaRegistry)"
+            ]
+        );
+        let bad = "{ format: avro, subject: \" \", version: 0, message: a.B }";
+        assert_eq!(
+            found(&format!(
+                "{registry}{}",
+                encoded(bad, "    payload: wrapped_json\n")
+            )),
+            [
+                "rules[1].kafka.value.subject: must not be empty",
+                "rules[1].kafka.value.version: versions start at 1",
+                "rules[1].kafka.value.message: names a Protobuf message: set it only with format protobuf",
+                "rules[1].payload: wrapped_json is Ferry's own JSON envelope; a schema-encoded value is the payload (raw) or a transform's result",
+            ]
+        );
+        for (url, problem) in [
+            ("registry:8081", "must start with http:// or https://"),
+            ("https:///x", "has no host"),
+            (
+                "https://u:p@registry",
+                "must not carry credentials: set basic_auth",
+            ),
+            (
+                "https://registry/?a=1",
+                "must be a base URL without query, fragment or spaces",
+            ),
+        ] {
+            assert_eq!(registry_url_problem(url), Some(problem), "{url}");
+        }
+        let tls_over_http = "schema_registry: { url: \"http://r\", tls: { ca_file: ca.pem }, basic_auth: { username: u } }\n";
+        assert_eq!(
+            found(&format!("{tls_over_http}{}", encoded(good, ""))),
+            [
+                "schema_registry.tls: is set but the url is http://: use https:// for TLS",
+                "schema_registry.basic_auth.password: must not be empty (set password or password_file)",
+            ]
+        );
     }
 }

@@ -14,11 +14,13 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 use rdkafka::ClientConfig;
+use rustls::pki_types::pem::PemObject as _;
 
 pub use rumqttc;
 
@@ -30,11 +32,13 @@ pub mod kube;
 pub mod metrics;
 mod pki;
 pub mod registry;
+pub mod schema_registry;
 pub use fault_proxy::{FaultProxy, ProxyMode};
 pub use kafka_cluster::{ClusterOptions, KafkaCluster};
 use kafka_node::{Listener, NodeProps};
 pub use pki::{CLIENT_CN, KeyType, Pki};
 pub use registry::Registry;
+pub use schema_registry::{SchemaRegistry, SchemaRegistryOptions, SchemaType};
 
 /// Mosquitto's flow-control settings used everywhere, printed by the tests and benchmarks:
 /// 1000 unacknowledged messages in flight toward a client (as a production broker serving a
@@ -1226,23 +1230,97 @@ pub fn flat_json_log<'a>(
 /// A minimal HTTP/1.0 GET to `addr`: (status, body). Fails when nothing answers there, so a
 /// check never passes on an empty body.
 pub fn http_get_at(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    http_request(addr, "GET", path, &HttpOptions::default())
+}
+
+/// How [`http_request`] talks to a server beyond method and path.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HttpOptions<'a> {
+    /// Sent as `application/json` (the Confluent schema registry API takes it).
+    pub body: Option<&'a str>,
+    /// HTTPS, trusting only this CA (PEM); the name checked is `addr`'s IP.
+    pub tls_ca: Option<&'a Path>,
+    /// `(user, password)` for HTTP basic authentication.
+    pub basic_auth: Option<(&'a str, &'a str)>,
+}
+
+/// One HTTP/1.0 request to `addr`: (status, body). The server closes the connection after its
+/// answer, which is never chunked; fails when nothing answers.
+pub fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    options: &HttpOptions<'_>,
+) -> Result<(u16, String)> {
+    use base64::Engine as _;
     use std::io::Read as _;
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
-        .with_context(|| format!("GET {path}: cannot connect to {addr}"))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf)
-        .with_context(|| format!("GET {addr}{path}: reading the answer"))?;
-    let (head, body) = buf
+    let what = format!("{method} {addr}{path}");
+    let mut request = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\n");
+    if let Some((user, password)) = options.basic_auth {
+        let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        request.push_str(&format!("Authorization: Basic {token}\r\n"));
+    }
+    if let Some(body) = options.body {
+        request.push_str(&format!(
+            "Content-Type: application/json\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    request.push_str("\r\n");
+    request.push_str(options.body.unwrap_or(""));
+    let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(3))
+        .with_context(|| format!("{what}: cannot connect"))?;
+    tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut answer = Vec::new();
+    match options.tls_ca {
+        None => {
+            let mut tcp = tcp;
+            tcp.write_all(request.as_bytes())?;
+            tcp.read_to_end(&mut answer)
+                .with_context(|| format!("{what}: reading the answer"))?;
+        }
+        Some(ca) => {
+            let conn = rustls::ClientConnection::new(
+                tls_client_config(ca)?,
+                rustls::pki_types::ServerName::from(addr.ip()),
+            )?;
+            let mut tls = rustls::StreamOwned::new(conn, tcp);
+            tls.write_all(request.as_bytes())
+                .with_context(|| format!("{what}: TLS"))?;
+            match tls.read_to_end(&mut answer) {
+                Ok(_) => {}
+                // A peer that closes without close_notify, after a whole answer.
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof && !answer.is_empty() => {}
+                Err(e) => return Err(e).with_context(|| format!("{what}: reading the answer")),
+            }
+        }
+    }
+    let text = String::from_utf8_lossy(&answer);
+    let (head, body) = text
         .split_once("\r\n\r\n")
-        .with_context(|| format!("GET {addr}{path}: not an HTTP answer: {buf:?}"))?;
+        .with_context(|| format!("{what}: not an HTTP answer: {text:?}"))?;
     let status = head
         .split(' ')
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .with_context(|| format!("GET {addr}{path}: no status in {head:?}"))?;
+        .with_context(|| format!("{what}: no status in {head:?}"))?;
     Ok((status, body.to_owned()))
+}
+
+/// A rustls client configuration trusting only the certificates in the PEM file `ca`.
+fn tls_client_config(ca: &Path) -> Result<Arc<rustls::ClientConfig>> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca)
+        .with_context(|| format!("read {}", ca.display()))?
+    {
+        roots.add(cert?)?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(Arc::new(config))
 }
 
 /// [`http_get_at`] on 127.0.0.1: enough for `/readyz`, `/status` and `/metrics`.

@@ -12,8 +12,10 @@ pub mod mqtt;
 pub mod permanent;
 pub mod pipeline;
 pub mod record;
+pub mod registry;
 pub mod reload;
 pub mod route;
+pub mod schemas;
 pub mod tls;
 pub mod window;
 
@@ -114,6 +116,7 @@ pub async fn run(
             link,
             subscriptions,
             fatal: (fatal_tx, fatal_rx),
+            schema_registry: config.schema_registry.clone(),
         },
         max_inflight,
     )?;

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use ferry_api::status::{
     BlockedBy, ConfigStatus, DrainStatus, ForwarderStatus, Held, KafkaStatus, LastError,
-    MqttStatus, RuleStatus, SubscriptionRefused, Waiting,
+    MqttStatus, RuleStatus, SchemaInUse, SubscriptionRefused, Waiting,
 };
 use jiff::Timestamp;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -101,6 +101,8 @@ pub struct RuleStats {
     last_error: Mutex<Option<LastError>>,
     /// Its filters, as subscribed.
     subscribed: Mutex<Vec<String>>,
+    /// The schema its values are encoded with, once found.
+    schema: Mutex<Option<SchemaInUse>>,
     /// (when, forwarded count) samples for the rate, oldest first.
     samples: Mutex<VecDeque<(Instant, u64)>>,
 }
@@ -294,6 +296,10 @@ impl RuleStats {
         *lock(&self.subscribed) = filters;
     }
 
+    pub fn set_schema(&self, schema: Option<SchemaInUse>) {
+        *lock(&self.schema) = schema;
+    }
+
     fn status(&self, refused: &BTreeMap<String, (&'static str, Timestamp)>) -> RuleStatus {
         let ms = self.last_forwarded_ms.load(Ordering::Relaxed);
         RuleStatus {
@@ -313,6 +319,7 @@ impl RuleStats {
             held: lock(&self.held).clone(),
             blocked_by: lock(&self.blocked_by).clone(),
             subscription_refused: self.refused(refused),
+            schema: lock(&self.schema).clone(),
         }
     }
 }
@@ -557,7 +564,7 @@ impl Metrics {
         );
         r.register(
             "rule_produce_retries",
-            "Records of a rule that failed and wait to be produced again, by reason (unauthorized, unknown_topic, queue_full, unavailable, or too_large/invalid_topic/invalid_record held by on_unwritable: hold)",
+            "Records of a rule that failed and wait to be produced again, by reason (unauthorized, unknown_topic, queue_full, unavailable, schema_unavailable, or a permanent reason such as too_large or schema_mismatch held by on_unwritable: hold)",
             self.families.retries.clone(),
         );
         self.register_process_wide(received_family);
@@ -710,6 +717,7 @@ impl Metrics {
             last_forwarded_ms: AtomicI64::new(0),
             last_error: Mutex::new(None),
             subscribed: Mutex::new(Vec::new()),
+            schema: Mutex::new(None),
             samples: Mutex::new(VecDeque::new()),
         }
     }

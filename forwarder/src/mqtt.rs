@@ -140,7 +140,7 @@ pub fn start(
     to_pipeline: mpsc::Sender<Message>,
 ) -> Result<(Link, tokio::task::JoinHandle<ReaderExit>), TlsSetupError> {
     let tls = match &cfg.tls {
-        Some(t) => Some(Arc::new(tls::client_config(t)?)),
+        Some(t) => Some(Arc::new(tls::client_config("mqtt.tls", t)?)),
         None => None,
     };
     let (outbound, from_pipeline) = mpsc::unbounded_channel();

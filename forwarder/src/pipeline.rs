@@ -12,7 +12,7 @@ use std::time::{Duration, SystemTime};
 
 use ferry_api::KafkaTopic;
 use ferry_api::ValidConfig;
-use ferry_api::config::{KafkaConfig, SubscriptionPlan};
+use ferry_api::config::{KafkaConfig, SchemaRegistry, SubscriptionPlan};
 use ferry_api::expr::JsonReads;
 use ferry_api::status::{BlockedBy, Held};
 use rdkafka::error::KafkaError;
@@ -26,8 +26,9 @@ use crate::kafka::{self, Classified, Fatal, KafkaProducer, ProducerWiring, Repla
 use crate::limits::{self, Judgement, Learned, TopicLimits};
 use crate::metrics::{Metrics, RuleStats};
 use crate::mqtt::{Link, Message, Outbound, Subscriptions};
-use crate::record::Source;
+use crate::record::{Source, Unencoded};
 use crate::route::{Routed, Router, RuleSet, Target};
+use crate::schemas::{self, RegistryCell};
 use crate::window::{
     Action, Backoff, BlockReason, Dest, HeldRecord, Outcome, PermanentReason, Policy, Seq,
     TargetRef, TargetSpec, Window,
@@ -98,6 +99,8 @@ pub struct Reload {
     pub draining: bool,
     /// The new config subscribes through `$share/<group>/`.
     pub shared: bool,
+    /// Where the new rules' schemas are looked up.
+    pub schema_registry: Option<SchemaRegistry>,
 }
 
 impl Reload {
@@ -107,6 +110,7 @@ impl Reload {
             subscriptions: config.subscription_plan(),
             draining: config.draining(),
             shared: config.shares_subscriptions(),
+            schema_registry: config.schema_registry.clone(),
         }
     }
 }
@@ -123,6 +127,8 @@ pub struct PipelineExit {
 
 pub struct Pipeline {
     router: Arc<Router>,
+    /// The schema registry client of the latest config, for every schema lookup.
+    registry: Arc<RegistryCell>,
     metrics: Arc<Metrics>,
     /// Dropped when the pipeline ends: the MQTT driver then disconnects.
     link: Link,
@@ -163,6 +169,8 @@ pub struct Wiring {
     /// The fatal channel (`kafka::Fatal`): its sender goes to every producer's callbacks and
     /// to the reachability probe.
     pub fatal: (kafka::FatalSender, mpsc::UnboundedReceiver<Fatal>),
+    /// Where rules' schemas are looked up (`kafka.value`).
+    pub schema_registry: Option<SchemaRegistry>,
 }
 
 impl Pipeline {
@@ -183,8 +191,11 @@ impl Pipeline {
         let record_max_bytes = eval::record_max_bytes(&kafka.config);
         let (limit_asks, asks) = mpsc::unbounded_channel();
         let (answers, limit_answers) = mpsc::unbounded_channel();
+        let registry = RegistryCell::new(wiring.schema_registry.as_ref());
+        schemas::resolve(router.schemas(), &[], &registry);
         Ok(Self {
             router: Arc::new(router),
+            registry,
             metrics: wiring.metrics,
             link: wiring.link,
             subscriptions: wiring.subscriptions,
@@ -324,6 +335,12 @@ impl Pipeline {
     /// at once). The new router is in place before new filters are subscribed, so nothing
     /// arrives unrouted.
     fn apply(&mut self, reload: Reload) {
+        self.registry.set(reload.schema_registry.as_ref());
+        schemas::resolve(
+            reload.router.schemas(),
+            self.router.schemas(),
+            &self.registry,
+        );
         self.router = Arc::new(reload.router);
         self.rejudge();
         if reload.draining && !self.metrics.drain.draining() {
@@ -600,7 +617,24 @@ impl Pipeline {
         let leg = &*leg;
         let source = leg.source(message);
         let record = match dest {
-            Dest::Primary => source.primary(),
+            Dest::Primary => match source.encoded_primary() {
+                Ok(record) => record,
+                Err(unencoded) => {
+                    let outcome = match unencoded {
+                        Unencoded::Waiting(error) => Outcome::Blocked {
+                            reason: BlockReason::Schema,
+                            error,
+                        },
+                        Unencoded::Mismatch(error) => Outcome::Permanent {
+                            reason: PermanentReason::SchemaMismatch,
+                            error,
+                        },
+                    };
+                    self.window
+                        .on_outcome(target, outcome, std::time::Instant::now());
+                    return;
+                }
+            },
             Dest::DeadLetter { error } => {
                 source.dead_letter(&leg.target.matched_names(&leg.matched), error)
             }

@@ -11,6 +11,7 @@ use rdkafka::message::OwnedHeaders;
 use crate::eval::Evaluated;
 use crate::mqtt::Message;
 use crate::route::{Target, header, record_key, wrap_json};
+use crate::schemas::NotYet;
 
 /// One Kafka record, borrowing from the message and its evaluation where it can.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +20,15 @@ pub struct Record<'m> {
     pub value: Cow<'m, [u8]>,
     /// In order; a name may repeat (MQTT 5 user properties may).
     pub headers: Vec<(Cow<'m, str>, Cow<'m, [u8]>)>,
+}
+
+/// Why a record's value could not be encoded with its target's schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unencoded {
+    /// The schema is not known yet (the registry did not give it): the record waits.
+    Waiting(String),
+    /// The value does not fit the schema: never will, as it is.
+    Mismatch(String),
 }
 
 /// What one target made of one message: the inputs of its records.
@@ -56,6 +66,27 @@ impl<'m> Source<'m> {
             value,
             headers: self.headers(),
         }
+    }
+
+    /// The record for the target's own topic with its value encoded by the target's schema
+    /// (`kafka.value`), when it has one.
+    pub fn encoded_primary(self) -> Result<Record<'m>, Unencoded> {
+        let mut record = self.primary();
+        let Some(slot) = &self.target.value else {
+            return Ok(record);
+        };
+        let ready = slot
+            .ready()
+            .map_err(|NotYet(why)| Unencoded::Waiting(why))?;
+        let mut out = Vec::with_capacity(record.value.len() + 16);
+        ready.encoder.encode(&record.value, &mut out).map_err(|e| {
+            Unencoded::Mismatch(format!(
+                "does not fit the schema of subject {:?} version {} (id {}): {e}",
+                ready.subject, ready.version, ready.id
+            ))
+        })?;
+        record.value = Cow::Owned(out);
+        Ok(record)
     }
 
     /// The record for the dead-letter topic: the message's payload as it came, the original

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use ferry_api::config::{Headers, OnUnwritable};
+use ferry_api::config::{Headers, OnUnwritable, ValueEncoding};
 use ferry_api::expr::{Expression, JsonReads};
 use ferry_api::validate::RuleTopics;
 use ferry_api::{
@@ -17,6 +17,7 @@ use rdkafka::message::Header;
 use smallvec::SmallVec;
 
 use self::tree::FilterTree;
+use crate::schemas::SchemaSlot;
 
 use crate::metrics::{Metrics, RuleStats};
 use crate::mqtt::{self, Message};
@@ -49,6 +50,8 @@ pub struct Target {
     pub evaluates: bool,
     /// What its expressions read of `json`, together; `None` when none reads it.
     pub json_reads: Option<Arc<JsonReads>>,
+    /// The registered schema its value is encoded with (`kafka.value`).
+    pub value: Option<Arc<SchemaSlot>>,
 }
 
 impl Target {
@@ -167,6 +170,7 @@ pub struct Router {
     tree: FilterTree<usize>,
     targets: Vec<Arc<Target>>,
     rules: Vec<Arc<RuleStats>>,
+    schemas: Vec<Arc<SchemaSlot>>,
 }
 
 /// What makes two rules' targets the same (the fields `Router::new` compares).
@@ -178,6 +182,7 @@ struct TargetKey<'a> {
     headers: &'a Headers,
     dead_letter: Option<Arc<str>>,
     on_unwritable: OnUnwritable,
+    value: Option<&'a ValueEncoding>,
 }
 
 /// A Kafka topic as [`KafkaTopic`]'s equality sees it: an expression by its source.
@@ -206,6 +211,7 @@ impl Router {
         let mut by_key: HashMap<TargetKey<'_>, usize> = HashMap::new();
         let mut filters = Vec::new();
         let mut tree = FilterTree::default();
+        let mut slots: Vec<Arc<SchemaSlot>> = Vec::new();
         for (i, (rule, parsed)) in config.rules_with_topics().enumerate() {
             rules[i].set_subscribed(
                 rule.mqtt
@@ -224,6 +230,7 @@ impl Router {
                 headers: &rule.kafka.headers,
                 dead_letter: dead_letter.clone(),
                 on_unwritable: rule.on_unwritable,
+                value: rule.kafka.value.as_ref(),
             };
             let filter = parsed.expressions.filter.clone();
             let t = match by_key.get(&key) {
@@ -233,12 +240,26 @@ impl Router {
                     t
                 }
                 None => {
-                    targets.push(target(rule, parsed, dead_letter, &rules[i], filter));
+                    let value = rule.kafka.value.as_ref().map(|spec| {
+                        let slot = slots.iter().find(|s: &&Arc<SchemaSlot>| s.spec == *spec);
+                        match slot {
+                            Some(slot) => Arc::clone(slot),
+                            None => {
+                                slots.push(SchemaSlot::new(spec.clone()));
+                                Arc::clone(&slots[slots.len() - 1])
+                            }
+                        }
+                    });
+                    targets.push(target(rule, parsed, dead_letter, &rules[i], filter, value));
                     by_key.insert(key, targets.len() - 1);
                     targets.len() - 1
                 }
             };
             let position = targets[t].rules.len() - 1;
+            rules[i].set_schema(None);
+            if let Some(slot) = &targets[t].value {
+                slot.add_rule(Arc::clone(&rules[i]));
+            }
             for f in &parsed.filters {
                 let id = mqtt::subscription_id(&config.subscribed_as(f.as_str()));
                 tree.insert(matched_as(f), filters.len());
@@ -262,11 +283,17 @@ impl Router {
                 })
                 .collect(),
             rules,
+            schemas: slots,
         }
     }
 
     pub fn targets(&self) -> &[Arc<Target>] {
         &self.targets
+    }
+
+    /// The distinct schema encodings of its rules, to look up.
+    pub fn schemas(&self) -> &[Arc<SchemaSlot>] {
+        &self.schemas
     }
 
     /// The rules, in config order.
@@ -357,6 +384,7 @@ fn target(
     dead_letter: Option<Arc<str>>,
     stats: &Arc<RuleStats>,
     filter: Option<Expression>,
+    value: Option<Arc<SchemaSlot>>,
 ) -> Target {
     let static_topic = match &parsed.kafka_topic {
         KafkaTopic::Template(t) => t.as_static().map(Arc::from),
@@ -375,6 +403,7 @@ fn target(
         filters: vec![filter],
         evaluates: false,
         json_reads: None,
+        value,
         expressions: RuleExpressions {
             filter: None,
             ..parsed.expressions.clone()

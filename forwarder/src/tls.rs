@@ -13,36 +13,46 @@ use rustls::{ClientConfig, RootCertStore};
 pub enum TlsSetupError {
     #[error("{field} {path}: cannot read PEM certificates: {reason}")]
     Certificates {
-        field: &'static str,
+        field: String,
         path: String,
         reason: String,
     },
     #[error("{field} {path}: no certificate in the file")]
-    NoCertificate { field: &'static str, path: String },
+    NoCertificate { field: String, path: String },
     #[error("{field} {path}: cannot read a PEM private key (PKCS#1, PKCS#8 or SEC1): {reason}")]
     Key {
-        field: &'static str,
+        field: String,
         path: String,
         reason: String,
     },
-    #[error("mqtt.tls.ca_file {path}: certificate not usable as a trust anchor: {reason}")]
-    TrustAnchor { path: String, reason: String },
-    #[error("mqtt.tls: no trusted roots: ca_file is unset and the system has none ({reason})")]
-    NoSystemRoots { reason: String },
-    #[error("mqtt.tls: client certificate and key do not fit together: {0}")]
-    ClientAuth(rustls::Error),
+    #[error("{at}.ca_file {path}: certificate not usable as a trust anchor: {reason}")]
+    TrustAnchor {
+        at: &'static str,
+        path: String,
+        reason: String,
+    },
+    #[error("{at}: no trusted roots: ca_file is unset and the system has none ({reason})")]
+    NoSystemRoots { at: &'static str, reason: String },
+    #[error("{at}: client certificate and key do not fit together: {source}")]
+    ClientAuth {
+        at: &'static str,
+        source: rustls::Error,
+    },
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
-pub fn client_config(tls: &Tls) -> Result<ClientConfig, TlsSetupError> {
+/// `at`: the settings' path in the config (`mqtt.tls`), for the errors.
+pub fn client_config(at: &'static str, tls: &Tls) -> Result<ClientConfig, TlsSetupError> {
+    let field = |name: &str| format!("{at}.{name}");
     let mut roots = RootCertStore::empty();
     match &tls.ca_file {
         Some(path) => {
-            for cert in read_certs("mqtt.tls.ca_file", path)? {
+            for cert in read_certs(field("ca_file"), path)? {
                 roots.add(cert).map_err(|e| TlsSetupError::TrustAnchor {
+                    at,
                     path: path.clone(),
                     reason: e.to_string(),
                 })?;
@@ -56,6 +66,7 @@ pub fn client_config(tls: &Tls) -> Result<ClientConfig, TlsSetupError> {
             }
             if roots.is_empty() {
                 return Err(TlsSetupError::NoSystemRoots {
+                    at,
                     reason: native
                         .errors
                         .first()
@@ -66,32 +77,29 @@ pub fn client_config(tls: &Tls) -> Result<ClientConfig, TlsSetupError> {
     }
     let builder = ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(TlsSetupError::ClientAuth)?
+        .map_err(|source| TlsSetupError::ClientAuth { at, source })?
         .with_root_certificates(roots);
     match (&tls.cert_file, &tls.key_file) {
         (Some(cert), Some(key)) => {
-            let chain = read_certs("mqtt.tls.cert_file", cert)?;
+            let chain = read_certs(field("cert_file"), cert)?;
             let key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsSetupError::Key {
-                field: "mqtt.tls.key_file",
+                field: field("key_file"),
                 path: key.clone(),
                 reason: e.to_string(),
             })?;
             builder
                 .with_client_auth_cert(chain, key)
-                .map_err(TlsSetupError::ClientAuth)
+                .map_err(|source| TlsSetupError::ClientAuth { at, source })
         }
         _ => Ok(builder.with_no_client_auth()),
     }
 }
 
-fn read_certs(
-    field: &'static str,
-    path: &str,
-) -> Result<Vec<CertificateDer<'static>>, TlsSetupError> {
+fn read_certs(field: String, path: &str) -> Result<Vec<CertificateDer<'static>>, TlsSetupError> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
         .map_err(|e| TlsSetupError::Certificates {
-            field,
+            field: field.clone(),
             path: path.to_owned(),
             reason: e.to_string(),
         })?;

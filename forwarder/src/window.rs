@@ -64,14 +64,17 @@ pub enum BlockReason {
     QueueFull,
     /// Broker down, timeouts, and any error not known to be permanent.
     Unavailable,
+    /// The schema registry has not (yet) given the schema its value is encoded with.
+    Schema,
 }
 
 impl BlockReason {
-    pub const ALL: [Self; 4] = [
+    pub const ALL: [Self; 5] = [
         Self::Unauthorized,
         Self::UnknownTopic,
         Self::QueueFull,
         Self::Unavailable,
+        Self::Schema,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -80,6 +83,7 @@ impl BlockReason {
             Self::UnknownTopic => "unknown_topic",
             Self::QueueFull => "queue_full",
             Self::Unavailable => "unavailable",
+            Self::Schema => "schema_unavailable",
         }
     }
 }
@@ -96,15 +100,18 @@ pub enum PermanentReason {
     /// A rule's expression failed on the message (a missing field, a wrong type) or returned
     /// what its field cannot use.
     Expression,
+    /// The value does not fit the rule's registered schema (`kafka.value`).
+    SchemaMismatch,
 }
 
 impl PermanentReason {
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::TooLarge,
         Self::InvalidTopic,
         Self::InvalidRecord,
         Self::InvalidJson,
         Self::Expression,
+        Self::SchemaMismatch,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -114,6 +121,7 @@ impl PermanentReason {
             Self::InvalidRecord => "invalid_record",
             Self::InvalidJson => "invalid_json",
             Self::Expression => "expression_failed",
+            Self::SchemaMismatch => "schema_mismatch",
         }
     }
 }

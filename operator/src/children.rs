@@ -30,7 +30,7 @@ use sha2::{Digest, Sha256};
 use crate::image::ForwarderImage;
 use crate::render::{
     CREDENTIALS_DIR, ENV_POD_NAME, ENV_POD_NAMESPACE, HTTP_PORT, KAFKA_TLS_DIR, MQTT_TLS_DIR,
-    Rendered, hex,
+    REGISTRY_TLS_DIR, Rendered, hex,
 };
 
 pub const CONFIG_DIR: &str = "/etc/ferry/config";
@@ -373,6 +373,11 @@ fn volumes(
             &[keys::KAFKA_CA, keys::KAFKA_CERT, keys::KAFKA_KEY][..],
         ),
         (
+            "registry-tls",
+            REGISTRY_TLS_DIR,
+            &[keys::REGISTRY_CA, keys::REGISTRY_CERT, keys::REGISTRY_KEY][..],
+        ),
+        (
             "credentials",
             CREDENTIALS_DIR,
             &[
@@ -380,6 +385,8 @@ fn volumes(
                 keys::MQTT_PASSWORD,
                 keys::KAFKA_USERNAME,
                 keys::KAFKA_PASSWORD,
+                keys::REGISTRY_USERNAME,
+                keys::REGISTRY_PASSWORD,
             ][..],
         ),
     ] {

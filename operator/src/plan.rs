@@ -358,6 +358,12 @@ fn forwarder_refuses(
     if rule.spec.paused {
         return Ok(None);
     }
+    // Rendered without an encoding, it would forward unencoded values: refused instead.
+    if let Some(Err(why)) = rule.spec.kafka.value_subject() {
+        return Ok(Some(RuleOutcome::Invalid(format!(
+            "spec.kafka.value: {why}"
+        ))));
+    }
     let alone = render(&Group {
         connection,
         name: group,
@@ -415,6 +421,7 @@ mod tests {
     use super::*;
     use crate::children::keys;
     use crate::validate::ReadSecret;
+    use ferry_api::crd;
 
     fn connection(host: &str, servers: &str, config: &str) -> BrokerConnection {
         serde_saphyr::from_str(&format!(
@@ -943,6 +950,46 @@ mod tests {
                 "{m}"
             );
         }
+    }
+
+    #[test]
+    fn a_rule_encoding_through_a_registry_its_connection_lacks_is_refused_alone() {
+        let mut conn = connection("mqtt", "[\"k:9092\"]", "{}");
+        let plain = rule("plain", "default", "a/+", "a", "2026-01-01T00:00:00Z");
+        let mut encoded = rule("encoded", "default", "b/+", "b", "2026-01-01T00:00:00Z");
+        encoded.spec.kafka.value = Some(crd::ValueFormat {
+            format: crd::ValueFormatKind::Avro,
+            subject: None,
+            subject_name_strategy: crd::SubjectNameStrategy::TopicName,
+            record_name: None,
+            version: None,
+            message: None,
+        });
+        let plan = connection_plan(&conn, &[&plain, &encoded]);
+        assert!(matches!(fate(&plan, "plain"), RulePlan::Served { .. }));
+        assert!(
+            matches!(fate(&plan, "encoded"), RulePlan::Refused(RuleOutcome::Invalid(m)) if m.contains("spec.schemaRegistry")),
+            "{:?}",
+            fate(&plan, "encoded")
+        );
+        conn.spec.schema_registry = Some(crd::SchemaRegistryEndpoint {
+            url: "http://registry:8081".into(),
+            tls: None,
+            credentials_secret_ref: None,
+        });
+        let plan = connection_plan(&conn, &[&plain, &encoded]);
+        assert!(matches!(fate(&plan, "encoded"), RulePlan::Served { .. }));
+        // Served encoded, with the subject of its topic: never as unencoded values.
+        let config = served_config(&plan, "default");
+        let value = config.rules.iter().find_map(|r| r.kafka.value.as_ref());
+        assert_eq!(value.map(|v| v.subject.as_str()), Some("b-value"));
+        // A subject the strategy cannot derive (CEL refuses it where the CRDs are current).
+        encoded.spec.kafka.topic = Some("b.{1}".into());
+        let plan = connection_plan(&conn, &[&plain, &encoded]);
+        assert!(
+            matches!(fate(&plan, "encoded"), RulePlan::Refused(RuleOutcome::Invalid(m)) if m.contains("set value.subject")),
+        );
+        assert!(matches!(fate(&plan, "plain"), RulePlan::Served { .. }));
     }
 
     #[test]

@@ -8,9 +8,9 @@
 use std::collections::BTreeMap;
 
 use ferry_api::config::{
-    DeadLetter, DrainOnShutdown, ForwarderConfig, Headers, HttpConfig, KafkaConfig, KeyStrategy,
-    LogConfig, LogFormat, MqttConfig, MqttProtocol, OnUnwritable, PayloadFormat, Rule, RuleKafka,
-    RuleMqtt, Sasl, Secret, Tls,
+    BasicAuth, DeadLetter, DrainOnShutdown, ForwarderConfig, Headers, HttpConfig, KafkaConfig,
+    KeyStrategy, LogConfig, LogFormat, MqttConfig, MqttProtocol, OnUnwritable, PayloadFormat, Rule,
+    RuleKafka, RuleMqtt, Sasl, SchemaFormat, SchemaRegistry, Secret, Tls, ValueEncoding,
 };
 use ferry_api::crd::{
     self, BrokerConnection, ForwardingRule, GroupReplicas, MqttProtocolVersion, Payload, TlsRefs,
@@ -22,6 +22,7 @@ use sha2::{Digest, Sha256};
 /// Where the group's Secret is mounted in the forwarder pods.
 pub const MQTT_TLS_DIR: &str = "/etc/ferry/mqtt-tls";
 pub const KAFKA_TLS_DIR: &str = "/etc/ferry/kafka-tls";
+pub const REGISTRY_TLS_DIR: &str = "/etc/ferry/registry-tls";
 /// The credentials, one file per key of the group's Secret (`mqtt-password`, ...).
 pub const CREDENTIALS_DIR: &str = "/etc/ferry/credentials";
 /// Environment variables the pod template sets from the downward API, for its arguments'
@@ -40,6 +41,11 @@ pub mod keys {
     pub const KAFKA_CA: &str = "kafka-ca.crt";
     pub const KAFKA_CERT: &str = "kafka-tls.crt";
     pub const KAFKA_KEY: &str = "kafka-tls.key";
+    pub const REGISTRY_USERNAME: &str = "registry-username";
+    pub const REGISTRY_PASSWORD: &str = "registry-password";
+    pub const REGISTRY_CA: &str = "registry-ca.crt";
+    pub const REGISTRY_CERT: &str = "registry-tls.crt";
+    pub const REGISTRY_KEY: &str = "registry-tls.key";
 }
 
 /// MQTT 5 session expiry of operator-managed forwarders when the connection sets none: long
@@ -176,6 +182,7 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
         },
         drain: Vec::new(),
         drain_on_shutdown,
+        schema_registry: spec.schema_registry.as_ref().map(schema_registry),
     };
     let config_yaml = serde_saphyr::to_string(&config).map_err(|e| RenderError::Yaml {
         group: workload.clone(),
@@ -273,6 +280,36 @@ fn kafka_config(k: &crd::KafkaEndpoint) -> KafkaConfig {
     }
 }
 
+fn schema_registry(r: &crd::SchemaRegistryEndpoint) -> SchemaRegistry {
+    SchemaRegistry {
+        url: r.url.clone(),
+        tls: r.tls.as_ref().map(|t| tls_files(t, REGISTRY_TLS_DIR)),
+        basic_auth: r.credentials_secret_ref.as_ref().map(|_| BasicAuth {
+            username: String::new(),
+            username_file: Some(credential_file(keys::REGISTRY_USERNAME)),
+            password: Secret::default(),
+            password_file: Some(credential_file(keys::REGISTRY_PASSWORD)),
+        }),
+    }
+}
+
+/// The rule's `kafka.value` as the forwarder takes it; `None` without one, or when its subject
+/// cannot be derived (validation refuses such a rule before it is rendered).
+fn value_encoding(k: &crd::RuleKafka) -> Option<ValueEncoding> {
+    let v = k.value.as_ref()?;
+    let subject = k.value_subject()?.ok()?;
+    Some(ValueEncoding {
+        format: match v.format {
+            crd::ValueFormatKind::Avro => SchemaFormat::Avro,
+            crd::ValueFormatKind::Protobuf => SchemaFormat::Protobuf,
+            crd::ValueFormatKind::JsonSchema => SchemaFormat::JsonSchema,
+        },
+        subject,
+        version: v.version.and_then(|n| u32::try_from(n).ok()),
+        message: v.message.clone(),
+    })
+}
+
 fn rule(fr: &ForwardingRule) -> Rule {
     let s = &fr.spec;
     Rule {
@@ -297,6 +334,7 @@ fn rule(fr: &ForwardingRule) -> Rule {
                     .unwrap_or_else(|| Headers::default().prefix),
                 expressions: s.kafka.headers.expressions.clone(),
             },
+            value: value_encoding(&s.kafka),
         },
         payload: match (&s.payload_transform, s.payload) {
             // CEL refuses a transform with wrappedJson; should one get through, the

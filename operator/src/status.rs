@@ -222,6 +222,7 @@ pub fn rule_data_view(status: &ForwardingRuleStatus) -> ForwardingRuleStatus {
         rate_per_second: status.rate_per_second,
         last_forwarded_at: status.last_forwarded_at.clone(),
         last_error: status.last_error.clone(),
+        schema: status.schema.clone(),
         ..ForwardingRuleStatus::default()
     }
 }
@@ -371,6 +372,12 @@ pub fn rule_data(
             .max()
             .map(|t| Time(Timestamp::from_second(t.as_second()).unwrap_or(t))),
         last_error: recent_error.map(|e| e.message.clone()),
+        // The newest any pod uses (pods pick up a new latest version within minutes).
+        schema: loaded
+            .iter()
+            .filter_map(|(_, _, r)| r.schema.as_ref())
+            .max_by_key(|s| (s.version, s.id))
+            .cloned(),
         ..ForwardingRuleStatus::default()
     };
     (status, transitions)
@@ -786,6 +793,7 @@ mod tests {
             held: None,
             blocked_by: None,
             subscription_refused: None,
+            schema: None,
         }
     }
 

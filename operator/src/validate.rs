@@ -137,6 +137,18 @@ pub fn resolve_secrets(
             keys::KAFKA_PASSWORD,
         );
     }
+    if let Some(c) = spec
+        .schema_registry
+        .as_ref()
+        .and_then(|r| r.credentials_secret_ref.as_ref())
+    {
+        credentials(
+            "spec.schemaRegistry.credentialsSecretRef",
+            c,
+            keys::REGISTRY_USERNAME,
+            keys::REGISTRY_PASSWORD,
+        );
+    }
     let mut tls = |at: &str, t: &TlsRefs, ca: &str, cert: &str, key: &str| {
         if let Some(r) = &t.ca_secret_ref {
             take(&format!("{at}.caSecretRef"), &r.name, &r.key, ca);
@@ -163,6 +175,15 @@ pub fn resolve_secrets(
             keys::KAFKA_CA,
             keys::KAFKA_CERT,
             keys::KAFKA_KEY,
+        );
+    }
+    if let Some(t) = spec.schema_registry.as_ref().and_then(|r| r.tls.as_ref()) {
+        tls(
+            "spec.schemaRegistry.tls",
+            t,
+            keys::REGISTRY_CA,
+            keys::REGISTRY_CERT,
+            keys::REGISTRY_KEY,
         );
     }
     if missing.is_empty() {

@@ -285,6 +285,63 @@ fn invalid_objects() -> Vec<(&'static str, String, &'static str)> {
             "an expression may not contain '${'",
         ),
         (
+            "a schema-encoded value in wrappedJson",
+            rule(
+                "headers: { metadata: true, userProperties: true }",
+                "headers: { metadata: true, userProperties: true }\n    value: { format: avro, subject: t-value }",
+            ),
+            "kafka.value encodes the payload or payloadTransform's result: it needs payload raw",
+        ),
+        (
+            "a topic name strategy over a template",
+            rule("payload: wrappedJson", "payload: raw").replacen(
+                "headers: { metadata: true, userProperties: true }",
+                "headers: { metadata: true, userProperties: true }\n    value: { format: avro }",
+                1,
+            ),
+            "the topic name strategies need kafka.topic to be one name",
+        ),
+        (
+            "a record name strategy without a record name",
+            rule(
+                "headers: { metadata: true, userProperties: true }",
+                "headers: { metadata: true, userProperties: true }\n    value: { format: avro, subjectNameStrategy: RecordName }",
+            ),
+            "value.recordName is needed by the RecordName and TopicRecordName strategies",
+        ),
+        (
+            "a Protobuf message name on an Avro value",
+            rule(
+                "headers: { metadata: true, userProperties: true }",
+                "headers: { metadata: true, userProperties: true }\n    value: { format: avro, subject: s, message: a.B }",
+            ),
+            "value.message names a Protobuf message",
+        ),
+        (
+            "schema version 0",
+            rule(
+                "headers: { metadata: true, userProperties: true }",
+                "headers: { metadata: true, userProperties: true }\n    value: { format: jsonSchema, subject: s, version: 0 }",
+            ),
+            "value.version starts at 1",
+        ),
+        (
+            "registry credentials in the URL",
+            conn(
+                "  forwarder:\n",
+                "  schemaRegistry: { url: \"https://user:pw@registry:8081\" }\n  forwarder:\n",
+            ),
+            "schemaRegistry.url must be an http:// or https:// URL with a host, without credentials",
+        ),
+        (
+            "a registry URL without a scheme",
+            conn(
+                "  forwarder:\n",
+                "  schemaRegistry: { url: \"registry.kafka:8081\" }\n  forwarder:\n",
+            ),
+            "schemaRegistry.url must be an http:// or https:// URL",
+        ),
+        (
             "a filter longer than 4096 characters",
             rule(
                 "connectionRef: { name: plant }",
@@ -453,6 +510,32 @@ fn accepted_objects() -> Vec<(String, String)> {
                 1,
             ),
     )];
+    cases.push((
+        "a registry with TLS and basic auth, rules encoding through it".to_owned(),
+        CONNECTION.replacen(
+            "  forwarder:\n",
+            "  schemaRegistry:\n    url: https://apicurio.kafka:8080/apis/ccompat/v7\n    tls: { caSecretRef: { name: registry-ca, key: ca.crt } }\n    credentialsSecretRef: { name: registry-credentials }\n  forwarder:\n",
+            1,
+        ),
+    ));
+    for value in [
+        "{ format: avro }",
+        "{ format: protobuf, message: acme.Reading, version: 3 }",
+        "{ format: jsonSchema, subjectNameStrategy: TopicRecordName, recordName: acme.Reading }",
+    ] {
+        cases.push((
+            format!("kafka.value {value}"),
+            RULE.replacen("  payload: wrappedJson\n", "", 1)
+                .replacen("telemetry.{1}", "telemetry", 1)
+                .replacen(
+                    "headers: { metadata: true, userProperties: true }",
+                    &format!(
+                        "headers: {{ metadata: true, userProperties: true }}\n    value: {value}"
+                    ),
+                    1,
+                ),
+        ));
+    }
     cases.push((
         "every valid filter".to_owned(),
         RULE.replacen(TOPICS, &format!("[{}]", valid_filters.join(", ")), 1),

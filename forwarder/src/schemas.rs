@@ -1,0 +1,372 @@
+//! The schemas rules encode their values with, each looked up in the registry by a task of its
+//! own: until one is found (registry unreachable, credentials refused, subject missing), the
+//! records that need it wait, unacknowledged, and the rule says why; a version found stays in
+//! use when a later lookup of `latest` fails. A reload hands each encoding over to the new
+//! config's slot (records in flight follow it) and every lookup uses the registry settings of
+//! the latest config.
+
+use std::sync::{Arc, RwLock, Weak};
+use std::time::Duration;
+
+use ferry_api::config::{LATEST_SCHEMA_REFRESH_SECS, SchemaFormat, SchemaRegistry, ValueEncoding};
+use tracing::{info, warn};
+
+use crate::encode::{Encoder, RegisteredSchema, SchemaKind};
+use crate::metrics::RuleStats;
+use crate::registry::{Fetched, RegistryClient, RegistryError};
+use crate::window::capped_exponential;
+
+const RETRY_MIN: Duration = Duration::from_secs(1);
+const RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// One encoding of the config (rules with the same `kafka.value` share it).
+#[derive(Debug)]
+pub struct SchemaSlot {
+    pub spec: ValueEncoding,
+    state: RwLock<State>,
+    /// The rules encoding with it, told which schema they use.
+    rules: RwLock<Vec<Arc<RuleStats>>>,
+    /// The same encoding in the config that replaced this one: records routed before the
+    /// reload take their schema from it, and this slot's lookup ends.
+    successor: RwLock<Option<Arc<SchemaSlot>>>,
+}
+
+/// The registry client of the latest config (or why there is none), read by every lookup.
+#[derive(Debug)]
+pub struct RegistryCell(RwLock<Result<Arc<RegistryClient>, String>>);
+
+impl RegistryCell {
+    pub fn new(config: Option<&SchemaRegistry>) -> Arc<Self> {
+        Arc::new(Self(RwLock::new(client_of(config))))
+    }
+
+    pub fn set(&self, config: Option<&SchemaRegistry>) {
+        *write(&self.0) = client_of(config);
+    }
+
+    fn get(&self) -> Result<Arc<RegistryClient>, String> {
+        read(&self.0).clone()
+    }
+}
+
+fn client_of(config: Option<&SchemaRegistry>) -> Result<Arc<RegistryClient>, String> {
+    match config.map(RegistryClient::new) {
+        Some(Ok(client)) => Ok(Arc::new(client)),
+        Some(Err(e)) => Err(e.to_string()),
+        // Validation refuses encodings without a registry; kept total.
+        None => Err("no schema_registry is configured".to_owned()),
+    }
+}
+
+#[derive(Debug, Clone)]
+enum State {
+    Pending { why: Option<String> },
+    Ready(Arc<Ready>),
+}
+
+/// A schema found and compiled.
+#[derive(Debug)]
+pub struct Ready {
+    pub encoder: Encoder,
+    pub subject: String,
+    pub version: u32,
+    pub id: u32,
+}
+
+/// Why a record cannot be encoded yet: the schema is not there, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotYet(pub String);
+
+impl SchemaSlot {
+    pub fn new(spec: ValueEncoding) -> Arc<Self> {
+        Arc::new(Self {
+            spec,
+            state: RwLock::new(State::Pending { why: None }),
+            rules: RwLock::new(Vec::new()),
+            successor: RwLock::new(None),
+        })
+    }
+
+    pub fn add_rule(&self, rule: Arc<RuleStats>) {
+        write(&self.rules).push(rule);
+    }
+
+    /// The schema to encode with, or why there is none yet.
+    pub fn ready(&self) -> Result<Arc<Ready>, NotYet> {
+        if let Some(next) = read(&self.successor).as_ref() {
+            return next.ready();
+        }
+        match &*read(&self.state) {
+            State::Ready(r) => Ok(Arc::clone(r)),
+            State::Pending { why } => Err(NotYet(why.clone().unwrap_or_else(|| {
+                format!(
+                    "looking up the schema of subject {:?} in the schema registry",
+                    self.spec.subject
+                )
+            }))),
+        }
+    }
+
+    /// Takes what `other` (the same encoding, of the config before a reload) already found,
+    /// so a reload does not make its records wait for a new lookup.
+    pub fn adopt(&self, other: &SchemaSlot) {
+        if other.spec != self.spec {
+            return;
+        }
+        let found = match &*read(&other.state) {
+            State::Ready(r) => Arc::clone(r),
+            State::Pending { .. } => return,
+        };
+        let mut state = write(&self.state);
+        if matches!(*state, State::Pending { .. }) {
+            self.tell_rules(&found);
+            *state = State::Ready(found);
+        }
+    }
+
+    fn set_ready(&self, found: Arc<Ready>) {
+        self.tell_rules(&found);
+        *write(&self.state) = State::Ready(found);
+    }
+
+    /// A failed lookup: records wait only while nothing was found before.
+    fn set_failed(&self, why: String) {
+        let mut state = write(&self.state);
+        if let State::Pending { why: w } = &mut *state {
+            *w = Some(why);
+        }
+    }
+
+    fn tell_rules(&self, found: &Ready) {
+        for rule in read(&self.rules).iter() {
+            rule.set_schema(Some(ferry_api::status::SchemaInUse {
+                subject: found.subject.clone(),
+                version: found.version,
+                id: found.id,
+            }));
+        }
+    }
+}
+
+/// Starts the lookups of `slots` (the ones of a new config), each taking over from the
+/// previous config's slot of the same encoding what it found and the records waiting on it.
+/// Each lookup runs while its slot is in use and has no successor.
+pub fn resolve(
+    slots: &[Arc<SchemaSlot>],
+    previous: &[Arc<SchemaSlot>],
+    registry: &Arc<RegistryCell>,
+) {
+    for slot in slots {
+        if let Some(old) = previous.iter().find(|p| p.spec == slot.spec) {
+            slot.adopt(old);
+            *write(&old.successor) = Some(Arc::clone(slot));
+        }
+        tokio::spawn(look_up(Arc::downgrade(slot), Arc::clone(registry)));
+    }
+}
+
+/// Looks the slot's schema up until found (pinned) or for as long as the slot lives
+/// (`latest`, again every `LATEST_SCHEMA_REFRESH_SECS`).
+async fn look_up(slot: Weak<SchemaSlot>, registry: Arc<RegistryCell>) {
+    let mut failures = 0u32;
+    loop {
+        let Some(spec) = slot
+            .upgrade()
+            .filter(|s| read(&s.successor).is_none())
+            .map(|s| s.spec.clone())
+        else {
+            return;
+        };
+        let result = match registry.get() {
+            Ok(client) => fetch_and_compile(&client, &spec).await,
+            Err(why) => Err(why),
+        };
+        let Some(s) = slot.upgrade() else { return };
+        let wait = match result {
+            Ok(found) => {
+                failures = 0;
+                let changed = s.ready().map_or(true, |r| r.id != found.id);
+                if changed {
+                    info!(
+                        subject = %found.subject,
+                        version = found.version,
+                        id = found.id,
+                        "schema in use"
+                    );
+                }
+                s.set_ready(Arc::new(found));
+                match spec.version {
+                    Some(_) => return,
+                    None => Duration::from_secs(LATEST_SCHEMA_REFRESH_SECS),
+                }
+            }
+            Err(why) => {
+                failures = failures.saturating_add(1);
+                if failures == 1 || failures.is_multiple_of(10) {
+                    warn!(subject = %spec.subject, error = %why, failures, "schema lookup failed; retrying");
+                }
+                s.set_failed(why);
+                capped_exponential(RETRY_MIN, RETRY_MAX, failures)
+            }
+        };
+        drop(s);
+        tokio::time::sleep(wait).await;
+    }
+}
+
+async fn fetch_and_compile(client: &RegistryClient, spec: &ValueEncoding) -> Result<Ready, String> {
+    let fetched = client
+        .fetch(&spec.subject, spec.version)
+        .await
+        .map_err(|e: RegistryError| e.to_string())?;
+    compile(fetched, spec)
+}
+
+/// The fetched schema as an encoder of the rule's format.
+pub fn compile(fetched: Fetched, spec: &ValueEncoding) -> Result<Ready, String> {
+    if fetched.format != spec.format {
+        return Err(format!(
+            "subject {:?} version {} is a {} schema, and the rule encodes {}",
+            fetched.subject,
+            fetched.version,
+            fetched.format.registry_type(),
+            spec.format.registry_type()
+        ));
+    }
+    let schema = RegisteredSchema {
+        id: fetched.id,
+        kind: match fetched.format {
+            SchemaFormat::Avro => SchemaKind::Avro,
+            SchemaFormat::Protobuf => SchemaKind::Protobuf,
+            SchemaFormat::JsonSchema => SchemaKind::JsonSchema,
+        },
+        text: fetched.text,
+    };
+    let encoder = Encoder::compile(&schema, spec.message.as_deref()).map_err(|e| {
+        format!(
+            "subject {:?} version {} (id {}): {e}",
+            fetched.subject, fetched.version, fetched.id
+        )
+    })?;
+    Ok(Ready {
+        encoder,
+        subject: fetched.subject,
+        version: fetched.version,
+        id: fetched.id,
+    })
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    lock.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(format: SchemaFormat) -> ValueEncoding {
+        ValueEncoding {
+            format,
+            subject: "t-value".into(),
+            version: None,
+            message: None,
+        }
+    }
+
+    fn fetched(format: SchemaFormat, id: u32, text: &str) -> Fetched {
+        Fetched {
+            subject: "t-value".into(),
+            version: id,
+            id,
+            format,
+            text: text.into(),
+        }
+    }
+
+    const READING: &str =
+        r#"{"type":"record","name":"Reading","fields":[{"name":"t","type":"double"}]}"#;
+
+    #[test]
+    fn a_slot_waits_saying_why_until_found_and_keeps_what_it_found() {
+        let slot = SchemaSlot::new(spec(SchemaFormat::Avro));
+        let waiting = slot.ready().err().map(|NotYet(why)| why);
+        assert!(waiting.is_some_and(|w| w.contains("t-value")));
+        slot.set_failed("schema registry http://r unreachable: refused".into());
+        assert_eq!(
+            slot.ready().err(),
+            Some(NotYet(
+                "schema registry http://r unreachable: refused".into()
+            ))
+        );
+        let found = compile(fetched(SchemaFormat::Avro, 7, READING), &slot.spec);
+        slot.set_ready(Arc::new(found.unwrap_or_else(|e| panic!("{e}"))));
+        // A later lookup of `latest` failing does not take the schema away.
+        slot.set_failed("unreachable".into());
+        assert_eq!(slot.ready().map(|r| r.id).ok(), Some(7));
+        // The config after a reload takes it over at once; another encoding does not.
+        let same = SchemaSlot::new(spec(SchemaFormat::Avro));
+        same.adopt(&slot);
+        assert_eq!(same.ready().map(|r| r.version).ok(), Some(7));
+        let other = SchemaSlot::new(spec(SchemaFormat::JsonSchema));
+        other.adopt(&slot);
+        assert!(other.ready().is_err());
+    }
+
+    #[tokio::test]
+    async fn records_routed_before_a_reload_follow_the_new_configs_slot() {
+        let registry = RegistryCell::new(None);
+        let old = SchemaSlot::new(spec(SchemaFormat::Avro));
+        resolve(std::slice::from_ref(&old), &[], &registry);
+        let new = SchemaSlot::new(spec(SchemaFormat::Avro));
+        resolve(
+            std::slice::from_ref(&new),
+            std::slice::from_ref(&old),
+            &registry,
+        );
+        assert!(old.ready().is_err());
+        let found = compile(fetched(SchemaFormat::Avro, 9, READING), &new.spec);
+        new.set_ready(Arc::new(found.unwrap_or_else(|e| panic!("{e}"))));
+        assert_eq!(
+            old.ready().map(|r| r.id).ok(),
+            Some(9),
+            "the old slot follows"
+        );
+        // Without a registry, lookups say why rather than wait silently.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let waiting = SchemaSlot::new(spec(SchemaFormat::JsonSchema));
+        resolve(std::slice::from_ref(&waiting), &[], &registry);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            waiting.ready().err(),
+            Some(NotYet("no schema_registry is configured".into()))
+        );
+    }
+
+    #[test]
+    fn a_schema_of_another_type_or_that_does_not_compile_is_refused_naming_it() {
+        let e = compile(
+            fetched(SchemaFormat::JsonSchema, 3, "{}"),
+            &spec(SchemaFormat::Avro),
+        )
+        .err();
+        assert_eq!(
+            e.as_deref(),
+            Some("subject \"t-value\" version 3 is a JSON schema, and the rule encodes AVRO")
+        );
+        let e = compile(
+            fetched(SchemaFormat::Avro, 4, "{\"type\":\"recrd\"}"),
+            &spec(SchemaFormat::Avro),
+        )
+        .err();
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.starts_with("subject \"t-value\" version 4 (id 4): ")),
+            "{e:?}"
+        );
+    }
+}
