@@ -7,6 +7,7 @@
 //! with the release `ferry-operator`. Results go to `bench/results/` as a markdown table,
 //! JSON, and PNG plots.
 
+mod encode;
 mod expressions;
 mod load;
 mod operator;
@@ -84,6 +85,10 @@ struct Args {
     /// The operator's rule counts, one run each (100 rules a group, one connection).
     #[arg(long, value_delimiter = ',', default_value = "1000,10000")]
     operator_rules: Vec<usize>,
+    /// Measure only what encoding a reading as an Avro, Protobuf or JSON Schema record costs
+    /// per message (no brokers), and print it.
+    #[arg(long)]
+    encode_cost: bool,
     /// Where results go.
     #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/results"))]
     out: PathBuf,
@@ -504,6 +509,10 @@ fn main() -> Result<()> {
     if args.render {
         let report = read_results(&args.out)?;
         return write_results(&args.out, &report, false);
+    }
+    if args.encode_cost {
+        encode::encode_cost()?;
+        return Ok(());
     }
     if args.quick {
         args.messages = args.messages.min(10_000);

@@ -5,7 +5,8 @@
 //!
 //! Conventions (docs/configuration.md has the user's version):
 //! - Record fields may come in any order; fields the schema does not have are ignored; a
-//!   missing field takes the schema's default, or is an error naming it.
+//!   missing field takes the schema's default, else null if its type allows it, else is an
+//!   error naming it.
 //! - `int`/`long` take JSON integers in range (or numbers with no fraction); `float`/`double`
 //!   any number.
 //! - `bytes` and `fixed` take a string whose characters are the bytes (U+0000..U+00FF, as in
@@ -13,13 +14,14 @@
 //! - A union takes a plain JSON value, encoded as the first branch it fits; or Avro's JSON
 //!   encoding of a union, `{"<branch>": value}`, when that cannot be read as a plain value.
 //! - Logical types are their underlying type (`date` an int, `timestamp-millis` a long, `uuid`
-//!   a string); `decimal` and `duration` are refused at compile time.
+//!   a string); a `decimal` takes a number or a string of its digits; `duration` is refused at
+//!   compile time.
 
 use std::collections::HashMap;
 use std::fmt;
 
 use apache_avro::Schema;
-use apache_avro::schema::{Name, RecordSchema, UnionSchema, UuidSchema};
+use apache_avro::schema::{InnerDecimalSchema, Name, RecordSchema, UnionSchema, UuidSchema};
 use serde::Deserialize as _;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
@@ -38,8 +40,19 @@ enum Node {
     Double,
     Bytes,
     String,
-    Fixed { size: usize },
-    Enum { symbols: Vec<String> },
+    Fixed {
+        size: usize,
+    },
+    /// The unscaled value, two's complement big-endian: in as few bytes as it takes, or in
+    /// `size` (a fixed).
+    Decimal {
+        precision: usize,
+        scale: usize,
+        size: Option<usize>,
+    },
+    Enum {
+        symbols: Vec<String>,
+    },
     Array(NodeId),
     Map(NodeId),
     Record(Record),
@@ -247,7 +260,27 @@ impl Builder {
                         }
                     });
                 }
-                Schema::Decimal(_) => return Err(unsupported("the decimal logical type")),
+                Schema::Decimal(d) => {
+                    if d.precision > MAX_PRECISION {
+                        return Err(unsupported(&format!(
+                            "a decimal of precision {} (at most {MAX_PRECISION})",
+                            d.precision
+                        )));
+                    }
+                    let decimal = |size| Node::Decimal {
+                        precision: d.precision,
+                        scale: d.scale,
+                        size,
+                    };
+                    match &d.inner {
+                        InnerDecimalSchema::Bytes => decimal(None),
+                        InnerDecimalSchema::Fixed(fixed) => {
+                            let (id, _) = self.name(&fixed.name, ns);
+                            self.nodes[id] = decimal(Some(fixed.size));
+                            return Ok(id);
+                        }
+                    }
+                }
                 Schema::BigDecimal => return Err(unsupported("the big-decimal logical type")),
                 Schema::Duration(_) => return Err(unsupported("the duration logical type")),
             };
@@ -269,11 +302,17 @@ impl Builder {
                 format!("{path}.{}", field.name)
             };
             let node = self.node(&field.schema, inner_ns.as_deref(), &field_path)?;
-            if let Some(value) = &field.default {
+            // A field that may be null is null when missing, as in Confluent's Python serializer
+            // (fastavro): what a device leaving out an optional reading means.
+            let default = field
+                .default
+                .clone()
+                .or_else(|| self.nullable(node).then_some(Value::Null));
+            if let Some(value) = default {
                 self.defaults.push(PendingDefault {
                     record: id,
                     field: i,
-                    value: value.clone(),
+                    value,
                     path: field_path,
                 });
             }
@@ -318,6 +357,16 @@ impl Builder {
         Ok(Union { branches, has_map })
     }
 
+    fn nullable(&self, node: NodeId) -> bool {
+        match &self.nodes[node] {
+            Node::Union(union) => union
+                .branches
+                .iter()
+                .any(|b| matches!(self.nodes[b.node], Node::Null)),
+            _ => false,
+        }
+    }
+
     fn type_name(&self, node: NodeId) -> &'static str {
         match &self.nodes[node] {
             Node::Null => "null",
@@ -326,11 +375,15 @@ impl Builder {
             Node::Long => "long",
             Node::Float => "float",
             Node::Double => "double",
-            Node::Bytes => "bytes",
+            Node::Bytes | Node::Decimal { size: None, .. } => "bytes",
             Node::String => "string",
             Node::Array(_) => "array",
             Node::Map(_) => "map",
-            Node::Fixed { .. } | Node::Enum { .. } | Node::Record(_) | Node::Union(_) => "",
+            Node::Fixed { .. }
+            | Node::Decimal { size: Some(_), .. }
+            | Node::Enum { .. }
+            | Node::Record(_)
+            | Node::Union(_) => "",
         }
     }
 }
@@ -446,7 +499,7 @@ impl Scalar<'_> {
         match self {
             Scalar::Int(i) => Some(i),
             Scalar::Uint(u) => i64::try_from(u).ok(),
-            // 2^63 is exact in f64; integral values below it convert exactly.
+            // -2^63 and 2^63 are exact in f64; integral values between convert exactly.
             Scalar::Float(x)
                 if x.fract() == 0.0 && (i64::MIN as f64..-(i64::MIN as f64)).contains(&x) =>
             {
@@ -477,6 +530,11 @@ fn expected(nodes: &[Node], node: NodeId) -> String {
         Node::Double => "a double (a number)".into(),
         Node::Bytes => "bytes (a string of characters U+0000..U+00FF)".into(),
         Node::String => "a string".into(),
+        Node::Decimal {
+            precision, scale, ..
+        } => format!(
+            "a decimal of at most {precision} digits, {scale} after the point (a number or a string)"
+        ),
         Node::Fixed { size } => {
             format!("fixed (a string of {size} characters U+0000..U+00FF)")
         }
@@ -504,7 +562,20 @@ fn put_scalar(
     scalar: Scalar<'_>,
     out: &mut Vec<u8>,
 ) -> Result<(), String> {
-    let fits = match (&nodes[node], scalar) {
+    if put(nodes, node, scalar, out) {
+        Ok(())
+    } else {
+        Err(format!(
+            "expected {}, found {scalar}",
+            expected(nodes, node)
+        ))
+    }
+}
+
+/// Appends `scalar` as `node` if it fits (else nothing): [`put_scalar`] without the reason, for
+/// trying a union's branches.
+fn put(nodes: &[Node], node: NodeId, scalar: Scalar<'_>, out: &mut Vec<u8>) -> bool {
+    match (&nodes[node], scalar) {
         (Node::Null, Scalar::Null) => true,
         (Node::Boolean, Scalar::Bool(b)) => {
             out.push(u8::from(b));
@@ -545,6 +616,14 @@ fn put_scalar(
         }
         (Node::Bytes, Scalar::Str(s)) => put_latin1(s, None, out),
         (Node::Fixed { size }, Scalar::Str(s)) => put_latin1(s, Some(*size), out),
+        (
+            Node::Decimal {
+                precision,
+                scale,
+                size,
+            },
+            scalar,
+        ) => put_decimal(scalar, *precision, *scale, *size, out),
         (Node::Enum { symbols }, Scalar::Str(s)) => match symbols.iter().position(|y| y == s) {
             Some(i) => {
                 put_zigzag(out, i as i64);
@@ -556,23 +635,114 @@ fn put_scalar(
             for (i, branch) in union.branches.iter().enumerate() {
                 let start = out.len();
                 put_zigzag(out, i as i64);
-                if put_scalar(nodes, branch.node, scalar, out).is_ok() {
-                    return Ok(());
+                if put(nodes, branch.node, scalar, out) {
+                    return true;
                 }
                 out.truncate(start);
             }
             false
         }
         _ => false,
-    };
-    if fits {
-        Ok(())
-    } else {
-        Err(format!(
-            "expected {}, found {scalar}",
-            expected(nodes, node)
-        ))
     }
+}
+
+/// The largest decimal precision encoded (the digits of an i128).
+const MAX_PRECISION: usize = 38;
+
+/// Appends a decimal given as a JSON number or string (`"-12.50"`, `"1.5e3"`): its unscaled
+/// value at `scale`, refusing digits beyond the scale (no rounding) or the precision.
+fn put_decimal(
+    scalar: Scalar<'_>,
+    precision: usize,
+    scale: usize,
+    size: Option<usize>,
+    out: &mut Vec<u8>,
+) -> bool {
+    let text;
+    let digits = match scalar {
+        Scalar::Str(s) => s,
+        Scalar::Int(_) | Scalar::Uint(_) | Scalar::Float(_) => {
+            text = scalar.to_string();
+            &text
+        }
+        _ => return false,
+    };
+    let Some(unscaled) = unscaled(digits, precision, scale) else {
+        return false;
+    };
+    let bytes = unscaled.to_be_bytes();
+    // Sign extension: the leading bytes that only repeat the sign can go.
+    let fill = if unscaled < 0 { 0xff } else { 0 };
+    let mut first = 0;
+    while first < bytes.len() - 1
+        && bytes[first] == fill
+        && (bytes[first + 1] & 0x80) == (fill & 0x80)
+    {
+        first += 1;
+    }
+    let minimal = &bytes[first..];
+    match size {
+        None => {
+            put_zigzag(out, minimal.len() as i64);
+            out.extend_from_slice(minimal);
+        }
+        Some(size) if size >= minimal.len() => {
+            out.extend(std::iter::repeat_n(fill, size - minimal.len()));
+            out.extend_from_slice(minimal);
+        }
+        Some(_) => return false,
+    }
+    true
+}
+
+/// The unscaled value of decimal text at `scale`, if it has at most `precision` digits and no
+/// non-zero digit beyond the scale.
+fn unscaled(text: &str, precision: usize, scale: usize) -> Option<i128> {
+    let (negative, rest) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, text.strip_prefix('+').unwrap_or(text)),
+    };
+    let (mantissa, exponent) = match rest.find(['e', 'E']) {
+        Some(at) => (&rest[..at], rest[at + 1..].parse::<i32>().ok()?),
+        None => (rest, 0),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if (whole.is_empty() && fraction.is_empty())
+        || !whole
+            .bytes()
+            .chain(fraction.bytes())
+            .all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    // The digits, and the power of ten they are to be multiplied by to be at the scale.
+    let shift = i64::from(exponent) - fraction.len() as i64 + scale as i64;
+    let mut digits: Vec<u8> = whole
+        .bytes()
+        .chain(fraction.bytes())
+        .map(|b| b - b'0')
+        .collect();
+    if shift < 0 {
+        let cut = digits.len().saturating_sub(usize::try_from(-shift).ok()?);
+        if digits[cut..].iter().any(|&d| d != 0) {
+            return None;
+        }
+        digits.truncate(cut);
+    } else {
+        digits.extend(std::iter::repeat_n(
+            0,
+            usize::try_from(shift).ok()?.min(precision + 1),
+        ));
+    }
+    let significant: Vec<u8> = digits.into_iter().skip_while(|&d| d == 0).collect();
+    if significant.len() > precision {
+        return None;
+    }
+    let mut value: i128 = 0;
+    for d in significant {
+        value = value.checked_mul(10)?.checked_add(i128::from(d))?;
+    }
+    Some(if negative { -value } else { value })
 }
 
 /// Appends the bytes a string of characters U+0000..U+00FF stands for: with a `size` (fixed)
@@ -683,9 +853,11 @@ impl Seed<'_, '_> {
 /// items once they are counted.
 fn close_block(out: &mut Vec<u8>, start: usize, count: i64) {
     if count > 0 {
-        let mut prefix = Vec::with_capacity(10);
-        put_zigzag(&mut prefix, count);
-        out.splice(start..start, prefix);
+        // The count's varint is at most 10 bytes: written at the end, then rotated into place.
+        let end = out.len();
+        put_zigzag(out, count);
+        let prefix = out.len() - end;
+        out[start..].rotate_right(prefix);
     }
     out.push(0);
 }
@@ -827,8 +999,8 @@ fn encode_record<'de, A: MapAccess<'de>>(
     let fields = &record.fields;
     let mut next = 0;
     let mut scratch = Vec::new();
-    let mut parked: smallvec::SmallVec<[Option<(usize, usize)>; 16]> =
-        smallvec::smallvec![None; fields.len()];
+    // Ranges of `scratch`, by field; allocated when a field first comes early.
+    let mut parked: Vec<Option<(usize, usize)>> = Vec::new();
     loop {
         let found = map.next_key_seed(FieldSeed { fields, hint: next });
         let k = match found {
@@ -842,7 +1014,7 @@ fn encode_record<'de, A: MapAccess<'de>>(
             Err(e) => return Err(cx.locate(String::new, e)),
         };
         let field = &fields[k];
-        if k < next || parked[k].is_some() {
+        if k < next || parked.get(k).is_some_and(Option::is_some) {
             let e = cx.fail("the field appears more than once".to_owned());
             return Err(cx.locate(|| field.name.clone(), e));
         }
@@ -861,6 +1033,9 @@ fn encode_record<'de, A: MapAccess<'de>>(
             return Err(cx.locate(|| field.name.clone(), e));
         }
         if parking {
+            if parked.is_empty() {
+                parked.resize(fields.len(), None);
+            }
             parked[k] = Some((at, scratch.len()));
             continue;
         }
@@ -871,7 +1046,7 @@ fn encode_record<'de, A: MapAccess<'de>>(
         }
     }
     for (k, field) in fields.iter().enumerate().skip(next) {
-        match (parked[k], &field.default) {
+        match (parked.get(k).copied().flatten(), &field.default) {
             (Some((from, to)), _) => out.extend_from_slice(&scratch[from..to]),
             (None, Some(default)) => out.extend_from_slice(default),
             (None, None) => {
@@ -1232,6 +1407,42 @@ mod tests {
     }
 
     #[test]
+    fn a_missing_field_takes_its_default_or_null() {
+        let text = r#"{"type": "record", "name": "R", "fields": [
+            {"name": "a", "type": ["null", "double"]},
+            {"name": "b", "type": ["string", "null"]},
+            {"name": "c", "type": ["string", "null"], "default": "c"},
+            {"name": "d", "type": "long", "default": 7},
+            {"name": "e", "type": "long"}
+        ]}"#;
+        assert_eq!(
+            roundtrip(text, r#"{"e": 1}"#),
+            Avro::Record(vec![
+                ("a".into(), Avro::Union(0, Box::new(Avro::Null))),
+                ("b".into(), Avro::Union(1, Box::new(Avro::Null))),
+                (
+                    "c".into(),
+                    Avro::Union(0, Box::new(Avro::String("c".into())))
+                ),
+                ("d".into(), Avro::Long(7)),
+                ("e".into(), Avro::Long(1)),
+            ])
+        );
+        // Given, a field's value is not replaced by its default.
+        let e = error(text, r#"{"e": 1, "d": null}"#);
+        assert_eq!(
+            (e.path.as_str(), e.reason.as_str()),
+            ("/d", "expected a long (a 64-bit integer), found null")
+        );
+        let e = error(text, r#"{"a": 1}"#);
+        assert_eq!(e.path, "/e");
+        assert!(
+            e.reason.starts_with("missing (the field has no default)"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn records_in_a_union_are_told_apart_by_their_fields() {
         let text = r#"["null",
             {"type": "record", "name": "A", "fields": [{"name": "a", "type": "long"}]},
@@ -1391,31 +1602,92 @@ mod tests {
     }
 
     #[test]
-    fn decimal_and_duration_are_refused_when_compiled() {
-        let decimal = r#"{"type": "record", "name": "R", "fields": [{"name": "price",
-            "type": {"type": "bytes", "logicalType": "decimal", "precision": 9, "scale": 2}}]}"#;
-        let schema = RegisteredSchema {
-            id: 1,
-            kind: SchemaKind::Avro,
-            text: decimal.into(),
+    fn unusable_schemas_are_refused_when_compiled() {
+        let compile = |text: &str| {
+            let schema = RegisteredSchema {
+                id: 1,
+                kind: SchemaKind::Avro,
+                text: text.into(),
+            };
+            Encoder::compile(&schema, None)
         };
-        match Encoder::compile(&schema, None) {
+        let duration = r#"{"type": "record", "name": "R", "fields": [{"name": "took",
+            "type": {"type": "fixed", "name": "D", "size": 12, "logicalType": "duration"}}]}"#;
+        match compile(duration) {
             Err(SchemaError::AvroUnsupported { path, construct }) => {
-                assert_eq!(path, "price");
-                assert!(construct.contains("decimal"));
+                assert_eq!(path, "took");
+                assert!(construct.contains("duration"), "{construct}");
             }
             other => panic!("{other:?}"),
         }
-        let schema = RegisteredSchema {
-            id: 1,
-            kind: SchemaKind::Avro,
-            text: r#"{"type": "record", "name": "R", "fields": [{"name": "a", "type": "nope"}]}"#
-                .into(),
-        };
+        let wide = r#"{"type": "record", "name": "R", "fields": [{"name": "n",
+            "type": {"type": "bytes", "logicalType": "decimal", "precision": 40, "scale": 0}}]}"#;
         assert!(matches!(
-            Encoder::compile(&schema, None),
-            Err(SchemaError::AvroParse(_))
+            compile(wide),
+            Err(SchemaError::AvroUnsupported { .. })
         ));
+        let bad = r#"{"type": "record", "name": "R", "fields": [{"name": "a", "type": "nope"}]}"#;
+        assert!(matches!(compile(bad), Err(SchemaError::AvroParse(_))));
+    }
+
+    #[test]
+    fn decimals_are_their_unscaled_value_in_twos_complement() {
+        let text = r#"{"type": "record", "name": "R", "fields": [
+            {"name": "price", "type": {"type": "bytes", "logicalType": "decimal", "precision": 6, "scale": 2}},
+            {"name": "total", "type": ["null", {"type": "fixed", "name": "F", "size": 4, "logicalType": "decimal", "precision": 9, "scale": 3}]}
+        ]}"#;
+        let unscaled = |v: &Avro| -> Vec<u8> {
+            match v {
+                Avro::Decimal(d) => Vec::<u8>::try_from(d).unwrap(),
+                Avro::Union(_, inner) => match &**inner {
+                    Avro::Decimal(d) => Vec::<u8>::try_from(d).unwrap(),
+                    other => panic!("{other:?}"),
+                },
+                other => panic!("{other:?}"),
+            }
+        };
+        let cases: [(&str, &[u8], &str, &[u8]); 5] = [
+            (
+                r#""12.34""#,
+                &[0x04, 0xd2],
+                "-1.5",
+                &[0xff, 0xff, 0xfa, 0x24],
+            ),
+            ("12.3", &[0x04, 0xce], r#""0""#, &[0, 0, 0, 0]),
+            (
+                r#""-0.01""#,
+                &[0xff],
+                r#""1.5e3""#,
+                &[0x00, 0x16, 0xe3, 0x60],
+            ),
+            ("1", &[0x64], "128.000", &[0x00, 0x01, 0xf4, 0x00]),
+            (
+                r#""9999.99""#,
+                &[0x0f, 0x42, 0x3f],
+                r#""+0.128""#,
+                &[0, 0, 0, 0x80],
+            ),
+        ];
+        for (price, price_bytes, total, total_bytes) in cases {
+            let json = format!(r#"{{"price": {price}, "total": {total}}}"#);
+            let v = roundtrip(text, &json);
+            assert_eq!(unscaled(field(&v, "price")), price_bytes, "{json}");
+            assert_eq!(unscaled(field(&v, "total")), total_bytes, "{json}");
+        }
+        for (price, why) in [
+            (r#""12.345""#, "more decimals than the scale"),
+            (r#""10000.00""#, "more digits than the precision"),
+            (r#""12,3""#, "not a number"),
+            ("true", "not a number"),
+        ] {
+            let e = error(text, &format!(r#"{{"price": {price}, "total": null}}"#));
+            assert_eq!(e.path, "/price", "{why}");
+            assert!(
+                e.reason
+                    .starts_with("expected a decimal of at most 6 digits, 2 after the point"),
+                "{e}"
+            );
+        }
     }
 
     #[test]

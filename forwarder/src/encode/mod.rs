@@ -108,14 +108,9 @@ enum Format {
 
 impl fmt::Debug for Encoder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match self.format {
-            Format::Avro(_) => SchemaKind::Avro,
-            Format::Protobuf(_) => SchemaKind::Protobuf,
-            Format::JsonSchema(_) => SchemaKind::JsonSchema,
-        };
         f.debug_struct("Encoder")
             .field("id", &self.id)
-            .field("kind", &kind)
+            .field("kind", &self.kind())
             .finish_non_exhaustive()
     }
 }
@@ -163,6 +158,14 @@ impl Encoder {
 
     pub fn schema_id(&self) -> u32 {
         self.id
+    }
+
+    pub fn kind(&self) -> SchemaKind {
+        match self.format {
+            Format::Avro(_) => SchemaKind::Avro,
+            Format::Protobuf(_) => SchemaKind::Protobuf,
+            Format::JsonSchema(_) => SchemaKind::JsonSchema,
+        }
     }
 }
 

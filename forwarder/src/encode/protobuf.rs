@@ -89,28 +89,21 @@ impl ProtobufEncoder {
     }
 
     pub(super) fn encode(&self, json: &[u8], out: &mut Vec<u8>) -> Result<(), EncodeError> {
-        let mut value: serde_json::Value =
-            serde_json::from_slice(json).map_err(|e| EncodeError {
+        // Most payloads name only the message's fields: read straight from the text, strictly.
+        let mut de = serde_json::Deserializer::from_slice(json);
+        let message = match self.read(&mut de).and_then(|m| {
+            de.end().map_err(|e| EncodeError {
                 path: String::new(),
                 reason: format!("not valid JSON: {e}"),
             })?;
-        // Unknown members are dropped here rather than by prost-reflect, whose lenient mode
-        // also drops enum values it does not know without a word.
-        drop_unknown_members(&self.message, &mut value);
-        let mut track = serde_path_to_error::Track::new();
-        let read = DynamicMessage::deserialize_with_options(
-            self.message.clone(),
-            serde_path_to_error::Deserializer::new(&value, &mut track),
-            &self.options,
-        );
-        let message = match read {
+            Ok(m)
+        }) {
             Ok(m) => m,
-            Err(e) => {
-                return Err(EncodeError {
-                    path: pointer(&track.path()),
-                    reason: shortened(&e.to_string()),
-                });
+            // prost-reflect's words for a member the message has no field for.
+            Err(e) if e.reason.starts_with("unrecognized field name") => {
+                self.read_known_members(json)?
             }
+            Err(e) => return Err(e),
         };
         if let Some(path) = missing_required(&message) {
             return Err(EncodeError {
@@ -123,6 +116,36 @@ impl ProtobufEncoder {
             path: String::new(),
             reason: format!("cannot encode the message: {e}"),
         })
+    }
+}
+
+impl ProtobufEncoder {
+    fn read<'de, D: serde::Deserializer<'de>>(&self, de: D) -> Result<DynamicMessage, EncodeError>
+    where
+        D::Error: std::fmt::Display,
+    {
+        let mut track = serde_path_to_error::Track::new();
+        DynamicMessage::deserialize_with_options(
+            self.message.clone(),
+            serde_path_to_error::Deserializer::new(de, &mut track),
+            &self.options,
+        )
+        .map_err(|e| EncodeError {
+            path: pointer(&track.path()),
+            reason: shortened(&e.to_string()),
+        })
+    }
+
+    /// Reads the members that name a field. They are dropped here rather than by
+    /// prost-reflect, whose lenient mode also drops enum values it does not know, silently.
+    fn read_known_members(&self, json: &[u8]) -> Result<DynamicMessage, EncodeError> {
+        let mut value: serde_json::Value =
+            serde_json::from_slice(json).map_err(|e| EncodeError {
+                path: String::new(),
+                reason: format!("not valid JSON: {e}"),
+            })?;
+        drop_unknown_members(&self.message, &mut value);
+        self.read(&value)
     }
 }
 
@@ -431,9 +454,15 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(err.path, "/readings/1/location/lat");
-        let err = encode(&e, r#"{"readings": [{"status": "ON_FIRE", "unknown": 1}]}"#).unwrap_err();
-        assert_eq!(err.path, "/readings/0/status");
-        assert!(err.reason.contains("ON_FIRE"), "{err}");
+        // With and without members the message has no field for (read in two ways).
+        for json in [
+            r#"{"readings": [{"status": "ON_FIRE"}]}"#,
+            r#"{"readings": [{"status": "ON_FIRE", "unknown": 1}]}"#,
+        ] {
+            let err = encode(&e, json).unwrap_err();
+            assert_eq!(err.path, "/readings/0/status");
+            assert!(err.reason.contains("ON_FIRE"), "{err}");
+        }
         let err = encode(&e, r#"{"readings": [{"gateway": "g", "line": 1}]}"#).unwrap_err();
         assert_eq!(err.path, "/readings/0", "{err}");
         assert!(err.reason.contains("oneof 'source'"), "{err}");
