@@ -412,3 +412,35 @@ fn settings_that_fail_later_or_weaken_delivery_exit_2_at_check() {
     let (code, stderr) = check(&allowed);
     assert_eq!(code, Some(0), "the opt-out: {stderr}");
 }
+
+/// What `--check` can see of a schema-encoded value without reaching the registry.
+#[test]
+fn check_refuses_a_schema_encoding_it_can_judge_offline() {
+    let rules = "rules:\n  - name: r\n    mqtt: { topics: [t] }\n    kafka: { topic: t, value: { format: avro, subject: t-value } }\n  - name: s\n    mqtt: { topics: [u] }\n    kafka: { topic: u, value: { format: json_schema, subject: \"\", message: a.B } }\n    payload: wrapped_json\n";
+    let base = "mqtt: { host: 192.0.2.1, client_id: c }\nkafka: { bootstrap_servers: \"192.0.2.1:9092\" }\n";
+    let (code, stderr) = check(&format!("{base}{rules}"));
+    assert_eq!(code, Some(2), "{stderr}");
+    for expected in [
+        "rules[0].kafka.value: encodes through a schema registry, and none is configured",
+        "rules[1].kafka.value.subject: must not be empty",
+        "rules[1].kafka.value.message: names a Protobuf message",
+        "rules[1].payload: wrapped_json is Ferry's own JSON envelope",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "missing {expected:?} in:\n{stderr}"
+        );
+    }
+    let registry = "schema_registry: { url: \"https://registry:8081\", basic_auth: { username: u, password_file: /nonexistent/registry-password } }\n";
+    let (code, stderr) = check(&format!(
+        "{base}{registry}{}",
+        &rules[..rules.find("  - name: s").unwrap_or(rules.len())]
+    ));
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "schema_registry.basic_auth.password_file: cannot read /nonexistent/registry-password"
+        ),
+        "{stderr}"
+    );
+}

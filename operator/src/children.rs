@@ -764,9 +764,15 @@ spec:
         let auth = registry.basic_auth.as_ref().expect("basic auth");
         for file in [ca, auth.username_file.clone(), auth.password_file.clone()] {
             let file = file.expect("a file");
-            assert!(mounted.contains(&file), "{file} is not mounted: {mounted:?}");
+            assert!(
+                mounted.contains(&file),
+                "{file} is not mounted: {mounted:?}"
+            );
         }
-        assert!(auth.password.is_empty(), "the password is a file, never inline");
+        assert!(
+            auth.password.is_empty(),
+            "the password is a file, never inline"
+        );
     }
 
     #[test]

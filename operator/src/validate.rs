@@ -430,7 +430,10 @@ mod tests {
         );
         let c = conn(&spec);
         let names = referenced_secrets(&c);
-        assert!(names.contains("registry") && names.contains("registry-ca"), "{names:?}");
+        assert!(
+            names.contains("registry") && names.contains("registry-ca"),
+            "{names:?}"
+        );
         let mut secrets: Secrets = BTreeMap::from([
             (
                 "mqtt-credentials".to_owned(),
@@ -440,7 +443,10 @@ mod tests {
                 "mqtt-client".to_owned(),
                 secret(&[("tls.crt", "CERT"), ("tls.key", "KEY")]),
             ),
-            ("kafka".to_owned(), secret(&[("user", "ku"), ("pass", "kp")])),
+            (
+                "kafka".to_owned(),
+                secret(&[("user", "ku"), ("pass", "kp")]),
+            ),
             ("registry-ca".to_owned(), secret(&[("ca.crt", "CA")])),
         ]);
         let missing = resolve_secrets(&c, &secrets).expect_err("missing");

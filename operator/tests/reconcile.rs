@@ -690,6 +690,7 @@ fn the_kubernetes_examples_apply_and_render_as_documented() {
             "audit",
             "devices",
             "readings",
+            "readings-avro",
         ]
         .iter()
         .all(|r| cond(r, "Accepted").0 == "True")
@@ -743,6 +744,28 @@ fn the_kubernetes_examples_apply_and_render_as_documented() {
         readings.payload,
         ferry_api::PayloadFormat::Transform(_)
     ));
+    // The Avro example, in a group of its own, encodes through the connection's registry.
+    let avro_group = jsonpath(
+        &cp,
+        "ferry",
+        "configmap",
+        "plant-avro",
+        "{.data.config\\.yaml}",
+    );
+    let rendered: ferry_api::ForwarderConfig =
+        serde_saphyr::from_str(&avro_group).expect("the avro group's config parses");
+    let value = rendered.rules.iter().find_map(|r| r.kafka.value.clone());
+    assert_eq!(
+        value.map(|v| (v.format, v.subject)),
+        Some((
+            ferry_api::SchemaFormat::Avro,
+            "readings-avro-value".to_owned()
+        ))
+    );
+    assert_eq!(
+        rendered.schema_registry.map(|r| r.url),
+        Some("http://schema-registry.kafka.svc.cluster.local:8081".to_owned())
+    );
     // `kubectl get fr`'s Kafka Topic column: the topic, or the expression that names it.
     let column = |name: &str| jsonpath(&cp, "ferry", "fr", name, "{.status.kafkaTopic}");
     assert_eq!(column("readings"), "'readings.' + levels[1]");
