@@ -138,6 +138,8 @@ impl RegistryClient {
         let base = config.url.trim_end_matches('/').to_owned();
         let tls = match &config.tls {
             Some(t) => tls::client_config("schema_registry.tls", t),
+            // Plain HTTP needs no roots; an image without system roots must still reach it.
+            None if base.starts_with("http://") => tls::no_roots_config("schema_registry.tls"),
             None => tls::client_config("schema_registry.tls", &Default::default()),
         };
         let connector = hyper_rustls::HttpsConnectorBuilder::new()

@@ -95,6 +95,16 @@ pub fn client_config(at: &'static str, tls: &Tls) -> Result<ClientConfig, TlsSet
     }
 }
 
+/// A config that trusts nobody: for a client whose URL is plain HTTP. `at` as for
+/// [`client_config`].
+pub fn no_roots_config(at: &'static str) -> Result<ClientConfig, TlsSetupError> {
+    Ok(ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|source| TlsSetupError::ClientAuth { at, source })?
+        .with_root_certificates(RootCertStore::empty())
+        .with_no_client_auth())
+}
+
 fn read_certs(field: String, path: &str) -> Result<Vec<CertificateDer<'static>>, TlsSetupError> {
     let certs = CertificateDer::pem_file_iter(path)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
