@@ -2,7 +2,8 @@
 //! Confluent-compatible API) and real Mosquitto and Kafka: records in each format decode with
 //! confluent-kafka's own deserializers (Python), a value that does not fit its schema goes to
 //! the dead-letter topic naming the field, and records wait, unacknowledged, while the
-//! registry refuses the credentials or lacks the subject, then all arrive once it has it.
+//! registry is unreachable, refuses the credentials or lacks the subject, then all arrive once
+//! it has it.
 
 mod common;
 
@@ -281,7 +282,7 @@ fn each_format_decodes_with_confluents_own_deserializers_and_a_misfit_is_dead_le
 }
 
 #[test]
-fn records_wait_while_the_registry_refuses_or_lacks_their_schema_and_then_all_arrive() {
+fn records_wait_while_the_registry_is_unreachable_refuses_or_lacks_their_schema_then_all_arrive() {
     let brokers = Brokers::start();
     create_topics(
         &brokers,
@@ -309,7 +310,13 @@ fn records_wait_while_the_registry_refuses_or_lacks_their_schema_and_then_all_ar
             brokers.config("schemas-late", &rules)
         )
     };
-    let mut fwd = Forwarder::start_configmap(&config(&password));
+    // First a registry address where nothing listens.
+    let closed = ferry_e2e::free_port().expect("a free port");
+    let unreachable = config(&password).replace(
+        &registry.url(),
+        &format!("http://127.0.0.1:{closed}/apis/ccompat/v7"),
+    );
+    let mut fwd = Forwarder::start_configmap(&unreachable);
     fwd.wait_ready(Duration::from_secs(30));
     let mut msgs = messages("late", MESSAGES);
     msgs.extend(messages("plain", MESSAGES));
@@ -338,6 +345,12 @@ fn records_wait_while_the_registry_refuses_or_lacks_their_schema_and_then_all_ar
             })
         });
     };
+    waiting(
+        &fwd,
+        &format!("127.0.0.1:{closed}/apis/ccompat/v7 unreachable"),
+    );
+    // The registry's address, by a live reload, with the wrong password.
+    fwd.swap_config(&config(&password));
     waiting(&fwd, "refused the credentials (HTTP 401)");
     // The right password, by a live reload: now the subject is missing.
     let right = dir.path().join("right-password");
