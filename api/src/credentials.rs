@@ -49,31 +49,44 @@ pub fn read_files(
     ) {
         m.password = Some(Secret(v));
     }
+    // A username and a password, each inline or from a file, as SASL and basic auth have.
+    let mut pair = |at: &str,
+                    username: &mut String,
+                    user_file: Option<&str>,
+                    password: &mut Secret,
+                    password_file: Option<&str>| {
+        let field = format!("{at}.username_file");
+        if let Some(v) = source(&field, !username.is_empty(), user_file) {
+            *username = v;
+        }
+        let field = format!("{at}.password_file");
+        if let Some(v) = source(&field, !password.is_empty(), password_file) {
+            *password = Secret(v);
+        }
+    };
     if let Some(s) = &mut config.kafka.sasl {
-        let file = s.username_file.as_deref();
-        if let Some(v) = source("kafka.sasl.username_file", !s.username.is_empty(), file) {
-            s.username = v;
-        }
-        let file = s.password_file.as_deref();
-        if let Some(v) = source("kafka.sasl.password_file", !s.password.is_empty(), file) {
-            s.password = Secret(v);
-        }
+        let (user_file, password_file) = (s.username_file.clone(), s.password_file.clone());
+        pair(
+            "kafka.sasl",
+            &mut s.username,
+            user_file.as_deref(),
+            &mut s.password,
+            password_file.as_deref(),
+        );
     }
-    if let Some(a) = config
+    let auth = config
         .schema_registry
         .as_mut()
-        .and_then(|r| r.basic_auth.as_mut())
-    {
-        let file = a.username_file.as_deref();
-        let at = "schema_registry.basic_auth.username_file";
-        if let Some(v) = source(at, !a.username.is_empty(), file) {
-            a.username = v;
-        }
-        let file = a.password_file.as_deref();
-        let at = "schema_registry.basic_auth.password_file";
-        if let Some(v) = source(at, !a.password.is_empty(), file) {
-            a.password = Secret(v);
-        }
+        .and_then(|r| r.basic_auth.as_mut());
+    if let Some(a) = auth {
+        let (user_file, password_file) = (a.username_file.clone(), a.password_file.clone());
+        pair(
+            "schema_registry.basic_auth",
+            &mut a.username,
+            user_file.as_deref(),
+            &mut a.password,
+            password_file.as_deref(),
+        );
     }
     problems
 }

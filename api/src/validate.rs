@@ -249,18 +249,12 @@ fn check_kafka(p: &mut Problems, kafka: &KafkaConfig, max_inflight: u16) {
 }
 
 fn check_sasl(p: &mut Problems, sasl: &Sasl, over_tls: bool) {
-    if sasl.username.is_empty() && sasl.username_file.is_none() {
-        p.add(
-            "kafka.sasl.username",
-            "must not be empty (set username or username_file)",
-        );
-    }
-    if sasl.password.is_empty() && sasl.password_file.is_none() {
-        p.add(
-            "kafka.sasl.password",
-            "must not be empty (set password or password_file)",
-        );
-    }
+    check_user_password(
+        p,
+        "kafka.sasl",
+        !sasl.username.is_empty() || sasl.username_file.is_some(),
+        !sasl.password.is_empty() || sasl.password_file.is_some(),
+    );
     if !over_tls && sasl.mechanism == SaslMechanism::Plain {
         p.add(
             "kafka.sasl.mechanism",
@@ -348,18 +342,28 @@ fn check_schema_registry(p: &mut Problems, registry: &SchemaRegistry) {
         check_tls(p, "schema_registry.tls", tls);
     }
     if let Some(auth) = &registry.basic_auth {
-        if auth.username.is_empty() && auth.username_file.is_none() {
-            p.add(
-                "schema_registry.basic_auth.username",
-                "must not be empty (set username or username_file)",
-            );
-        }
-        if auth.password.is_empty() && auth.password_file.is_none() {
-            p.add(
-                "schema_registry.basic_auth.password",
-                "must not be empty (set password or password_file)",
-            );
-        }
+        check_user_password(
+            p,
+            "schema_registry.basic_auth",
+            !auth.username.is_empty() || auth.username_file.is_some(),
+            !auth.password.is_empty() || auth.password_file.is_some(),
+        );
+    }
+}
+
+/// A username and a password, each set inline or by a file.
+fn check_user_password(p: &mut Problems, at: &str, username: bool, password: bool) {
+    if !username {
+        p.add(
+            format!("{at}.username"),
+            "must not be empty (set username or username_file)",
+        );
+    }
+    if !password {
+        p.add(
+            format!("{at}.password"),
+            "must not be empty (set password or password_file)",
+        );
     }
 }
 

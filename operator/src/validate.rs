@@ -347,9 +347,9 @@ mod tests {
         )
     }
 
-    #[test]
-    fn resolved_secrets_land_under_the_group_keys() {
-        let secrets: Secrets = BTreeMap::from([
+    /// Every Secret `SPEC` references, with its keys.
+    fn spec_secrets() -> Secrets {
+        BTreeMap::from([
             (
                 "mqtt-credentials".to_owned(),
                 secret(&[("username", "u"), ("password", "p")]),
@@ -362,8 +362,12 @@ mod tests {
                 "kafka".to_owned(),
                 secret(&[("user", "ku"), ("pass", "kp")]),
             ),
-        ]);
-        let got = resolve_secrets(&conn(SPEC), &secrets).expect("resolves");
+        ])
+    }
+
+    #[test]
+    fn resolved_secrets_land_under_the_group_keys() {
+        let got = resolve_secrets(&conn(SPEC), &spec_secrets()).expect("resolves");
         let keys: Vec<&str> = got.keys().map(String::as_str).collect();
         assert_eq!(
             keys,
@@ -434,21 +438,8 @@ mod tests {
             names.contains("registry") && names.contains("registry-ca"),
             "{names:?}"
         );
-        let mut secrets: Secrets = BTreeMap::from([
-            (
-                "mqtt-credentials".to_owned(),
-                secret(&[("username", "u"), ("password", "p")]),
-            ),
-            (
-                "mqtt-client".to_owned(),
-                secret(&[("tls.crt", "CERT"), ("tls.key", "KEY")]),
-            ),
-            (
-                "kafka".to_owned(),
-                secret(&[("user", "ku"), ("pass", "kp")]),
-            ),
-            ("registry-ca".to_owned(), secret(&[("ca.crt", "CA")])),
-        ]);
+        let mut secrets = spec_secrets();
+        secrets.insert("registry-ca".to_owned(), secret(&[("ca.crt", "CA")]));
         let missing = resolve_secrets(&c, &secrets).expect_err("missing");
         let text: Vec<String> = missing.iter().map(ToString::to_string).collect();
         assert_eq!(

@@ -714,15 +714,13 @@ fn the_kubernetes_examples_apply_and_render_as_documented() {
     }
     assert!(!config.contains("change-me"), "no password in the config");
     // The CEL examples, in a group of their own, rendered into its forwarder config.
-    let json_group = jsonpath(
-        &cp,
-        "ferry",
-        "configmap",
-        "plant-json",
-        "{.data.config\\.yaml}",
-    );
-    let rendered: ferry_api::ForwarderConfig =
-        serde_saphyr::from_str(&json_group).expect("the json group's config parses");
+    let group_config = |group: &str| -> (String, ferry_api::ForwarderConfig) {
+        let text = jsonpath(&cp, "ferry", "configmap", group, "{.data.config\\.yaml}");
+        let parsed = serde_saphyr::from_str(&text)
+            .unwrap_or_else(|e| panic!("the config of {group} parses: {e}\n{text}"));
+        (text, parsed)
+    };
+    let (json_group, rendered) = group_config("plant-json");
     let rule = |name: &str| {
         rendered
             .rules
@@ -745,15 +743,7 @@ fn the_kubernetes_examples_apply_and_render_as_documented() {
         ferry_api::PayloadFormat::Transform(_)
     ));
     // The Avro example, in a group of its own, encodes through the connection's registry.
-    let avro_group = jsonpath(
-        &cp,
-        "ferry",
-        "configmap",
-        "plant-avro",
-        "{.data.config\\.yaml}",
-    );
-    let rendered: ferry_api::ForwarderConfig =
-        serde_saphyr::from_str(&avro_group).expect("the avro group's config parses");
+    let (_, rendered) = group_config("plant-avro");
     let value = rendered.rules.iter().find_map(|r| r.kafka.value.clone());
     assert_eq!(
         value.map(|v| (v.format, v.subject)),
