@@ -77,6 +77,10 @@ pub struct BrokerConnectionSpec {
 /// Registry (`.../apis/ccompat/v7`), Karapace, Redpanda.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(
+    validation = Rule::new("!has(self.tls) || self.url.startsWith('https://')").message("schemaRegistry.tls needs an https:// url"),
+    validation = Rule::new("!has(self.credentialsSecretRef) || self.url.startsWith('https://')").message("schemaRegistry.credentialsSecretRef sends the password in clear text over http://: use an https:// url")
+)]
 pub struct SchemaRegistryEndpoint {
     /// Base URL: `https://registry.kafka:8081`, or Apicurio's
     /// `https://apicurio.kafka:8080/apis/ccompat/v7`. Credentials go in credentialsSecretRef,
@@ -649,7 +653,7 @@ pub struct ValueFormat {
     pub record_name: Option<String>,
     /// A version of the subject; unset: its latest, looked up again every 5 minutes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[x_kube(validation = Rule::new("self >= 1").message("value.version starts at 1"))]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 4294967295").message("value.version must be between 1 and 4294967295"))]
     pub version: Option<i64>,
     /// Protobuf: the fully-qualified message to encode; unset: the schema's first message.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -327,10 +327,13 @@ fn check_dead_letter(p: &mut Problems, at: &str, dl: &DeadLetter) {
 /// The rules' parsed topics come back only when every rule's topics parsed.
 fn check_schema_registry(p: &mut Problems, registry: &SchemaRegistry) {
     if let Some(problem) = registry_url_problem(&registry.url) {
-        p.add(
-            "schema_registry.url",
-            format!("{:?} {problem}", registry.url),
-        );
+        // A URL with credentials is not echoed: they would reach logs and status.
+        let shown = if registry.url.contains('@') {
+            "the url".to_owned()
+        } else {
+            format!("{:?}", registry.url)
+        };
+        p.add("schema_registry.url", format!("{shown} {problem}"));
     }
     if let Some(tls) = &registry.tls {
         if registry.url.starts_with("http://") {
@@ -342,6 +345,12 @@ fn check_schema_registry(p: &mut Problems, registry: &SchemaRegistry) {
         check_tls(p, "schema_registry.tls", tls);
     }
     if let Some(auth) = &registry.basic_auth {
+        if registry.url.starts_with("http://") {
+            p.add(
+                "schema_registry.basic_auth",
+                "sends the password in clear text over http://: use an https:// url",
+            );
+        }
         check_user_password(
             p,
             "schema_registry.basic_auth",
@@ -811,8 +820,14 @@ rules:
             found(&format!("{tls_over_http}{}", encoded(good, ""))),
             [
                 "schema_registry.tls: is set but the url is http://: use https:// for TLS",
+                "schema_registry.basic_auth: sends the password in clear text over http://: use an https:// url",
                 "schema_registry.basic_auth.password: must not be empty (set password or password_file)",
             ]
+        );
+        let in_url = "schema_registry: { url: \"https://u:s3cret@r\" }\n";
+        assert_eq!(
+            found(&format!("{in_url}{}", encoded(good, ""))),
+            ["schema_registry.url: the url must not carry credentials: set basic_auth"]
         );
     }
 }

@@ -755,9 +755,25 @@ impl Pipeline {
         let Some((t, matched, _)) = self.rules_of(target) else {
             return;
         };
-        let message = format!("kafka topic {topic}: {error}");
+        // The registry's answer says what waits; it is not Kafka's error.
+        let message = match reason {
+            BlockReason::Schema => error.to_owned(),
+            _ => format!("kafka topic {topic}: {error}"),
+        };
         for rule in t.matched(&matched) {
             rule.on_retry(reason.as_str(), message.clone());
+        }
+        if reason == BlockReason::Schema {
+            // The lookup task logs the registry's failures; here only that records wait.
+            if news && failures == 1 {
+                warn!(
+                    rule = %t.matched_names(&matched),
+                    kafka_topic = topic,
+                    error,
+                    "no schema to encode with yet; holding this rule's records"
+                );
+            }
+            return;
         }
         // Once when a topic starts failing, then every 10th failed attempt: a full window
         // failing at once must not log a thousand lines.

@@ -75,9 +75,10 @@ impl<'m> Source<'m> {
         let Some(slot) = &self.target.value else {
             return Ok(record);
         };
-        let ready = slot
-            .ready()
-            .map_err(|NotYet(why)| Unencoded::Waiting(why))?;
+        let ready = slot.ready().map_err(|not| match not {
+            NotYet::Waiting(why) => Unencoded::Waiting(why),
+            NotYet::Retired(why) => Unencoded::Mismatch(why),
+        })?;
         let mut out = Vec::with_capacity(record.value.len() + 16);
         ready.encoder.encode(&record.value, &mut out).map_err(|e| {
             Unencoded::Mismatch(format!(

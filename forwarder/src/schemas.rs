@@ -60,8 +60,12 @@ fn client_of(config: Option<&SchemaRegistry>) -> Result<Arc<RegistryClient>, Str
 
 #[derive(Debug, Clone)]
 enum State {
-    Pending { why: Option<String> },
+    Pending {
+        why: Option<String>,
+    },
     Ready(Arc<Ready>),
+    /// A reload left no rule encoding with it.
+    Retired,
 }
 
 /// A schema found and compiled.
@@ -73,9 +77,14 @@ pub struct Ready {
     pub id: u32,
 }
 
-/// Why a record cannot be encoded yet: the schema is not there, and why.
+/// Why a record cannot be encoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NotYet(pub String);
+pub enum NotYet {
+    /// The schema is not there yet, and why: the record waits.
+    Waiting(String),
+    /// No rule encodes with it any more: the record never will be.
+    Retired(String),
+}
 
 impl SchemaSlot {
     pub fn new(spec: ValueEncoding) -> Arc<Self> {
@@ -98,12 +107,16 @@ impl SchemaSlot {
         }
         match &*read(&self.state) {
             State::Ready(r) => Ok(Arc::clone(r)),
-            State::Pending { why } => Err(NotYet(why.clone().unwrap_or_else(|| {
+            State::Pending { why } => Err(NotYet::Waiting(why.clone().unwrap_or_else(|| {
                 format!(
                     "looking up the schema of subject {:?} in the schema registry",
                     self.spec.subject
                 )
             }))),
+            State::Retired => Err(NotYet::Retired(format!(
+                "its rule no longer encodes with subject {:?}, whose schema it waited for",
+                self.spec.subject
+            ))),
         }
     }
 
@@ -115,7 +128,7 @@ impl SchemaSlot {
         }
         let found = match &*read(&other.state) {
             State::Ready(r) => Arc::clone(r),
-            State::Pending { .. } => return,
+            State::Pending { .. } | State::Retired => return,
         };
         let mut state = write(&self.state);
         if matches!(*state, State::Pending { .. }) {
@@ -125,8 +138,12 @@ impl SchemaSlot {
     }
 
     fn set_ready(&self, found: Arc<Ready>) {
+        let mut state = write(&self.state);
+        if matches!(*state, State::Retired) {
+            return;
+        }
         self.tell_rules(&found);
-        *write(&self.state) = State::Ready(found);
+        *state = State::Ready(found);
     }
 
     /// A failed lookup: records wait only while nothing was found before.
@@ -135,6 +152,13 @@ impl SchemaSlot {
         if let State::Pending { why: w } = &mut *state {
             *w = Some(why);
         }
+    }
+
+    fn shares_a_rule_with(&self, other: &SchemaSlot) -> bool {
+        let theirs = read(&other.rules);
+        read(&self.rules)
+            .iter()
+            .any(|r| theirs.iter().any(|t| t.name == r.name))
     }
 
     fn tell_rules(&self, found: &Ready) {
@@ -156,11 +180,21 @@ pub fn resolve(
     previous: &[Arc<SchemaSlot>],
     registry: &Arc<RegistryCell>,
 ) {
-    for slot in slots {
-        if let Some(old) = previous.iter().find(|p| p.spec == slot.spec) {
+    for old in previous {
+        let same = slots.iter().find(|s| s.spec == old.spec);
+        if let Some(slot) = same {
             slot.adopt(old);
-            *write(&old.successor) = Some(Arc::clone(slot));
         }
+        // Otherwise its rules' encoding changed (a fixed subject, another version): their
+        // waiting records take the new one. A slot none of whose rules encodes any more is
+        // retired: its waiting records fail as their rule now says (dead letter, hold, drop).
+        let next = same.or_else(|| slots.iter().find(|s| s.shares_a_rule_with(old)));
+        match next {
+            Some(slot) => *write(&old.successor) = Some(Arc::clone(slot)),
+            None => *write(&old.state) = State::Retired,
+        }
+    }
+    for slot in slots {
         tokio::spawn(look_up(Arc::downgrade(slot), Arc::clone(registry)));
     }
 }
@@ -172,7 +206,7 @@ async fn look_up(slot: Weak<SchemaSlot>, registry: Arc<RegistryCell>) {
     loop {
         let Some(spec) = slot
             .upgrade()
-            .filter(|s| read(&s.successor).is_none())
+            .filter(|s| read(&s.successor).is_none() && !matches!(*read(&s.state), State::Retired))
             .map(|s| s.spec.clone())
         else {
             return;
@@ -294,12 +328,15 @@ mod tests {
     #[test]
     fn a_slot_waits_saying_why_until_found_and_keeps_what_it_found() {
         let slot = SchemaSlot::new(spec(SchemaFormat::Avro));
-        let waiting = slot.ready().err().map(|NotYet(why)| why);
+        let waiting = slot.ready().err().and_then(|n| match n {
+            NotYet::Waiting(why) => Some(why),
+            NotYet::Retired(_) => None,
+        });
         assert!(waiting.is_some_and(|w| w.contains("t-value")));
         slot.set_failed("schema registry http://r unreachable: refused".into());
         assert_eq!(
             slot.ready().err(),
-            Some(NotYet(
+            Some(NotYet::Waiting(
                 "schema registry http://r unreachable: refused".into()
             ))
         );
@@ -317,34 +354,70 @@ mod tests {
         assert!(other.ready().is_err());
     }
 
+    /// Polls `cond` (a spawned lookup must have run) for at most a second.
+    async fn eventually(cond: impl Fn() -> bool) -> bool {
+        for _ in 0..100 {
+            if cond() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+
+    fn slot_of(spec: ValueEncoding, rule: &Arc<RuleStats>) -> Arc<SchemaSlot> {
+        let slot = SchemaSlot::new(spec);
+        slot.add_rule(Arc::clone(rule));
+        slot
+    }
+
     #[tokio::test]
-    async fn records_routed_before_a_reload_follow_the_new_configs_slot() {
+    async fn records_routed_before_a_reload_follow_their_rules_new_slot_or_fail() {
         let registry = RegistryCell::new(None);
-        let old = SchemaSlot::new(spec(SchemaFormat::Avro));
-        resolve(std::slice::from_ref(&old), &[], &registry);
-        let new = SchemaSlot::new(spec(SchemaFormat::Avro));
+        let metrics = crate::metrics::Metrics::new();
+        let rules = metrics.set_rules(&["a".to_owned(), "b".to_owned()]);
+        let (a, b) = (&rules[0], &rules[1]);
+        let old_a = slot_of(spec(SchemaFormat::Avro), a);
+        let old_b = slot_of(spec(SchemaFormat::JsonSchema), b);
+        resolve(&[Arc::clone(&old_a), Arc::clone(&old_b)], &[], &registry);
+        // Rule a's subject fixed by a reload; rule b no longer encodes.
+        let fixed = ValueEncoding {
+            subject: "fixed-value".into(),
+            ..spec(SchemaFormat::Avro)
+        };
+        let new_a = slot_of(fixed, a);
         resolve(
-            std::slice::from_ref(&new),
-            std::slice::from_ref(&old),
+            std::slice::from_ref(&new_a),
+            &[Arc::clone(&old_a), Arc::clone(&old_b)],
             &registry,
         );
-        assert!(old.ready().is_err());
-        let found = compile(fetched(SchemaFormat::Avro, 9, READING), &new.spec);
-        new.set_ready(Arc::new(found.unwrap_or_else(|e| panic!("{e}"))));
+        let found = compile(fetched(SchemaFormat::Avro, 9, READING), &new_a.spec);
+        new_a.set_ready(Arc::new(found.unwrap_or_else(|e| panic!("{e}"))));
         assert_eq!(
-            old.ready().map(|r| r.id).ok(),
+            old_a.ready().map(|r| r.id).ok(),
             Some(9),
-            "the old slot follows"
+            "a's waiting records follow"
         );
+        assert!(
+            matches!(old_b.ready(), Err(NotYet::Retired(why)) if why.contains("no longer encodes")),
+            "b's waiting records fail as b now says"
+        );
+        // The same encoding after a reload takes over what was found at once.
+        let same = slot_of(new_a.spec.clone(), a);
+        resolve(
+            std::slice::from_ref(&same),
+            std::slice::from_ref(&new_a),
+            &registry,
+        );
+        assert_eq!(same.ready().map(|r| r.id).ok(), Some(9));
         // Without a registry, lookups say why rather than wait silently.
-        tokio::time::sleep(Duration::from_millis(50)).await;
         let waiting = SchemaSlot::new(spec(SchemaFormat::JsonSchema));
         resolve(std::slice::from_ref(&waiting), &[], &registry);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert_eq!(
-            waiting.ready().err(),
-            Some(NotYet("no schema_registry is configured".into()))
-        );
+        let says = || {
+            waiting.ready().err()
+                == Some(NotYet::Waiting("no schema_registry is configured".into()))
+        };
+        assert!(eventually(says).await, "{:?}", waiting.ready());
     }
 
     #[test]

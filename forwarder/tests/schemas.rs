@@ -9,6 +9,7 @@ mod common;
 
 use std::time::Duration;
 
+use base64::Engine as _;
 use common::{Brokers, Forwarder, wait_until};
 use ferry_e2e::schema_registry::{SchemaRegistry, SchemaRegistryOptions, SchemaType};
 use ferry_e2e::{KeyType, Pki, Record};
@@ -141,6 +142,15 @@ fn each_format_decodes_with_confluents_own_deserializers_and_a_misfit_is_dead_le
     let json_schema = registry
         .register("readings.json-value", SchemaType::Json, JSON_SCHEMA)
         .expect("register json");
+    // A later version the rule does not pin: it must not be used.
+    let json_v2 = registry
+        .register(
+            "readings.json-value",
+            SchemaType::Json,
+            &JSON_SCHEMA.replace("\"required\"", "\"title\":\"v2\",\"required\""),
+        )
+        .expect("register json v2");
+    assert_ne!(json_v2, json_schema);
     let dir = tempfile::tempdir().expect("tempdir");
     let password = dir.path().join("registry-password");
     std::fs::write(&password, "s3cret: #pass").expect("password file");
@@ -275,9 +285,11 @@ fn each_format_decodes_with_confluents_own_deserializers_and_a_misfit_is_dead_le
         assert_eq!(rule.forwarded, MESSAGES as u64, "{name}");
         assert_eq!(rule.dead_lettered, 1, "{name}");
     }
+    let token = base64::engine::general_purpose::STANDARD.encode("ferry:s3cret: #pass");
+    let log = fwd.log();
     assert!(
-        !fwd.log().contains("s3cret"),
-        "the registry password is never logged"
+        !log.contains("s3cret") && !log.contains(&token),
+        "the registry password is never logged, plain or as a basic-auth token"
     );
 }
 
@@ -288,7 +300,12 @@ fn records_wait_while_the_registry_is_unreachable_refuses_or_lacks_their_schema_
         &brokers,
         &["readings.late", "readings.plain", "readings.dlq"],
     );
-    let registry = SchemaRegistry::start_with_basic_auth("ferry", "right-pass").expect("registry");
+    let pki = Pki::generate(KeyType::Ecdsa).expect("pki");
+    let registry = SchemaRegistry::start_with(SchemaRegistryOptions {
+        tls: Some(&pki),
+        basic_auth: Some(("ferry".into(), "right-pass".into())),
+    })
+    .expect("start the schema registry");
     let dir = tempfile::tempdir().expect("tempdir");
     let password = dir.path().join("registry-password");
     std::fs::write(&password, "wrong-pass").expect("password file");
@@ -314,7 +331,7 @@ fn records_wait_while_the_registry_is_unreachable_refuses_or_lacks_their_schema_
     let closed = ferry_e2e::free_port().expect("a free port");
     let unreachable = config(&password).replace(
         &registry.url(),
-        &format!("http://127.0.0.1:{closed}/apis/ccompat/v7"),
+        &format!("https://127.0.0.1:{closed}/apis/ccompat/v7"),
     );
     let mut fwd = Forwarder::start_configmap(&unreachable);
     fwd.wait_ready(Duration::from_secs(30));

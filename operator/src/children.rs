@@ -697,7 +697,15 @@ spec:
 
     #[test]
     fn the_schema_registrys_certificate_and_credentials_are_files_the_config_points_at() {
-        let (mut conn, rules) = fixture();
+        let (mut conn, mut rules) = fixture();
+        rules[0].spec.kafka.value = Some(ferry_api::crd::ValueFormat {
+            format: ferry_api::crd::ValueFormatKind::Avro,
+            subject: Some("readings-value".into()),
+            subject_name_strategy: ferry_api::crd::SubjectNameStrategy::TopicName,
+            record_name: None,
+            version: None,
+            message: None,
+        });
         conn.spec.schema_registry = Some(ferry_api::crd::SchemaRegistryEndpoint {
             url: "https://registry.kafka:8081".into(),
             tls: Some(ferry_api::crd::TlsRefs {

@@ -293,12 +293,23 @@ pub fn connection_refused(connection: &BrokerConnection) -> Result<Option<String
         name: "default",
         rules: Vec::new(),
     })?;
-    let mut problems = alone.config.validate();
-    problems.retain(|p| p.path.starts_with("mqtt.") || p.path.starts_with("kafka."));
+    let mut config = alone.config;
+    // Rendered only into groups whose rules encode: judged here for all of them.
+    config.schema_registry = connection
+        .spec
+        .schema_registry
+        .as_ref()
+        .map(crate::render::schema_registry);
+    let mut problems = config.validate();
+    problems.retain(|p| {
+        ["mqtt.", "kafka.", "schema_registry."]
+            .iter()
+            .any(|at| p.path.starts_with(at))
+    });
     if problems.is_empty() {
         // What librdkafka refuses, as the forwarder asks it at start: the same library, so
         // a pod never exits on a setting this let through.
-        problems.extend(ferry_forwarder::kafka::config_problem(&alone.config.kafka));
+        problems.extend(ferry_forwarder::kafka::config_problem(&config.kafka));
     }
     let problems: Vec<String> = problems
         .iter()
@@ -330,6 +341,20 @@ fn spec_field(path: &str) -> String {
         ("mqtt.session_expiry_secs", "spec.mqtt.sessionExpirySeconds"),
         ("mqtt.max_inflight", "spec.mqtt.maxInflight"),
         ("kafka.bootstrap_servers", "spec.kafka.bootstrapServers"),
+        ("schema_registry.url", "spec.schemaRegistry.url"),
+        ("schema_registry.tls", "spec.schemaRegistry.tls"),
+        (
+            "schema_registry.basic_auth",
+            "spec.schemaRegistry.credentialsSecretRef",
+        ),
+        (
+            "schema_registry.basic_auth.username",
+            "spec.schemaRegistry.credentialsSecretRef",
+        ),
+        (
+            "schema_registry.basic_auth.password",
+            "spec.schemaRegistry.credentialsSecretRef",
+        ),
         (
             "kafka.allow_weaker_delivery",
             "spec.kafka.allowWeakerDelivery",
@@ -983,6 +1008,32 @@ mod tests {
         let config = served_config(&plan, "default");
         let value = config.rules.iter().find_map(|r| r.kafka.value.as_ref());
         assert_eq!(value.map(|v| v.subject.as_str()), Some("b-value"));
+        // Only a group whose rules encode gets the registry.
+        let other = rule("other", "plain", "c/+", "c", "2026-01-01T00:00:00Z");
+        let plan = connection_plan(&conn, &[&plain, &encoded, &other]);
+        assert!(served_config(&plan, "default").schema_registry.is_some());
+        assert!(served_config(&plan, "plain").schema_registry.is_none());
+        // What CEL refuses where the CRDs are current, the connection check refuses too.
+        let mut clear = conn.clone();
+        clear.spec.schema_registry = Some(crd::SchemaRegistryEndpoint {
+            url: "http://registry:8081".into(),
+            tls: None,
+            credentials_secret_ref: Some(crd::CredentialsRef {
+                name: "r".into(),
+                username: None,
+                username_key: "username".into(),
+                password_key: "password".into(),
+            }),
+        });
+        let refused = connection_refused(&clear)
+            .expect("renders")
+            .unwrap_or_default();
+        assert!(
+            refused.contains(
+                "spec.schemaRegistry.credentialsSecretRef: sends the password in clear text"
+            ),
+            "{refused}"
+        );
         // A subject the strategy cannot derive (CEL refuses it where the CRDs are current).
         encoded.spec.kafka.topic = Some("b.{1}".into());
         let plan = connection_plan(&conn, &[&plain, &encoded]);

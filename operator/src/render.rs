@@ -159,6 +159,7 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
     let drain_on_shutdown = (replicas == GroupReplicas::Autoscaled).then(|| DrainOnShutdown {
         except: vec![format!("{shared_group}-0")],
     });
+    let encodes = rules.iter().any(|r| r.spec.kafka.value.is_some());
     let config = ForwarderConfig {
         // Shared by two replicas or more, and whenever an autoscaler may add some; one (or
         // none, keeping pod 0's session) subscribes plainly, which Mosquitto restores after a
@@ -182,7 +183,12 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
         },
         drain: Vec::new(),
         drain_on_shutdown,
-        schema_registry: spec.schema_registry.as_ref().map(schema_registry),
+        // Only where a rule encodes: the other groups neither need nor depend on it.
+        schema_registry: spec
+            .schema_registry
+            .as_ref()
+            .filter(|_| encodes)
+            .map(schema_registry),
     };
     let config_yaml = serde_saphyr::to_string(&config).map_err(|e| RenderError::Yaml {
         group: workload.clone(),
@@ -280,7 +286,7 @@ fn kafka_config(k: &crd::KafkaEndpoint) -> KafkaConfig {
     }
 }
 
-fn schema_registry(r: &crd::SchemaRegistryEndpoint) -> SchemaRegistry {
+pub fn schema_registry(r: &crd::SchemaRegistryEndpoint) -> SchemaRegistry {
     SchemaRegistry {
         url: r.url.clone(),
         tls: r.tls.as_ref().map(|t| tls_files(t, REGISTRY_TLS_DIR)),

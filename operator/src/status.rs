@@ -459,8 +459,16 @@ fn forwarding(
             FALSE,
             "Stalled",
             format!(
-                "pod {pod}: records wait on Kafka since {} ({}), holding the window: {}",
-                w.since, w.reason, w.message
+                "pod {pod}: records wait on {} since {} ({}), holding the window: {}",
+                // `schema_unavailable`: the schema registry has not given the rule's schema.
+                if w.reason.starts_with("schema") {
+                    "the schema registry"
+                } else {
+                    "Kafka"
+                },
+                w.since,
+                w.reason,
+                w.message
             ),
         )
     } else if let Some(e) = recent_error.filter(|e| now.duration_since(e.at) < RECENT_ERROR) {

@@ -323,7 +323,7 @@ fn invalid_objects() -> Vec<(&'static str, String, &'static str)> {
                 "headers: { metadata: true, userProperties: true }",
                 "headers: { metadata: true, userProperties: true }\n    value: { format: jsonSchema, subject: s, version: 0 }",
             ),
-            "value.version starts at 1",
+            "value.version must be between 1 and 4294967295",
         ),
         (
             "registry credentials in the URL",
@@ -332,6 +332,22 @@ fn invalid_objects() -> Vec<(&'static str, String, &'static str)> {
                 "  schemaRegistry: { url: \"https://user:pw@registry:8081\" }\n  forwarder:\n",
             ),
             "schemaRegistry.url must be an http:// or https:// URL with a host, without credentials",
+        ),
+        (
+            "registry credentials over plain HTTP",
+            conn(
+                "  forwarder:\n",
+                "  schemaRegistry: { url: \"http://registry:8081\", credentialsSecretRef: { name: r } }\n  forwarder:\n",
+            ),
+            "schemaRegistry.credentialsSecretRef sends the password in clear text over http://",
+        ),
+        (
+            "registry TLS on an http URL",
+            conn(
+                "  forwarder:\n",
+                "  schemaRegistry: { url: \"http://registry:8081\", tls: { useSystemRoots: true } }\n  forwarder:\n",
+            ),
+            "schemaRegistry.tls needs an https:// url",
         ),
         (
             "a registry URL without a scheme",
