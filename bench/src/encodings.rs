@@ -52,13 +52,7 @@ fn drains(bench: &mut Bench, window: u32, rounds: usize) -> Result<[Vec<Encoding
         }
         for i in order {
             let rule = [ExprRule::Plain, ExprRule::Avro][i];
-            let spec = DrainSpec {
-                qos: 1,
-                size: 300,
-                window,
-                replicas: 1,
-                rule: Some(rule),
-            };
+            let spec = DrainSpec::json(rule, window);
             let (drain, arrivals) = bench.drain_judged(spec)?;
             runs[i].push(EncodingDrain {
                 format: if rule == ExprRule::Avro {

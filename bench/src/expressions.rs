@@ -121,13 +121,7 @@ pub fn run(bench: &mut Bench, window: u32, report: &mut Report) -> Result<()> {
     let mut runs: Vec<Vec<ExpressionDrain>> = vec![Vec::new(); ExprRule::ALL.len()];
     for _ in 0..ROUNDS {
         for (i, rule) in ExprRule::ALL.into_iter().enumerate() {
-            let spec = DrainSpec {
-                qos: 1,
-                size: 300,
-                window,
-                replicas: 1,
-                rule: Some(rule),
-            };
+            let spec = DrainSpec::json(rule, window);
             let (drain, arrivals) = bench.drain_judged(spec)?;
             runs[i].push(ExpressionDrain {
                 rule: rule.name().to_owned(),

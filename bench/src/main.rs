@@ -135,6 +135,18 @@ struct DrainSpec {
 }
 
 impl DrainSpec {
+    /// A drain of ~300 B JSON readings through `rule` (QoS 1, 1 replica): the expressions' and
+    /// the encodings' sections.
+    fn json(rule: ExprRule, window: u32) -> Self {
+        DrainSpec {
+            qos: 1,
+            size: 300,
+            window,
+            replicas: 1,
+            rule: Some(rule),
+        }
+    }
+
     fn judge(&self) -> Judge {
         self.rule.map(ExprRule::judge).unwrap_or_default()
     }
