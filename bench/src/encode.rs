@@ -77,9 +77,9 @@ pub fn reading(seq: u64) -> Vec<u8> {
 }
 
 /// One format's cost per message.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct EncodeCost {
-    pub format: &'static str,
+    pub format: String,
     pub payload_bytes: usize,
     pub record_bytes: usize,
     /// Median over [`RUNS`] runs of [`MESSAGES`] messages.
@@ -151,7 +151,7 @@ fn time(
         bail!("no runs");
     };
     Ok(EncodeCost {
-        format,
+        format: format.to_owned(),
         payload_bytes: payloads[0].len(),
         record_bytes,
         ns_per_message: median,

@@ -11,6 +11,7 @@ use ferry_api::expr::{Expression, JsonReads, compile};
 use ferry_forwarder::eval::Scope;
 use ferry_forwarder::mqtt::Message;
 
+use crate::encodings::SUBJECT;
 use crate::load::{self, Judge, Payload};
 use crate::report::{EvaluationCost, ExpressionDrain, Report};
 use crate::{Bench, DrainSpec};
@@ -29,6 +30,9 @@ pub enum ExprRule {
     FilterKey,
     /// Every message reshaped by `payload.transform`.
     Transform,
+    /// No expression; each value encoded as an Avro record through the schema registry
+    /// (`kafka.value`, subject [`crate::encodings::SUBJECT`]): the encodings section, not this one.
+    Avro,
 }
 
 impl ExprRule {
@@ -39,6 +43,7 @@ impl ExprRule {
             ExprRule::Plain => "plain",
             ExprRule::FilterKey => "filter + key",
             ExprRule::Transform => "transform",
+            ExprRule::Avro => "avro",
         }
     }
 
@@ -46,13 +51,14 @@ impl ExprRule {
     pub fn expressions(self) -> String {
         match self {
             ExprRule::Plain => String::new(),
+            ExprRule::Avro => format!("value: {{format: avro, subject: {SUBJECT}}}"),
             ExprRule::FilterKey => format!("filter: {FILTER}; key: {KEY}"),
             ExprRule::Transform => format!("transform: {TRANSFORM}"),
         }
     }
 
-    /// The rule's lines in the forwarder config: its `filter`, its `kafka.key`, its `payload`
-    /// (each empty when unset), at their indentation in [`Bench::forwarder_config`].
+    /// The rule's lines in the forwarder config: its `filter`, its `kafka.key` (or
+    /// `kafka.value`), its `payload` (each empty when unset), at their indentation in [`Bench::forwarder_config`].
     pub fn yaml(self) -> [String; 3] {
         match self {
             ExprRule::Plain => Default::default(),
@@ -66,12 +72,21 @@ impl ExprRule {
                 String::new(),
                 format!("    payload: {{ transform: \"{TRANSFORM}\" }}\n"),
             ],
+            ExprRule::Avro => [
+                String::new(),
+                format!("      value: {{ format: avro, subject: {SUBJECT} }}\n"),
+                String::new(),
+            ],
         }
     }
 
     pub fn judge(self) -> Judge {
         Judge {
-            payload: Payload::Json,
+            payload: if self == ExprRule::Avro {
+                Payload::Avro
+            } else {
+                Payload::Json
+            },
             no_heartbeats: self == ExprRule::FilterKey,
             key_is_device: self == ExprRule::FilterKey,
         }
@@ -81,7 +96,7 @@ impl ExprRule {
     pub fn expected(self, n: u64) -> u64 {
         match self {
             ExprRule::FilterKey => load::readings(n),
-            ExprRule::Plain | ExprRule::Transform => n,
+            ExprRule::Plain | ExprRule::Transform | ExprRule::Avro => n,
         }
     }
 }
@@ -106,13 +121,7 @@ pub fn run(bench: &mut Bench, window: u32, report: &mut Report) -> Result<()> {
     let mut runs: Vec<Vec<ExpressionDrain>> = vec![Vec::new(); ExprRule::ALL.len()];
     for _ in 0..ROUNDS {
         for (i, rule) in ExprRule::ALL.into_iter().enumerate() {
-            let spec = DrainSpec {
-                qos: 1,
-                size: 300,
-                window,
-                replicas: 1,
-                rule: Some(rule),
-            };
+            let spec = DrainSpec::json(rule, window);
             let (drain, arrivals) = bench.drain_judged(spec)?;
             runs[i].push(ExpressionDrain {
                 rule: rule.name().to_owned(),
@@ -172,7 +181,7 @@ fn evaluation_cost(rule: ExprRule, size: usize) -> Result<EvaluationCost> {
     let sources: &[&str] = match rule {
         ExprRule::FilterKey => &[FILTER, KEY],
         ExprRule::Transform => &[TRANSFORM],
-        ExprRule::Plain => bail!("the plain rule evaluates nothing"),
+        ExprRule::Plain | ExprRule::Avro => bail!("the {} rule evaluates nothing", rule.name()),
     };
     let compiled = sources
         .iter()

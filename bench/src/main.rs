@@ -8,6 +8,7 @@
 //! JSON, and PNG plots.
 
 mod encode;
+mod encodings;
 mod expressions;
 mod load;
 mod operator;
@@ -51,7 +52,7 @@ struct Args {
     /// JSON, or a change to the report's layout).
     #[arg(long)]
     render: bool,
-    /// Only these sections (for experiments): drains, expressions, lowrate, windows, replicas,
+    /// Only these sections (for experiments): drains, expressions, encodings, lowrate, windows, replicas,
     /// latency, rules, operator.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -117,6 +118,8 @@ struct Bench {
     /// The window outside the window sweep.
     window: u32,
     broker_unbounded: bool,
+    /// The schema registry's URL while the encodings section runs (its drains' configs name it).
+    registry_url: Option<String>,
 }
 
 /// One drain: `replicas` forwarders, each with a persistent session that the broker filled
@@ -132,6 +135,18 @@ struct DrainSpec {
 }
 
 impl DrainSpec {
+    /// A drain of ~300 B JSON readings through `rule` (QoS 1, 1 replica): the expressions' and
+    /// the encodings' sections.
+    fn json(rule: ExprRule, window: u32) -> Self {
+        DrainSpec {
+            qos: 1,
+            size: 300,
+            window,
+            replicas: 1,
+            rule: Some(rule),
+        }
+    }
+
     fn judge(&self) -> Judge {
         self.rule.map(ExprRule::judge).unwrap_or_default()
     }
@@ -146,6 +161,9 @@ impl DrainSpec {
 struct Measured {
     startup: Duration,
     rate: f64,
+    /// The forwarders' CPU (scheduler time) per message from the first ack of a record Kafka
+    /// confirmed to the last, over the messages acked between, in µs.
+    steady_us_per_message: f64,
     produce_ms: f64,
     ack_ms: f64,
     usage: Vec<Usage>,
@@ -171,6 +189,7 @@ impl Measured {
             replicas: spec.replicas,
             messages: n,
             msgs_per_sec: self.rate,
+            steady_us_per_message: self.steady_us_per_message,
             mb_per_sec: self.rate * spec.size as f64 / 1_000_000.0,
             cpu_seconds: cpu,
             msgs_per_cpu_second: n as f64 / cpu.max(0.001),
@@ -197,8 +216,12 @@ impl Bench {
             String::new()
         };
         let [filter, key, payload] = spec.rule.map(ExprRule::yaml).unwrap_or_default();
+        let registry = match (spec.rule, &self.registry_url) {
+            (Some(ExprRule::Avro), Some(url)) => format!("schema_registry:\n  url: \"{url}\"\n"),
+            _ => String::new(),
+        };
         format!(
-            "mqtt:\n  host: 127.0.0.1\n  port: {port}\n  client_id: bench-{run}-{replica}\n  clean_session: false\n  max_inflight: {window}\n{shared_group}\
+            "{registry}mqtt:\n  host: 127.0.0.1\n  port: {port}\n  client_id: bench-{run}-{replica}\n  clean_session: false\n  max_inflight: {window}\n{shared_group}\
              kafka:\n  bootstrap_servers: \"{bootstrap}\"\n{kafka_config}\
              rules:\n  - name: bench\n    mqtt:\n      topics: [\"b{run}/#\"]\n      qos: {qos}\n{filter}    kafka:\n      topic: bench.{run}\n{key}{payload}\
              log:\n  level: warn\n",
@@ -264,7 +287,8 @@ impl Bench {
         let brokers_before = self.broker_cpu()?;
         let start = Instant::now();
         let mut forwarders = self.start_forwarders(run, configs)?;
-        let (first_at, first_acked) = wait_all_acked(&forwarders, spec, n, start)?;
+        let (first_at, first_acked, first_cpu) = wait_all_acked(&forwarders, spec, n, start)?;
+        let steady_cpu = sched_cpu(&forwarders)? - first_cpu;
         let brokers_after = self.broker_cpu()?;
         let steady = first_at.elapsed().max(Duration::from_millis(1));
         let usage: Vec<Usage> = forwarders
@@ -274,6 +298,7 @@ impl Bench {
         let measured = Measured {
             startup: first_at.duration_since(start),
             rate: (n - first_acked.min(n)) as f64 / steady.as_secs_f64(),
+            steady_us_per_message: steady_cpu * 1e6 / (n - first_acked.min(n)).max(1) as f64,
             produce_ms: mean_ms(&forwarders, "ferry_kafka_produce_latency_seconds"),
             ack_ms: mean_ms(&forwarders, "ferry_message_ack_latency_seconds"),
             usage,
@@ -455,12 +480,12 @@ fn wait_all_acked(
     spec: DrainSpec,
     n: u64,
     start: Instant,
-) -> Result<(Instant, u64)> {
+) -> Result<(Instant, u64, f64)> {
     let deadline = Duration::from_secs(60 + n / 1000);
     // Throughput counts from the first message Kafka confirmed, so process start, connections
     // and Kafka metadata (start-up, reported apart) do not dilute it; not from the first
     // filtered one, which is acked before Kafka is even connected.
-    let mut first: Option<(Instant, u64)> = None;
+    let mut first: Option<(Instant, u64, f64)> = None;
     loop {
         let (mut forwarded, mut acked) = (0, 0);
         for f in forwarders {
@@ -476,7 +501,7 @@ fn wait_all_acked(
             }
         }
         if forwarded > 0 && first.is_none() {
-            first = Some((Instant::now(), acked));
+            first = Some((Instant::now(), acked, sched_cpu(forwarders)?));
         }
         if acked >= n {
             break;
@@ -488,7 +513,15 @@ fn wait_all_acked(
         // a drain of a second, rarely enough to cost it little.
         std::thread::sleep(Duration::from_millis(10));
     }
-    Ok(first.unwrap_or((start, 0)))
+    Ok(first.unwrap_or((start, 0, 0.0)))
+}
+
+/// The forwarders' CPU seconds so far, from the scheduler (ns precision).
+fn sched_cpu(forwarders: &[Forwarder]) -> Result<f64> {
+    forwarders
+        .iter()
+        .map(|f| Ok(sched(f.pid())?.cpu_seconds))
+        .sum()
 }
 
 /// The mean of a forwarder histogram over all `forwarders`, in milliseconds.
@@ -532,9 +565,10 @@ fn main() -> Result<()> {
             );
         }
     }
-    const SECTIONS: [&str; 8] = [
+    const SECTIONS: [&str; 9] = [
         "drains",
         "expressions",
+        "encodings",
         "lowrate",
         "windows",
         "replicas",
@@ -641,6 +675,7 @@ fn forwarder_sections(args: &Args, forwarder_bin: PathBuf, report: &mut Report) 
         broker_inflight: args.window,
         window: args.window,
         broker_unbounded: args.broker_unbounded,
+        registry_url: None,
     };
     let wanted = |section: &str| args.only.is_empty() || args.only.iter().any(|o| o == section);
     warm_up(&mut bench, args.window)?;
@@ -650,6 +685,9 @@ fn forwarder_sections(args: &Args, forwarder_bin: PathBuf, report: &mut Report) 
     }
     if wanted("expressions") {
         expressions::run(&mut bench, window, report)?;
+    }
+    if wanted("encodings") {
+        report.encodings = Some(encodings::run(&mut bench, window, args.quick)?);
     }
     if wanted("lowrate") {
         println!("\n== Low rates: QoS 1, 300 B, 1 replica, window {window}");
@@ -786,6 +824,7 @@ fn merge(out: &Path, ran: Report, only: &[String]) -> Result<Report> {
                 merged.expressions = ran.expressions.clone();
                 merged.evaluation = ran.evaluation.clone();
             }
+            "encodings" => merged.encodings = ran.encodings.clone(),
             "lowrate" => merged.low_rates = ran.low_rates.clone(),
             "windows" => merged.windows = ran.windows.clone(),
             "replicas" => merged.replicas = ran.replicas.clone(),

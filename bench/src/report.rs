@@ -22,6 +22,11 @@ pub struct Drain {
     pub mb_per_sec: f64,
     pub cpu_seconds: f64,
     pub msgs_per_cpu_second: f64,
+    /// The forwarders' CPU per message in µs from the first ack of a record Kafka confirmed to
+    /// the last (start-up apart), from the scheduler (ns precision). `serde(default)`: results
+    /// written before it was measured.
+    #[serde(default)]
+    pub steady_us_per_message: f64,
     /// CPU of Mosquitto and of the Kafka broker over the same span as the forwarders' (their
     /// start until the last ack). `serde(default)`: results written before they were measured.
     #[serde(default)]
@@ -108,6 +113,240 @@ pub struct ExpressionDrain {
     /// Each round's rate, in the order run (drains of one second are noisy on shared cores).
     #[serde(default)]
     pub rounds_msgs_per_sec: Vec<f64>,
+}
+
+/// One drain of the encodings section: JSON readings forwarded as they are, or encoded.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EncodingDrain {
+    /// `plain` or `avro`.
+    pub format: String,
+    /// The rule's `kafka.value` as written in the results (empty: plain).
+    pub value: String,
+    /// Records that had to reach Kafka, and records read back (duplicates included).
+    pub expected: u64,
+    pub records: u64,
+    /// Records whose device (decoded from the Avro record by the bench's own decoder, or read
+    /// from the JSON) is not the one sent with their sequence number: must be 0.
+    pub mismatched: u64,
+    /// The round it ran in (from 0).
+    pub round: usize,
+    pub drain: Drain,
+}
+
+/// The encodings section: a plain and an Avro drain of the same readings, in paired rounds,
+/// and the encoders alone.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EncodingFigures {
+    pub subject: String,
+    pub schema_id: u32,
+    /// Every round's drain, in round order.
+    pub plain: Vec<EncodingDrain>,
+    pub avro: Vec<EncodingDrain>,
+    /// Medians over the rounds: forwarder CPU µs per message ([`Drain::steady_us_per_message`])
+    /// and msg/s.
+    pub plain_us_per_message: f64,
+    pub avro_us_per_message: f64,
+    pub plain_msgs_per_sec: f64,
+    pub avro_msgs_per_sec: f64,
+    /// The median over the rounds of (Avro − plain) forwarder CPU µs per message, each round's
+    /// pair run back to back.
+    pub extra_us_per_message: f64,
+    /// `ferry-bench --encode-cost`: each encoder alone on a ~300 B reading, in this process.
+    pub encode_cost: Vec<crate::encode::EncodeCost>,
+}
+
+/// The median of `values` (the mean of the middle two for an even count; NaN for none).
+pub fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+impl EncodingFigures {
+    pub fn new(
+        subject: String,
+        schema_id: u32,
+        plain: Vec<EncodingDrain>,
+        avro: Vec<EncodingDrain>,
+        encode_cost: Vec<crate::encode::EncodeCost>,
+    ) -> Self {
+        let us = |d: &EncodingDrain| d.drain.steady_us_per_message;
+        let of = |runs: &[EncodingDrain], f: &dyn Fn(&EncodingDrain) -> f64| {
+            median(runs.iter().map(f).collect())
+        };
+        let extra = median(
+            plain
+                .iter()
+                .zip(&avro)
+                .map(|(p, a)| us(a) - us(p))
+                .collect(),
+        );
+        Self {
+            plain_us_per_message: of(&plain, &us),
+            avro_us_per_message: of(&avro, &us),
+            plain_msgs_per_sec: of(&plain, &|d| d.drain.msgs_per_sec),
+            avro_msgs_per_sec: of(&avro, &|d| d.drain.msgs_per_sec),
+            extra_us_per_message: extra,
+            subject,
+            schema_id,
+            plain,
+            avro,
+            encode_cost,
+        }
+    }
+
+    /// Every drain of the section.
+    pub fn drains(&self) -> impl Iterator<Item = &EncodingDrain> + Clone {
+        self.plain.iter().chain(&self.avro)
+    }
+
+    pub fn line(&self) -> String {
+        format!(
+            "encodings, medians of {} paired rounds: plain {:.2} µs/msg {:.0} msg/s, avro {:.2} µs/msg {:.0} msg/s; avro − plain {:+.2} µs/msg",
+            self.plain.len(),
+            self.plain_us_per_message,
+            self.plain_msgs_per_sec,
+            self.avro_us_per_message,
+            self.avro_msgs_per_sec,
+            self.extra_us_per_message
+        )
+    }
+
+    /// The encoder alone: `format`'s ns per message, if measured.
+    fn alone_ns(&self, format: &str) -> Option<f64> {
+        self.encode_cost
+            .iter()
+            .find(|c| c.format == format)
+            .map(|c| c.ns_per_message)
+    }
+
+    pub fn target_rows(&self, s: &mut String) {
+        let alone = match (self.alone_ns("avro"), self.alone_ns("plain (copied)")) {
+            (Some(avro), Some(plain)) => {
+                format!("; the encoder alone {:+.2} µs", (avro - plain) / 1000.0)
+            }
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            s,
+            "| Avro encoding of a ~300 B reading costs ≤ 1 µs more forwarder CPU per message than the plain path (drain, QoS 1) | {:+.2} µs ({:.2} vs {:.2} µs/msg, medians of {} paired rounds{alone}) | {} |",
+            self.extra_us_per_message,
+            self.avro_us_per_message,
+            self.plain_us_per_message,
+            self.plain.len(),
+            verdict(self.extra_us_per_message <= 1.0)
+        );
+        let (mismatched, records) = self
+            .avro
+            .iter()
+            .fold((0, 0), |(m, r), d| (m + d.mismatched, r + d.records));
+        let _ = writeln!(
+            s,
+            "| avro: every record in Kafka is the registered schema's encoding of its reading (decoded by the bench) | {mismatched} mismatched of {records} records | {} |",
+            verdict(mismatched == 0 && records > 0)
+        );
+    }
+
+    pub fn section(&self, s: &mut String) {
+        let Some(first) = self.plain.first() else {
+            return;
+        };
+        let d = &first.drain;
+        let _ = writeln!(
+            s,
+            "\n### Encodings (QoS 1, ~300 B JSON, window {})\n\n\
+             The expressions section's JSON readings (`seq`, `sent`, `device`, `type`, `temp`, base64 `filler`), \
+             drained through a plain rule and through one with `kafka.value: {{format: avro, subject: {}}}` \
+             against a real registry (Apicurio, started by the bench; schema id {}, the readings' six fields), \
+             in {} rounds of one drain each, back to back, the order alternating by round. \
+             Forwarder µs/msg: its scheduler CPU time (ns precision) from the first record Kafka confirmed to the last ack, \
+             over the messages acked between (start-up and the registry lookup apart; the whole process, in 10 ms ticks, beside it); \
+             each figure is the median over the rounds, and avro − plain the median of each round's difference. \
+             Every Avro record read back was decoded by the bench's own decoder and checked against its reading.\n\n\
+             | value | msg/s | × plain | forwarder µs/msg | whole process µs/msg | Mosquitto µs/msg | Kafka µs/msg | peak RSS MiB | lost | dup | out of order |\n|---|---|---|---|---|---|---|---|---|---|---|",
+            d.window,
+            self.subject,
+            self.schema_id,
+            self.plain.len(),
+        );
+        for (name, runs, rate, us) in [
+            (
+                "plain",
+                &self.plain,
+                self.plain_msgs_per_sec,
+                self.plain_us_per_message,
+            ),
+            (
+                "avro",
+                &self.avro,
+                self.avro_msgs_per_sec,
+                self.avro_us_per_message,
+            ),
+        ] {
+            let sum = |f: fn(&EncodingDrain) -> u64| runs.iter().map(f).sum::<u64>();
+            let whole = |i: usize| {
+                median(
+                    runs.iter()
+                        .map(|d| {
+                            let (f, m, k) = d.drain.cpu_us_per_message();
+                            [f, m, k][i]
+                        })
+                        .collect(),
+                )
+            };
+            let _ = writeln!(
+                s,
+                "| {name} | {rate:.0} | {:.2} | {us:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {} | {} | {} |",
+                rate / self.plain_msgs_per_sec.max(1e-9),
+                whole(0),
+                whole(1),
+                whole(2),
+                runs.iter()
+                    .map(|d| d.drain.peak_rss_mib)
+                    .fold(0.0, f64::max),
+                sum(|d| d.drain.lost),
+                sum(|d| d.drain.duplicates),
+                sum(|d| d.drain.out_of_order)
+            );
+        }
+        let rounds = |runs: &[EncodingDrain]| {
+            runs.iter()
+                .map(|d| format!("{:.2}", d.drain.steady_us_per_message))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let _ = writeln!(
+            s,
+            "\nAvro − plain: **{:+.2} µs** of forwarder CPU per message (median of the rounds' differences). \
+             Rounds, forwarder µs/msg: plain {}; avro {}.",
+            self.extra_us_per_message,
+            rounds(&self.plain),
+            rounds(&self.avro)
+        );
+        if self.encode_cost.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            s,
+            "\nThe encoders alone (`ferry-bench --encode-cost`), in the bench's process, on a ~{} B sensor reading \
+             of 13 fields (nested record, array, union, enum): the median of {} runs of {} messages, a new record buffer per message.\n\n\
+             | encoding | ns/msg | record |\n|---|---|---|",
+            self.encode_cost[0].payload_bytes,
+            crate::encode::RUNS,
+            crate::encode::MESSAGES
+        );
+        for c in &self.encode_cost {
+            let _ = writeln!(
+                s,
+                "| {} | {:.0} | {} B |",
+                c.format, c.ns_per_message, c.record_bytes
+            );
+        }
+    }
 }
 
 /// One forwarder at a fixed low rate (0: idle, subscribed), QoS 1, 300 B.
@@ -487,6 +726,9 @@ pub struct Report {
     pub expressions: Vec<ExpressionDrain>,
     #[serde(default)]
     pub evaluation: Vec<EvaluationCost>,
+    /// The encodings section, if it ran.
+    #[serde(default)]
+    pub encodings: Option<EncodingFigures>,
     #[serde(default)]
     pub low_rates: Vec<LowRate>,
     pub windows: Vec<Drain>,
@@ -527,6 +769,11 @@ impl Report {
             .iter()
             .chain(&self.windows)
             .chain(self.expressions.iter().map(|e| &e.drain))
+            .chain(
+                self.encodings
+                    .iter()
+                    .flat_map(|e| e.drains().map(|d| &d.drain)),
+            )
             .filter(|d| d.replicas == 1)
             .map(|d| d.peak_rss_mib)
             .chain(self.latencies.iter().map(|l| l.peak_rss_mib))
@@ -541,6 +788,9 @@ impl Report {
         self.targets(&mut s);
         self.drain_table(&mut s);
         self.expression_table(&mut s);
+        if let Some(e) = &self.encodings {
+            e.section(&mut s);
+        }
         self.window_table(&mut s);
         self.replica_table(&mut s);
         self.latency_table(&mut s);
@@ -627,6 +877,9 @@ impl Report {
             );
         }
         self.expression_targets(s);
+        if let Some(e) = &self.encodings {
+            e.target_rows(s);
+        }
         if let Some(r) = &self.rules {
             r.target_rows(s);
         }
@@ -713,7 +966,12 @@ impl Report {
             .iter()
             .chain(&self.windows)
             .chain(&self.replicas)
-            .chain(self.expressions.iter().map(|e| &e.drain));
+            .chain(self.expressions.iter().map(|e| &e.drain))
+            .chain(
+                self.encodings
+                    .iter()
+                    .flat_map(|e| e.drains().map(|d| &d.drain)),
+            );
         let lost = drains.clone().map(|d| d.lost).sum::<u64>()
             + self.latencies.iter().map(|l| l.lost).sum::<u64>()
             + self.low_rates.iter().map(|l| l.lost).sum::<u64>();
