@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
 
 use crate::schema_registry::{SchemaRegistry, SchemaRegistryOptions, SchemaType};
-use crate::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions, Placement};
+use crate::{Kafka, KafkaOptions, KeyType, Mosquitto, MosquittoOptions, Pki, Placement};
 
 pub const KUBECTL: &str = "/usr/bin/kubectl";
 /// The images' tag (`e2e/images/build.sh`): the workspace version.
@@ -392,30 +392,31 @@ impl Cluster {
         }
     }
 
-    /// A Secret `name` in `ns` with the keys `username` and `password`, created from files so
-    /// the password's bytes pass through neither YAML nor a shell, and labelled
+    /// A Secret `name` in `ns` with `entries` (key, value), created from files so the values'
+    /// bytes pass through neither YAML nor a shell, and labelled
     /// `ferry.dev/broker-credentials=true` (only Secrets so marked may be used by a
     /// BrokerConnection).
-    pub fn create_credentials_secret(
+    pub fn create_marked_secret(
         &self,
         ns: &str,
         name: &str,
-        (user, password): (&str, &str),
+        entries: &[(&str, &[u8])],
     ) -> Result<()> {
         let dir = tempfile::tempdir()?;
-        let (user_file, password_file) = (dir.path().join("username"), dir.path().join("password"));
-        fs::write(&user_file, user)?;
-        fs::write(&password_file, password)?;
-        self.kubectl(&[
-            "create",
-            "secret",
-            "generic",
-            name,
-            "-n",
-            ns,
-            &format!("--from-file=username={}", user_file.display()),
-            &format!("--from-file=password={}", password_file.display()),
-        ])?;
+        let mut args = vec![
+            "create".to_owned(),
+            "secret".to_owned(),
+            "generic".to_owned(),
+            name.to_owned(),
+            "-n".to_owned(),
+            ns.to_owned(),
+        ];
+        for (key, value) in entries {
+            let file = dir.path().join(key);
+            fs::write(&file, value)?;
+            args.push(format!("--from-file={key}={}", file.display()));
+        }
+        self.kubectl(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
         self.kubectl(&[
             "label",
             "secret",
@@ -425,6 +426,36 @@ impl Cluster {
             "ferry.dev/broker-credentials=true",
         ])?;
         Ok(())
+    }
+
+    /// The Secret of [`plant_connection_yaml`]'s `schemaRegistry`: the basic-auth `login`
+    /// (`username`, `password`) and the CA of the registry's certificate (`ca.crt`).
+    pub fn create_schema_registry_secret(
+        &self,
+        ns: &str,
+        name: &str,
+        registry: &SchemaRegistry,
+        (user, password): (&str, &str),
+    ) -> Result<()> {
+        let ca = registry
+            .ca_cert()
+            .ok_or_else(|| anyhow!("the schema registry serves no TLS: basic auth needs https"))?;
+        let ca = fs::read(ca).with_context(|| format!("read {}", ca.display()))?;
+        self.create_marked_secret(
+            ns,
+            name,
+            &[
+                ("username", user.as_bytes()),
+                ("password", password.as_bytes()),
+                ("ca.crt", &ca),
+            ],
+        )
+    }
+
+    /// A PKI whose server certificate is valid for the node address: for a schema registry
+    /// (or a broker) with TLS next to the cluster.
+    pub fn node_pki(&self) -> Result<Pki> {
+        Pki::generate_for(KeyType::Ecdsa, &[self.node_ip()])
     }
 
     /// `helm ARGS --kubeconfig <this cluster's>` with private helm config, cache and data dirs:
@@ -620,8 +651,9 @@ pub fn cel_example_messages(plant: usize) -> Vec<(String, Vec<u8>)> {
 /// The BrokerConnection `plant` of the demo and the full-path test, in namespace `ns`: MQTT 5
 /// with a persistent session to the Mosquitto at `node:mqtt_port`, Kafka at `node:kafka_port`,
 /// `replicas` forwarder pods, the MQTT login from the Secret `credentials` if given, and the
-/// schema registry at `url` with the basic-auth login from the Secret `secret` if
-/// `schema_registry` is `Some((url, secret))`.
+/// schema registry at the https `url` with the basic-auth login and the CA from the Secret
+/// `secret` ([`Cluster::create_schema_registry_secret`]) if `schema_registry` is
+/// `Some((url, secret))`.
 pub fn plant_connection_yaml(
     ns: &str,
     node: IpAddr,
@@ -636,7 +668,7 @@ pub fn plant_connection_yaml(
     let schema_registry = schema_registry
         .map(|(url, secret)| {
             format!(
-                "  schemaRegistry:\n    url: \"{url}\"\n    credentialsSecretRef: {{ name: {secret} }}\n"
+                "  schemaRegistry:\n    url: \"{url}\"\n    tls: {{ caSecretRef: {{ name: {secret}, key: ca.crt }} }}\n    credentialsSecretRef: {{ name: {secret} }}\n"
             )
         })
         .unwrap_or_default();

@@ -6,7 +6,7 @@
 //!    address, and the release is mirrored into it as a platform team would: the
 //!    `ferry-operator` and `ferry-forwarder` images with `skopeo copy oci-archive:…`, the chart
 //!    with `helm package` and `helm push` (nothing is imported into containerd);
-//! 2. Mosquitto, Kafka and a schema registry (Apicurio, basic auth) run inside the cluster's
+//! 2. Mosquitto, Kafka and a schema registry (Apicurio, HTTPS, basic auth) run inside the cluster's
 //!    namespace on the node address, so pods reach them (and so does this test, through the
 //!    veth);
 //! 3. README.md's install command ([`readme_install`]) against that registry: `helm install` of
@@ -14,8 +14,8 @@
 //!    operator replicas, leader election); the operator pods, and later the forwarder pods, run
 //!    the images pulled from the registry (their image IDs are the digests skopeo pushed);
 //! 4. a `BrokerConnection` (MQTT 5, persistent sessions, 2 forwarder replicas, an MQTT password
-//!    made of YAML's special characters and a newline, from a Secret; the schema registry with
-//!    its basic-auth login from another Secret) and three `ForwardingRule`s are applied; the
+//!    made of YAML's special characters and a newline, from a Secret; the schema registry over
+//!    HTTPS with its CA and basic-auth login from another Secret) and three `ForwardingRule`s are applied; the
 //!    rules become Ready (time measured);
 //! 5. messages published over MQTT arrive in Kafka with the expected topics and keys, none lost;
 //!    `kubectl get fr` shows Ready and the forwarded counts; the Avro rule's records all decode
@@ -96,7 +96,7 @@ const FORWARDER_USER: &str = "ferry";
 const FORWARDER_PASSWORD: &str = "p: a #b 'c\" {d} [e] *f &g !h |i >j %k @l `m ,n ?o -\n${P} ";
 /// The test's own publishers log in as this user.
 const PUBLISHER: (&str, &str) = ("e2e-publisher", "publisher-pw");
-/// The schema registry's login, in the Secret `registry-credentials`: a password of YAML's and
+/// The schema registry's login, in the Secret `registry-credentials` with its CA: a password of YAML's and
 /// the shell's special characters, as the MQTT one (but not what Quarkus's config changes: `${`
 /// and spaces at the ends).
 const REGISTRY_LOGIN: (&str, &str) = ("ferry-registry", "r: a #b 'c\" {d} *f &g !h |i %k @l `m $P");
@@ -575,6 +575,7 @@ fn full_user_path_on_a_real_cluster() -> Result<()> {
     let registry = Registry::start_placed(cluster.placement())?;
     registry.write_containerd_hosts(&cluster.registry_hosts_dir())?;
     // (The brokers are started by this thread: they are tied to it by PR_SET_PDEATHSIG.)
+    let registry_pki = cluster.node_pki()?;
     let options = BrokerOptions {
         mqtt: MosquittoOptions {
             log_connections: true,
@@ -585,8 +586,8 @@ fn full_user_path_on_a_real_cluster() -> Result<()> {
             ..MosquittoOptions::default()
         },
         schema_registry: SchemaRegistryOptions {
+            tls: Some(&registry_pki),
             basic_auth: Some((REGISTRY_LOGIN.0.into(), REGISTRY_LOGIN.1.into())),
-            ..SchemaRegistryOptions::default()
         },
         ..BrokerOptions::default()
     };
@@ -675,7 +676,7 @@ fn run(
     // The platform team's schema for the Avro rule's subject (topic name strategy).
     let schema_id = schema_registry.register(METRICS_SUBJECT, SchemaType::Avro, METRIC_AVRO)?;
     install_operator(c, mirror, t0)?;
-    apply_connection_and_rules(c, mqtt, kafka, &schema_registry.url(), t0)?;
+    apply_connection_and_rules(c, (mqtt, kafka, schema_registry), t0)?;
     pods_run_the_mirrored_image(
         c,
         mirror,
@@ -925,20 +926,29 @@ fn install_operator(c: &Cluster, mirror: &Mirror<'_>, t0: Instant) -> Result<()>
 /// pods.
 fn apply_connection_and_rules(
     c: &Cluster,
-    mqtt: &Mosquitto,
-    kafka: &Kafka,
-    registry_url: &str,
+    (mqtt, kafka, schema_registry): (&Mosquitto, &Kafka, &SchemaRegistry),
     t0: Instant,
 ) -> Result<()> {
     let node = c.node_ip();
     let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
     c.kubectl(&["create", "namespace", NS])?;
-    c.create_credentials_secret(NS, "mqtt-credentials", (FORWARDER_USER, FORWARDER_PASSWORD))?;
-    c.create_credentials_secret(NS, "registry-credentials", REGISTRY_LOGIN)?;
+    c.create_marked_secret(
+        NS,
+        "mqtt-credentials",
+        &[
+            ("username", FORWARDER_USER.as_bytes()),
+            ("password", FORWARDER_PASSWORD.as_bytes()),
+        ],
+    )?;
+    c.create_schema_registry_secret(NS, "registry-credentials", schema_registry, REGISTRY_LOGIN)?;
     let t = Instant::now();
     c.kubectl_in(
         &["apply", "-f", "-"],
-        Some(&connection_yaml(node, (mqtt, kafka), registry_url)),
+        Some(&connection_yaml(
+            node,
+            (mqtt, kafka),
+            &schema_registry.url(),
+        )),
     )?;
     wait_until(Duration::from_secs(150), "the rules Ready", || {
         Ok((c.rule_ready("temps", NS)?

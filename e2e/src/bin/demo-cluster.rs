@@ -172,18 +172,20 @@ fn start_brokers(
     say(&format!(
         "Importing the ferry-operator and ferry-forwarder images into the cluster's containerd, \
          and starting a real Mosquitto, a real Apache Kafka and a real schema registry (Apicurio \
-         Registry, Confluent-compatible API, basic auth) inside `{}` on the node address {} \
+         Registry, Confluent-compatible API, HTTPS with a CA of its own, basic auth) inside `{}` on the node address {} \
          (pods reach them there, and so does this demo)",
         cluster.netns(),
         cluster.node_ip()
     ));
     let t = Instant::now();
+    // The registry's certificate, for the node address; its CA goes into the Secret.
+    let pki = cluster.node_pki()?;
     let brokers = cluster.import_images_and_start_brokers(
         images,
         BrokerOptions {
             schema_registry: SchemaRegistryOptions {
+                tls: Some(&pki),
                 basic_auth: Some((REGISTRY_USER.to_owned(), registry_password.to_owned())),
-                ..SchemaRegistryOptions::default()
             },
             ..BrokerOptions::default()
         },
@@ -397,10 +399,16 @@ fn apply_resources(cluster: &Cluster, brokers: &Brokers, registry_password: &str
     cluster.kubectl(&["create", "namespace", NS])?;
     say(&format!(
         "kubectl create secret generic {REGISTRY_SECRET} -n {NS} --from-file=username \
-         --from-file=password, labelled ferry.dev/broker-credentials=true (the mark a Secret \
-         needs before a BrokerConnection may use it): the schema registry's login"
+         --from-file=password --from-file=ca.crt, labelled ferry.dev/broker-credentials=true \
+         (the mark a Secret needs before a BrokerConnection may use it): the schema registry's \
+         login and the CA of its certificate"
     ));
-    cluster.create_credentials_secret(NS, REGISTRY_SECRET, (REGISTRY_USER, registry_password))?;
+    cluster.create_schema_registry_secret(
+        NS,
+        REGISTRY_SECRET,
+        &brokers.schema_registry,
+        (REGISTRY_USER, registry_password),
+    )?;
     say(&format!(
         "kubectl apply: a BrokerConnection (the brokers and the schema registry above) and three \
          ForwardingRules, in namespace {NS}; the third, metrics, writes Avro records"
@@ -617,8 +625,8 @@ fn explain() {
          inside the JSON; the reading reshaped into readings.2, the heartbeat filtered (acked, not\n    \
          forwarded), and the reading without temp and the payload that is not JSON dead-lettered\n    \
          with the error in their ferry.error header. The metrics rule validated each JSON reading\n    \
-         against the Avro schema registered under metrics-value (its topic's subject), fetched with\n    \
-         the login from the Secret, and wrote it in the Confluent wire format (magic byte, schema\n    \
+         against the Avro schema registered under metrics-value (its topic's subject), fetched over\n    \
+         HTTPS with the login and CA from the Secret, and wrote it in the Confluent wire format (magic byte, schema\n    \
          id, Avro body): what confluent-kafka's deserializer, Kafka Connect or ksqlDB read."
     );
 }
