@@ -626,8 +626,9 @@ fn explain() {
          forwarded), and the reading without temp and the payload that is not JSON dead-lettered\n    \
          with the error in their ferry.error header. The metrics rule validated each JSON reading\n    \
          against the Avro schema registered under metrics-value (its topic's subject), fetched over\n    \
-         HTTPS with the login and CA from the Secret, and wrote it in the Confluent wire format (magic byte, schema\n    \
-         id, Avro body): what confluent-kafka's deserializer, Kafka Connect or ksqlDB read."
+         HTTPS with the login and CA from the Secret, and wrote it in the Confluent wire format\n    \
+         (magic byte, schema id, Avro body): what confluent-kafka's deserializer, Kafka Connect or\n    \
+         ksqlDB read."
     );
 }
 
