@@ -18,7 +18,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
 
-use crate::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions, Placement};
+use crate::schema_registry::{SchemaRegistry, SchemaRegistryOptions, SchemaType};
+use crate::{Kafka, KafkaOptions, KeyType, Mosquitto, MosquittoOptions, Pki, Placement};
 
 pub const KUBECTL: &str = "/usr/bin/kubectl";
 /// The images' tag (`e2e/images/build.sh`): the workspace version.
@@ -234,18 +235,18 @@ impl Cluster {
         self.cluster_script("up.sh", &[], Duration::from_secs(20 * 60))
     }
 
-    /// Imports the images into the cluster's containerd while Mosquitto and Kafka start in the
-    /// cluster's netns on the node address (both at once: it saves half a minute).
+    /// Imports the images into the cluster's containerd while Mosquitto, Kafka and the schema
+    /// registry start in the cluster's netns on the node address (at once: it saves half a
+    /// minute).
     ///
     /// The brokers are started by the calling thread, which they are tied to by
     /// `PR_SET_PDEATHSIG`: call this from the thread that keeps them.
     pub fn import_images_and_start_brokers(
         &self,
         images: &[PathBuf],
-        mqtt_options: MosquittoOptions<'_>,
-        kafka_options: KafkaOptions<'_>,
-    ) -> Result<(Mosquitto, Kafka)> {
-        let (mqtt, kafka, ()) = self.start_brokers_while(mqtt_options, kafka_options, || {
+        options: BrokerOptions<'_>,
+    ) -> Result<Brokers> {
+        let (brokers, ()) = self.start_brokers_while(options, || {
             for image in images {
                 self.cluster_script(
                     "import-image.sh",
@@ -255,30 +256,37 @@ impl Cluster {
             }
             Ok(())
         })?;
-        Ok((mqtt, kafka))
+        Ok(brokers)
     }
 
-    /// Starts Mosquitto and Kafka in the cluster's netns on the node address while `meanwhile`
-    /// runs on another thread (e.g. getting images into place); fails if either fails.
+    /// Starts Mosquitto, Kafka and the schema registry in the cluster's netns on the node
+    /// address while `meanwhile` runs on another thread (e.g. getting images into place); fails
+    /// if either fails.
     ///
     /// The brokers are started by the calling thread, which they are tied to by
     /// `PR_SET_PDEATHSIG`: call this from the thread that keeps them.
     pub fn start_brokers_while<T: Send>(
         &self,
-        mqtt_options: MosquittoOptions<'_>,
-        kafka_options: KafkaOptions<'_>,
+        options: BrokerOptions<'_>,
         meanwhile: impl FnOnce() -> Result<T> + Send,
-    ) -> Result<(Mosquitto, Kafka, T)> {
+    ) -> Result<(Brokers, T)> {
         let placement = self.placement();
-        std::thread::scope(|s| -> Result<(Mosquitto, Kafka, T)> {
+        std::thread::scope(|s| -> Result<(Brokers, T)> {
             let side = s.spawn(meanwhile);
-            let brokers = Mosquitto::start_placed(mqtt_options, placement.clone())
-                .and_then(|m| Ok((m, Kafka::start_placed(kafka_options, placement.clone())?)));
+            let brokers = (|| -> Result<Brokers> {
+                Ok(Brokers {
+                    mqtt: Mosquitto::start_placed(options.mqtt, placement.clone())?,
+                    kafka: Kafka::start_placed(options.kafka, placement.clone())?,
+                    schema_registry: SchemaRegistry::start_placed(
+                        options.schema_registry,
+                        placement.clone(),
+                    )?,
+                })
+            })();
             let value = side
                 .join()
                 .map_err(|_| anyhow!("the work beside the brokers' start panicked"))??;
-            let (mqtt, kafka) = brokers?;
-            Ok((mqtt, kafka, value))
+            Ok((brokers?, value))
         })
     }
 
@@ -365,6 +373,91 @@ impl Cluster {
         )? == "True")
     }
 
+    /// The rule's `.status.schema`: (subject, version, id) of the schema its values are
+    /// encoded with, once a forwarder pod reported one.
+    pub fn rule_schema(&self, rule: &str, ns: &str) -> Result<Option<(String, u64, u64)>> {
+        let text = self.jsonpath("fr", rule, ns, ".status.schema")?;
+        if text.is_empty() {
+            return Ok(None);
+        }
+        let schema: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{rule}'s .status.schema is not JSON: {text}"))?;
+        match (
+            schema["subject"].as_str(),
+            schema["version"].as_u64(),
+            schema["id"].as_u64(),
+        ) {
+            (Some(subject), Some(version), Some(id)) => Ok(Some((subject.to_owned(), version, id))),
+            _ => bail!("{rule}'s .status.schema lacks subject, version or id: {text}"),
+        }
+    }
+
+    /// A Secret `name` in `ns` with `entries` (key, value), created from files so the values'
+    /// bytes pass through neither YAML nor a shell, and labelled
+    /// `ferry.dev/broker-credentials=true` (only Secrets so marked may be used by a
+    /// BrokerConnection).
+    pub fn create_marked_secret(
+        &self,
+        ns: &str,
+        name: &str,
+        entries: &[(&str, &[u8])],
+    ) -> Result<()> {
+        let dir = tempfile::tempdir()?;
+        let mut args = vec![
+            "create".to_owned(),
+            "secret".to_owned(),
+            "generic".to_owned(),
+            name.to_owned(),
+            "-n".to_owned(),
+            ns.to_owned(),
+        ];
+        for (key, value) in entries {
+            let file = dir.path().join(key);
+            fs::write(&file, value)?;
+            args.push(format!("--from-file={key}={}", file.display()));
+        }
+        self.kubectl(&args.iter().map(String::as_str).collect::<Vec<_>>())?;
+        self.kubectl(&[
+            "label",
+            "secret",
+            name,
+            "-n",
+            ns,
+            "ferry.dev/broker-credentials=true",
+        ])?;
+        Ok(())
+    }
+
+    /// The Secret of [`plant_connection_yaml`]'s `schemaRegistry`: the basic-auth `login`
+    /// (`username`, `password`) and the CA of the registry's certificate (`ca.crt`).
+    pub fn create_schema_registry_secret(
+        &self,
+        ns: &str,
+        name: &str,
+        registry: &SchemaRegistry,
+        (user, password): (&str, &str),
+    ) -> Result<()> {
+        let ca = registry
+            .ca_cert()
+            .ok_or_else(|| anyhow!("the schema registry serves no TLS: basic auth needs https"))?;
+        let ca = fs::read(ca).with_context(|| format!("read {}", ca.display()))?;
+        self.create_marked_secret(
+            ns,
+            name,
+            &[
+                ("username", user.as_bytes()),
+                ("password", password.as_bytes()),
+                ("ca.crt", &ca),
+            ],
+        )
+    }
+
+    /// A PKI whose server certificate is valid for the node address: for a schema registry
+    /// (or a broker) with TLS next to the cluster.
+    pub fn node_pki(&self) -> Result<Pki> {
+        Pki::generate_for(KeyType::Ecdsa, &[self.node_ip()])
+    }
+
     /// `helm ARGS --kubeconfig <this cluster's>` with private helm config, cache and data dirs:
     /// its output; fails unless it exits 0.
     /// `helm install ferry charts/ferry` into `namespace` (created), the operator reading the
@@ -443,6 +536,21 @@ impl Cluster {
             "--prefix",
         ]);
     }
+}
+
+/// How to start the services of [`Cluster::start_brokers_while`].
+#[derive(Default)]
+pub struct BrokerOptions<'a> {
+    pub mqtt: MosquittoOptions<'a>,
+    pub kafka: KafkaOptions<'a>,
+    pub schema_registry: SchemaRegistryOptions<'a>,
+}
+
+/// What runs next to the cluster, in its netns on the node address; each stops when dropped.
+pub struct Brokers {
+    pub mqtt: Mosquitto,
+    pub kafka: Kafka,
+    pub schema_registry: SchemaRegistry,
 }
 
 impl Drop for Cluster {
@@ -542,16 +650,27 @@ pub fn cel_example_messages(plant: usize) -> Vec<(String, Vec<u8>)> {
 
 /// The BrokerConnection `plant` of the demo and the full-path test, in namespace `ns`: MQTT 5
 /// with a persistent session to the Mosquitto at `node:mqtt_port`, Kafka at `node:kafka_port`,
-/// `replicas` forwarder pods, and the MQTT login from the Secret `credentials` if given.
+/// `replicas` forwarder pods, the MQTT login from the Secret `credentials` if given, and the
+/// schema registry at the https `url` with the basic-auth login and the CA from the Secret
+/// `secret` ([`Cluster::create_schema_registry_secret`]) if `schema_registry` is
+/// `Some((url, secret))`.
 pub fn plant_connection_yaml(
     ns: &str,
     node: IpAddr,
     (mqtt_port, kafka_port): (u16, u16),
     replicas: u32,
     credentials: Option<&str>,
+    schema_registry: Option<(&str, &str)>,
 ) -> String {
     let credentials = credentials
         .map(|name| format!("\n    credentialsSecretRef: {{ name: {name} }}"))
+        .unwrap_or_default();
+    let schema_registry = schema_registry
+        .map(|(url, secret)| {
+            format!(
+                "  schemaRegistry:\n    url: \"{url}\"\n    tls: {{ caSecretRef: {{ name: {secret}, key: ca.crt }} }}\n    credentialsSecretRef: {{ name: {secret} }}\n"
+            )
+        })
         .unwrap_or_default();
     format!(
         r#"apiVersion: ferry.dev/v1alpha1
@@ -569,8 +688,95 @@ spec:
     bootstrapServers: ["{node}:{kafka_port}"]
   forwarder:
     replicas: {replicas}
+{schema_registry}"#
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// The Avro rule of the demo and the full-path test: `metrics`, plant/+/metrics as Avro records
+// in the Kafka topic `metrics`, the schema of the subject `metrics-value` (topic name strategy).
+
+/// The Kafka topic of the rule `metrics`.
+pub const METRICS_TOPIC: &str = "metrics";
+/// The subject of its records' schema: the topic name strategy's `<topic>-value`.
+pub const METRICS_SUBJECT: &str = "metrics-value";
+/// The Avro schema registered under [`METRICS_SUBJECT`].
+pub const METRIC_AVRO: &str = r#"{"type":"record","name":"Metric","namespace":"plant","fields":[{"name":"device","type":"string"},{"name":"celsius","type":"double"}]}"#;
+
+/// The ForwardingRule `metrics` in namespace `ns` (connection `plant`): JSON readings from
+/// `plant/+/metrics`, encoded as Avro with the latest schema of [`METRICS_SUBJECT`].
+pub fn metrics_rule_yaml(ns: &str) -> String {
+    format!(
+        r#"apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata:
+  name: metrics
+  namespace: {ns}
+spec:
+  connectionRef: {{ name: plant }}
+  mqtt:
+    topics: ["plant/+/metrics"]
+  kafka:
+    topic: {METRICS_TOPIC}
+    value: {{ format: avro }}           # subject metrics-value (TopicName strategy), its latest version
 "#
     )
+}
+
+/// `count` JSON readings from plant `plant` for the rule `metrics`, each from its own device
+/// (`d-<plant>-<n>`), temperatures exact in binary so that they compare equal once decoded.
+pub fn metric_messages(plant: usize, count: usize) -> Vec<(String, Vec<u8>)> {
+    (0..count)
+        .map(|n| {
+            let reading = serde_json::json!({
+                "device": format!("d-{plant}-{n}"),
+                "celsius": 20.0 + n as f64 / 4.0,
+            });
+            (
+                format!("plant/{plant}/metrics"),
+                reading.to_string().into_bytes(),
+            )
+        })
+        .collect()
+}
+
+/// The `metrics` records of `kafka`, decoded by confluent-kafka's AvroDeserializer against
+/// `registry` ([`SchemaRegistry::confluent_consume`]): one per message of `sent`; fails unless
+/// each carries the schema id `id` and the decoded values are the readings sent (in any order:
+/// two pods may share the topic's messages). Returns the decoded records.
+pub fn read_metrics_decoded(
+    registry: &SchemaRegistry,
+    kafka: &Kafka,
+    sent: &[(String, Vec<u8>)],
+    id: u32,
+) -> Result<Vec<serde_json::Value>> {
+    let records = registry.confluent_consume(
+        &kafka.bootstrap(),
+        METRICS_TOPIC,
+        sent.len(),
+        SchemaType::Avro,
+        Duration::from_secs(60),
+    )?;
+    let device = |v: &serde_json::Value| v["device"].as_str().unwrap_or_default().to_owned();
+    let mut decoded: Vec<serde_json::Value> = records.iter().map(|r| r["value"].clone()).collect();
+    let mut want = sent
+        .iter()
+        .map(|(_, payload)| serde_json::from_slice(payload))
+        .collect::<Result<Vec<serde_json::Value>, _>>()?;
+    decoded.sort_by_key(device);
+    want.sort_by_key(device);
+    ensure!(
+        decoded == want,
+        "the decoded metrics differ from the readings sent:\ndecoded {decoded:?}\nsent    {want:?}"
+    );
+    for r in &records {
+        ensure!(
+            r["schema_id"] == id,
+            "a metrics record carries schema id {}, want {id}: {r}",
+            r["schema_id"]
+        );
+    }
+    Ok(records)
 }
 
 /// Where a test client reaches Mosquitto, and the user it logs in as.

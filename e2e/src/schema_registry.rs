@@ -185,6 +185,12 @@ impl SchemaRegistry {
         if let Some((user, password)) = &options.basic_auth {
             crate::check_credential("schema registry user", user)?;
             crate::check_password("schema registry password", password)?;
+            // Quarkus's config expands `${…}` and trims the ends of the -D properties below.
+            ensure!(
+                !password.contains("${") && password.trim() == password,
+                "the schema registry password may not contain \"${{\" nor start or end with \
+                 white space (Quarkus's config expands and trims it)"
+            );
             props.extend([
                 // Apicurio's authorization: anonymous requests are refused.
                 ("registry.auth.enabled".to_owned(), "true".to_owned()),

@@ -6,17 +6,21 @@
 //!    address, and the release is mirrored into it as a platform team would: the
 //!    `ferry-operator` and `ferry-forwarder` images with `skopeo copy oci-archive:…`, the chart
 //!    with `helm package` and `helm push` (nothing is imported into containerd);
-//! 2. Mosquitto and Kafka run inside the cluster's namespace on the node address, so pods reach
-//!    them (and so does this test, through the veth);
+//! 2. Mosquitto, Kafka and a schema registry (Apicurio, HTTPS, basic auth) run inside the cluster's
+//!    namespace on the node address, so pods reach them (and so does this test, through the
+//!    veth);
 //! 3. README.md's install command ([`readme_install`]) against that registry: `helm install` of
 //!    the `oci://` chart with `--set image.registry=` and `--set forwarder.image.registry=` (2
 //!    operator replicas, leader election); the operator pods, and later the forwarder pods, run
 //!    the images pulled from the registry (their image IDs are the digests skopeo pushed);
 //! 4. a `BrokerConnection` (MQTT 5, persistent sessions, 2 forwarder replicas, an MQTT password
-//!    made of YAML's special characters and a newline, from a Secret) and two `ForwardingRule`s
-//!    are applied; both rules become Ready (time measured);
+//!    made of YAML's special characters and a newline, from a Secret; the schema registry over
+//!    HTTPS with its CA and basic-auth login from another Secret) and three `ForwardingRule`s are applied; the
+//!    rules become Ready (time measured);
 //! 5. messages published over MQTT arrive in Kafka with the expected topics and keys, none lost;
-//!    `kubectl get fr` shows Ready and the forwarded counts;
+//!    `kubectl get fr` shows Ready and the forwarded counts; the Avro rule's records all decode
+//!    with confluent-kafka's AvroDeserializer, carrying the id of the schema registered for the
+//!    topic's subject, and its `.status.schema` shows that id and version 1;
 //! 6. Kafka is stopped for 60 s while messages keep coming, then Mosquitto for 60 s: each
 //!    time `kubectl get fr` turns Ready False with the reason (`KafkaUnreachable`,
 //!    `MqttDisconnected`) within 30 s, and True again once the broker is back; nothing
@@ -53,11 +57,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, ensure};
 use ferry_e2e::cluster::{
-    Cluster, MqttEndpoint, cel_example_messages, ensure_helm, ensure_root, example_rules,
-    ferry_images, plant_connection_yaml, publish_paced, publish_to, wait_until,
+    BrokerOptions, Brokers, Cluster, METRIC_AVRO, METRICS_SUBJECT, METRICS_TOPIC, MqttEndpoint,
+    cel_example_messages, ensure_helm, ensure_root, example_rules, ferry_images, metric_messages,
+    metrics_rule_yaml, plant_connection_yaml, publish_paced, publish_to, read_metrics_decoded,
+    wait_until,
 };
 use ferry_e2e::cluster::{VERSION, repo_dir};
-use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions, Record, Registry, http_get_ok};
+use ferry_e2e::{
+    Kafka, Mosquitto, MosquittoOptions, Record, Registry, SchemaRegistry, SchemaRegistryOptions,
+    SchemaType, http_get_ok,
+};
 
 /// README.md's install command: its first line that starts with `helm install `. This test
 /// runs it against a local registry, with only the `ghcr.io` of the chart reference replaced by
@@ -87,6 +96,12 @@ const FORWARDER_USER: &str = "ferry";
 const FORWARDER_PASSWORD: &str = "p: a #b 'c\" {d} [e] *f &g !h |i >j %k @l `m ,n ?o -\n${P} ";
 /// The test's own publishers log in as this user.
 const PUBLISHER: (&str, &str) = ("e2e-publisher", "publisher-pw");
+/// The schema registry's login, in the Secret `registry-credentials` with its CA: a password of YAML's and
+/// the shell's special characters, as the MQTT one (but not what Quarkus's config changes: `${`
+/// and spaces at the ends).
+const REGISTRY_LOGIN: (&str, &str) = ("ferry-registry", "r: a #b 'c\" {d} *f &g !h |i %k @l `m $P");
+/// Avro readings published to the rule `metrics`.
+const METRICS: usize = 20;
 /// How long each broker outage lasts.
 const OUTAGE: Duration = Duration::from_secs(60);
 /// From a broker going away to `kubectl get fr` saying so: the forwarder notices at once (MQTT)
@@ -166,14 +181,16 @@ fn n_of(payload: &str) -> usize {
 // ---------------------------------------------------------------------------------------------
 // Kubernetes objects
 
-fn connection_yaml(node: IpAddr, mqtt_port: u16, kafka_port: u16) -> String {
+fn connection_yaml(node: IpAddr, brokers: (&Mosquitto, &Kafka), registry_url: &str) -> String {
     let connection = plant_connection_yaml(
         NS,
         node,
-        (mqtt_port, kafka_port),
+        (brokers.0.port(), brokers.1.port()),
         2,
         Some("mqtt-credentials"),
+        Some((registry_url, "registry-credentials")),
     );
+    let metrics = metrics_rule_yaml(NS);
     format!(
         r#"{connection}---
 apiVersion: ferry.dev/v1alpha1
@@ -200,7 +217,8 @@ spec:
     topics: ["plant/+/alarm"]
   kafka:
     topic: alarms
-"#
+---
+{metrics}"#
     )
 }
 
@@ -210,35 +228,6 @@ fn publisher_endpoint(node: IpAddr, mqtt: &Mosquitto) -> MqttEndpoint {
         port: mqtt.port(),
         login: Some((PUBLISHER.0.to_owned(), PUBLISHER.1.to_owned())),
     }
-}
-
-/// The Secret the connection's `credentialsSecretRef` names, created from files so the password's
-/// bytes pass through neither YAML nor a shell.
-fn create_mqtt_credentials(c: &Cluster) -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let (user, password) = (dir.path().join("username"), dir.path().join("password"));
-    fs::write(&user, FORWARDER_USER)?;
-    fs::write(&password, FORWARDER_PASSWORD)?;
-    c.kubectl(&[
-        "create",
-        "secret",
-        "generic",
-        "mqtt-credentials",
-        "-n",
-        NS,
-        &format!("--from-file=username={}", user.display()),
-        &format!("--from-file=password={}", password.display()),
-    ])?;
-    // Only Secrets so marked may be used by a BrokerConnection.
-    c.kubectl(&[
-        "label",
-        "secret",
-        "mqtt-credentials",
-        "-n",
-        NS,
-        "ferry.dev/broker-credentials=true",
-    ])?;
-    Ok(())
 }
 
 /// The rule's `Ready` condition: (status, reason).
@@ -586,26 +575,38 @@ fn full_user_path_on_a_real_cluster() -> Result<()> {
     let registry = Registry::start_placed(cluster.placement())?;
     registry.write_containerd_hosts(&cluster.registry_hosts_dir())?;
     // (The brokers are started by this thread: they are tied to it by PR_SET_PDEATHSIG.)
-    let mqtt_options = MosquittoOptions {
-        log_connections: true,
-        users: vec![
-            (FORWARDER_USER.into(), FORWARDER_PASSWORD.into()),
-            (PUBLISHER.0.into(), PUBLISHER.1.into()),
-        ],
-        ..MosquittoOptions::default()
+    let registry_pki = cluster.node_pki()?;
+    let options = BrokerOptions {
+        mqtt: MosquittoOptions {
+            log_connections: true,
+            users: vec![
+                (FORWARDER_USER.into(), FORWARDER_PASSWORD.into()),
+                (PUBLISHER.0.into(), PUBLISHER.1.into()),
+            ],
+            ..MosquittoOptions::default()
+        },
+        schema_registry: SchemaRegistryOptions {
+            tls: Some(&registry_pki),
+            basic_auth: Some((REGISTRY_LOGIN.0.into(), REGISTRY_LOGIN.1.into())),
+        },
+        ..BrokerOptions::default()
     };
-    let (mqtt, kafka, mirror) =
-        cluster.start_brokers_while(mqtt_options, KafkaOptions::default(), || {
-            mirror_release(&cluster, &registry, &images)
-        })?;
+    let (brokers, mirror) =
+        cluster.start_brokers_while(options, || mirror_release(&cluster, &registry, &images))?;
+    let Brokers {
+        mut mqtt,
+        mut kafka,
+        schema_registry,
+    } = brokers;
     println!(
         "[{:6.1?}] release mirrored into the registry {} ({mirror:?}), brokers up (MQTT {}:{}, \
-         Kafka {}) in {:.1?}",
+         Kafka {}, schema registry {}) in {:.1?}",
         t0.elapsed(),
         registry.address(),
         mqtt.host(),
         mqtt.port(),
         kafka.bootstrap(),
+        schema_registry.url(),
         t.elapsed()
     );
 
@@ -613,9 +614,13 @@ fn full_user_path_on_a_real_cluster() -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let mut mqtt = mqtt;
-    let mut kafka = kafka;
-    let result = run(&cluster, &mirror, &mut mqtt, &mut kafka, &rt, t0);
+    let result = run(
+        &cluster,
+        &mirror,
+        (&mut mqtt, &mut kafka, &schema_registry),
+        &rt,
+        t0,
+    );
     if let Err(e) = &result {
         eprintln!("ferry: the full-path test failed: {e:#}");
         cluster.diagnose(RELEASE_NS, NS, "plant");
@@ -623,6 +628,7 @@ fn full_user_path_on_a_real_cluster() -> Result<()> {
             ("mosquitto", mqtt.dir().join("mosquitto.log")),
             ("kafka", kafka.dir().join("kafka.log")),
             ("registry", mirror.registry.log()),
+            ("schema registry", schema_registry.log()),
         ] {
             let text = fs::read_to_string(&path).unwrap_or_default();
             let lines: Vec<&str> = text.lines().collect();
@@ -633,6 +639,7 @@ fn full_user_path_on_a_real_cluster() -> Result<()> {
         }
     }
     drop(rt);
+    drop(schema_registry);
     drop(kafka);
     drop(mqtt);
     drop(mirror);
@@ -651,8 +658,7 @@ fn full_user_path_on_a_real_cluster() -> Result<()> {
 fn run(
     c: &Cluster,
     mirror: &Mirror<'_>,
-    mqtt: &mut Mosquitto,
-    kafka: &mut Kafka,
+    (mqtt, kafka, schema_registry): (&mut Mosquitto, &mut Kafka, &SchemaRegistry),
     rt: &tokio::runtime::Runtime,
     t0: Instant,
 ) -> Result<()> {
@@ -663,11 +669,14 @@ fn run(
         "devices",
         "readings.3",
         "ferry.dead-letters",
+        METRICS_TOPIC,
     ] {
         rt.block_on(kafka.create_topic(topic, 2))?;
     }
+    // The platform team's schema for the Avro rule's subject (topic name strategy).
+    let schema_id = schema_registry.register(METRICS_SUBJECT, SchemaType::Avro, METRIC_AVRO)?;
     install_operator(c, mirror, t0)?;
-    apply_connection_and_rules(c, mqtt, kafka, t0)?;
+    apply_connection_and_rules(c, (mqtt, kafka, schema_registry), t0)?;
     pods_run_the_mirrored_image(
         c,
         mirror,
@@ -677,6 +686,15 @@ fn run(
     )?;
     let (temps_sent, alarms_sent) = publish_and_read_back(c, mqtt, kafka, rt, t0)?;
     status_shows_forwarded(c, &temps_sent, &alarms_sent, t0)?;
+    avro_records_decode_with_the_registered_schema(
+        c,
+        mqtt,
+        kafka,
+        schema_registry,
+        schema_id,
+        rt,
+        t0,
+    )?;
     // The status tells the truth in broker outages.
     kafka_outage_is_reported(c, mqtt, kafka, rt, t0)?;
     mqtt_outage_is_reported(c, mqtt, kafka, rt, t0)?;
@@ -904,24 +922,39 @@ fn install_operator(c: &Cluster, mirror: &Mirror<'_>, t0: Instant) -> Result<()>
     Ok(())
 }
 
-/// The Secret, the connection and both rules: the rules become Ready with two forwarder pods.
+/// The Secrets, the connection and the three rules: the rules become Ready with two forwarder
+/// pods.
 fn apply_connection_and_rules(
     c: &Cluster,
-    mqtt: &Mosquitto,
-    kafka: &Kafka,
+    (mqtt, kafka, schema_registry): (&Mosquitto, &Kafka, &SchemaRegistry),
     t0: Instant,
 ) -> Result<()> {
     let node = c.node_ip();
     let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
     c.kubectl(&["create", "namespace", NS])?;
-    create_mqtt_credentials(c)?;
+    c.create_marked_secret(
+        NS,
+        "mqtt-credentials",
+        &[
+            ("username", FORWARDER_USER.as_bytes()),
+            ("password", FORWARDER_PASSWORD.as_bytes()),
+        ],
+    )?;
+    c.create_schema_registry_secret(NS, "registry-credentials", schema_registry, REGISTRY_LOGIN)?;
     let t = Instant::now();
     c.kubectl_in(
         &["apply", "-f", "-"],
-        Some(&connection_yaml(node, mqtt.port(), kafka.port())),
+        Some(&connection_yaml(
+            node,
+            (mqtt, kafka),
+            &schema_registry.url(),
+        )),
     )?;
-    wait_until(Duration::from_secs(150), "both rules Ready", || {
-        Ok((c.rule_ready("temps", NS)? && c.rule_ready("alarms", NS)?).then_some(()))
+    wait_until(Duration::from_secs(150), "the rules Ready", || {
+        Ok((c.rule_ready("temps", NS)?
+            && c.rule_ready("alarms", NS)?
+            && c.rule_ready("metrics", NS)?)
+        .then_some(()))
     })?;
     let to_ready = t.elapsed();
     let pods = forwarder_pods(c)?;
@@ -1073,6 +1106,45 @@ fn status_shows_forwarded(
         "kubectl get bc,fr should show the connection and both rules Ready:\n{table}"
     );
 
+    Ok(())
+}
+
+/// The Avro rule through the registry, with the basic-auth login the pods read from the Secret:
+/// every reading published arrives as a record that confluent-kafka's AvroDeserializer decodes
+/// to that reading, carrying the id of the schema registered for `metrics-value`; the rule's
+/// `.status.schema` (and so `kubectl get fr -o wide`) shows that id and version 1.
+fn avro_records_decode_with_the_registered_schema(
+    c: &Cluster,
+    mqtt: &Mosquitto,
+    kafka: &Kafka,
+    schema_registry: &SchemaRegistry,
+    schema_id: u32,
+    rt: &tokio::runtime::Runtime,
+    t0: Instant,
+) -> Result<()> {
+    let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
+    let t = Instant::now();
+    let sent = metric_messages(4, METRICS);
+    let broker = publisher_endpoint(c.node_ip(), mqtt);
+    rt.block_on(publish_to(&broker, "e2e-pub-metrics", sent.clone()))?;
+    let decoded = read_metrics_decoded(schema_registry, kafka, &sent, schema_id)?;
+    let want = (METRICS_SUBJECT.to_owned(), 1, u64::from(schema_id));
+    wait_until(
+        Duration::from_secs(30),
+        "the metrics rule's .status.schema",
+        || Ok((c.rule_schema("metrics", NS)?.as_ref() == Some(&want)).then_some(())),
+    )?;
+    let wide = c.kubectl(&["get", "fr", "metrics", "-n", NS, "-o", "wide"])?;
+    log(format!(
+        "{} Avro records decoded by confluent-kafka's AvroDeserializer, schema id {schema_id} \
+         (first {}); {:.1?}:\n$ kubectl get fr metrics -n {NS} -o wide\n{wide}",
+        decoded.len(),
+        decoded
+            .first()
+            .map(|r| r["value"].to_string())
+            .unwrap_or_default(),
+        t.elapsed()
+    ));
     Ok(())
 }
 
@@ -1421,7 +1493,11 @@ fn deleting_the_connection_removes_its_children_and_sessions(
     }
     log("the forwarders' MQTT sessions were ended by the operator: none left at the broker".into());
     // The user's own Secret stays: the operator only copied from it.
-    let theirs = ["configmap/kube-root-ca.crt", "secret/mqtt-credentials"];
+    let theirs = [
+        "configmap/kube-root-ca.crt",
+        "secret/mqtt-credentials",
+        "secret/registry-credentials",
+    ];
     ensure!(
         left.lines()
             .all(|l| l.trim().is_empty() || theirs.contains(&l)),

@@ -3,7 +3,9 @@
 //! `ferry`, node 10.77.0.2, state and kubeconfig in `$FERRY_CLUSTER_DIR`, default
 //! `/tmp/ferry-cluster`), the Ferry images are imported, Mosquitto and Kafka start inside the
 //! cluster's network namespace, `helm install` installs the chart, a BrokerConnection and two
-//! ForwardingRules are applied, sample messages are published and read back from Kafka.
+//! ForwardingRules are applied, sample messages are published and read back from Kafka. A schema
+//! registry (Apicurio, basic auth) runs next to the brokers: a third rule writes Avro records
+//! with the schema registered there, read back with confluent-kafka's own AvroDeserializer.
 //!
 //! The brokers are child processes of this demo, so the cluster lives as long as the demo: with
 //! a terminal on stdin it waits for Enter (or Ctrl-C) before tearing down, otherwise it tears
@@ -21,13 +23,21 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
 use ferry_e2e::cluster::{
-    Cluster, MqttEndpoint, cel_example_messages, e2e_dir, ensure_helm, ensure_root, example_rules,
-    ferry_images, plant_connection_yaml, publish_to, wait_until,
+    BrokerOptions, Brokers, Cluster, METRIC_AVRO, METRICS_SUBJECT, METRICS_TOPIC, MqttEndpoint,
+    cel_example_messages, e2e_dir, ensure_helm, ensure_root, example_rules, ferry_images,
+    metric_messages, metrics_rule_yaml, plant_connection_yaml, publish_to, read_metrics_decoded,
+    unique, wait_until,
 };
-use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions};
+use ferry_e2e::{Kafka, Mosquitto, SchemaRegistry, SchemaRegistryOptions, SchemaType};
 
 const RELEASE_NS: &str = "ferry-system";
 const NS: &str = "plant";
+/// The schema registry's user; its password is made up per run and kept in the Secret
+/// `REGISTRY_SECRET` (never printed).
+const REGISTRY_USER: &str = "ferry";
+const REGISTRY_SECRET: &str = "schema-registry-credentials";
+/// Avro readings published to the rule `metrics`.
+const METRICS: usize = 4;
 
 static INTERRUPTED: AtomicBool = AtomicBool::new(false);
 
@@ -82,17 +92,17 @@ fn run() -> Result<()> {
     let cluster = own_cluster()?;
     bring_up(&cluster)?;
     interrupted()?;
-    let (mqtt, kafka) = start_brokers(&cluster, &images)?;
+    let registry_password = format!("demo-{}", unique());
+    let brokers = start_brokers(&cluster, &images, &registry_password)?;
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
-    let result = demo(&cluster, &mqtt, &kafka, &rt);
+    let result = demo(&cluster, &brokers, &registry_password, &rt);
     hold_or_diagnose(&cluster, &result);
     drop(rt);
-    drop(kafka);
-    drop(mqtt);
+    drop(brokers);
     tear_down(cluster, result.is_ok(), t0)?;
     result
 }
@@ -152,33 +162,54 @@ fn bring_up(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
-/// The Ferry images into the node's containerd, and the brokers on the node address
-/// (the caller keeps them: they stop when dropped).
-fn start_brokers(cluster: &Cluster, images: &[PathBuf]) -> Result<(Mosquitto, Kafka)> {
+/// The Ferry images into the node's containerd, and the brokers and the schema registry on the
+/// node address (the caller keeps them: they stop when dropped).
+fn start_brokers(
+    cluster: &Cluster,
+    images: &[PathBuf],
+    registry_password: &str,
+) -> Result<Brokers> {
     say(&format!(
         "Importing the ferry-operator and ferry-forwarder images into the cluster's containerd, \
-         and starting a real Mosquitto and a real Apache Kafka inside `{}` on the node address \
-         {} (pods reach them there, and so does this demo)",
+         and starting a real Mosquitto, a real Apache Kafka and a real schema registry (Apicurio \
+         Registry, Confluent-compatible API, HTTPS with a CA of its own, basic auth) inside `{}` on the node address {} \
+         (pods reach them there, and so does this demo)",
         cluster.netns(),
         cluster.node_ip()
     ));
     let t = Instant::now();
-    let (mqtt, kafka) = cluster.import_images_and_start_brokers(
+    // The registry's certificate, for the node address; its CA goes into the Secret.
+    let pki = cluster.node_pki()?;
+    let brokers = cluster.import_images_and_start_brokers(
         images,
-        MosquittoOptions::default(),
-        KafkaOptions::default(),
+        BrokerOptions {
+            schema_registry: SchemaRegistryOptions {
+                tls: Some(&pki),
+                basic_auth: Some((REGISTRY_USER.to_owned(), registry_password.to_owned())),
+            },
+            ..BrokerOptions::default()
+        },
     )?;
     for image in images {
         println!("    imported {}", image.display());
     }
+    let Brokers {
+        mqtt,
+        kafka,
+        schema_registry,
+    } = &brokers;
     println!("    mosquitto  {}:{}", mqtt.host(), mqtt.port());
     println!(
         "    kafka      {}  (Apache Kafka {})",
         kafka.bootstrap(),
         ferry_e2e::KAFKA_VERSION
     );
+    println!(
+        "    registry   {}  (user {REGISTRY_USER})",
+        schema_registry.url()
+    );
     println!("    ready in {:.0?}", t.elapsed());
-    Ok((mqtt, kafka))
+    Ok(brokers)
 }
 
 /// After a success the cluster stays up for the newcomer to look around; after a failure
@@ -237,9 +268,16 @@ fn wait_for_enter(cluster: &Cluster) {
     {}
 }
 
-fn resources_yaml(cluster: &Cluster, mqtt: &Mosquitto, kafka: &Kafka) -> String {
-    let connection =
-        plant_connection_yaml(NS, cluster.node_ip(), (mqtt.port(), kafka.port()), 1, None);
+fn resources_yaml(cluster: &Cluster, brokers: &Brokers) -> String {
+    let connection = plant_connection_yaml(
+        NS,
+        cluster.node_ip(),
+        (brokers.mqtt.port(), brokers.kafka.port()),
+        1,
+        None,
+        Some((&brokers.schema_registry.url(), REGISTRY_SECRET)),
+    );
+    let metrics = metrics_rule_yaml(NS);
     format!(
         r#"{connection}---
 apiVersion: ferry.dev/v1alpha1
@@ -267,7 +305,8 @@ spec:
   kafka:
     topic: alarms                       # key: the MQTT topic (the default)
   payload: wrappedJson                  # {{"topic":"plant/2/alarm","payload":"<base64>"}}
-"#
+---
+{metrics}"#
     )
 }
 
@@ -275,21 +314,28 @@ spec:
 /// records out, the rules' status.
 fn demo(
     cluster: &Cluster,
-    mqtt: &Mosquitto,
-    kafka: &Kafka,
+    brokers: &Brokers,
+    registry_password: &str,
     rt: &tokio::runtime::Runtime,
 ) -> Result<()> {
+    let Brokers {
+        mqtt,
+        kafka,
+        schema_registry,
+    } = brokers;
     create_topics(kafka, rt)?;
+    let schema_id = register_schema(schema_registry)?;
     interrupted()?;
     install_chart(cluster)?;
     interrupted()?;
-    apply_resources(cluster, mqtt, kafka)?;
-    publish_samples(mqtt, rt)?;
+    apply_resources(cluster, brokers, registry_password)?;
+    let metrics = publish_samples(mqtt, rt)?;
     interrupted()?;
     read_back(kafka)?;
+    read_back_avro(schema_registry, kafka, &metrics, schema_id)?;
     show_status(cluster)?;
     explain();
-    show_where_to_look(cluster, mqtt, kafka);
+    show_where_to_look(cluster, brokers);
     Ok(())
 }
 
@@ -303,15 +349,31 @@ fn create_topics(kafka: &Kafka, rt: &tokio::runtime::Runtime) -> Result<()> {
         ("devices", 2),
         ("readings.2", 1),
         ("ferry.dead-letters", 1),
+        (METRICS_TOPIC, 1),
     ];
     for (topic, partitions) in kafka_topics {
         rt.block_on(kafka.create_topic(topic, partitions))?;
     }
     println!(
         "    created Kafka topics: telemetry.1, telemetry.2, telemetry.3 (2 partitions each), \
-         alarms (1), and for the CEL examples devices (2), readings.2 and ferry.dead-letters (1)"
+         alarms (1), for the CEL examples devices (2), readings.2 and ferry.dead-letters (1), \
+         and {METRICS_TOPIC} (1) for the Avro records"
     );
     Ok(())
+}
+
+/// The Avro schema of a reading, registered under the subject the rule `metrics` derives from
+/// its topic (TopicName strategy: `<topic>-value`), as a platform team would register it.
+fn register_schema(registry: &SchemaRegistry) -> Result<u32> {
+    say(&format!(
+        "Registering an Avro schema for a reading under the subject {METRICS_SUBJECT} \
+         (POST {}/subjects/{METRICS_SUBJECT}/versions)",
+        registry.url()
+    ));
+    let id = registry.register(METRICS_SUBJECT, SchemaType::Avro, METRIC_AVRO)?;
+    println!("    {METRIC_AVRO}");
+    println!("    -> schema id {id}, version 1");
+    Ok(id)
 }
 
 /// `helm install` of the chart, and the operator's pods it started.
@@ -330,15 +392,28 @@ fn install_chart(cluster: &Cluster) -> Result<()> {
     Ok(())
 }
 
-/// `kubectl apply` of the BrokerConnection and both rules, until both rules are Ready.
-fn apply_resources(cluster: &Cluster, mqtt: &Mosquitto, kafka: &Kafka) -> Result<()> {
-    let yaml = resources_yaml(cluster, mqtt, kafka);
+/// The registry's Secret, then `kubectl apply` of the BrokerConnection and the rules, until every
+/// rule is Ready.
+fn apply_resources(cluster: &Cluster, brokers: &Brokers, registry_password: &str) -> Result<()> {
+    let yaml = resources_yaml(cluster, brokers);
+    cluster.kubectl(&["create", "namespace", NS])?;
     say(&format!(
-        "kubectl apply: a BrokerConnection (the brokers above) and two ForwardingRules, in \
-         namespace {NS}"
+        "kubectl create secret generic {REGISTRY_SECRET} -n {NS} --from-file=username \
+         --from-file=password --from-file=ca.crt, labelled ferry.dev/broker-credentials=true \
+         (the mark a Secret needs before a BrokerConnection may use it): the schema registry's \
+         login and the CA of its certificate"
+    ));
+    cluster.create_schema_registry_secret(
+        NS,
+        REGISTRY_SECRET,
+        &brokers.schema_registry,
+        (REGISTRY_USER, registry_password),
+    )?;
+    say(&format!(
+        "kubectl apply: a BrokerConnection (the brokers and the schema registry above) and three \
+         ForwardingRules, in namespace {NS}; the third, metrics, writes Avro records"
     ));
     println!("{}", indent(&yaml));
-    cluster.kubectl(&["create", "namespace", NS])?;
     let t = Instant::now();
     cluster.kubectl_in(&["apply", "-f", "-"], Some(&yaml))?;
     let examples = example_rules(&["devices", "readings"])?;
@@ -351,7 +426,7 @@ fn apply_resources(cluster: &Cluster, mqtt: &Mosquitto, kafka: &Kafka) -> Result
     wait_until(Duration::from_secs(180), "every rule Ready", || {
         interrupted()?;
         let mut ready = true;
-        for rule in ["telemetry", "alarms", "devices", "readings"] {
+        for rule in ["telemetry", "alarms", "metrics", "devices", "readings"] {
             ready &= cluster.rule_ready(rule, NS)?;
         }
         Ok(ready.then_some(()))
@@ -369,8 +444,12 @@ fn apply_resources(cluster: &Cluster, mqtt: &Mosquitto, kafka: &Kafka) -> Result
     Ok(())
 }
 
-/// Two readings per plant, one alarm, and a message no rule subscribes to, at QoS 1.
-fn publish_samples(mqtt: &Mosquitto, rt: &tokio::runtime::Runtime) -> Result<()> {
+/// Two readings per plant, one alarm, a message no rule subscribes to, the CEL examples' messages
+/// and the Avro rule's readings, at QoS 1; returns the latter.
+fn publish_samples(
+    mqtt: &Mosquitto,
+    rt: &tokio::runtime::Runtime,
+) -> Result<Vec<(String, Vec<u8>)>> {
     say(&format!(
         "Publishing sample MQTT messages (QoS 1) to {}:{}",
         mqtt.host(),
@@ -403,12 +482,18 @@ fn publish_samples(mqtt: &Mosquitto, rt: &tokio::runtime::Runtime) -> Result<()>
         println!("    {topic:<34} {}", String::from_utf8_lossy(&payload));
         messages.push((topic, payload));
     }
+    let metrics = metric_messages(1, METRICS);
+    for (topic, payload) in &metrics {
+        println!("    {topic:<34} {}", String::from_utf8_lossy(payload));
+    }
+    messages.extend(metrics.iter().cloned());
     let broker = MqttEndpoint {
         host: mqtt.host(),
         port: mqtt.port(),
         login: None,
     };
-    rt.block_on(publish_to(&broker, "ferry-demo-publisher", messages))
+    rt.block_on(publish_to(&broker, "ferry-demo-publisher", messages))?;
+    Ok(metrics)
 }
 
 /// Every record the rules produced, read from Kafka: the six readings, the alarm, and what the
@@ -456,6 +541,31 @@ fn read_back(kafka: &Kafka) -> Result<()> {
     Ok(())
 }
 
+/// The Avro records of the rule `metrics`, decoded by confluent-kafka's own AvroDeserializer
+/// (Python), which fetches the writer schema from the registry by the id in each record.
+fn read_back_avro(
+    registry: &SchemaRegistry,
+    kafka: &Kafka,
+    sent: &[(String, Vec<u8>)],
+    schema_id: u32,
+) -> Result<()> {
+    say(&format!(
+        "Reading the Avro records of {METRICS_TOPIC} back with confluent-kafka's own \
+         AvroDeserializer (a standard Confluent-format consumer; the writer schema fetched from \
+         the registry by the id each record carries)"
+    ));
+    for r in read_metrics_decoded(registry, kafka, sent, schema_id)? {
+        println!(
+            "    {:<22} key={:<16} schema id={} value={}",
+            format!("{METRICS_TOPIC}[{}]@{}", r["partition"], r["offset"]),
+            r["key"].as_str().unwrap_or("<none>"),
+            r["schema_id"],
+            r["value"]
+        );
+    }
+    Ok(())
+}
+
 /// The rules' status once the operator has written the forwarded counts into it.
 fn show_status(cluster: &Cluster) -> Result<()> {
     say(&format!(
@@ -473,10 +583,21 @@ fn show_status(cluster: &Cluster) -> Result<()> {
                     .parse()
                     .unwrap_or(0))
             };
-            Ok((forwarded("telemetry")? >= 6 && forwarded("alarms")? >= 1).then_some(()))
+            Ok((forwarded("telemetry")? >= 6
+                && forwarded("alarms")? >= 1
+                && forwarded("metrics")? >= METRICS as u64
+                && cluster.rule_schema("metrics", NS)?.is_some())
+            .then_some(()))
         },
     )?;
     println!("{}", indent(&cluster.kubectl(&["get", "bc,fr", "-n", NS])?));
+    println!(
+        "\n    kubectl get fr -n {NS} -o wide: the schema id and version the Avro rule encodes with"
+    );
+    println!(
+        "{}",
+        indent(&cluster.kubectl(&["get", "fr", "-n", NS, "-o", "wide"])?)
+    );
     println!(
         "{}",
         indent(&cluster.kubectl(&[
@@ -503,12 +624,16 @@ fn explain() {
          The CEL examples ran in their own pods (group json): device statuses keyed by the device\n    \
          inside the JSON; the reading reshaped into readings.2, the heartbeat filtered (acked, not\n    \
          forwarded), and the reading without temp and the payload that is not JSON dead-lettered\n    \
-         with the error in their ferry.error header."
+         with the error in their ferry.error header. The metrics rule validated each JSON reading\n    \
+         against the Avro schema registered under metrics-value (its topic's subject), fetched over\n    \
+         HTTPS with the login and CA from the Secret, and wrote it in the Confluent wire format\n    \
+         (magic byte, schema id, Avro body): what confluent-kafka's deserializer, Kafka Connect or\n    \
+         ksqlDB read."
     );
 }
 
 /// Commands to look around with while the cluster is up, and where the brokers are.
-fn show_where_to_look(cluster: &Cluster, mqtt: &Mosquitto, kafka: &Kafka) {
+fn show_where_to_look(cluster: &Cluster, brokers: &Brokers) {
     say("Poke around (while the cluster is up)");
     println!("    export KUBECONFIG={}", cluster.kubeconfig().display());
     for (command, what) in [
@@ -536,13 +661,19 @@ fn show_where_to_look(cluster: &Cluster, mqtt: &Mosquitto, kafka: &Kafka) {
             format!("kubectl edit fr alarms -n {NS}"),
             "a live edit: the pod reloads it within ~10 s",
         ),
+        (
+            format!("kubectl get fr metrics -n {NS} -o jsonpath='{{.status.schema}}'"),
+            "the schema the Avro rule encodes with",
+        ),
     ] {
         println!("    {command:<62} # {what}");
     }
     println!(
-        "    brokers: MQTT {}:{}, Kafka {}",
-        mqtt.host(),
-        mqtt.port(),
-        kafka.bootstrap()
+        "    brokers: MQTT {}:{}, Kafka {}, schema registry {} (user {REGISTRY_USER}, password in \
+         the Secret {REGISTRY_SECRET})",
+        brokers.mqtt.host(),
+        brokers.mqtt.port(),
+        brokers.kafka.bootstrap(),
+        brokers.schema_registry.url()
     );
 }
