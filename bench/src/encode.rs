@@ -96,7 +96,7 @@ pub fn encode_cost() -> Result<Vec<EncodeCost>> {
             kind,
             text: text.to_owned(),
         };
-        Encoder::compile(&schema, None).with_context(|| format!("the {kind} schema"))
+        Encoder::compile(&schema, None).with_context(|| format!("the {kind:?} schema"))
     };
     let encoders = [
         ("avro", compile(SchemaKind::Avro, AVRO)?),

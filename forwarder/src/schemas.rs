@@ -8,10 +8,10 @@
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
-use ferry_api::config::{LATEST_SCHEMA_REFRESH_SECS, SchemaFormat, SchemaRegistry, ValueEncoding};
+use ferry_api::config::{LATEST_SCHEMA_REFRESH_SECS, SchemaRegistry, ValueEncoding};
 use tracing::{info, warn};
 
-use crate::encode::{Encoder, RegisteredSchema, SchemaKind};
+use crate::encode::{Encoder, RegisteredSchema};
 use crate::metrics::RuleStats;
 use crate::registry::{Fetched, RegistryClient, RegistryError};
 use crate::window::capped_exponential;
@@ -269,11 +269,7 @@ pub fn compile(fetched: Fetched, spec: &ValueEncoding) -> Result<Ready, String> 
     }
     let schema = RegisteredSchema {
         id: fetched.id,
-        kind: match fetched.format {
-            SchemaFormat::Avro => SchemaKind::Avro,
-            SchemaFormat::Protobuf => SchemaKind::Protobuf,
-            SchemaFormat::JsonSchema => SchemaKind::JsonSchema,
-        },
+        kind: fetched.format,
         text: fetched.text,
     };
     let encoder = Encoder::compile(&schema, spec.message.as_deref()).map_err(|e| {
@@ -302,6 +298,7 @@ fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferry_api::config::SchemaFormat;
 
     fn spec(format: SchemaFormat) -> ValueEncoding {
         ValueEncoding {

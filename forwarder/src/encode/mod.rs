@@ -12,35 +12,8 @@ mod protobuf;
 
 use std::fmt;
 
-/// The registry's `schemaType`: `AVRO` (also when absent), `PROTOBUF`, `JSON`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SchemaKind {
-    Avro,
-    Protobuf,
-    JsonSchema,
-}
-
-impl SchemaKind {
-    /// The kind of a registry's `schemaType` field (absent means Avro).
-    pub fn from_schema_type(schema_type: Option<&str>) -> Result<SchemaKind, SchemaError> {
-        match schema_type {
-            None | Some("AVRO") => Ok(SchemaKind::Avro),
-            Some("PROTOBUF") => Ok(SchemaKind::Protobuf),
-            Some("JSON") => Ok(SchemaKind::JsonSchema),
-            Some(other) => Err(SchemaError::UnknownSchemaType(excerpt(other))),
-        }
-    }
-}
-
-impl fmt::Display for SchemaKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            SchemaKind::Avro => "Avro",
-            SchemaKind::Protobuf => "Protobuf",
-            SchemaKind::JsonSchema => "JSON Schema",
-        })
-    }
-}
+/// The schema's type, as the config names the format (the registry's `schemaType`).
+pub use ferry_api::config::SchemaFormat as SchemaKind;
 
 /// A schema as the registry served it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,8 +40,6 @@ fn where_(path: &str) -> &str {
 /// Why a schema cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum SchemaError {
-    #[error("unknown schemaType {0:?}: expected AVRO, PROTOBUF or JSON")]
-    UnknownSchemaType(String),
     #[error("the Avro schema does not parse: {0}")]
     AvroParse(#[source] Box<apache_avro::Error>),
     #[error("the Avro schema uses {construct} at {path}, which Ferry does not encode")]
@@ -156,10 +127,6 @@ impl Encoder {
         encoded
     }
 
-    pub fn schema_id(&self) -> u32 {
-        self.id
-    }
-
     pub fn kind(&self) -> SchemaKind {
         match self.format {
             Format::Avro(_) => SchemaKind::Avro,
@@ -216,30 +183,6 @@ fn put_zigzag(out: &mut Vec<u8>, v: i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn schema_types_of_the_registry() {
-        assert_eq!(
-            SchemaKind::from_schema_type(None).ok(),
-            Some(SchemaKind::Avro)
-        );
-        assert_eq!(
-            SchemaKind::from_schema_type(Some("AVRO")).ok(),
-            Some(SchemaKind::Avro)
-        );
-        assert_eq!(
-            SchemaKind::from_schema_type(Some("PROTOBUF")).ok(),
-            Some(SchemaKind::Protobuf)
-        );
-        assert_eq!(
-            SchemaKind::from_schema_type(Some("JSON")).ok(),
-            Some(SchemaKind::JsonSchema)
-        );
-        assert!(matches!(
-            SchemaKind::from_schema_type(Some("XML")),
-            Err(SchemaError::UnknownSchemaType(_))
-        ));
-    }
 
     #[test]
     fn zigzag_varints() {
