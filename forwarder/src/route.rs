@@ -212,6 +212,7 @@ impl Router {
         let mut filters = Vec::new();
         let mut tree = FilterTree::default();
         let mut slots: Vec<Arc<SchemaSlot>> = Vec::new();
+        let mut slot_of: HashMap<&ValueEncoding, usize> = HashMap::new();
         for (i, (rule, parsed)) in config.rules_with_topics().enumerate() {
             rules[i].set_subscribed(
                 rule.mqtt
@@ -240,15 +241,13 @@ impl Router {
                     t
                 }
                 None => {
+                    // One slot per distinct encoding, found by hash: linear in the rules.
                     let value = rule.kafka.value.as_ref().map(|spec| {
-                        let slot = slots.iter().find(|s: &&Arc<SchemaSlot>| s.spec == *spec);
-                        match slot {
-                            Some(slot) => Arc::clone(slot),
-                            None => {
-                                slots.push(SchemaSlot::new(spec.clone()));
-                                Arc::clone(&slots[slots.len() - 1])
-                            }
-                        }
+                        let at = *slot_of.entry(spec).or_insert_with(|| {
+                            slots.push(SchemaSlot::new(spec.clone()));
+                            slots.len() - 1
+                        });
+                        Arc::clone(&slots[at])
                     });
                     targets.push(target(rule, parsed, dead_letter, &rules[i], filter, value));
                     by_key.insert(key, targets.len() - 1);
