@@ -58,6 +58,13 @@ pub struct ForwarderConfig {
     /// it would leave nobody subscribed while it restarts). Unset: stop without draining.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain_on_shutdown: Option<DrainOnShutdown>,
+    /// Names of rules (in `rules`) that moved to another group, which subscribes them now.
+    /// This forwarder unsubscribes their filters (unless a rule it keeps has the same one) but
+    /// still routes them, so what its session already holds for them (queued or in flight) is
+    /// forwarded rather than acknowledged unmatched; `/status` reports each handed over once
+    /// that is done (see `RuleStatus::retiring`). Applied by a live reload.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retiring: Vec<String>,
     /// The schema registry of rules whose `kafka.value` is encoded through one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema_registry: Option<SchemaRegistry>,
@@ -158,7 +165,13 @@ impl ForwarderConfig {
             return Vec::new();
         }
         let mut subs: BTreeMap<String, u8> = BTreeMap::new();
-        for rule in &self.rules {
+        let retiring: std::collections::HashSet<&str> =
+            self.retiring.iter().map(String::as_str).collect();
+        for rule in self
+            .rules
+            .iter()
+            .filter(|r| !retiring.contains(r.name.as_str()))
+        {
             for filter in &rule.mqtt.topics {
                 let qos = subs.entry(self.subscribed_as(filter)).or_insert(0);
                 *qos = (*qos).max(rule.mqtt.qos);
@@ -186,6 +199,11 @@ impl ForwarderConfig {
             subscribe,
             unsubscribe_on_connect: unsubscribe.into_iter().collect(),
         }
+    }
+
+    /// `rule` is listed in `retiring`.
+    pub fn retires(&self, rule: &str) -> bool {
+        self.retiring.iter().any(|r| r == rule)
     }
 
     /// This forwarder is listed in `drain`.
@@ -765,5 +783,34 @@ mod tests {
         );
         let other = config(", shared_group: g", "drain: [other]\n");
         assert!(!other.draining() && !other.subscription_plan().subscribe.is_empty());
+    }
+
+    #[test]
+    fn a_retiring_rule_is_unsubscribed_unless_a_kept_rule_has_its_filter() {
+        let yaml = "mqtt: { host: h, client_id: me, shared_group: g }\n\
+             kafka: { bootstrap_servers: \"k:9092\" }\n\
+             rules:\n\
+             \x20 - { name: moved, mqtt: { topics: [\"m/#\", \"both/#\"] }, kafka: { topic: t } }\n\
+             \x20 - { name: kept, mqtt: { topics: [\"both/#\"] }, kafka: { topic: t } }\n\
+             retiring: [moved]\n";
+        let c: ForwarderConfig = serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{e}"));
+        assert!(c.retires("moved") && !c.retires("kept"));
+        let plan = c.subscription_plan();
+        assert_eq!(filters(&plan.subscribe), ["$share/g/both/#"]);
+        assert_eq!(
+            plan.unsubscribe_on_connect,
+            ["$share/g/m/#", "both/#", "m/#"]
+        );
+        assert!(c.validate().is_empty(), "{:?}", c.validate());
+        let mut unknown = c.clone();
+        unknown.retiring = vec!["moved".into(), "gone".into(), "moved".into()];
+        let problems: Vec<String> = unknown.validate().iter().map(ToString::to_string).collect();
+        assert_eq!(
+            problems,
+            [
+                "retiring[1]: \"gone\" is not a rule of this config (a retiring rule stays in `rules`)",
+                "retiring[2]: \"moved\" is listed twice"
+            ]
+        );
     }
 }

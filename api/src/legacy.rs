@@ -86,6 +86,7 @@ impl LegacyConfig {
             dead_letter: None,
             log: LogConfig::default(),
             drain: Vec::new(),
+            retiring: Vec::new(),
             drain_on_shutdown: None,
             schema_registry: None,
         }

@@ -116,6 +116,11 @@ pub struct RuleStatus {
     /// The registered schema this rule encodes its values with (`kafka.value`), once found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<SchemaInUse>,
+    /// Present while the config lists this rule in `retiring` (it moved to another group):
+    /// `drained` once this forwarder's session holds nothing more for it, so the rule can
+    /// leave this forwarder's config without a message being acknowledged unmatched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retiring: Option<DrainStatus>,
 }
 
 /// A schema registry's schema, as a rule uses it.

@@ -122,6 +122,7 @@ fn check(config: &ForwarderConfig) -> (Vec<Problem>, Option<Vec<RuleTopics>>) {
         check_schema_registry(&mut p, registry);
     }
     let topics = check_rules(&mut p, &config.rules, config.schema_registry.is_some());
+    check_retiring(&mut p, config);
     if config.shutdown_timeout_secs > MAX_SHUTDOWN_TIMEOUT_SECS {
         p.add(
             "shutdown_timeout_secs",
@@ -430,6 +431,25 @@ fn check_value_encoding(
             "wrapped_json is Ferry's own JSON envelope; a schema-encoded value is the payload \
              (raw) or a transform's result",
         );
+    }
+}
+
+/// `retiring` names rules of this config, each once.
+fn check_retiring(p: &mut Problems, config: &ForwarderConfig) {
+    let names: BTreeSet<&str> = config.rules.iter().map(|r| r.name.as_str()).collect();
+    let mut seen = BTreeSet::new();
+    for (i, name) in config.retiring.iter().enumerate() {
+        if !names.contains(name.as_str()) {
+            p.add(
+                format!("retiring[{i}]"),
+                format!("{name:?} is not a rule of this config (a retiring rule stays in `rules`)"),
+            );
+        } else if !seen.insert(name.as_str()) {
+            p.add(
+                format!("retiring[{i}]"),
+                format!("{name:?} is listed twice"),
+            );
+        }
     }
 }
 

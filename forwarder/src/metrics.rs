@@ -105,6 +105,20 @@ pub struct RuleStats {
     schema: Mutex<Option<SchemaInUse>>,
     /// (when, forwarded count) samples for the rate, oldest first.
     samples: Mutex<VecDeque<(Instant, u64)>>,
+    /// Listed in the config's `retiring`: since when, and the last message that matched it
+    /// and no rule kept (what its unsubscribed filters still brought).
+    retiring: Mutex<Option<Retiring>>,
+    /// `retiring` is set: read for every message the rule matches, without the lock.
+    is_retiring: AtomicBool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Retiring {
+    last_alone: Instant,
+    /// How many messages it had matched at the last one that matched it alone (or when it
+    /// became retiring): handed over once as many are acknowledged (acknowledgements follow
+    /// arrival order), whatever a kept rule with an overlapping filter goes on bringing.
+    alone_seq: u64,
 }
 
 impl RuleStats {
@@ -128,6 +142,47 @@ impl RuleStats {
     }
     pub fn on_acked(&self) {
         self.acked.inc();
+    }
+    /// Whether the running config lists this rule in `retiring`; the quiet period starts
+    /// again when it becomes so.
+    pub fn set_retiring(&self, retiring: bool) {
+        let mut r = lock(&self.retiring);
+        self.is_retiring.store(retiring, Ordering::Relaxed);
+        match (retiring, r.is_some()) {
+            (true, false) => {
+                *r = Some(Retiring {
+                    last_alone: Instant::now(),
+                    alone_seq: self.received.get(),
+                })
+            }
+            (false, true) => *r = None,
+            _ => {}
+        }
+    }
+    pub fn is_retiring(&self) -> bool {
+        self.is_retiring.load(Ordering::Relaxed)
+    }
+    /// A message matched this retiring rule and no rule the forwarder keeps: its session
+    /// still delivers what the rule's filters brought.
+    pub fn on_retiring_delivery(&self) {
+        if let Some(r) = lock(&self.retiring).as_mut() {
+            r.last_alone = Instant::now();
+            r.alone_seq = self.received.get();
+        }
+    }
+    /// Retiring, and handed over: the session is `settled` (connected, every UNSUBSCRIBE
+    /// answered) since a time at least [`DRAIN_QUIET`] ago, nothing delivered for this rule
+    /// alone for as long, and every message it matched up to the last such one is
+    /// acknowledged (forwarded).
+    fn retiring_status(&self, settled: Option<Instant>) -> Option<DrainStatus> {
+        let retiring = *lock(&self.retiring);
+        retiring.map(|r| DrainStatus {
+            drained: settled.is_some_and(|since| {
+                since.elapsed() >= DRAIN_QUIET
+                    && r.last_alone.elapsed() >= DRAIN_QUIET
+                    && self.acked.get() >= r.alone_seq
+            }),
+        })
     }
     pub fn on_filtered(&self) {
         self.filtered.inc();
@@ -300,7 +355,11 @@ impl RuleStats {
         *lock(&self.schema) = schema;
     }
 
-    fn status(&self, refused: &BTreeMap<String, (&'static str, Timestamp)>) -> RuleStatus {
+    fn status(
+        &self,
+        refused: &BTreeMap<String, (&'static str, Timestamp)>,
+        settled: Option<Instant>,
+    ) -> RuleStatus {
         let ms = self.last_forwarded_ms.load(Ordering::Relaxed);
         RuleStatus {
             name: self.name.clone(),
@@ -320,6 +379,7 @@ impl RuleStats {
             blocked_by: lock(&self.blocked_by).clone(),
             subscription_refused: self.refused(refused),
             schema: lock(&self.schema).clone(),
+            retiring: self.retiring_status(settled),
         }
     }
 }
@@ -384,6 +444,8 @@ pub struct DrainTracker {
     unsubscribes_pending: AtomicUsize,
     /// The last PUBLISH received, or the connect, whichever came last.
     last_delivery: Mutex<Option<Instant>>,
+    /// The current connection's start.
+    connected_at: Mutex<Option<Instant>>,
 }
 
 impl DrainTracker {
@@ -396,7 +458,14 @@ impl DrainTracker {
     /// A new connection: what was pending on the last one is gone with it.
     pub fn connected(&self) {
         self.unsubscribes_pending.store(0, Ordering::Relaxed);
+        *lock(&self.connected_at) = Some(Instant::now());
         self.delivered();
+    }
+    /// Since when the session is connected with every UNSUBSCRIBE answered: `None` while not
+    /// (what a connection's start or a pending UNSUBSCRIBE may still bring is unknown).
+    fn settled_since(&self, connected: bool) -> Option<Instant> {
+        let settled = connected && self.unsubscribes_pending.load(Ordering::Relaxed) == 0;
+        settled.then(|| *lock(&self.connected_at)).flatten()
     }
     pub fn unsubscribe_sent(&self) {
         self.unsubscribes_pending.fetch_add(1, Ordering::Relaxed);
@@ -719,6 +788,8 @@ impl Metrics {
             subscribed: Mutex::new(Vec::new()),
             schema: Mutex::new(None),
             samples: Mutex::new(VecDeque::new()),
+            retiring: Mutex::new(None),
+            is_retiring: AtomicBool::new(false),
         }
     }
 
@@ -848,9 +919,10 @@ impl Metrics {
             inflight: self.inflight.get().max(0) as u64,
             rules: {
                 let refused = lock(&self.mqtt_refused);
+                let settled = self.drain.settled_since(self.health.mqtt_connected());
                 lock(&self.rules)
                     .iter()
-                    .map(|r| r.status(&refused))
+                    .map(|r| r.status(&refused, settled))
                     .collect()
             },
             drain: self.drain.draining().then(|| DrainStatus {

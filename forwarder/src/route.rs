@@ -214,6 +214,7 @@ impl Router {
         let mut slots: Vec<Arc<SchemaSlot>> = Vec::new();
         let mut slot_of: HashMap<&ValueEncoding, usize> = HashMap::new();
         for (i, (rule, parsed)) in config.rules_with_topics().enumerate() {
+            rules[i].set_retiring(config.retires(&rule.name));
             rules[i].set_subscribed(
                 rule.mqtt
                     .topics
@@ -337,6 +338,7 @@ impl Router {
         let filters = || matching.iter().filter_map(|f| self.filters.get(*f));
         let known = !delivered_for.is_empty() && filters().any(|f| delivered_for.contains(&f.id));
         let mut last_rule = usize::MAX;
+        let (mut kept, mut retiring) = (false, false);
         for f in filters() {
             if f.rule == last_rule {
                 continue;
@@ -351,6 +353,11 @@ impl Router {
                 continue;
             };
             rule.on_received();
+            if rule.is_retiring() {
+                retiring = true;
+            } else {
+                kept = true;
+            }
             match out.iter_mut().find(|o| Arc::ptr_eq(&o.target, target)) {
                 Some(routed) => routed.matched.insert(f.position),
                 None => {
@@ -361,6 +368,16 @@ impl Router {
                         matched,
                     });
                 }
+            }
+        }
+        // Only what no kept rule takes shows that a retiring rule's old filters still deliver.
+        if retiring && !kept {
+            for rule in out
+                .iter()
+                .flat_map(|o| o.target.matched(&o.matched))
+                .filter(|r| r.is_retiring())
+            {
+                rule.on_retiring_delivery();
             }
         }
     }

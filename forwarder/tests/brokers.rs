@@ -849,6 +849,114 @@ fn a_drained_replica_leaves_nothing_in_its_session_when_it_ends() {
     );
 }
 
+/// A rule moved to another group, as the operator hands it over: the old group's forwarder
+/// is away (killed; its session kept) while messages for the rule are published and before the
+/// new group's forwarder subscribes, so only the old session holds those. The old forwarder
+/// comes back with the rule listed in `retiring`: it unsubscribes the rule's filter, forwards
+/// what its session held for it, and reports it handed over in `/status`; the rule then leaves
+/// its config (a live reload) while its other rule stays. Every message the broker
+/// acknowledged to the publisher is in Kafka, and none was acknowledged unmatched. With the
+/// rule simply gone from the old config, what that session held is acknowledged unmatched.
+#[test]
+fn a_rule_moved_away_is_handed_over_with_what_its_old_session_holds() {
+    let brokers = Brokers::start();
+    let rt = runtime();
+    rt.block_on(brokers.kafka.create_topic("moved", 1))
+        .expect("topic");
+    let moved =
+        "  - name: moved\n    mqtt: { topics: [\"sensors/#\"] }\n    kafka: { topic: moved }\n";
+    let kept = "  - name: kept\n    mqtt: { topics: [\"kept/#\"] }\n    kafka: { topic: kept }\n";
+    let old_group = |rules: &str| group_replica(&brokers, "ferry-old", rules, "3.1.1", false, &[]);
+    let mut old = Forwarder::start_configmap(&old_group(&format!("{moved}{kept}")));
+    old.wait_ready(Duration::from_secs(30));
+    let messages = numbered_messages(10, 1500);
+    let (before, rest) = messages.split_at(500);
+    let (away, after) = rest.split_at(500);
+    brokers.publish_acked(
+        &old,
+        "pub-before",
+        before.to_vec(),
+        500,
+        Duration::from_secs(60),
+    );
+    old.kill();
+    rt.block_on(ferry_e2e::publish(
+        brokers.mqtt.port(),
+        "pub-away",
+        QoS::AtLeastOnce,
+        away.to_vec(),
+    ))
+    .expect("publish while the old group's forwarder is away");
+    let mut new = Forwarder::start_configmap(&group_replica(
+        &brokers,
+        "ferry-new",
+        moved,
+        "3.1.1",
+        false,
+        &[],
+    ));
+    new.wait_ready(Duration::from_secs(30));
+
+    old.swap_config(&(old_group(&format!("{moved}{kept}")) + "retiring: [moved]\n"));
+    old.restart();
+    let handover = Instant::now();
+    brokers.publish_acked(
+        &new,
+        "pub-after",
+        after.to_vec(),
+        500,
+        Duration::from_secs(60),
+    );
+    let retiring = |fwd: &Forwarder| {
+        fwd.status()
+            .and_then(|s| s.rules.into_iter().find(|r| r.name == "moved"))
+            .and_then(|r| r.retiring)
+    };
+    wait_until(
+        &old,
+        Duration::from_secs(30),
+        "the moved rule handed over",
+        || retiring(&old).is_some_and(|r| r.drained),
+    );
+    let status = old.status().expect("status");
+    let forwarded_by_old = status
+        .rules
+        .iter()
+        .find(|r| r.name == "moved")
+        .map_or(0, |r| r.forwarded);
+    eprintln!(
+        "handed over {:.1?} after the old forwarder came back; it forwarded {forwarded_by_old} \
+         of the moved rule's messages",
+        handover.elapsed()
+    );
+    assert!(
+        forwarded_by_old >= away.len() as u64,
+        "the old session's {} messages were forwarded by the old forwarder: {status:?}",
+        away.len()
+    );
+    // The rule leaves the old config; the other rule stays.
+    old.swap_config(&old_group(kept));
+    wait_until(&old, Duration::from_secs(15), "the rule gone", || {
+        old.status()
+            .is_some_and(|s| s.rules.iter().all(|r| r.name != "moved") && s.config.generation == 2)
+    });
+    assert_eq!(
+        old.metric("ferry_mqtt_unmatched_messages_total"),
+        0.0,
+        "nothing was acknowledged unmatched"
+    );
+    let d = read_judged(&brokers.kafka, "moved", 1500, Duration::from_secs(60));
+    eprintln!("moved: {d:?}");
+    assert_eq!(
+        d.missing, 0,
+        "every acknowledged message is in Kafka: {d:?}"
+    );
+    assert!(
+        old.status().is_some_and(|s| s.mqtt.subscribed),
+        "the old group's forwarder goes on with its other rule"
+    );
+}
+
 /// A group of one replica subscribes plainly (`subscribe_shared: false`), switching live from
 /// the shared form: Mosquitto restores a plain subscription from its persistence after a
 /// restart (a shared one it forgets), so messages published while the forwarder is away

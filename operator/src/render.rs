@@ -182,6 +182,7 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
             ..LogConfig::default()
         },
         drain: Vec::new(),
+        retiring: Vec::new(),
         drain_on_shutdown,
         // Only where a rule encodes: the other groups neither need nor depend on it.
         schema_registry: spec
