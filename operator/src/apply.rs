@@ -18,6 +18,7 @@ use serde::de::DeserializeOwned;
 use crate::children::{self, Children, LABEL_CONNECTION, LABEL_GROUP};
 use crate::context::{At, Error, Step};
 use crate::ownership::{self, Holder, Serving};
+use crate::plan::{Move, MovePhase};
 use crate::render::workload_name;
 use crate::scaledown::{Live, PodReport};
 use crate::sessions::{client_id, workload_of};
@@ -540,29 +541,31 @@ async fn pod_reports(
     out
 }
 
-/// Rules moved to another group (`spec.group` changed) whose old group's workload still runs and
-/// whose new group's pods do not all run them yet, by name → old group. The plan keeps such a
-/// rule in its old group too, so that some group is subscribed to its filters throughout the
-/// move: both for a while (duplicates) rather than neither (loss). Pods are read only while a
-/// move is under way.
+/// Rules moved to another group (`spec.group` changed) whose old group's workload still runs,
+/// by name, with how far each hand-over is ([`MovePhase::of`]): until the new group's pods all
+/// run the rule, and then until the old group's pods report it handed over (they forwarded what
+/// their sessions still held for it). The plan keeps such a rule in its old group, so some
+/// group is subscribed to its filters throughout the move and nothing the old sessions hold for
+/// it is acknowledged unmatched. Pods are read only while a move is under way.
 pub(crate) async fn moves_pending(
     client: &Client,
     ns: &str,
     connection: &BrokerConnection,
     rules: &[&ForwardingRule],
     live: &BTreeMap<String, Live>,
-) -> Result<BTreeMap<String, String>, Error> {
+) -> Result<BTreeMap<String, Move>, Error> {
     let name = connection.name_any();
-    let moved: Vec<(String, String, String)> = rules
+    let moved: Vec<(String, &str, &Live, String)> = rules
         .iter()
         .filter(|r| !r.spec.paused)
         .filter_map(|r| {
             let old = r.status.as_ref()?.workload.as_deref()?;
-            let old_group = &live.get(old)?.group;
-            (old_group != &r.spec.group).then(|| {
+            let old_live = live.get(old)?;
+            (old_live.group != r.spec.group).then(|| {
                 (
                     r.name_any(),
-                    old_group.clone(),
+                    old,
+                    old_live,
                     workload_name(&name, &r.spec.group),
                 )
             })
@@ -576,12 +579,35 @@ pub(crate) async fn moves_pending(
         .await
         .at(Step::Read)?;
     let mut pending = BTreeMap::new();
-    for (rule, old_group, new) in moved {
-        if !runs_rule(&pods.items, &new, &rule).await {
-            pending.insert(rule, old_group);
+    for (rule, old, old_live, new) in moved {
+        let runs = runs_rule(&pods.items, &new, &rule).await;
+        // Asked only once the new group runs it (before, the old group still serves it).
+        let handed_over = runs && handed_over(&pods.items, old, old_live.replicas, &rule).await;
+        if let Some(phase) = MovePhase::of(runs, handed_over) {
+            let from = old_live.group.clone();
+            pending.insert(rule, Move { from, phase });
         }
     }
     Ok(pending)
+}
+
+/// Whether every pod of `workload` (not terminating) reports `rule` handed over (listed in its
+/// config's `retiring`, its session holding nothing more for it) or gone. A pod that does not
+/// answer is waited for, and so is a workload of `replicas` > 0 without pods (they come back);
+/// one scaled to zero runs nothing that could hand over.
+async fn handed_over(pods: &[Pod], workload: &str, replicas: i32, rule: &str) -> bool {
+    let reports = reports_of(pods, workload).await;
+    if reports.is_empty() {
+        return replicas <= 0;
+    }
+    reports.iter().all(|status| {
+        status.as_ref().is_some_and(|s| {
+            s.rules
+                .iter()
+                .find(|r| r.name == rule)
+                .is_none_or(|r| r.retiring.is_some_and(|h| h.drained))
+        })
+    })
 }
 
 /// Whether `workload` has a pod and each of its pods (not terminating) is connected to the

@@ -451,7 +451,7 @@ async fn reconcile_readable(
     let live = live_scale(client, ns, connection, &recorded).await?;
     let moving = moves_pending(client, ns, connection, &rules, &live).await?;
     if !moving.is_empty() {
-        info!(connection = %name, namespace = %ns, moving = ?moving, "rules moving to another group: kept in their old group until the new one runs them");
+        info!(connection = %name, namespace = %ns, moving = ?moving, "rules moving to another group: kept in their old group until the new one runs them and the old one has handed over what its sessions hold for them");
     }
     let plan = plan::connection(connection, &rules, &secrets, image, &live, &moving)?;
     let mut draining = report_scale_downs(ctx, connection, &plan.groups).await;

@@ -76,6 +76,36 @@ impl RulePlan {
     }
 }
 
+/// A rule on its way to another group (its `spec.group` changed): the group it leaves, and how
+/// far the hand-over is. Until it is done the rule stays in its old group's config, and its
+/// status names the old workload (which is how the next reconcile knows of the move).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Move {
+    pub from: String,
+    pub phase: MovePhase,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MovePhase {
+    /// The new group's pods do not all run it yet: the old group goes on serving it, so some
+    /// group is subscribed to its filters throughout (duplicates, never a gap).
+    Subscribing,
+    /// The new group runs it; the old group's pods list it in `retiring`: they unsubscribe it
+    /// and forward what their sessions still hold for it, until each reports it handed over.
+    HandingOver,
+}
+
+impl MovePhase {
+    /// Where a move stands from what the pods report: `None` once it is done.
+    pub fn of(new_group_runs_it: bool, old_group_handed_over: bool) -> Option<Self> {
+        match (new_group_runs_it, old_group_handed_over) {
+            (false, _) => Some(Self::Subscribing),
+            (true, false) => Some(Self::HandingOver),
+            (true, true) => None,
+        }
+    }
+}
+
 /// The plan for `connection` and its `rules` (those whose `connectionRef` names it), with the
 /// data of the Secrets it references and the forwarder image it runs.
 pub fn connection<'a>(
@@ -84,7 +114,7 @@ pub fn connection<'a>(
     secrets: &Secrets,
     image: &ForwarderImage,
     live: &BTreeMap<String, scaledown::Live>,
-    moving: &BTreeMap<String, String>,
+    moving: &BTreeMap<String, Move>,
 ) -> Result<ConnectionPlan<'a>, RenderError> {
     let secret_data = match validate::resolve_secrets(connection, secrets) {
         Ok(data) => data,
@@ -117,8 +147,8 @@ pub fn connection<'a>(
     }
     // A rule on its way to another group stays in its old one until the new one runs it.
     for r in rules {
-        if let Some(old) = moving.get(&r.name_any()) {
-            by_group.entry(old.as_str()).or_default().push(r);
+        if let Some(m) = moving.get(&r.name_any()) {
+            by_group.entry(m.from.as_str()).or_default().push(r);
         }
     }
     let mut fates: BTreeMap<String, RulePlan> = BTreeMap::new();
@@ -152,7 +182,18 @@ pub fn connection<'a>(
             .iter()
             .map(|o| client_id(&namespace, &format!("{}-{o}", rendered.workload)))
             .collect();
-        let rendered = rendered.draining(leaving)?;
+        let retiring = rendered
+            .config
+            .rules
+            .iter()
+            .filter(|r| {
+                moving
+                    .get(&r.name)
+                    .is_some_and(|m| m.from == *group && m.phase == MovePhase::HandingOver)
+            })
+            .map(|r| r.name.clone())
+            .collect();
+        let rendered = rendered.handing_over(leaving, retiring)?;
         let mut children =
             children::build(connection, group, &rendered, secret_data.clone(), image);
         if wanted.is_some() {
@@ -175,9 +216,11 @@ pub fn connection<'a>(
     }
     // Until its move is done a rule the new group accepted is served by the old group, and
     // says so (its status names the old workload, which is how the next reconcile knows).
-    for (rule, old) in moving {
+    for (rule, m) in moving {
         if let Some(fate @ RulePlan::Served { .. }) = fates.get_mut(rule) {
-            *fate = RulePlan::Served { group: old.clone() };
+            *fate = RulePlan::Served {
+                group: m.from.clone(),
+            };
         }
     }
     Ok(ConnectionPlan {
@@ -609,7 +652,7 @@ mod tests {
         let stays = rule("stays", "east", "s/#", "s", "2026-01-01T00:00:00Z");
         let anchor = rule("anchor", "west", "a/#", "a", "2026-01-01T00:00:00Z");
         let rules = [&moved, &stays, &anchor];
-        let plan_with = |moving: &BTreeMap<String, String>| {
+        let plan_with = |moving: &BTreeMap<String, Move>| {
             super::connection(
                 &conn,
                 &rules,
@@ -627,8 +670,16 @@ mod tests {
                 .map(|r| r.name.clone())
                 .collect()
         };
-        let moving = BTreeMap::from([("moved".to_owned(), "east".to_owned())]);
-        let plan = plan_with(&moving);
+        let moving = |phase| {
+            BTreeMap::from([(
+                "moved".to_owned(),
+                Move {
+                    from: "east".into(),
+                    phase,
+                },
+            )])
+        };
+        let plan = plan_with(&moving(MovePhase::Subscribing));
         assert_eq!(names(&plan, "east"), ["moved", "stays"]);
         assert_eq!(names(&plan, "west"), ["anchor", "moved"]);
         assert_eq!(
@@ -643,7 +694,20 @@ mod tests {
                 group: "east".into()
             }
         );
-        // Once the new group runs it, only there.
+        assert!(served_config(&plan, "east").retiring.is_empty());
+        // Once the new group runs it, the old group's pods hand over what their sessions hold
+        // for it: still in their config and the rule's status, listed in `retiring` there only.
+        let plan = plan_with(&moving(MovePhase::HandingOver));
+        assert_eq!(names(&plan, "east"), ["moved", "stays"]);
+        assert_eq!(served_config(&plan, "east").retiring, ["moved"]);
+        assert!(served_config(&plan, "west").retiring.is_empty());
+        assert_eq!(
+            fate(&plan, "moved"),
+            &RulePlan::Served {
+                group: "east".into()
+            }
+        );
+        // Once they have, only in the new group.
         let plan = plan_with(&BTreeMap::new());
         assert_eq!(names(&plan, "east"), ["stays"]);
         assert_eq!(
@@ -652,6 +716,14 @@ mod tests {
                 group: "west".into()
             }
         );
+    }
+
+    #[test]
+    fn a_move_waits_for_the_new_group_then_for_the_old_one_to_hand_over() {
+        assert_eq!(MovePhase::of(false, false), Some(MovePhase::Subscribing));
+        assert_eq!(MovePhase::of(false, true), Some(MovePhase::Subscribing));
+        assert_eq!(MovePhase::of(true, false), Some(MovePhase::HandingOver));
+        assert_eq!(MovePhase::of(true, true), None);
     }
 
     /// A rule moved into a group where another rule already writes its topic from an
@@ -665,7 +737,7 @@ mod tests {
         let stays = rule("stays", "east", "s/#", "s", "2026-01-01T00:00:00Z");
         let owner = rule("owner", "west", "m/+", "shared", "2026-01-01T00:00:00Z");
         let rules = [&moved, &stays, &owner];
-        let plan_with = |moving: &BTreeMap<String, String>| {
+        let plan_with = |moving: &BTreeMap<String, Move>| {
             super::connection(
                 &conn,
                 &rules,
@@ -683,7 +755,13 @@ mod tests {
                 .map(|r| r.name.clone())
                 .collect()
         };
-        let plan = plan_with(&BTreeMap::from([("moved".to_owned(), "east".to_owned())]));
+        let plan = plan_with(&BTreeMap::from([(
+            "moved".to_owned(),
+            Move {
+                from: "east".into(),
+                phase: MovePhase::Subscribing,
+            },
+        )]));
         assert!(
             matches!(fate(&plan, "moved"), RulePlan::Refused(RuleOutcome::Conflict(m)) if m.contains("owner")),
             "{:?}",

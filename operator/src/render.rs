@@ -205,12 +205,18 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
 }
 
 impl Rendered {
-    /// The same config with the pods of `client_ids` listed in `drain`.
-    pub fn draining(mut self, client_ids: Vec<String>) -> Result<Self, RenderError> {
-        if self.config.drain == client_ids {
+    /// The same config with the pods of `client_ids` listed in `drain` and the rules named in
+    /// `retiring` listed there (they moved to another group).
+    pub fn handing_over(
+        mut self,
+        client_ids: Vec<String>,
+        retiring: Vec<String>,
+    ) -> Result<Self, RenderError> {
+        if self.config.drain == client_ids && self.config.retiring == retiring {
             return Ok(self);
         }
         self.config.drain = client_ids;
+        self.config.retiring = retiring;
         self.config_yaml =
             serde_saphyr::to_string(&self.config).map_err(|e| RenderError::Yaml {
                 group: self.workload.clone(),

@@ -802,6 +802,7 @@ mod tests {
             blocked_by: None,
             subscription_refused: None,
             schema: None,
+            retiring: None,
         }
     }
 

@@ -899,7 +899,8 @@ const NEW_GROUP_LAG: Duration = Duration::from_secs(5);
 /// Rule handover moves from group `east` to group `west` (which serves another rule) under
 /// steady traffic, the new group's pod seeing its config NEW_GROUP_LAG after the old one's:
 /// the operator keeps the rule in `east` until `west`'s pod runs it, so one of them is
-/// subscribed throughout, and every acknowledged message is in Kafka.
+/// subscribed throughout, then lists it in `east`'s `retiring` until `east`'s pod has handed
+/// over what its session held for it. Every acknowledged message is in Kafka.
 fn moving_a_rule_between_two_running_groups_loses_nothing(
     cp: &ControlPlane,
     op: &Operator,
@@ -932,8 +933,10 @@ fn moving_a_rule_between_two_running_groups_loses_nothing(
     );
     let moved = Instant::now();
     let mut dropped_early = false;
+    let mut handed_over = false;
     op.wait_for("handover served by west alone", WAIT, || {
         let east = sync_config(cp, "plant-east", "plant-east-0");
+        handed_over |= east.contains("retiring:");
         if moved.elapsed() >= NEW_GROUP_LAG {
             sync_config(cp, "plant-west", "plant-west-0");
         } else {
@@ -953,6 +956,11 @@ fn moving_a_rule_between_two_running_groups_loses_nothing(
     assert!(
         !dropped_early,
         "east's config kept the rule while west did not run it"
+    );
+    assert!(
+        handed_over,
+        "east's config listed the rule in retiring before it dropped it (its pod handed over \
+         what its session held for it)"
     );
     drop((east_pod, west_pod));
 }
