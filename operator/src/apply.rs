@@ -541,19 +541,30 @@ async fn pod_reports(
     out
 }
 
+/// Rules on their way to another group, and whether a pod's `/status` is what they wait for.
+#[derive(Debug, Default)]
+pub(crate) struct Moves {
+    /// By rule name.
+    pub pending: BTreeMap<String, Move>,
+    /// Some move waits on pods that run (their configs synced, then their reports), which no
+    /// watch event announces: look again soon. A move into a group with no replicas waits for
+    /// its StatefulSet to scale, which is watched.
+    pub poll: bool,
+}
+
 /// Rules moved to another group (`spec.group` changed) whose old group's workload still runs,
-/// by name, with how far each hand-over is ([`MovePhase::of`]): until the new group's pods all
-/// run the rule, and then until the old group's pods report it handed over (they forwarded what
-/// their sessions still held for it). The plan keeps such a rule in its old group, so some
-/// group is subscribed to its filters throughout the move and nothing the old sessions hold for
-/// it is acknowledged unmatched. Pods are read only while a move is under way.
+/// with how far each hand-over is ([`MovePhase::of`]): until the new group's pods all run the
+/// rule, and then until the old group's pods report it handed over (they forwarded what their
+/// sessions still held for it). The plan keeps such a rule in its old group, so some group is
+/// subscribed to its filters throughout the move and nothing the old sessions hold for it is
+/// acknowledged unmatched. Pods are read only while a move is under way.
 pub(crate) async fn moves_pending(
     client: &Client,
     ns: &str,
     connection: &BrokerConnection,
     rules: &[&ForwardingRule],
     live: &BTreeMap<String, Live>,
-) -> Result<BTreeMap<String, Move>, Error> {
+) -> Result<Moves, Error> {
     let name = connection.name_any();
     let moved: Vec<(String, &str, &Live, String)> = rules
         .iter()
@@ -572,23 +583,29 @@ pub(crate) async fn moves_pending(
         })
         .collect();
     if moved.is_empty() {
-        return Ok(BTreeMap::new());
+        return Ok(Moves::default());
     }
     let pods = Api::<Pod>::namespaced(client.clone(), ns)
         .list(&ListParams::default().labels(&selector(connection)))
         .await
         .at(Step::Read)?;
-    let mut pending = BTreeMap::new();
+    let mut moves = Moves::default();
     for (rule, old, old_live, new) in moved {
         let runs = runs_rule(&pods.items, &new, &rule).await;
         // Asked only once the new group runs it (before, the old group still serves it).
         let handed_over = runs && handed_over(&pods.items, old, old_live.replicas, &rule).await;
-        if let Some(phase) = MovePhase::of(runs, handed_over) {
-            let from = old_live.group.clone();
-            pending.insert(rule, Move { from, phase });
-        }
+        let Some(phase) = MovePhase::of(runs, handed_over) else {
+            continue;
+        };
+        let waits_on = match phase {
+            MovePhase::Subscribing => live.get(&new).map_or(0, |l| l.replicas),
+            MovePhase::HandingOver => old_live.replicas,
+        };
+        moves.poll |= waits_on > 0;
+        let from = old_live.group.clone();
+        moves.pending.insert(rule, Move { from, phase });
     }
-    Ok(pending)
+    Ok(moves)
 }
 
 /// Whether every pod of `workload` (not terminating) reports `rule` handed over (listed in its

@@ -449,11 +449,11 @@ async fn reconcile_readable(
         .map(|s| s.mqtt_sessions.clone())
         .unwrap_or_default();
     let live = live_scale(client, ns, connection, &recorded).await?;
-    let moving = moves_pending(client, ns, connection, &rules, &live).await?;
-    if !moving.is_empty() {
-        info!(connection = %name, namespace = %ns, moving = ?moving, "rules moving to another group: kept in their old group until the new one runs them and the old one has handed over what its sessions hold for them");
+    let moves = moves_pending(client, ns, connection, &rules, &live).await?;
+    if !moves.pending.is_empty() {
+        info!(connection = %name, namespace = %ns, moving = ?moves.pending, "rules moving to another group: kept in their old group until the new one runs them and the old one has handed over what its sessions hold for them");
     }
-    let plan = plan::connection(connection, &rules, &secrets, image, &live, &moving)?;
+    let plan = plan::connection(connection, &rules, &secrets, image, &live, &moves.pending)?;
     let mut draining = report_scale_downs(ctx, connection, &plan.groups).await;
 
     let applied = apply_groups(ctx, connection, &plan.groups).await;
@@ -484,7 +484,7 @@ async fn reconcile_readable(
     // the mark is seen here; and the removal of another owner's object is no trigger.
     let unresolved = !plan.missing_secrets.is_empty() || !applied.taken.is_empty();
     let retries = [
-        (draining || !moving.is_empty()).then_some(DRAIN_POLL),
+        (draining || moves.poll).then_some(DRAIN_POLL),
         sessions.retry_in,
         unresolved.then_some(UNRESOLVED_RETRY),
         groups_retry(ctx, connection, &applied.failed),
