@@ -162,6 +162,12 @@ impl RuleStats {
     pub fn is_retiring(&self) -> bool {
         self.is_retiring.load(Ordering::Relaxed)
     }
+    /// Its quiet period starts again (a reload listed it: its UNSUBSCRIBE goes out now).
+    pub fn restart_retiring_quiet(&self) {
+        if let Some(r) = lock(&self.retiring).as_mut() {
+            r.last_alone = Instant::now();
+        }
+    }
     /// A message matched this retiring rule and no rule the forwarder keeps: its session
     /// still delivers what the rule's filters brought.
     pub fn on_retiring_delivery(&self) {
@@ -446,6 +452,10 @@ pub struct DrainTracker {
     last_delivery: Mutex<Option<Instant>>,
     /// The current connection's start.
     connected_at: Mutex<Option<Instant>>,
+    /// The driver takes messages (its window has room): what the broker holds arrives.
+    reading: AtomicBool,
+    /// When it last started taking messages again.
+    reading_since: Mutex<Option<Instant>>,
 }
 
 impl DrainTracker {
@@ -461,11 +471,24 @@ impl DrainTracker {
         *lock(&self.connected_at) = Some(Instant::now());
         self.delivered();
     }
-    /// Since when the session is connected with every UNSUBSCRIBE answered: `None` while not
-    /// (what a connection's start or a pending UNSUBSCRIBE may still bring is unknown).
+    /// Whether the driver takes messages now; called on every turn of its loop.
+    pub fn set_reading(&self, reading: bool) {
+        if self.reading.swap(reading, Ordering::Relaxed) != reading && reading {
+            *lock(&self.reading_since) = Some(Instant::now());
+        }
+    }
+    /// Since when the session is connected with every UNSUBSCRIBE answered and the driver
+    /// taking messages: `None` while not (what a connection's start, a pending UNSUBSCRIBE or
+    /// a full window holds back is unknown, so quiet then proves nothing).
     fn settled_since(&self, connected: bool) -> Option<Instant> {
-        let settled = connected && self.unsubscribes_pending.load(Ordering::Relaxed) == 0;
-        settled.then(|| *lock(&self.connected_at)).flatten()
+        let settled = connected
+            && self.unsubscribes_pending.load(Ordering::Relaxed) == 0
+            && self.reading.load(Ordering::Relaxed);
+        if !settled {
+            return None;
+        }
+        let connected_at = (*lock(&self.connected_at))?;
+        Some(lock(&self.reading_since).map_or(connected_at, |r| r.max(connected_at)))
     }
     pub fn unsubscribe_sent(&self) {
         self.unsubscribes_pending.fetch_add(1, Ordering::Relaxed);

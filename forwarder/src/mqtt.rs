@@ -341,6 +341,8 @@ impl Driver {
         } = accepted;
         self.epoch += 1;
         self.ever_connected = true;
+        // Before `connected`: `/status` must never pair it with the last connection's state.
+        self.metrics.drain.connected();
         self.metrics.set_mqtt_connected(true);
         info!(session_present, epoch = self.epoch, broker = %self.settings.addr, "mqtt connected");
         let keep_alive = match server_keep_alive {
@@ -364,7 +366,6 @@ impl Driver {
         // without one.
         let plan = self.current_subscriptions();
         let subs = &plan.subscribe;
-        self.metrics.drain.connected();
         session.subscribe(codec, subs)?;
         if subs.is_empty() {
             // Draining: subscribed to all it should be.
@@ -400,6 +401,7 @@ impl Driver {
             }
             let reading = self.has_room();
             s.note_reading(reading);
+            self.metrics.drain.set_reading(reading);
             // Without room, bytes are still read ahead (never decoded into messages) so that the
             // broker closing the connection is noticed while the window is full.
             let read_ahead = reading || s.conn.read_buf.len() < READ_AHEAD;

@@ -342,6 +342,9 @@ impl Pipeline {
             &self.registry,
         );
         self.router = Arc::new(reload.router);
+        for rule in self.router.rules().iter().filter(|r| r.is_retiring()) {
+            rule.restart_retiring_quiet();
+        }
         self.rejudge();
         if reload.draining && !self.metrics.drain.draining() {
             info!("listed in drain: unsubscribing, forwarding what the session still holds");

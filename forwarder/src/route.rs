@@ -1,7 +1,7 @@
 //! Which Kafka records an MQTT message becomes: matching against the rules, one record per
 //! distinct target, and the record's key and value.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use base64::Engine as _;
@@ -213,8 +213,9 @@ impl Router {
         let mut tree = FilterTree::default();
         let mut slots: Vec<Arc<SchemaSlot>> = Vec::new();
         let mut slot_of: HashMap<&ValueEncoding, usize> = HashMap::new();
+        let retiring: HashSet<&str> = config.retiring.iter().map(String::as_str).collect();
         for (i, (rule, parsed)) in config.rules_with_topics().enumerate() {
-            rules[i].set_retiring(config.retires(&rule.name));
+            rules[i].set_retiring(retiring.contains(rule.name.as_str()));
             rules[i].set_subscribed(
                 rule.mqtt
                     .topics

@@ -861,8 +861,10 @@ fn a_drained_replica_leaves_nothing_in_its_session_when_it_ends() {
 fn a_rule_moved_away_is_handed_over_with_what_its_old_session_holds() {
     let brokers = Brokers::start();
     let rt = runtime();
-    rt.block_on(brokers.kafka.create_topic("moved", 1))
-        .expect("topic");
+    for topic in ["moved", "kept"] {
+        rt.block_on(brokers.kafka.create_topic(topic, 1))
+            .expect("topic");
+    }
     let moved =
         "  - name: moved\n    mqtt: { topics: [\"sensors/#\"] }\n    kafka: { topic: moved }\n";
     let kept = "  - name: kept\n    mqtt: { topics: [\"kept/#\"] }\n    kafka: { topic: kept }\n";
@@ -880,11 +882,17 @@ fn a_rule_moved_away_is_handed_over_with_what_its_old_session_holds() {
         Duration::from_secs(60),
     );
     old.kill();
+    // The kept rule's messages between the moved rule's, in the same session's queue.
+    let away_with_kept: Vec<(String, Vec<u8>)> = away
+        .iter()
+        .enumerate()
+        .flat_map(|(i, m)| [m.clone(), (format!("kept/{i}"), b"k".to_vec())])
+        .collect();
     rt.block_on(ferry_e2e::publish(
         brokers.mqtt.port(),
         "pub-away",
         QoS::AtLeastOnce,
-        away.to_vec(),
+        away_with_kept,
     ))
     .expect("publish while the old group's forwarder is away");
     let mut new = Forwarder::start_configmap(&group_replica(
@@ -1096,6 +1104,12 @@ fn two_replicas_subscribe_again_after_a_broker_restart_and_only_the_gap_is_lost(
         "before acked",
         || acked(&replicas) >= 1000.0,
     );
+    // So that a lost connection shows in `last_error`, and a stale "subscribed" cannot pass
+    // for the new connection's below.
+    for r in &replicas {
+        let status = r.status().expect("status");
+        assert!(status.mqtt.last_error.is_none(), "{:?}", status.mqtt);
+    }
     for r in &mut replicas {
         r.signal(libc::SIGSTOP);
     }

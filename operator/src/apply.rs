@@ -628,14 +628,19 @@ async fn handed_over(pods: &[Pod], workload: &str, replicas: i32, rule: &str) ->
 }
 
 /// Whether `workload` has a pod and each of its pods (not terminating) is connected to the
-/// broker and runs `rule`, by its `/status`.
+/// broker, subscribed, and runs `rule` with none of its subscriptions refused, by its
+/// `/status`.
 async fn runs_rule(pods: &[Pod], workload: &str, rule: &str) -> bool {
     let reports = reports_of(pods, workload).await;
     !reports.is_empty()
         && reports.iter().all(|status| {
-            status
-                .as_ref()
-                .is_some_and(|s| s.mqtt.connected && s.rules.iter().any(|r| r.name == rule))
+            status.as_ref().is_some_and(|s| {
+                s.mqtt.connected
+                    && s.mqtt.subscribed
+                    && s.rules
+                        .iter()
+                        .any(|r| r.name == rule && r.subscription_refused.is_none())
+            })
         })
 }
 

@@ -44,7 +44,7 @@ use crate::image::ForwarderImage;
 use crate::metrics::{Kind, Metrics};
 use crate::netpol::ForwarderNetworkPolicy;
 use crate::ownership::Serving;
-use crate::plan::{self, GroupPlan};
+use crate::plan::{self, GroupPlan, Move, MovePhase};
 use crate::scope::Scope;
 use crate::status::{self, RuleOutcome, Workload};
 use crate::validate::{MARK_VALUE, SECRET_MARK, referenced_secrets};
@@ -450,9 +450,7 @@ async fn reconcile_readable(
         .unwrap_or_default();
     let live = live_scale(client, ns, connection, &recorded).await?;
     let moves = moves_pending(client, ns, connection, &rules, &live).await?;
-    if !moves.pending.is_empty() {
-        info!(connection = %name, namespace = %ns, moving = ?moves.pending, "rules moving to another group: kept in their old group until the new one runs them and the old one has handed over what its sessions hold for them");
-    }
+    report_moves(ctx, connection, &moves.pending).await;
     let plan = plan::connection(connection, &rules, &secrets, image, &live, &moves.pending)?;
     let mut draining = report_scale_downs(ctx, connection, &plan.groups).await;
 
@@ -567,6 +565,39 @@ async fn report_retiring(
         event_once(ctx, connection, key, ("Retire", "Draining"), note).await;
     }
     !retiring.is_empty()
+}
+
+/// Says which rules are moving to another group and how far (a log line, and a Normal Event on
+/// the connection when a move enters each step).
+async fn report_moves(
+    ctx: &Context,
+    connection: &BrokerConnection,
+    moves: &BTreeMap<String, Move>,
+) {
+    let prefix = format!("{}#move/", key_of(connection));
+    let keys: BTreeMap<String, (&String, &Move)> = moves
+        .iter()
+        .map(|(rule, m)| (format!("{prefix}{rule}/{:?}", m.phase), (rule, m)))
+        .collect();
+    if let Ok(mut d) = ctx.draining.lock() {
+        d.retain(|k| !k.starts_with(&prefix) || keys.contains_key(k));
+    }
+    if !moves.is_empty() {
+        info!(connection = %connection.name_any(), moving = ?moves, "rules moving to another group: kept in their old group until the new one runs them and the old one has handed over what its sessions hold for them");
+    }
+    for (key, (rule, m)) in keys {
+        let note = match m.phase {
+            MovePhase::Subscribing => format!(
+                "rule {rule:?} moves out of group {:?}: served there until its new group's pods run it",
+                m.from
+            ),
+            MovePhase::HandingOver => format!(
+                "rule {rule:?} runs in its new group; group {:?} hands over what its sessions still hold for it, then drops it",
+                m.from
+            ),
+        };
+        event_once(ctx, connection, key, ("Move", "MovingRule"), note).await;
+    }
 }
 
 /// When to apply again the groups the API refused: each on a backoff of its own, as a failed

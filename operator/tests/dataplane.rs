@@ -933,10 +933,14 @@ fn moving_a_rule_between_two_running_groups_loses_nothing(
     );
     let moved = Instant::now();
     let mut dropped_early = false;
-    let mut handed_over = false;
+    let (mut listed_retiring, mut reported_handed_over, mut dropped_before_report) =
+        (false, false, false);
     op.wait_for("handover served by west alone", WAIT, || {
         let east = sync_config(cp, "plant-east", "plant-east-0");
-        handed_over |= east.contains("retiring:");
+        listed_retiring |= east.contains("retiring:");
+        reported_handed_over |= east_handed_over(&pod_status(2));
+        dropped_before_report |=
+            listed_retiring && !reported_handed_over && !east.contains("name: handover");
         if moved.elapsed() >= NEW_GROUP_LAG {
             sync_config(cp, "plant-west", "plant-west-0");
         } else {
@@ -958,11 +962,38 @@ fn moving_a_rule_between_two_running_groups_loses_nothing(
         "east's config kept the rule while west did not run it"
     );
     assert!(
-        handed_over,
-        "east's config listed the rule in retiring before it dropped it (its pod handed over \
-         what its session held for it)"
+        listed_retiring && reported_handed_over && !dropped_before_report,
+        "east's config listed the rule in retiring, and dropped it only once east's pod reported \
+         it handed over (listed {listed_retiring}, reported {reported_handed_over}, dropped \
+         before {dropped_before_report})"
+    );
+    let events = cp
+        .run_kubectl([
+            "get",
+            "events",
+            "-n",
+            NS,
+            "--field-selector",
+            "reason=MovingRule",
+            "-o",
+            "jsonpath={.items[*].message}",
+        ])
+        .expect("kubectl get events");
+    assert!(
+        events.contains("\"handover\" moves out of group \"east\"")
+            && events.contains("group \"east\" hands over what its sessions still hold"),
+        "a Normal Event for each step of the move: {events}"
     );
     drop((east_pod, west_pod));
+}
+
+/// Whether a pod's `/status` reports the rule `handover` retiring and handed over.
+fn east_handed_over(status: &str) -> bool {
+    serde_json::from_str::<ferry_api::status::ForwarderStatus>(status).is_ok_and(|s| {
+        s.rules
+            .iter()
+            .any(|r| r.name == "handover" && r.retiring.is_some_and(|h| h.drained))
+    })
 }
 
 /// `/status` of the stand-in pod on 127.77.0.<i + 1>; empty when it does not answer.
