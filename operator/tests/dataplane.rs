@@ -512,18 +512,11 @@ fn kafka_outage_is_reported_at_once(cp: &ControlPlane, op: &Operator, kafka: &mu
         Some(0.0),
         "RATE while Kafka is down: {rate:?}"
     );
-    let events = cp
-        .run_kubectl([
-            "get",
-            "events",
-            "-n",
-            NS,
-            "--field-selector",
-            "involvedObject.name=temps",
-            "-o",
-            "jsonpath={range .items[*]}{.type} {.reason};{end}",
-        ])
-        .expect("events");
+    let events = events(
+        cp,
+        "involvedObject.name=temps",
+        "{range .items[*]}{.type} {.reason};{end}",
+    );
     assert!(events.contains("Warning KafkaUnreachable"), "{events}");
     // Data is not flowing, so the rule is not Ready, for the same reason (what `kubectl get fr`
     // prints): one reconcile after the poller saw it.
@@ -967,24 +960,28 @@ fn moving_a_rule_between_two_running_groups_loses_nothing(
          it handed over (listed {listed_retiring}, reported {reported_handed_over}, dropped \
          before {dropped_before_report})"
     );
-    let events = cp
-        .run_kubectl([
-            "get",
-            "events",
-            "-n",
-            NS,
-            "--field-selector",
-            "reason=MovingRule",
-            "-o",
-            "jsonpath={.items[*].message}",
-        ])
-        .expect("kubectl get events");
+    let events = events(cp, "reason=MovingRule", "{.items[*].message}");
     assert!(
         events.contains("\"handover\" moves out of group \"east\"")
             && events.contains("group \"east\" hands over what its sessions still hold"),
         "a Normal Event for each step of the move: {events}"
     );
     drop((east_pod, west_pod));
+}
+
+/// The Events of the test's namespace chosen by `selector`, as `jsonpath` prints them.
+fn events(cp: &ControlPlane, selector: &str, jsonpath: &str) -> String {
+    cp.run_kubectl([
+        "get",
+        "events",
+        "-n",
+        NS,
+        "--field-selector",
+        selector,
+        "-o",
+        &format!("jsonpath={jsonpath}"),
+    ])
+    .expect("kubectl get events")
 }
 
 /// Whether a pod's `/status` reports the rule `handover` retiring and handed over.
