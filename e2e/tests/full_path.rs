@@ -887,6 +887,7 @@ fn run(
     // example rules' group then starts with one pod.
     scale_down_under_load(c, mqtt, kafka, rt, t0)?;
     cel_examples_forward_as_documented(c, mqtt, kafka, rt, t0)?;
+    moving_a_rule_to_another_group_under_load(c, mqtt, kafka, rt, t0)?;
     deleting_the_connection_removes_its_children_and_sessions(c, mqtt, rt, t0)?;
     let depot = a_connection_holds_the_finalizer(c, t0)?;
     helm_uninstall_leaves_only_the_crds(c, t0)?;
@@ -1592,6 +1593,81 @@ fn cel_examples_forward_as_documented(
          readings.3, the heartbeat filtered, 2 dead letters with their errors; {:.1?}",
         t.elapsed()
     ));
+    Ok(())
+}
+
+/// Whether the forwarder at `ip` runs `rule` (its `/status`): `None` if not, else whether it
+/// lists the rule as retiring (moved away: unsubscribed, handing over what its session holds).
+fn rule_state(ip: &str, rule: &str) -> Result<Option<bool>> {
+    let body = http_get_ok(SocketAddr::new(ip.parse()?, 8080), "/status")?;
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    Ok(v["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["name"] == rule)
+        .map(|r| !r["retiring"].is_null()))
+}
+
+/// Rule `alarms` moved from group `default` to group `json` (the CEL examples' pods) while its
+/// topics get 200 messages a second: the operator keeps it in `default` until `json`'s pod runs
+/// it, then lists it in `default`'s `retiring` until pod 0 says it handed the rule over, then
+/// drops it there. Every message the broker acknowledged is in Kafka, duplicates within the
+/// forwarder's window (issue 23's bound for a move).
+fn moving_a_rule_to_another_group_under_load(
+    c: &Cluster,
+    mqtt: &Mosquitto,
+    kafka: &Kafka,
+    rt: &tokio::runtime::Runtime,
+    t0: Instant,
+) -> Result<()> {
+    let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
+    let (old_ip, new_ip) = (pod_ip(c, &format!("{STS}-0"))?, pod_ip(c, "plant-json-0")?);
+    let load = SteadyLoad::start(c, mqtt, rt, "move", alarm_topic);
+    let t = Instant::now();
+    merge_patch(c, "fr", "alarms", r#"{"spec":{"group":"json"}}"#)?;
+    // Three configs reach pods: the new group's with the rule; once the operator saw it run
+    // there (it looks every DRAIN_POLL while a move is under way), the old group's with the
+    // rule retiring; once its pod said handed over (nothing for the rule for DRAIN_QUIET) and
+    // the operator saw it, the old group's without the rule.
+    let (mut taken_over, mut retiring) = (None, None);
+    wait_until(
+        CONFIG_REACHES_POD * 3 + DRAIN_POLL * 2 + DRAIN_QUIET + CONTROL_PLANE_SLACK,
+        "rule alarms runs in plant-json-0 and no more in plant-default-0",
+        || {
+            let new = rule_state(&new_ip, "alarms")? == Some(false);
+            if new && taken_over.is_none() {
+                taken_over = Some(t.elapsed());
+            }
+            let old = rule_state(&old_ip, "alarms")?;
+            if old == Some(true) && retiring.is_none() {
+                retiring = Some(t.elapsed());
+            }
+            Ok((new && old.is_none()).then_some(()))
+        },
+    )?;
+    let moved = t.elapsed();
+    let sent = load.finish(rt)?;
+    let (lost, dups) = read_lost_and_duplicates(kafka, "alarms", "move", &sent)?;
+    let workload = c.jsonpath("fr", "alarms", NS, ".status.workload")?;
+    log(format!(
+        "rule alarms moved from group default to json under load (200/s): plant-json-0 ran it \
+         {taken_over:.1?} after the patch, plant-default-0 listed it retiring after \
+         {retiring:.1?} and dropped it after {moved:.1?}; its \
+         status.workload {workload}; {} published: lost {}, duplicates {dups}",
+        sent.len(),
+        lost.len()
+    ));
+    ensure!(lost.is_empty(), "lost moving rule alarms: {lost:?}");
+    ensure!(
+        dups <= FORWARDER_WINDOW,
+        "{dups} duplicates moving rule alarms: more than the window ({FORWARDER_WINDOW})"
+    );
+    wait_until(
+        CONTROL_PLANE_SLACK,
+        "rule alarms Ready in its new group",
+        || Ok(c.rule_ready("alarms", NS)?.then_some(())),
+    )?;
     Ok(())
 }
 
