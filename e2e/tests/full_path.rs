@@ -33,7 +33,10 @@
 //!    measured, duplicates counted); its reconnect (same client id, clean start off) is checked
 //!    in Mosquitto's log. Then the other pod is force-deleted (`--grace-period=0 --force`: the
 //!    API object goes at once and the replacement starts while the old container is killed):
-//!    nothing lost either;
+//!    nothing lost either. Then the connection's forwarder replicas are patched from 2 to 1
+//!    under load: the operator has pod 1 drain its session into Kafka before the StatefulSet
+//!    shrinks (a Normal `Draining` Event), then ends that session; nothing is lost, duplicates
+//!    stay within the window, the broker holds no session for pod 1, the rules are Ready 1/1;
 //! 9. deleting the rules and the connection removes everything they owned, and the operator
 //!    ends the forwarders' MQTT sessions (the broker holds none for them afterwards);
 //! 10. `helm uninstall` leaves nothing of the release but the CRDs (and, printed as a NOTE, not
@@ -170,6 +173,18 @@ fn read_complete(
     }
 }
 
+/// [`read_complete`] of `topic` (at most 90 s), then [`lost_and_duplicates`] of what it read.
+fn read_lost_and_duplicates(
+    kafka: &Kafka,
+    topic: &str,
+    prefix: &str,
+    expected: &[String],
+) -> Result<(Vec<String>, usize)> {
+    let records = read_complete(kafka, &[topic], prefix, expected, Duration::from_secs(90))?;
+    let refs: Vec<&Record> = records.iter().collect();
+    Ok(lost_and_duplicates(&refs, prefix, expected))
+}
+
 fn n_of(payload: &str) -> usize {
     payload
         .rsplit('-')
@@ -303,15 +318,7 @@ fn kafka_outage_is_reported(
     let back = wait_rules_ready(c, "True", None, Duration::from_secs(90))?;
     stop.store(true, Ordering::SeqCst);
     let sent = rt.block_on(publisher)??;
-    let records = read_complete(
-        kafka,
-        &["temps"],
-        "kafka-outage",
-        &sent,
-        Duration::from_secs(90),
-    )?;
-    let all: Vec<&Record> = records.iter().collect();
-    let (lost, dup) = lost_and_duplicates(&all, "kafka-outage", &sent);
+    let (lost, dup) = read_lost_and_duplicates(kafka, "temps", "kafka-outage", &sent)?;
     log(format!(
         "Kafka back after {outage:.1?} away: rules Ready again {back:.1?} later; {} published \
          during and after the outage at 50/s: lost {}, duplicates {dup}",
@@ -419,6 +426,57 @@ fn config_generations(c: &Cluster) -> Result<Vec<(String, u64)>> {
         .collect()
 }
 
+/// QoS 1 messages (`<prefix>-<n>`) published at 200/s while a step changes something.
+struct SteadyLoad {
+    stop: Arc<AtomicBool>,
+    publisher: tokio::task::JoinHandle<Result<Vec<String>>>,
+}
+
+impl SteadyLoad {
+    /// Starts publishing and lets it run 3 s before the change.
+    fn start(
+        c: &Cluster,
+        mqtt: &Mosquitto,
+        rt: &tokio::runtime::Runtime,
+        prefix: &str,
+        topic_of: fn(usize) -> String,
+    ) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let publisher = rt.spawn(publish_paced(
+            publisher_endpoint(c.node_ip(), mqtt),
+            prefix.into(),
+            topic_of,
+            usize::MAX,
+            200,
+            stop.clone(),
+        ));
+        std::thread::sleep(Duration::from_secs(3));
+        Self { stop, publisher }
+    }
+
+    /// Publishes 3 s more after the change, then stops: what the broker acknowledged.
+    fn finish(self, rt: &tokio::runtime::Runtime) -> Result<Vec<String>> {
+        std::thread::sleep(Duration::from_secs(3));
+        self.stop.store(true, Ordering::SeqCst);
+        rt.block_on(self.publisher)?
+    }
+}
+
+/// The IP of forwarder pod `name`.
+fn pod_ip(c: &Cluster, name: &str) -> Result<String> {
+    forwarder_pods(c)?
+        .into_iter()
+        .find(|p| p.0 == name)
+        .map(|p| p.2)
+        .ok_or_else(|| anyhow!("no pod {name}"))
+}
+
+/// `kubectl patch --type=merge` of one object in [`NS`].
+fn merge_patch(c: &Cluster, kind: &str, name: &str, patch: &str) -> Result<()> {
+    c.kubectl(&["patch", kind, name, "-n", NS, "--type=merge", "-p", patch])?;
+    Ok(())
+}
+
 /// Deletes the forwarder pod `victim` (gracefully, or with `force` at once) while messages
 /// are published at 200/s; checks that it comes back (same name, new uid, Ready), that it
 /// reconnects with the same MQTT client id and clean start off, and that nothing is lost.
@@ -431,7 +489,6 @@ fn delete_pod_under_load(
     victim: &str,
     force: bool,
 ) -> Result<()> {
-    let node = c.node_ip();
     let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
     let prefix = if force { "crash" } else { "kill" };
     let how = if force {
@@ -444,16 +501,7 @@ fn delete_pod_under_load(
         .find(|p| p.0 == victim)
         .map(|p| p.1)
         .ok_or_else(|| anyhow!("no pod {victim}"))?;
-    let stop = Arc::new(AtomicBool::new(false));
-    let publisher = rt.spawn(publish_paced(
-        publisher_endpoint(node, mqtt),
-        prefix.into(),
-        temp_topic,
-        usize::MAX,
-        200,
-        stop.clone(),
-    ));
-    std::thread::sleep(Duration::from_secs(3));
+    let load = SteadyLoad::start(c, mqtt, rt, prefix, temp_topic);
     let t = Instant::now();
     let mut delete = vec!["delete", "pod", victim, "-n", NS, "--wait=false"];
     if force {
@@ -471,18 +519,8 @@ fn delete_pod_under_load(
         },
     )?;
     let back = t.elapsed();
-    std::thread::sleep(Duration::from_secs(3));
-    stop.store(true, Ordering::SeqCst);
-    let kill_sent = rt.block_on(publisher)??;
-    let v2 = read_complete(
-        kafka,
-        &["temps.v2"],
-        prefix,
-        &kill_sent,
-        Duration::from_secs(90),
-    )?;
-    let v2_refs: Vec<&Record> = v2.iter().collect();
-    let (lost_kill, dup_kill) = lost_and_duplicates(&v2_refs, prefix, &kill_sent);
+    let kill_sent = load.finish(rt)?;
+    let (lost_kill, dup_kill) = read_lost_and_duplicates(kafka, "temps.v2", prefix, &kill_sent)?;
     // The recreated pod has the same name, so the same MQTT client id: check its /status.
     let status = http_get_ok(SocketAddr::new(new_ip.parse()?, 8080), "/status")?;
     let status: serde_json::Value = serde_json::from_str(&status)?;
@@ -533,6 +571,148 @@ fn delete_pod_under_load(
     wait_until(Duration::from_secs(60), "temps readyReplicas 2/2", || {
         Ok((c.jsonpath("fr", "temps", NS, ".status.readyReplicas")? == "2/2").then_some(()))
     })?;
+    Ok(())
+}
+
+/// How long an edited ConfigMap takes to reach a running forwarder here: the kubelet refreshes a
+/// pod's mounted ConfigMaps when it syncs the pod, every `syncFrequency` (10 s in
+/// `e2e/cluster/up.sh`) jittered by up to half of it (its pod workers'
+/// `workerResyncIntervalJitterFactor`), its sync loop looks every second, and the forwarder
+/// reads its config file every second.
+const CONFIG_REACHES_POD: Duration = Duration::from_secs(10 * 3 / 2 + 1 + 1);
+/// The operator's part of a scale-down: it looks at the leaving pods' `/status` every 5 s while
+/// they drain (`DRAIN_POLL`), and once a pod is gone ends its session within 5 s
+/// (`SESSIONS_POD_WAIT`); a forwarder says drained after its session delivered nothing for 2 s
+/// (`DRAIN_QUIET`).
+const DRAIN_POLL: Duration = Duration::from_secs(5);
+const SESSIONS_POD_WAIT: Duration = Duration::from_secs(5);
+const DRAIN_QUIET: Duration = Duration::from_secs(2);
+/// Room for the API server, the controllers and the kubelet to act on what they watch (a
+/// reconcile, the StatefulSet controller, the kubelet's SIGTERM) on this loaded 2-core machine.
+const CONTROL_PLANE_SLACK: Duration = Duration::from_secs(10);
+
+/// The connection's forwarder replicas patched from 2 to 1 while messages are published at
+/// 200/s: the operator lists pod 1 in its config's `drain` (a Normal `Draining` Event), shrinks
+/// the StatefulSet once pod 1 says drained, and ends pod 1's session once it is gone; pod 0
+/// subscribes plainly. Every message the broker acknowledged is in Kafka, duplicates within the
+/// forwarder's window, the broker holds no session for pod 1, and the rules are Ready with 1/1.
+fn scale_down_under_load(
+    c: &Cluster,
+    mqtt: &Mosquitto,
+    kafka: &Kafka,
+    rt: &tokio::runtime::Runtime,
+    t0: Instant,
+) -> Result<()> {
+    let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
+    let leaving = format!("{STS}-1");
+    let client_id = format!("ferry.{NS}.{leaving}");
+    let leaving_ip = pod_ip(c, &leaving)?;
+    let grace: u64 = c
+        .jsonpath("pod", &leaving, NS, ".spec.terminationGracePeriodSeconds")?
+        .parse()?;
+    let load = SteadyLoad::start(c, mqtt, rt, "scaledown", temp_topic);
+    let t = Instant::now();
+    merge_patch(c, "bc", "plant", r#"{"spec":{"forwarder":{"replicas":1}}}"#)?;
+    // Pod 1 learns it leaves from its config, drains, says so; the operator sees it and shrinks.
+    let mut drained_at = None;
+    wait_until(
+        CONFIG_REACHES_POD + DRAIN_QUIET + DRAIN_POLL + CONTROL_PLANE_SLACK,
+        "the StatefulSet shrunk to 1 replica once pod 1 drained",
+        || {
+            if drained_at.is_none() {
+                // Best effort: the pod may already be stopping.
+                let status = http_get_ok(SocketAddr::new(leaving_ip.parse()?, 8080), "/status")
+                    .ok()
+                    .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok());
+                if status.is_some_and(|s| s["drain"]["drained"] == true) {
+                    drained_at = Some(t.elapsed());
+                }
+            }
+            Ok((c.jsonpath("statefulset", STS, NS, ".spec.replicas")? == "1").then_some(()))
+        },
+    )?;
+    let shrunk = t.elapsed();
+    // It stops at once (nothing left to forward), within its grace period at most; then the
+    // operator ends its session with a clean start (pods resume theirs: clean start off).
+    wait_until(
+        Duration::from_secs(grace) + SESSIONS_POD_WAIT + CONTROL_PLANE_SLACK,
+        &format!("{leaving} gone and its session ended by the operator"),
+        || {
+            if forwarder_pods(c)?.iter().any(|p| p.0 == leaving) {
+                return Ok(None);
+            }
+            let mqtt_log = fs::read_to_string(mqtt.dir().join("mosquitto.log"))?;
+            let last = mqtt_log.lines().rev().find(|l| {
+                l.contains("New client connected") && l.contains(&format!(" as {client_id} "))
+            });
+            Ok(last.is_some_and(|l| l.contains("(p5, c1,")).then_some(()))
+        },
+    )?;
+    let gone = t.elapsed();
+    // Pod 0, alone now, subscribes plainly (its config changed with pod 1's).
+    let pod0 = pod_ip(c, &format!("{STS}-0"))?;
+    wait_until(
+        CONFIG_REACHES_POD + CONTROL_PLANE_SLACK,
+        &format!("{STS}-0 subscribed plainly (/status mqtt.shared false)"),
+        || {
+            let body = http_get_ok(SocketAddr::new(pod0.parse()?, 8080), "/status")?;
+            let v: serde_json::Value = serde_json::from_str(&body)?;
+            Ok((v["mqtt"]["subscribed"] == true && v["mqtt"]["shared"] == false).then_some(()))
+        },
+    )?;
+    let sent = load.finish(rt)?;
+    let (lost, dups) = read_lost_and_duplicates(kafka, "temps.v2", "scaledown", &sent)?;
+    let (present, queued) = rt.block_on(ferry_e2e::probe_session(
+        c.node_ip(),
+        mqtt.port(),
+        Some(PUBLISHER),
+        &client_id,
+        false,
+    ))?;
+    let events = c.kubectl(&[
+        "get",
+        "events",
+        "-n",
+        NS,
+        "--field-selector",
+        "involvedObject.kind=BrokerConnection,involvedObject.name=plant,reason=Draining",
+        "-o",
+        "jsonpath={range .items[*]}{.type} {.reason}: {.message}{\"\\n\"}{end}",
+    ])?;
+    wait_until(CONTROL_PLANE_SLACK, "the rules Ready with 1/1", || {
+        for rule in ["temps", "alarms"] {
+            if ready_condition(c, rule)?.0 != "True"
+                || c.jsonpath("fr", rule, NS, ".status.readyReplicas")? != "1/1"
+            {
+                return Ok(None);
+            }
+        }
+        Ok(Some(()))
+    })?;
+    let table = c.kubectl(&["get", "fr", "-n", NS])?;
+    log(format!(
+        "scaled {STS} 2 -> 1 under load (200/s): {leaving} said drained {drained_at:.1?} after \
+         the patch, the StatefulSet shrunk after {shrunk:.1?}, {leaving} gone and its session \
+         ended after {gone:.1?}, {STS}-0 subscribed plainly; step {:.1?}; {} published: lost \
+         {}, duplicates {dups}; the broker holds a session for {client_id}: {present} \
+         ({queued} queued)\nEvents: {events}$ kubectl get fr -n {NS}\n{table}",
+        t.elapsed(),
+        sent.len(),
+        lost.len()
+    ));
+    ensure!(lost.is_empty(), "lost scaling down: {lost:?}");
+    ensure!(
+        dups <= FORWARDER_WINDOW,
+        "{dups} duplicates scaling down: more than the window ({FORWARDER_WINDOW})"
+    );
+    ensure!(
+        !present && queued == 0,
+        "the broker still holds a session for {client_id} ({queued} queued)"
+    );
+    ensure!(
+        events.contains("Normal Draining") && events.contains(&leaving),
+        "no Normal Draining Event naming {leaving}: {events:?}"
+    );
     Ok(())
 }
 
@@ -703,7 +883,11 @@ fn run(
     // Delete a forwarder pod under load, then kill one abruptly.
     delete_pod_under_load(c, mqtt, kafka, rt, t0, &format!("{STS}-0"), false)?;
     delete_pod_under_load(c, mqtt, kafka, rt, t0, &format!("{STS}-1"), true)?;
+    // The group goes from 2 replicas to 1 the way a user does it, under load; the CEL
+    // example rules' group then starts with one pod.
+    scale_down_under_load(c, mqtt, kafka, rt, t0)?;
     cel_examples_forward_as_documented(c, mqtt, kafka, rt, t0)?;
+    moving_a_rule_to_another_group_under_load(c, mqtt, kafka, rt, t0)?;
     deleting_the_connection_removes_its_children_and_sessions(c, mqtt, rt, t0)?;
     let depot = a_connection_holds_the_finalizer(c, t0)?;
     helm_uninstall_leaves_only_the_crds(c, t0)?;
@@ -1412,6 +1596,81 @@ fn cel_examples_forward_as_documented(
     Ok(())
 }
 
+/// Whether the forwarder at `ip` runs `rule` (its `/status`): `None` if not, else whether it
+/// lists the rule as retiring (moved away: unsubscribed, handing over what its session holds).
+fn rule_state(ip: &str, rule: &str) -> Result<Option<bool>> {
+    let body = http_get_ok(SocketAddr::new(ip.parse()?, 8080), "/status")?;
+    let v: serde_json::Value = serde_json::from_str(&body)?;
+    Ok(v["rules"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|r| r["name"] == rule)
+        .map(|r| !r["retiring"].is_null()))
+}
+
+/// Rule `alarms` moved from group `default` to group `json` (the CEL examples' pods) while its
+/// topics get 200 messages a second: the operator keeps it in `default` until `json`'s pod runs
+/// it, then lists it in `default`'s `retiring` until pod 0 says it handed the rule over, then
+/// drops it there. Every message the broker acknowledged is in Kafka, duplicates within the
+/// forwarder's window (issue 23's bound for a move).
+fn moving_a_rule_to_another_group_under_load(
+    c: &Cluster,
+    mqtt: &Mosquitto,
+    kafka: &Kafka,
+    rt: &tokio::runtime::Runtime,
+    t0: Instant,
+) -> Result<()> {
+    let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
+    let (old_ip, new_ip) = (pod_ip(c, &format!("{STS}-0"))?, pod_ip(c, "plant-json-0")?);
+    let load = SteadyLoad::start(c, mqtt, rt, "move", alarm_topic);
+    let t = Instant::now();
+    merge_patch(c, "fr", "alarms", r#"{"spec":{"group":"json"}}"#)?;
+    // Three configs reach pods: the new group's with the rule; once the operator saw it run
+    // there (it looks every DRAIN_POLL while a move is under way), the old group's with the
+    // rule retiring; once its pod said handed over (nothing for the rule for DRAIN_QUIET) and
+    // the operator saw it, the old group's without the rule.
+    let (mut taken_over, mut retiring) = (None, None);
+    wait_until(
+        CONFIG_REACHES_POD * 3 + DRAIN_POLL * 2 + DRAIN_QUIET + CONTROL_PLANE_SLACK,
+        "rule alarms runs in plant-json-0 and no more in plant-default-0",
+        || {
+            let new = rule_state(&new_ip, "alarms")? == Some(false);
+            if new && taken_over.is_none() {
+                taken_over = Some(t.elapsed());
+            }
+            let old = rule_state(&old_ip, "alarms")?;
+            if old == Some(true) && retiring.is_none() {
+                retiring = Some(t.elapsed());
+            }
+            Ok((new && old.is_none()).then_some(()))
+        },
+    )?;
+    let moved = t.elapsed();
+    let sent = load.finish(rt)?;
+    let (lost, dups) = read_lost_and_duplicates(kafka, "alarms", "move", &sent)?;
+    let workload = c.jsonpath("fr", "alarms", NS, ".status.workload")?;
+    log(format!(
+        "rule alarms moved from group default to json under load (200/s): plant-json-0 ran it \
+         {taken_over:.1?} after the patch, plant-default-0 listed it retiring after \
+         {retiring:.1?} and dropped it after {moved:.1?}; its \
+         status.workload {workload}; {} published: lost {}, duplicates {dups}",
+        sent.len(),
+        lost.len()
+    ));
+    ensure!(lost.is_empty(), "lost moving rule alarms: {lost:?}");
+    ensure!(
+        dups <= FORWARDER_WINDOW,
+        "{dups} duplicates moving rule alarms: more than the window ({FORWARDER_WINDOW})"
+    );
+    wait_until(
+        CONTROL_PLANE_SLACK,
+        "rule alarms Ready in its new group",
+        || Ok(c.rule_ready("alarms", NS)?.then_some(())),
+    )?;
+    Ok(())
+}
+
 /// Deleting the rules and the connection removes everything they owned, and the operator ends
 /// the forwarders' MQTT sessions.
 fn deleting_the_connection_removes_its_children_and_sessions(
@@ -1434,6 +1693,12 @@ fn deleting_the_connection_removes_its_children_and_sessions(
         ])
     };
     let before = owned()?;
+    // The forwarders running now (the scale-down already ended pod 1's session).
+    let running: Vec<String> = forwarder_pods(c)?.into_iter().map(|p| p.0).collect();
+    ensure!(
+        !running.is_empty(),
+        "no forwarder pod runs before the deletion"
+    );
     log(format!(
         "owned by the connection before deleting it:\n{before}"
     ));
@@ -1469,7 +1734,7 @@ fn deleting_the_connection_removes_its_children_and_sessions(
     // The forwarders are gone for good: the operator (from its pod) ended their sessions with a
     // clean start, so the broker holds none for them and queues nothing.
     let mqtt_log = fs::read_to_string(mqtt.dir().join("mosquitto.log"))?;
-    for pod in [format!("{STS}-0"), format!("{STS}-1")] {
+    for pod in &running {
         let client_id = format!("ferry.{NS}.{pod}");
         let last_connect = mqtt_log
             .lines()
