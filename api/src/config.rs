@@ -201,11 +201,6 @@ impl ForwarderConfig {
         }
     }
 
-    /// `rule` is listed in `retiring`.
-    pub fn retires(&self, rule: &str) -> bool {
-        self.retiring.iter().any(|r| r == rule)
-    }
-
     /// This forwarder is listed in `drain`.
     pub fn draining(&self) -> bool {
         self.drain.contains(&self.mqtt.client_id)
@@ -794,7 +789,6 @@ mod tests {
              \x20 - { name: kept, mqtt: { topics: [\"both/#\"] }, kafka: { topic: t } }\n\
              retiring: [moved]\n";
         let c: ForwarderConfig = serde_saphyr::from_str(yaml).unwrap_or_else(|e| panic!("{e}"));
-        assert!(c.retires("moved") && !c.retires("kept"));
         let plan = c.subscription_plan();
         assert_eq!(filters(&plan.subscribe), ["$share/g/both/#"]);
         assert_eq!(

@@ -105,8 +105,8 @@ pub struct RuleStats {
     schema: Mutex<Option<SchemaInUse>>,
     /// (when, forwarded count) samples for the rate, oldest first.
     samples: Mutex<VecDeque<(Instant, u64)>>,
-    /// Listed in the config's `retiring`: since when, and the last message that matched it
-    /// and no rule kept (what its unsubscribed filters still brought).
+    /// Set while the config lists it in `retiring`: when a message last matched it and no
+    /// rule kept (what its unsubscribed filters still brought).
     retiring: Mutex<Option<Retiring>>,
     /// `retiring` is set: read for every message the rule matches, without the lock.
     is_retiring: AtomicBool,

@@ -590,10 +590,17 @@ pub(crate) async fn moves_pending(
         .await
         .at(Step::Read)?;
     let mut moves = Moves::default();
+    // Each workload's pods are asked once, however many of its rules move.
+    let mut reports: BTreeMap<String, Reports> = BTreeMap::new();
     for (rule, old, old_live, new) in moved {
-        let runs = runs_rule(&pods.items, &new, &rule).await;
+        let runs = runs_rule(reports_cached(&mut reports, &pods.items, &new).await, &rule);
         // Asked only once the new group runs it (before, the old group still serves it).
-        let handed_over = runs && handed_over(&pods.items, old, old_live.replicas, &rule).await;
+        let handed_over = runs
+            && handed_over(
+                reports_cached(&mut reports, &pods.items, old).await,
+                old_live.replicas,
+                &rule,
+            );
         let Some(phase) = MovePhase::of(runs, handed_over) else {
             continue;
         };
@@ -608,12 +615,27 @@ pub(crate) async fn moves_pending(
     Ok(moves)
 }
 
-/// Whether every pod of `workload` (not terminating) reports `rule` handed over (listed in its
-/// config's `retiring`, its session holding nothing more for it) or gone. A pod that does not
-/// answer is waited for, and so is a workload of `replicas` > 0 without pods (they come back);
-/// one scaled to zero runs nothing that could hand over.
-async fn handed_over(pods: &[Pod], workload: &str, replicas: i32, rule: &str) -> bool {
-    let reports = reports_of(pods, workload).await;
+/// The `/status` of each pod of a workload that is not terminating (see [`reports_of`]).
+type Reports = Vec<Option<ferry_api::status::ForwarderStatus>>;
+
+/// [`reports_of`] `workload`, asked once per `cache`.
+async fn reports_cached<'c>(
+    cache: &'c mut BTreeMap<String, Reports>,
+    pods: &[Pod],
+    workload: &str,
+) -> &'c Reports {
+    if !cache.contains_key(workload) {
+        let reports = reports_of(pods, workload).await;
+        cache.insert(workload.to_owned(), reports);
+    }
+    cache.entry(workload.to_owned()).or_default()
+}
+
+/// Whether every pod of a workload of `replicas` (its `reports`) reports `rule` handed over
+/// (listed in its config's `retiring`, its session holding nothing more for it) or gone. A pod
+/// that does not answer is waited for, and so is a workload of `replicas` > 0 without pods
+/// (they come back); one scaled to zero runs nothing that could hand over.
+fn handed_over(reports: &Reports, replicas: i32, rule: &str) -> bool {
     if reports.is_empty() {
         return replicas <= 0;
     }
@@ -627,11 +649,9 @@ async fn handed_over(pods: &[Pod], workload: &str, replicas: i32, rule: &str) ->
     })
 }
 
-/// Whether `workload` has a pod and each of its pods (not terminating) is connected to the
-/// broker, subscribed, and runs `rule` with none of its subscriptions refused, by its
-/// `/status`.
-async fn runs_rule(pods: &[Pod], workload: &str, rule: &str) -> bool {
-    let reports = reports_of(pods, workload).await;
+/// Whether a workload has a pod and each of its pods (its `reports`) is connected to the
+/// broker, subscribed, and runs `rule` with none of its subscriptions refused.
+fn runs_rule(reports: &Reports, rule: &str) -> bool {
     !reports.is_empty()
         && reports.iter().all(|status| {
             status.as_ref().is_some_and(|s| {
@@ -646,10 +666,7 @@ async fn runs_rule(pods: &[Pod], workload: &str, rule: &str) -> bool {
 
 /// The `/status` of each pod of `workload` in `pods` that is not terminating; `None` for one
 /// that does not answer.
-async fn reports_of(
-    pods: &[Pod],
-    workload: &str,
-) -> Vec<Option<ferry_api::status::ForwarderStatus>> {
+async fn reports_of(pods: &[Pod], workload: &str) -> Reports {
     let mut out = Vec::new();
     for pod in pods {
         if workload_of(&pod.name_any()).is_none_or(|(w, _)| w != workload)

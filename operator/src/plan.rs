@@ -182,17 +182,7 @@ pub fn connection<'a>(
             .iter()
             .map(|o| client_id(&namespace, &format!("{}-{o}", rendered.workload)))
             .collect();
-        let retiring = rendered
-            .config
-            .rules
-            .iter()
-            .filter(|r| {
-                moving
-                    .get(&r.name)
-                    .is_some_and(|m| m.from == *group && m.phase == MovePhase::HandingOver)
-            })
-            .map(|r| r.name.clone())
-            .collect();
+        let retiring = handed_over_by(group, &rendered.config, moving);
         let rendered = rendered.handing_over(leaving, retiring)?;
         let mut children =
             children::build(connection, group, &rendered, secret_data.clone(), image);
@@ -232,6 +222,25 @@ pub fn connection<'a>(
             .filter_map(|r| Some((*r, fates.remove(&r.name_any())?)))
             .collect(),
     })
+}
+
+/// The rules of `group`'s `config` that moved to another group, which runs them now: they hand
+/// over what the group's sessions still hold for them (its config's `retiring`).
+fn handed_over_by(
+    group: &str,
+    config: &ferry_api::ForwarderConfig,
+    moving: &BTreeMap<String, Move>,
+) -> Vec<String> {
+    config
+        .rules
+        .iter()
+        .filter(|r| {
+            moving
+                .get(&r.name)
+                .is_some_and(|m| m.from == group && m.phase == MovePhase::HandingOver)
+        })
+        .map(|r| r.name.clone())
+        .collect()
 }
 
 /// The rules of one group that are not rendered, by name: conflicts first (the older rule
