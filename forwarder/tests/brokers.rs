@@ -963,6 +963,26 @@ fn a_rule_moved_away_is_handed_over_with_what_its_old_session_holds() {
         old.status().is_some_and(|s| s.mqtt.subscribed),
         "the old group's forwarder goes on with its other rule"
     );
+    // The neighbour sharing the session: its messages, queued between the moved rule's, all
+    // reach its own topic, and it never counts as retiring.
+    let kept_records = brokers.read(
+        "kept",
+        away.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(60),
+    );
+    let kept_topics: std::collections::BTreeSet<&str> =
+        kept_records.iter().filter_map(|r| r.key_str()).collect();
+    assert_eq!(
+        kept_topics.len(),
+        away.len(),
+        "the kept rule's messages, each"
+    );
+    assert!(
+        old.status()
+            .is_some_and(|s| s.rules.iter().all(|r| r.retiring.is_none())),
+        "no rule of the old forwarder retiring once the moved one left"
+    );
 }
 
 /// A group of one replica subscribes plainly (`subscribe_shared: false`), switching live from
