@@ -3,9 +3,19 @@
 SHELL := /bin/bash
 FERRY_CACHE ?= $(HOME)/.cache/ferry
 export FERRY_CACHE
-export CARGO_TARGET_DIR ?= $(FERRY_CACHE)/target
+# Compiled dependencies are shared by every checkout (cargo's build dir); the binaries, images
+# and test reports a checkout builds are its own (its target dir, named after its path), so a
+# test or an image never picks up another checkout's build.
+export CARGO_BUILD_BUILD_DIR ?= $(FERRY_CACHE)/target
+CHECKOUT := $(notdir $(CURDIR))-$(shell printf '%s' '$(CURDIR)' | sha256sum | cut -c1-12)
+export CARGO_TARGET_DIR ?= $(FERRY_CACHE)/checkouts/$(CHECKOUT)
+export FERRY_IMAGES_DIR ?= $(CARGO_TARGET_DIR)/images
 
-.PHONY: all deps k8s tools build release images test lint docs-check unit demo demo-local bench soak crds chart-docs chart-docs-check clean-cache
+.PHONY: all deps k8s tools helm nextest build release images test check lint docs-check unit demo demo-local bench soak crds chart-docs chart-docs-check clean-cache
+
+NEXTEST := $(FERRY_CACHE)/tools/bin/cargo-nextest nextest
+# The tests that need no brokers: unit, property and model tests, and the command-line tests.
+NO_BROKERS := -E 'kind(lib) | binary(cli)'
 
 all: build
 
@@ -18,19 +28,28 @@ deps:
 k8s:
 	@bash e2e/k8s/build.sh
 
-# helm and kubeconform from the Go module proxy, plus kubeconform's Kubernetes JSON schemas
-# generated offline (about 2.5 min once, then cached), and lychee from crates.io (the docs' link
-# checker; about 9 CPU-minutes once, then cached); idempotent.
+# What `make lint` and `make test` run: helm, kubeconform and actionlint from the Go module proxy,
+# kubeconform's Kubernetes JSON schemas generated offline, lychee (the docs' link checker) and
+# cargo-nextest (the test runner) from crates.io. Built once, then cached; idempotent. Times:
+# docs/development.md#how-long-things-take.
 tools:
 	@bash e2e/tools/build.sh
+
+# Only helm (all that `make demo` needs of the tools), or only the test runner (`make check`).
+helm:
+	@bash e2e/tools/build.sh helm
+
+nextest:
+	@bash e2e/tools/build.sh nextest
 
 build: deps
 	cargo build --workspace --all-targets
 
-# The release binaries: what the images pack and the benchmarks run. Always this one set of
-# packages, so cargo resolves the same features and never rebuilds what another target built.
+# The release binaries: what the images pack, the benchmarks and the demos run. Always this one
+# set of packages, so cargo resolves the same features and never rebuilds what another target
+# built.
 release: deps
-	cargo build --release -p ferry-forwarder -p ferry-operator -p ferry-bench
+	cargo build --release -p ferry-forwarder -p ferry-operator -p ferry-bench -p ferry-e2e
 
 # OCI image tarballs of ferry-operator and ferry-forwarder, built without Docker.
 images: release
@@ -48,14 +67,21 @@ lint: deps tools
 docs-check:
 	@bash e2e/tools/linkcheck.sh
 
-# Unit tests plus every integration test against real Mosquitto and Kafka. The broker tests
-# each start their own brokers; they run one at a time so timings stay meaningful on 2 cores.
+# Unit tests plus every integration test against real Mosquitto, Kafka and Kubernetes. Each test
+# starts its own brokers on free ports, so cargo-nextest runs several at once
+# (.config/nextest.toml); passing tests' output is in $(CARGO_TARGET_DIR)/nextest/default/junit.xml.
 test: deps k8s tools lint images
-	cargo test --workspace -- --test-threads=1 --nocapture
+	$(NEXTEST) run --workspace
+
+# The inner loop, a few minutes warm: formatting, clippy, and the tests that need no brokers.
+check: deps nextest
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	$(NEXTEST) run --workspace $(NO_BROKERS)
 
 # Only the tests that need no brokers.
-unit:
-	cargo test --workspace --lib --test cli
+unit: nextest
+	$(NEXTEST) run --workspace $(NO_BROKERS)
 
 # Regenerates crds/ and charts/ferry/crd-files/ from api/src/crd.rs (tests fail when they differ).
 crds:
@@ -86,14 +112,12 @@ soak: deps release
 # Ferry's whole path on a real single-node Kubernetes cluster, narrated (needs root; about 30 s
 # once the cluster's binaries and images are built). From a terminal it keeps the cluster up
 # until you press Enter; otherwise it tears down at once.
-demo: deps k8s tools images
-	cargo build -p ferry-e2e --bin demo-cluster
-	$(CARGO_TARGET_DIR)/debug/demo-cluster
+demo: deps k8s helm images
+	$(CARGO_TARGET_DIR)/release/demo-cluster
 
 # The forwarder alone (no Kubernetes): brokers on loopback and examples/forwarder.yaml.
-demo-local: deps
-	cargo build -p ferry-forwarder -p ferry-e2e --bin ferry-forwarder --bin demo-local
-	$(CARGO_TARGET_DIR)/debug/demo-local
+demo-local: release
+	$(CARGO_TARGET_DIR)/release/demo-local
 
 # Go makes its module cache read-only; make it writable so it can be removed.
 clean-cache:

@@ -20,18 +20,21 @@
 # Reproducible: the same binaries and system libraries give the same digests (mtimes are
 # SOURCE_DATE_EPOCH, default 0).
 #
-# Usage: e2e/images/build.sh [--out DIR]   (default ${FERRY_CACHE:-~/.cache/ferry}/images)
-# It first runs `cargo build --release -p ferry-forwarder -p ferry-operator -p ferry-bench` (a
+# Usage: e2e/images/build.sh [--out DIR]   (default $FERRY_IMAGES_DIR, else $CARGO_TARGET_DIR/images)
+# It first runs `cargo build --release -p ferry-forwarder -p ferry-operator -p ferry-bench -p ferry-e2e` (a
 # no-op when up to date; the same packages as `make release`, so that both build with the same
-# features and never rebuild each other's output) in CARGO_TARGET_DIR (default ${FERRY_CACHE}/target, as the Makefile). With
+# features and never rebuild each other's output) in CARGO_TARGET_DIR (the Makefile sets a
+# per-checkout one; default <repo>/target, cargo's own). With
 # FERRY_IMAGES_SKIP_BUILD=1 it packs the release binaries already there instead (e.g. from
 # within `cargo test`, which holds the target dir's lock). Needs python3, ldd, objcopy and
 # dpkg-query (Debian).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-cache=${FERRY_CACHE:-$HOME/.cache/ferry}
-out="$cache/images"
+# The target dir is the checkout's own (the Makefile's, else cargo's default), and so are the
+# images: packing another checkout's binaries would test a build that is not this one.
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$repo/target}
+out=${FERRY_IMAGES_DIR:-$CARGO_TARGET_DIR/images}
 
 usage() { sed -n 's/^# \{0,1\}//; /^Usage:/,/dpkg-query/p' "$0"; }
 while [ $# -gt 0 ]; do
@@ -43,7 +46,6 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$cache/target}
 cargo=${CARGO:-cargo}
 python=${PYTHON:-python3}
 binaries=(ferry-operator ferry-forwarder)
@@ -51,7 +53,7 @@ binaries=(ferry-operator ferry-forwarder)
 if [ "${FERRY_IMAGES_SKIP_BUILD:-}" = 1 ]; then
   echo "ferry: images: FERRY_IMAGES_SKIP_BUILD=1: packing the release binaries in $CARGO_TARGET_DIR as they are"
 else
-  (cd "$repo" && "$cargo" build --release -p ferry-forwarder -p ferry-operator -p ferry-bench)
+  (cd "$repo" && "$cargo" build --release -p ferry-forwarder -p ferry-operator -p ferry-bench -p ferry-e2e)
 fi
 for b in "${binaries[@]}"; do
   if [ ! -x "$CARGO_TARGET_DIR/release/$b" ]; then

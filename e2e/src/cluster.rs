@@ -37,8 +37,17 @@ pub fn helm_bin() -> PathBuf {
     crate::cache_dir().join("tools/bin/helm")
 }
 
+/// Where `e2e/images/build.sh` writes this checkout's images: `$FERRY_IMAGES_DIR`, else
+/// `images/` in the target dir (`$CARGO_TARGET_DIR`, else cargo's default `<repo>/target`).
+/// Never a directory other checkouts write: their images would be another build's binaries.
 pub fn images_dir() -> PathBuf {
-    crate::cache_dir().join("images")
+    if let Some(dir) = std::env::var_os("FERRY_IMAGES_DIR") {
+        return PathBuf::from(dir);
+    }
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_dir().join("target"))
+        .join("images")
 }
 
 /// `<pid>-<nanoseconds>`: unique file names.

@@ -114,13 +114,13 @@ fn images_are_complete_nonroot_shell_free_runnable_and_reproducible() -> Result<
     Ok(())
 }
 
-/// The target dir this test was built in: `<target>/debug/deps/images-<hash>`.
+/// The target dir of this checkout: where cargo put this crate's binaries (the test binary
+/// itself may be in a build dir shared with other checkouts).
 fn target_dir() -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let target = exe
+    let target = Path::new(env!("CARGO_BIN_EXE_demo-local"))
         .ancestors()
-        .nth(3)
-        .context("test binary outside a target dir")?;
+        .nth(2)
+        .context("demo-local outside a target dir")?;
     Ok(target.to_owned())
 }
 

@@ -11,6 +11,8 @@
 #                module proxy. Once: about 9 CPU-minutes (measured 7m49s user + 52s system;
 #                23 min of wall time while other builds shared the 2 cores), ~0.9 GB of objects
 #                in a temporary target dir that is removed; then cached like the others
+#   cargo-nextest  the test runner of `make test` and `make check` (.config/nextest.toml), also
+#                `cargo install`ed, pinned and `--locked`, the same way as lychee
 #   schemas      kubeconform normally downloads its schemas from GitHub, which is out of reach
 #                here. They are generated instead, the way openapi2jsonschema does ("standalone",
 #                "standalone-strict"), by the small Go program in openapi2jsonschema/:
@@ -22,7 +24,8 @@
 #                  (example/prometheus-operator-crd/), in the layout of the CRDs catalog.
 #
 # Output, in ${FERRY_CACHE:-~/.cache/ferry}/tools:
-#   bin/helm, bin/kubeconform, bin/actionlint, bin/ferry-openapi2jsonschema, bin/lychee
+#   bin/helm, bin/kubeconform, bin/actionlint, bin/ferry-openapi2jsonschema, bin/lychee,
+#   bin/cargo-nextest
 #   schemas/v<k8s>-standalone-strict/<kind>-<group>-<version>.json (and -standalone/)
 #   schemas/crds/<group>/<kind>_<version>.json
 #   crds/monitoring.coreos.com_{servicemonitors,podmonitors,prometheusrules}.yaml (the CRDs
@@ -37,13 +40,24 @@
 # Idempotent; silent and instant when the `.complete` stamp names the versions below. Cold (empty
 # module and build caches): ~2.5 min on 2 cores, nearly all of it helm; ~1.5 GB in the Go caches;
 # lychee's build comes on top (above).
+#
+# Usage: e2e/tools/build.sh [helm|nextest]
+#   no argument  everything above (`make tools`: what `make lint` and `make test` run)
+#   helm         only helm (`make demo` needs nothing else)
+#   nextest      only cargo-nextest (`make check`)
 set -euo pipefail
+only=${1:-}
+case $only in
+  ''|helm|nextest) ;;
+  *) echo "ferry: tools: unknown part '$only' (helm, nextest or nothing for all)" >&2; exit 2 ;;
+esac
 
 # The pinned versions: the only place they are written.
 HELM_VERSION=v3.22.0
 KUBECONFORM_VERSION=v0.8.0
 ACTIONLINT_VERSION=v1.7.12
 LYCHEE_VERSION=0.24.2
+NEXTEST_VERSION=0.9.151
 PROMETHEUS_OPERATOR_VERSION=v0.85.0 # the newest version of the root module on the proxy
 # GitOps CRDs for examples/gitops (Argo CD Application, Flux GitRepository and Kustomization,
 # External Secrets ExternalSecret).
@@ -62,14 +76,14 @@ schemas="$root/schemas"
 # The stamp also names the checksums of this script and the schema generator: editing either
 # regenerates the schemas (helm, kubeconform, actionlint and lychee are only rebuilt when their
 # version changes).
-stamp="helm $HELM_VERSION kubeconform $KUBECONFORM_VERSION actionlint $ACTIONLINT_VERSION lychee $LYCHEE_VERSION kubernetes $k8s_version \
+stamp="helm $HELM_VERSION kubeconform $KUBECONFORM_VERSION actionlint $ACTIONLINT_VERSION lychee $LYCHEE_VERSION nextest $NEXTEST_VERSION kubernetes $k8s_version \
 prometheus-operator $PROMETHEUS_OPERATOR_VERSION argo-cd $ARGOCD_VERSION \
 flux $FLUX_KUSTOMIZE_VERSION/$FLUX_SOURCE_VERSION external-secrets $EXTERNAL_SECRETS_VERSION script $(cat "$here/build.sh" "$here"/openapi2jsonschema/{go.mod,go.sum,main.go} | sha256sum | cut -c1-12)"
 
 complete() {
   [ "$(cat "$root/.complete" 2>/dev/null)" = "$stamp" ] || return 1
   local b
-  for b in helm kubeconform actionlint ferry-openapi2jsonschema lychee; do [ -x "$bin/$b" ] || return 1; done
+  for b in helm kubeconform actionlint ferry-openapi2jsonschema lychee cargo-nextest; do [ -x "$bin/$b" ] || return 1; done
   [ -f "$schemas/$k8s_version-standalone-strict/deployment-apps-v1.json" ] &&
     [ -f "$schemas/crds/monitoring.coreos.com/servicemonitor_v1.json" ] &&
     [ -f "$root/crds/monitoring.coreos.com_podmonitors.yaml" ] &&
@@ -78,7 +92,18 @@ complete() {
     [ -f "$root/crds/kustomize.toolkit.fluxcd.io_kustomizations.yaml" ] &&
     [ -f "$root/crds/external-secrets.io_externalsecrets.yaml" ]
 }
-complete && exit 0
+helm_current() { [ "$("$bin/helm" version --template '{{.Version}}' 2>/dev/null)" = "$HELM_VERSION" ]; }
+# Its first line: "cargo-nextest 0.9.151 (<commit> <date>)".
+nextest_current() { [ "$("$bin/cargo-nextest" nextest --version 2>/dev/null | head -1 | cut -d' ' -f1-2)" = "cargo-nextest $NEXTEST_VERSION" ]; }
+# A part is done when its binary is there at its version; everything, when the stamp says so.
+done_already() {
+  case $only in
+    helm) helm_current ;;
+    nextest) nextest_current ;;
+    *) complete ;;
+  esac
+}
+done_already && exit 0
 
 mkdir -p "$root"
 # One build at a time; the second waits, then finds the stamp.
@@ -87,16 +112,36 @@ if ! flock -n 9; then
   echo "ferry: tools: another build.sh is building them, waiting for it"
   flock 9
 fi
-complete && exit 0
+done_already && exit 0
+
+step() { printf 'ferry: tools: %s\n' "$*"; }
+mkdir -p "$bin"
+
+# `cargo install` of a pinned crate into a temp root, then moved into bin/: its own target dir,
+# removed afterwards (never the workspace's: the Makefile exports CARGO_TARGET_DIR).
+cargo_install() {
+  local crate=$1 version=$2 binary=$3 s=$SECONDS tmp
+  step "building $crate $version (cargo install --locked)"
+  tmp=$(mktemp -d "$root/$crate.XXXXXX")
+  env -u CARGO_TARGET_DIR -u CARGO_BUILD_BUILD_DIR cargo install "$crate" --version "$version" \
+    --locked --root "$tmp/root" --target-dir "$tmp/target" >"$root/$crate.log" 2>&1 ||
+    { cat "$root/$crate.log" >&2; rm -rf "$tmp"; exit 1; }
+  mv -f "$tmp/root/bin/$binary" "$bin/$binary"
+  rm -rf "$tmp"
+  step "  $crate built in $((SECONDS - s)) s"
+}
+
+if [ "$only" = nextest ]; then
+  nextest_current || cargo_install cargo-nextest "$NEXTEST_VERSION" cargo-nextest
+  exit 0
+fi
 
 # shellcheck source=../go-env.sh
 . "$here/../go-env.sh"
 ferry_go_env tools
-step() { printf 'ferry: tools: %s\n' "$*"; }
 t0=$SECONDS
-rm -f "$root/.complete"
-mkdir -p "$bin"
 step "using $("$go" version | cut -d' ' -f3), caches in $cache/go"
+[ -z "$only" ] && rm -f "$root/.complete"
 
 # Prints the module's directory in the module cache, downloading it once.
 module_dir() {
@@ -118,7 +163,7 @@ go_install() {
   step "  $name built in $((SECONDS - s)) s"
 }
 
-if [ "$("$bin/helm" version --template '{{.Version}}' 2>/dev/null)" != "$HELM_VERSION" ]; then
+if ! helm_current; then
   # What helm's Makefile stamps: its version, and the Kubernetes version of the client-go it
   # is built with, which `helm template`/`lint` report as .Capabilities.KubeVersion (the
   # default would be v1.20, and charts asking for more would not render).
@@ -134,6 +179,8 @@ if [ "$("$bin/helm" version --template '{{.Version}}' 2>/dev/null)" != "$HELM_VE
 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$client_go"
 fi
 
+[ "$only" = helm ] && exit 0
+
 if [ "$("$bin/kubeconform" -v 2>/dev/null)" != "$KUBECONFORM_VERSION" ]; then
   go_install kubeconform "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION" \
     "-s -w -X main.version=$KUBECONFORM_VERSION"
@@ -145,18 +192,9 @@ if [ "$("$bin/actionlint" -version 2>/dev/null | head -1)" != "$ACTIONLINT_VERSI
 fi
 
 if [ "$("$bin/lychee" --version 2>/dev/null)" != "lychee $LYCHEE_VERSION" ]; then
-  # Its own target dir, removed afterwards: never the workspace's (the Makefile exports
-  # CARGO_TARGET_DIR), and ~1 GB of objects that are not needed once the binary is built.
-  s=$SECONDS
-  step "building lychee $LYCHEE_VERSION (cargo install --locked)"
-  tmp=$(mktemp -d "$root/lychee.XXXXXX")
-  cargo install lychee --version "$LYCHEE_VERSION" --locked --root "$tmp/root" \
-    --target-dir "$tmp/target" >"$root/lychee.log" 2>&1 ||
-    { cat "$root/lychee.log" >&2; rm -rf "$tmp"; exit 1; }
-  mv -f "$tmp/root/bin/lychee" "$bin/lychee"
-  rm -rf "$tmp"
-  step "  lychee built in $((SECONDS - s)) s"
+  cargo_install lychee "$LYCHEE_VERSION" lychee
 fi
+nextest_current || cargo_install cargo-nextest "$NEXTEST_VERSION" cargo-nextest
 
 # The schema generator: its own Go module beside this script (go.mod and go.sum pinned, so the
 # build only reads the repository; its objects go to GOCACHE).

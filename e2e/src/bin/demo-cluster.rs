@@ -13,7 +13,7 @@
 //! logs are then kept and their path printed). If a cluster with these settings already exists,
 //! the demo refuses to start and leaves it alone.
 //!
-//! Needs root, `make deps k8s tools images` (the Makefile target `demo` runs them).
+//! Needs root, `make deps k8s helm images` (the Makefile target `demo` runs them).
 
 use std::io::BufRead as _;
 use std::path::PathBuf;

@@ -161,16 +161,15 @@ pub fn jsonpath(cp: &ControlPlane, ns: &str, kind: &str, name: &str, path: &str)
     .unwrap_or_default()
 }
 
-/// The `ferry-forwarder` binary built next to the tests (`cargo build -p ferry-forwarder`, or
-/// `cargo test --workspace`).
+/// The `ferry-forwarder` binary of this build, beside `ferry-operator` in the checkout's target
+/// dir (`cargo build -p ferry-forwarder`, or a workspace-wide test run). Not found from the test
+/// binary's own path: that can be a build dir that other checkouts share.
 pub fn forwarder_binary() -> PathBuf {
-    std::env::current_exe()
-        .expect("test path")
+    std::path::Path::new(env!("CARGO_BIN_EXE_ferry-operator"))
         .parent()
-        .and_then(|d| d.parent())
         .map(|d| d.join("ferry-forwarder"))
         .filter(|p| p.exists())
-        .expect("ferry-forwarder next to the tests (cargo build -p ferry-forwarder)")
+        .expect("ferry-forwarder beside ferry-operator (cargo build -p ferry-forwarder)")
 }
 
 /// The arguments of StatefulSet `workload`'s forwarder container as its pod `pod` gets them
