@@ -18,8 +18,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
 
+use crate::kafka::{Kafka, KafkaOptions};
+use crate::messages::disconnect;
+use crate::mosquitto::{Mosquitto, MosquittoOptions};
+use crate::pki::{KeyType, Pki};
+use crate::process::{Placement, cache_dir, run_logged};
 use crate::schema_registry::{SchemaRegistry, SchemaRegistryOptions, SchemaType};
-use crate::{Kafka, KafkaOptions, KeyType, Mosquitto, MosquittoOptions, Pki, Placement};
 
 pub const KUBECTL: &str = "/usr/bin/kubectl";
 /// The images' tag (`e2e/images/build.sh`): the workspace version.
@@ -34,11 +38,11 @@ pub fn repo_dir() -> PathBuf {
 }
 
 pub fn helm_bin() -> PathBuf {
-    crate::cache_dir().join("tools/bin/helm")
+    cache_dir().join("tools/bin/helm")
 }
 
 pub fn images_dir() -> PathBuf {
-    crate::cache_dir().join("images")
+    cache_dir().join("images")
 }
 
 /// `<pid>-<nanoseconds>`: unique file names.
@@ -222,7 +226,7 @@ impl Cluster {
         let mut cmd = Command::new("bash");
         cmd.arg(script).args(args);
         self.settings(&mut cmd);
-        crate::run_logged(&mut cmd, &name, &out_path, timeout)
+        run_logged(&mut cmd, &name, &out_path, timeout)
     }
 
     /// [`Cluster::script`] of `e2e/cluster/<name>`.
@@ -861,7 +865,7 @@ pub async fn publish_paced(
             Err(_) => bail!("publisher stalled ({published} sent, {acked} acknowledged)"),
         }
     }
-    crate::disconnect(&client, &mut eventloop).await?;
+    disconnect(&client, &mut eventloop).await?;
     Ok(sent.unwrap_or_default())
 }
 
@@ -901,5 +905,5 @@ pub async fn publish_to(
         }
     }
     sender.await??;
-    crate::disconnect(&client, &mut eventloop).await
+    disconnect(&client, &mut eventloop).await
 }

@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
-use super::{cache_dir, free_port, http_get, spawn_tied, tail, terminate, wait_for_port, which};
+use crate::http::http_get;
+use crate::logs::tail;
+use crate::process::{cache_dir, free_port, spawn_tied, terminate, wait_for_port, which};
 
 /// The Kubernetes version `e2e/k8s/build.sh` builds (the content of `e2e/k8s/VERSION`), e.g. `v1.34.4`.
 pub fn k8s_version() -> &'static str {
