@@ -51,7 +51,9 @@ pub struct Kafka {
     placement: Placement,
 }
 
-pub const KAFKA_VERSION: &str = "4.1.1";
+/// The Apache Kafka whose jars `install.sh` fetches: `<kafka.version>` of `e2e/kafka/pom.xml`,
+/// read by `build.rs`.
+pub const KAFKA_VERSION: &str = env!("FERRY_KAFKA_VERSION");
 
 /// The SASL mechanisms enabled on the `SASL_SSL` listener.
 pub const KAFKA_SASL_MECHANISMS: [&str; 2] = ["SCRAM-SHA-512", "PLAIN"];
@@ -474,5 +476,21 @@ fn sasl_ssl_props(sasl: &SaslSsl<'_>, dir: &Path) -> Result<(String, Vec<String>
 impl Drop for Kafka {
     fn drop(&mut self) {
         self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KAFKA_VERSION;
+
+    #[test]
+    fn kafka_version_is_the_poms_and_looks_like_a_release() {
+        let parts: Vec<&str> = KAFKA_VERSION.split('.').collect();
+        assert!(
+            parts.len() == 3 && parts.iter().all(|p| p.parse::<u32>().is_ok()),
+            "KAFKA_VERSION {KAFKA_VERSION:?} is not a release version like 4.1.1"
+        );
+        let pom = include_str!("../kafka/pom.xml");
+        assert!(pom.contains(&format!("<kafka.version>{KAFKA_VERSION}</kafka.version>")));
     }
 }
