@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use ferry_e2e::kube::ControlPlane;
-use ferry_e2e::{Kafka, Mosquitto, free_port, http_get, http_get_at, http_get_ok, metrics};
+use ferry_e2e::{
+    Kafka, Mosquitto, WAIT_POLL, free_port, http_get, http_get_at, http_get_ok, metrics, wait_until,
+};
 
 use crate::report::{NoBudget, OperatorFigures};
 
@@ -98,28 +100,6 @@ fn kafka_topic(group: usize) -> String {
     format!("bench.g{group}")
 }
 
-/// Polls `ready` every 250 ms until it holds, failing after `timeout` with `what`.
-fn wait_for(what: &str, timeout: Duration, ready: impl FnMut() -> Result<bool>) -> Result<()> {
-    wait_for_every(what, timeout, Duration::from_millis(250), ready)
-}
-
-/// [`wait_for`], polling every `every`.
-fn wait_for_every(
-    what: &str,
-    timeout: Duration,
-    every: Duration,
-    mut ready: impl FnMut() -> Result<bool>,
-) -> Result<()> {
-    let start = Instant::now();
-    while !ready()? {
-        if start.elapsed() > timeout {
-            bail!("{what}: not after {timeout:?}");
-        }
-        std::thread::sleep(every);
-    }
-    Ok(())
-}
-
 /// How often to read every rule's conditions while waiting on them: a read of them all costs
 /// the API server (and kubectl, on the same cores) in proportion to their number, so 250 ms
 /// per 1,000 rules keeps the bench's own load from being what it measures.
@@ -171,9 +151,10 @@ fn start_operator(
         .spawn()
         .with_context(|| format!("start {}", bin.display()))?;
     let operator = Operator(child);
-    wait_for(
+    wait_until(
         "the operator serving /metrics",
         Duration::from_secs(30),
+        WAIT_POLL,
         || Ok(operator_metric(port, "ferry_operator_reconciles_total", &[]).is_ok()),
     )?;
     Ok((operator, port))
@@ -225,7 +206,7 @@ fn create_rules(
         Ok(())
     })?;
     let apply_seconds = applied.elapsed().as_secs_f64();
-    wait_for_every(
+    wait_until(
         "every rule Accepted",
         Duration::from_secs(300),
         rules_poll(rules),
@@ -266,9 +247,10 @@ fn run_pod(cp: &ControlPlane, bin: &Path, g: usize) -> Result<Pod> {
     if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
         bail!("something else listens on {addr}, the address of pod {name}");
     }
-    wait_for(
+    wait_until(
         &format!("pod {name} created"),
         Duration::from_secs(60),
+        WAIT_POLL,
         || Ok(cp.run_kubectl(["get", "pod", &name, "-n", NS]).is_ok()),
     )?;
     let config = cp.run_kubectl([
@@ -301,9 +283,10 @@ fn run_pod(cp: &ControlPlane, bin: &Path, g: usize) -> Result<Pod> {
         .spawn()
         .with_context(|| format!("start {}", bin.display()))?;
     let mut pod = Pod { child, addr, log };
-    wait_for(
+    wait_until(
         &format!("forwarder {name} ready"),
         Duration::from_secs(60),
+        WAIT_POLL,
         || {
             if let Some(status) = pod.child.try_wait()? {
                 bail!("forwarder {name} exited with {status}: {}", pod.log_tail());
@@ -391,7 +374,7 @@ fn steady(
     let warm = Instant::now();
     // The first report of each rule is a condition change (Forwarding True), written at once;
     // Ready follows within a reconcile of the connection.
-    wait_for_every(
+    wait_until(
         "every rule Forwarding and Ready",
         Duration::from_secs(600),
         rules_poll(rules),

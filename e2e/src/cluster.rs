@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
 
@@ -573,26 +573,9 @@ impl Drop for Cluster {
     }
 }
 
-/// Calls `check` every 500 ms until it gives `Some`, at most `timeout`.
-pub fn wait_until<T>(
-    timeout: Duration,
-    what: &str,
-    mut check: impl FnMut() -> Result<Option<T>>,
-) -> Result<T> {
-    let start = Instant::now();
-    let mut last_err = None;
-    loop {
-        match check() {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last_err = Some(e),
-        }
-        if start.elapsed() > timeout {
-            bail!("{what}: not within {timeout:?} (last error: {last_err:?})");
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
+/// How often a test looks at the cluster while it waits ([`crate::wait_until_some`]): every
+/// look runs kubectl (or asks a pod), on the cores the cluster runs on.
+pub const CLUSTER_POLL: Duration = Duration::from_millis(500);
 
 /// The ForwardingRules named `names` from `examples/kubernetes/rules.yaml`, as they are
 /// shipped (they reference the connection `plant`), for `kubectl apply -n <ns> -f -`.

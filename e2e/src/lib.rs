@@ -26,6 +26,7 @@ mod pki;
 mod process;
 pub mod registry;
 pub mod schema_registry;
+mod wait;
 
 pub use credentials::{check_credential, check_password};
 pub use fault_proxy::{FaultProxy, ProxyMode};
@@ -43,3 +44,4 @@ pub use pki::{CLIENT_CN, KeyType, Pki};
 pub use process::{Placement, cache_dir, free_port};
 pub use registry::Registry;
 pub use schema_registry::{SchemaRegistry, SchemaRegistryOptions, SchemaType};
+pub use wait::{Condition, WAIT_POLL, wait_until, wait_until_async, wait_until_some};

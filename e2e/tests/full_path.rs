@@ -60,15 +60,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, ensure};
 use ferry_e2e::cluster::{
-    BrokerOptions, Brokers, Cluster, METRIC_AVRO, METRICS_SUBJECT, METRICS_TOPIC, MqttEndpoint,
-    cel_example_messages, ensure_helm, ensure_root, example_rules, ferry_images, metric_messages,
-    metrics_rule_yaml, plant_connection_yaml, publish_paced, publish_to, read_metrics_decoded,
-    wait_until,
+    BrokerOptions, Brokers, CLUSTER_POLL, Cluster, METRIC_AVRO, METRICS_SUBJECT, METRICS_TOPIC,
+    MqttEndpoint, cel_example_messages, ensure_helm, ensure_root, example_rules, ferry_images,
+    metric_messages, metrics_rule_yaml, plant_connection_yaml, publish_paced, publish_to,
+    read_metrics_decoded,
 };
 use ferry_e2e::cluster::{VERSION, repo_dir};
 use ferry_e2e::{
     Kafka, Mosquitto, MosquittoOptions, Record, Registry, SchemaRegistry, SchemaRegistryOptions,
-    SchemaType, http_get_ok,
+    SchemaType, http_get_ok, wait_until_some,
 };
 
 /// README.md's install command: its first line that starts with `helm install `. This test
@@ -270,7 +270,7 @@ fn wait_rules_ready(
 ) -> Result<Duration> {
     let t = Instant::now();
     let what = format!("both rules Ready={status} ({reason:?})");
-    wait_until(within, &what, || {
+    wait_until_some(&what, within, CLUSTER_POLL, || {
         for rule in ["temps", "alarms"] {
             let (s, r) = ready_condition(c, rule)?;
             if s != status || reason.is_some_and(|want| want != r) {
@@ -512,9 +512,10 @@ fn delete_pod_under_load(
         delete.extend(["--grace-period=0", "--force"]);
     }
     c.kubectl(&delete)?;
-    let new_ip = wait_until(
-        Duration::from_secs(120),
+    let new_ip = wait_until_some(
         &format!("{victim} recreated and Ready"),
+        Duration::from_secs(120),
+        CLUSTER_POLL,
         || {
             Ok(forwarder_pods(c)?
                 .into_iter()
@@ -572,9 +573,12 @@ fn delete_pod_under_load(
          off:\n{}",
         connects.join("\n")
     );
-    wait_until(Duration::from_secs(60), "temps readyReplicas 2/2", || {
-        Ok((c.jsonpath("fr", "temps", NS, ".status.readyReplicas")? == "2/2").then_some(()))
-    })?;
+    wait_until_some(
+        "temps readyReplicas 2/2",
+        Duration::from_secs(60),
+        CLUSTER_POLL,
+        || Ok((c.jsonpath("fr", "temps", NS, ".status.readyReplicas")? == "2/2").then_some(())),
+    )?;
     Ok(())
 }
 
@@ -619,9 +623,10 @@ fn scale_down_under_load(
     merge_patch(c, "bc", "plant", r#"{"spec":{"forwarder":{"replicas":1}}}"#)?;
     // Pod 1 learns it leaves from its config, drains, says so; the operator sees it and shrinks.
     let mut drained_at = None;
-    wait_until(
-        CONFIG_REACHES_POD + DRAIN_QUIET + DRAIN_POLL + CONTROL_PLANE_SLACK,
+    wait_until_some(
         "the StatefulSet shrunk to 1 replica once pod 1 drained",
+        CONFIG_REACHES_POD + DRAIN_QUIET + DRAIN_POLL + CONTROL_PLANE_SLACK,
+        CLUSTER_POLL,
         || {
             if drained_at.is_none() {
                 // Best effort: the pod may already be stopping.
@@ -638,9 +643,10 @@ fn scale_down_under_load(
     let shrunk = t.elapsed();
     // It stops at once (nothing left to forward), within its grace period at most; then the
     // operator ends its session with a clean start (pods resume theirs: clean start off).
-    wait_until(
-        Duration::from_secs(grace) + SESSIONS_POD_WAIT + CONTROL_PLANE_SLACK,
+    wait_until_some(
         &format!("{leaving} gone and its session ended by the operator"),
+        Duration::from_secs(grace) + SESSIONS_POD_WAIT + CONTROL_PLANE_SLACK,
+        CLUSTER_POLL,
         || {
             if forwarder_pods(c)?.iter().any(|p| p.0 == leaving) {
                 return Ok(None);
@@ -655,9 +661,10 @@ fn scale_down_under_load(
     let gone = t.elapsed();
     // Pod 0, alone now, subscribes plainly (its config changed with pod 1's).
     let pod0 = pod_ip(c, &format!("{STS}-0"))?;
-    wait_until(
-        CONFIG_REACHES_POD + CONTROL_PLANE_SLACK,
+    wait_until_some(
         &format!("{STS}-0 subscribed plainly (/status mqtt.shared false)"),
+        CONFIG_REACHES_POD + CONTROL_PLANE_SLACK,
+        CLUSTER_POLL,
         || {
             let body = http_get_ok(SocketAddr::new(pod0.parse()?, 8080), "/status")?;
             let v: serde_json::Value = serde_json::from_str(&body)?;
@@ -683,16 +690,21 @@ fn scale_down_under_load(
         "-o",
         "jsonpath={range .items[*]}{.type} {.reason}: {.message}{\"\\n\"}{end}",
     ])?;
-    wait_until(CONTROL_PLANE_SLACK, "the rules Ready with 1/1", || {
-        for rule in ["temps", "alarms"] {
-            if ready_condition(c, rule)?.0 != "True"
-                || c.jsonpath("fr", rule, NS, ".status.readyReplicas")? != "1/1"
-            {
-                return Ok(None);
+    wait_until_some(
+        "the rules Ready with 1/1",
+        CONTROL_PLANE_SLACK,
+        CLUSTER_POLL,
+        || {
+            for rule in ["temps", "alarms"] {
+                if ready_condition(c, rule)?.0 != "True"
+                    || c.jsonpath("fr", rule, NS, ".status.readyReplicas")? != "1/1"
+                {
+                    return Ok(None);
+                }
             }
-        }
-        Ok(Some(()))
-    })?;
+            Ok(Some(()))
+        },
+    )?;
     let table = c.kubectl(&["get", "fr", "-n", NS])?;
     log(format!(
         "scaled {STS} 2 -> 1 under load (200/s): {leaving} said drained {drained_at:.1?} after \
@@ -1092,19 +1104,24 @@ fn install_operator(c: &Cluster, mirror: &Mirror<'_>, t0: Instant) -> Result<()>
         "helm install (--wait) done in {:.1?}; operator pods:\n{operators}",
         t.elapsed()
     ));
-    let holder = wait_until(Duration::from_secs(60), "the operator's Lease", || {
-        Ok(c.kubectl(&[
-            "get",
-            "lease",
-            "ferry-operator",
-            "-n",
-            RELEASE_NS,
-            "-o",
-            "jsonpath={.spec.holderIdentity}",
-        ])
-        .ok()
-        .filter(|h| !h.is_empty()))
-    })?;
+    let holder = wait_until_some(
+        "the operator's Lease",
+        Duration::from_secs(60),
+        CLUSTER_POLL,
+        || {
+            Ok(c.kubectl(&[
+                "get",
+                "lease",
+                "ferry-operator",
+                "-n",
+                RELEASE_NS,
+                "-o",
+                "jsonpath={.spec.holderIdentity}",
+            ])
+            .ok()
+            .filter(|h| !h.is_empty()))
+        },
+    )?;
     log(format!("leader: {holder}"));
 
     Ok(())
@@ -1138,12 +1155,17 @@ fn apply_connection_and_rules(
             &schema_registry.url(),
         )),
     )?;
-    wait_until(Duration::from_secs(150), "the rules Ready", || {
-        Ok((c.rule_ready("temps", NS)?
-            && c.rule_ready("alarms", NS)?
-            && c.rule_ready("metrics", NS)?)
-        .then_some(()))
-    })?;
+    wait_until_some(
+        "the rules Ready",
+        Duration::from_secs(150),
+        CLUSTER_POLL,
+        || {
+            Ok((c.rule_ready("temps", NS)?
+                && c.rule_ready("alarms", NS)?
+                && c.rule_ready("metrics", NS)?)
+            .then_some(()))
+        },
+    )?;
     let to_ready = t.elapsed();
     let pods = forwarder_pods(c)?;
     log(format!(
@@ -1260,9 +1282,10 @@ fn status_shows_forwarded(
 ) -> Result<()> {
     let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
     let t = Instant::now();
-    wait_until(
-        Duration::from_secs(60),
+    wait_until_some(
         "status.forwarded of both rules",
+        Duration::from_secs(60),
+        CLUSTER_POLL,
         || {
             let ft: u64 = c
                 .jsonpath("fr", "temps", NS, ".status.forwarded")?
@@ -1317,9 +1340,10 @@ fn avro_records_decode_with_the_registered_schema(
     rt.block_on(publish_to(&broker, "e2e-pub-metrics", sent.clone()))?;
     let decoded = read_metrics_decoded(schema_registry, kafka, &sent, schema_id)?;
     let want = (METRICS_SUBJECT.to_owned(), 1, u64::from(schema_id));
-    wait_until(
-        Duration::from_secs(30),
+    wait_until_some(
         "the metrics rule's .status.schema",
+        Duration::from_secs(30),
+        CLUSTER_POLL,
         || Ok((c.rule_schema("metrics", NS)?.as_ref() == Some(&want)).then_some(())),
     )?;
     let wide = c.kubectl(&["get", "fr", "metrics", "-n", NS, "-o", "wide"])?;
@@ -1390,9 +1414,10 @@ fn edit_rule_under_load(
         "-p",
         r#"{"spec":{"kafka":{"topic":"temps.v2","key":{"strategy":"mqttTopic","level":null}}}}"#,
     ])?;
-    let gens_after = wait_until(
-        Duration::from_secs(150),
+    let gens_after = wait_until_some(
         "every forwarder pod applied the edited rule (/status config.generation)",
+        Duration::from_secs(150),
+        CLUSTER_POLL,
         || {
             let now = config_generations(c)?;
             let all = now.len() == gens_before.len()
@@ -1529,9 +1554,10 @@ fn cel_examples_forward_as_documented(
     let t = Instant::now();
     let rules = example_rules(&["devices", "readings"])?;
     c.kubectl_in(&["apply", "-n", NS, "-f", "-"], Some(&rules))?;
-    wait_until(
-        Duration::from_secs(180),
+    wait_until_some(
         "the CEL example rules Ready",
+        Duration::from_secs(180),
+        CLUSTER_POLL,
         || Ok((c.rule_ready("devices", NS)? && c.rule_ready("readings", NS)?).then_some(())),
     )?;
     log(format!(
@@ -1637,9 +1663,10 @@ fn moving_a_rule_to_another_group_under_load(
     // rule retiring; once its pod said handed over (nothing for the rule for DRAIN_QUIET) and
     // the operator saw it, the old group's without the rule.
     let (mut taken_over, mut retiring) = (None, None);
-    wait_until(
-        CONFIG_REACHES_POD * 3 + DRAIN_POLL * 2 + DRAIN_QUIET + CONTROL_PLANE_SLACK,
+    wait_until_some(
         "rule alarms runs in plant-json-0 and no more in plant-default-0",
+        CONFIG_REACHES_POD * 3 + DRAIN_POLL * 2 + DRAIN_QUIET + CONTROL_PLANE_SLACK,
+        CLUSTER_POLL,
         || {
             let new = rule_state(&new_ip, "alarms")? == Some(false);
             if new && taken_over.is_none() {
@@ -1672,9 +1699,10 @@ fn moving_a_rule_to_another_group_under_load(
         "{dups} duplicates moving rule alarms: more than both groups subscribed for {overlap:?} \
          plus a window ({dup_bound})"
     );
-    wait_until(
-        CONTROL_PLANE_SLACK,
+    wait_until_some(
         "rule alarms Ready in its new group",
+        CONTROL_PLANE_SLACK,
+        CLUSTER_POLL,
         || Ok(c.rule_ready("alarms", NS)?.then_some(())),
     )?;
     Ok(())
@@ -1730,9 +1758,10 @@ fn deleting_the_connection_removes_its_children_and_sessions(
         "--wait=true",
         "--timeout=60s",
     ])?;
-    wait_until(
-        Duration::from_secs(120),
+    wait_until_some(
         "everything the connection owned gone",
+        Duration::from_secs(120),
+        CLUSTER_POLL,
         || Ok(owned()?.trim().is_empty().then_some(())),
     )?;
     let left = c.kubectl(&["get", "all,cm,secret,pdb", "-n", NS, "-o", "name"])?;
@@ -1795,9 +1824,10 @@ fn a_connection_holds_the_finalizer(c: &Cluster, t0: Instant) -> Result<String> 
              spec:\n  mqtt: {{ host: mqtt.invalid }}\n  kafka: {{ bootstrapServers: [\"kafka.invalid:9092\"] }}\n"
         )),
     )?;
-    wait_until(
-        Duration::from_secs(60),
+    wait_until_some(
         "the operator's finalizer on the connection",
+        Duration::from_secs(60),
+        CLUSTER_POLL,
         || {
             let finalizers = c.jsonpath("bc", depot, NS, ".metadata.finalizers")?;
             Ok(finalizers.contains(SESSIONS_FINALIZER).then_some(()))
@@ -1842,9 +1872,10 @@ fn helm_uninstall_leaves_only_the_crds(c: &Cluster, t0: Instant) -> Result<()> {
         "--timeout",
         "5m",
     ])?;
-    let left = wait_until(
-        Duration::from_secs(90),
+    let left = wait_until_some(
         "the release's objects gone after helm uninstall",
+        Duration::from_secs(90),
+        CLUSTER_POLL,
         || {
             let left = c.kubectl(&[
                 "get",

@@ -20,6 +20,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use ferry_e2e::kube::ControlPlane;
+use ferry_e2e::{WAIT_POLL, wait_until};
 use ferry_operator::image::DEFAULT_FORWARDER_IMAGE;
 use serde_json::Value;
 
@@ -1009,19 +1010,25 @@ fn installed_chart_gives_the_operator_exactly_the_rights_it_uses() {
             .unwrap_or_else(|e| panic!("{kind} {ns}/{name}: {e}"));
     }
     // Two operator pods, admitted under `restricted` (no kubelet here: they stay Pending).
-    wait_for("the Deployment's 2 pods", Duration::from_secs(60), || {
-        cp.run_kubectl([
-            "get",
-            "pods",
-            "-n",
-            NAMESPACE,
-            "-l",
-            "app.kubernetes.io/name=ferry",
-            "-o",
-            "name",
-        ])
-        .is_ok_and(|o| o.lines().count() == 2)
-    });
+    wait_until(
+        "the Deployment's 2 pods",
+        Duration::from_secs(60),
+        WAIT_POLL,
+        || {
+            cp.run_kubectl([
+                "get",
+                "pods",
+                "-n",
+                NAMESPACE,
+                "-l",
+                "app.kubernetes.io/name=ferry",
+                "-o",
+                "name",
+            ])
+            .is_ok_and(|o| o.lines().count() == 2)
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
 
     // What the ServiceAccount may and may not do.
     let sa = format!("system:serviceaccount:{NAMESPACE}:{OPERATOR}");
@@ -1392,9 +1399,10 @@ fn watch_namespaces_confines_the_operator_and_its_rights_to_those_namespaces() {
         ])
         .expect("rolebinding");
     }
-    wait_for(
+    wait_until(
         "edit and view to aggregate Ferry's kinds",
         Duration::from_secs(30),
+        WAIT_POLL,
         || {
             can_i(
                 &cp,
@@ -1406,7 +1414,8 @@ fn watch_namespaces_confines_the_operator_and_its_rights_to_those_namespaces() {
                 &["list", "brokerconnections.ferry.dev", "-n", "plant"],
             )
         },
-    );
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     for args in [
         &["create", "brokerconnections.ferry.dev", "-n", "plant"][..],
         &["patch", "forwardingrules.ferry.dev", "-n", "plant"],
@@ -2024,14 +2033,16 @@ fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
     assert!(release.crd_kept(), "crds.keep by default");
     assert_eq!(release.crd("{.spec.names.shortNames}"), r#"["fr"]"#);
     // Discovery may lag the new CRDs by a moment.
-    wait_for(
+    wait_until(
         "a connection and a rule applied",
         Duration::from_secs(30),
+        WAIT_POLL,
         || {
             cp.run_kubectl_with_stdin(["apply", "-f", "-"], &connection_in("plant", true))
                 .is_ok()
         },
-    );
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
 
     // helm upgrade to a chart whose CRD changed: the API server serves the new CRD.
     release.helm("upgrade", &next_chart());
@@ -2040,10 +2051,16 @@ fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
         release.crd("{.spec.names.shortNames}"),
         r#"["fr","ferryrule"]"#
     );
-    wait_for("the new short name served", Duration::from_secs(30), || {
-        cp.run_kubectl(["get", "ferryrule", "telemetry", "-n", "plant", "-o", "name"])
-            .is_ok_and(|o| o.trim() == "forwardingrule.ferry.dev/telemetry")
-    });
+    wait_until(
+        "the new short name served",
+        Duration::from_secs(30),
+        WAIT_POLL,
+        || {
+            cp.run_kubectl(["get", "ferryrule", "telemetry", "-n", "plant", "-o", "name"])
+                .is_ok_and(|o| o.trim() == "forwardingrule.ferry.dev/telemetry")
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
 
     // helm uninstall keeps the CRDs and so the objects; installing again takes them over and
     // updates them to the chart's.
@@ -2387,17 +2404,6 @@ fn alert_rules(docs: &[Value]) -> Vec<Value> {
         .collect()
 }
 
-fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
 /// The operator binary run with nothing but a token of the chart's ServiceAccount, as its pod
 /// would: every request it makes is checked against the chart's RBAC.
 struct SaOperator {
@@ -2713,9 +2719,10 @@ fn watch_namespaces_refuses_connections_and_rules_elsewhere_at_admission() {
 
     // The API server loads a new policy asynchronously: the first refusal shows it in force.
     let mut refusal = String::new();
-    wait_for(
+    wait_until(
         "the policy to refuse a connection in elsewhere",
         Duration::from_secs(30),
+        WAIT_POLL,
         || match cp.run_kubectl_with_stdin(["apply", "-f", "-"], &connection_in("elsewhere", false))
         {
             Ok(_) => {
@@ -2729,7 +2736,8 @@ fn watch_namespaces_refuses_connections_and_rules_elsewhere_at_admission() {
                 true
             }
         },
-    );
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     eprintln!("refused: {refusal}");
     for expected in [
         "ferry-watched-namespaces",
@@ -2972,15 +2980,17 @@ fn uninstall_hook_releases_finalizers_so_connections_delete_without_the_operator
         let operator =
             SaOperator::start(&cp, "before-uninstall", &[("FERRY_LEADER_ELECT", "false")]);
         let log = operator.log_reader();
-        wait_for(
+        wait_until(
             "the finalizers and forwarders",
             Duration::from_secs(60),
+            WAIT_POLL,
             || {
                 has_finalizer("plant")
                     && has_finalizer("depot")
                     && exists("statefulset", "plant-default")
             },
-        );
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         drop(operator);
         eprintln!(
             "operator stopped; its log ends:\n{}",
@@ -3079,11 +3089,13 @@ fn uninstall_hook_releases_finalizers_so_connections_delete_without_the_operator
         "0",
         "the operator is stopped first"
     );
-    wait_for(
+    wait_until(
         "depot's deletion to complete",
         Duration::from_secs(30),
+        WAIT_POLL,
         || !exists("bc", "depot"),
-    );
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     assert!(!has_finalizer("plant"), "released");
     assert!(
         annotation().parse::<jiff::Timestamp>().is_ok(),
@@ -3098,11 +3110,13 @@ fn uninstall_hook_releases_finalizers_so_connections_delete_without_the_operator
     // An operator installed again takes the connection back.
     {
         let _operator = SaOperator::start(&cp, "reinstalled", &[("FERRY_LEADER_ELECT", "false")]);
-        wait_for(
+        wait_until(
             "the finalizer back and the mark gone",
             Duration::from_secs(60),
+            WAIT_POLL,
             || has_finalizer("plant") && annotation().is_empty(),
-        );
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
     }
     run_hook("hook-again");
     assert!(!has_finalizer("plant"));

@@ -93,16 +93,10 @@ impl Operator {
         child.wait().ok()
     }
 
-    pub fn wait_for(&self, what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-        let start = Instant::now();
-        while !cond() {
-            assert!(
-                start.elapsed() < timeout,
-                "timed out after {timeout:?} waiting for {what}\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
+    /// Waits until `cond` holds, or panics with `what` and the operator's log.
+    pub fn wait_for(&self, what: &str, timeout: Duration, cond: impl FnMut() -> bool) {
+        ferry_e2e::wait_until(what, timeout, ferry_e2e::WAIT_POLL, cond)
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.log()));
     }
 }
 
