@@ -19,6 +19,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
 
 use crate::kafka::{Kafka, KafkaOptions};
+use crate::kube::Kubectl;
 use crate::messages::disconnect;
 use crate::mosquitto::{Mosquitto, MosquittoOptions};
 use crate::pki::{KeyType, Pki};
@@ -107,6 +108,12 @@ pub struct Cluster {
     down_ran: bool,
     /// Prefix of the dir the component logs are kept in when the drop tears the cluster down.
     logs_prefix: String,
+}
+
+impl Kubectl for Cluster {
+    fn run_kubectl(&self, args: &[&str]) -> Result<String> {
+        self.kubectl(args)
+    }
 }
 
 impl Cluster {
@@ -354,33 +361,20 @@ impl Cluster {
         Ok(stdout)
     }
 
-    /// `kubectl get KIND NAME -n NS -o jsonpath={PATH}`.
-    pub fn jsonpath(&self, kind: &str, name: &str, ns: &str, path: &str) -> Result<String> {
-        self.kubectl(&[
-            "get",
-            kind,
-            name,
-            "-n",
-            ns,
-            "-o",
-            &format!("jsonpath={{{path}}}"),
-        ])
-    }
-
     /// Whether the ForwardingRule's `Ready` condition is `True`.
     pub fn rule_ready(&self, rule: &str, ns: &str) -> Result<bool> {
         Ok(self.jsonpath(
             "fr",
             rule,
             ns,
-            ".status.conditions[?(@.type==\"Ready\")].status",
+            "{.status.conditions[?(@.type==\"Ready\")].status}",
         )? == "True")
     }
 
     /// The rule's `.status.schema`: (subject, version, id) of the schema its values are
     /// encoded with, once a forwarder pod reported one.
     pub fn rule_schema(&self, rule: &str, ns: &str) -> Result<Option<(String, u64, u64)>> {
-        let text = self.jsonpath("fr", rule, ns, ".status.schema")?;
+        let text = self.jsonpath("fr", rule, ns, "{.status.schema}")?;
         if text.is_empty() {
             return Ok(None);
         }

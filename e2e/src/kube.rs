@@ -612,6 +612,25 @@ fn random_hex(bytes: usize) -> Result<String> {
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// What runs kubectl against a cluster: a [`ControlPlane`] or a [`crate::cluster::Cluster`].
+pub trait Kubectl {
+    /// kubectl with `args`: its standard output, or an error with its standard error.
+    fn run_kubectl(&self, args: &[&str]) -> Result<String>;
+
+    /// `kubectl get KIND NAME -n NS -o jsonpath=TEMPLATE`. TEMPLATE is kubectl's, braces and
+    /// all: `{.status.readyReplicas}`, `{range .items[*]}{.metadata.name} {end}`.
+    fn jsonpath(&self, kind: &str, name: &str, ns: &str, template: &str) -> Result<String> {
+        let output = format!("jsonpath={template}");
+        self.run_kubectl(&["get", kind, name, "-n", ns, "-o", &output])
+    }
+}
+
+impl Kubectl for ControlPlane {
+    fn run_kubectl(&self, args: &[&str]) -> Result<String> {
+        ControlPlane::run_kubectl(self, args)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

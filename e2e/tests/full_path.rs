@@ -66,6 +66,7 @@ use ferry_e2e::cluster::{
     read_metrics_decoded,
 };
 use ferry_e2e::cluster::{VERSION, repo_dir};
+use ferry_e2e::kube::Kubectl as _;
 use ferry_e2e::{
     Kafka, Mosquitto, MosquittoOptions, Record, Registry, SchemaRegistry, SchemaRegistryOptions,
     SchemaType, http_get_ok, wait_until_some,
@@ -577,7 +578,7 @@ fn delete_pod_under_load(
         "temps readyReplicas 2/2",
         Duration::from_secs(60),
         CLUSTER_POLL,
-        || Ok((c.jsonpath("fr", "temps", NS, ".status.readyReplicas")? == "2/2").then_some(())),
+        || Ok((c.jsonpath("fr", "temps", NS, "{.status.readyReplicas}")? == "2/2").then_some(())),
     )?;
     Ok(())
 }
@@ -616,7 +617,7 @@ fn scale_down_under_load(
     let client_id = format!("ferry.{NS}.{leaving}");
     let leaving_ip = pod_ip(c, &leaving)?;
     let grace: u64 = c
-        .jsonpath("pod", &leaving, NS, ".spec.terminationGracePeriodSeconds")?
+        .jsonpath("pod", &leaving, NS, "{.spec.terminationGracePeriodSeconds}")?
         .parse()?;
     let load = SteadyLoad::start(c, mqtt, rt, "scaledown", temp_topic);
     let t = Instant::now();
@@ -637,7 +638,7 @@ fn scale_down_under_load(
                     drained_at = Some(t.elapsed());
                 }
             }
-            Ok((c.jsonpath("statefulset", STS, NS, ".spec.replicas")? == "1").then_some(()))
+            Ok((c.jsonpath("statefulset", STS, NS, "{.spec.replicas}")? == "1").then_some(()))
         },
     )?;
     let shrunk = t.elapsed();
@@ -697,7 +698,7 @@ fn scale_down_under_load(
         || {
             for rule in ["temps", "alarms"] {
                 if ready_condition(c, rule)?.0 != "True"
-                    || c.jsonpath("fr", rule, NS, ".status.readyReplicas")? != "1/1"
+                    || c.jsonpath("fr", rule, NS, "{.status.readyReplicas}")? != "1/1"
                 {
                     return Ok(None);
                 }
@@ -1288,11 +1289,11 @@ fn status_shows_forwarded(
         CLUSTER_POLL,
         || {
             let ft: u64 = c
-                .jsonpath("fr", "temps", NS, ".status.forwarded")?
+                .jsonpath("fr", "temps", NS, "{.status.forwarded}")?
                 .parse()
                 .unwrap_or(0);
             let fa: u64 = c
-                .jsonpath("fr", "alarms", NS, ".status.forwarded")?
+                .jsonpath("fr", "alarms", NS, "{.status.forwarded}")?
                 .parse()
                 .unwrap_or(0);
             Ok((ft >= temps_sent.len() as u64 && fa >= alarms_sent.len() as u64).then_some(()))
@@ -1682,7 +1683,7 @@ fn moving_a_rule_to_another_group_under_load(
     let moved = t.elapsed();
     let sent = load.finish(rt)?;
     let (lost, dups) = read_lost_and_duplicates(kafka, "alarms", "move", &sent)?;
-    let workload = c.jsonpath("fr", "alarms", NS, ".status.workload")?;
+    let workload = c.jsonpath("fr", "alarms", NS, "{.status.workload}")?;
     log(format!(
         "rule alarms moved from group default to json under load (200/s): plant-json-0 ran it \
          {taken_over:.1?} after the patch, plant-default-0 listed it retiring after \
@@ -1829,7 +1830,7 @@ fn a_connection_holds_the_finalizer(c: &Cluster, t0: Instant) -> Result<String> 
         Duration::from_secs(60),
         CLUSTER_POLL,
         || {
-            let finalizers = c.jsonpath("bc", depot, NS, ".metadata.finalizers")?;
+            let finalizers = c.jsonpath("bc", depot, NS, "{.metadata.finalizers}")?;
             Ok(finalizers.contains(SESSIONS_FINALIZER).then_some(()))
         },
     )?;
@@ -1843,7 +1844,7 @@ fn a_connection_holds_the_finalizer(c: &Cluster, t0: Instant) -> Result<String> 
 /// The chart's pre-delete hook released the finalizer of the connection left in place and
 /// marked it, so deleting it completes without an operator.
 fn the_uninstall_released_the_finalizer(c: &Cluster, depot: &str, t0: Instant) -> Result<()> {
-    let meta = c.jsonpath("bc", depot, NS, ".metadata")?;
+    let meta = c.jsonpath("bc", depot, NS, "{.metadata}")?;
     ensure!(
         !meta.contains(SESSIONS_FINALIZER) && meta.contains("ferry.dev/finalizer-released-at"),
         "the uninstall hook released and marked {depot}: {meta}"

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry_e2e::kube::ControlPlane;
+use ferry_e2e::kube::{ControlPlane, Kubectl as _};
 use ferry_e2e::{WAIT_POLL, wait_until};
 use ferry_operator::image::DEFAULT_FORWARDER_IMAGE;
 use serde_json::Value;
@@ -835,16 +835,8 @@ fn a_private_registry_install_pulls_the_operator_and_hands_the_forwarder_image_t
         "NOTES name the forwarder image:\n{text}"
     );
     let installed = |path: &str| {
-        cp.run_kubectl([
-            "get",
-            "deployment",
-            OPERATOR,
-            "-n",
-            NAMESPACE,
-            "-o",
-            &format!("jsonpath={path}"),
-        ])
-        .unwrap_or_default()
+        cp.jsonpath("deployment", OPERATOR, NAMESPACE, path)
+            .unwrap_or_default()
     };
     assert_eq!(
         installed("{.spec.template.spec.containers[0].image}"),
@@ -892,16 +884,8 @@ spec:
     )
     .expect("apply a connection and a rule");
     let forwarder_pods = |path: &str| {
-        cp.run_kubectl([
-            "get",
-            "statefulset",
-            "plant-default",
-            "-n",
-            "plant",
-            "-o",
-            &format!("jsonpath={path}"),
-        ])
-        .unwrap_or_default()
+        cp.jsonpath("statefulset", "plant-default", "plant", path)
+            .unwrap_or_default()
     };
     let operator_log = || std::fs::read_to_string(&log).unwrap_or_default();
     let started = Instant::now();

@@ -28,6 +28,7 @@ use ferry_e2e::cluster::{
     ferry_images, metric_messages, metrics_rule_yaml, plant_connection_yaml, publish_to,
     read_metrics_decoded, unique,
 };
+use ferry_e2e::kube::Kubectl as _;
 use ferry_e2e::{
     Kafka, Mosquitto, SchemaRegistry, SchemaRegistryOptions, SchemaType, wait_until_some,
 };
@@ -587,7 +588,7 @@ fn show_status(cluster: &Cluster) -> Result<()> {
             interrupted()?;
             let forwarded = |rule| -> Result<u64> {
                 Ok(cluster
-                    .jsonpath("fr", rule, NS, ".status.forwarded")?
+                    .jsonpath("fr", rule, NS, "{.status.forwarded}")?
                     .parse()
                     .unwrap_or(0))
             };
