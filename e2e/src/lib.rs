@@ -19,6 +19,7 @@ mod kafka_cluster;
 mod kafka_node;
 pub mod kube;
 mod logs;
+pub mod manifests;
 mod messages;
 pub mod metrics;
 mod mosquitto;

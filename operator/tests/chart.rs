@@ -20,9 +20,10 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use ferry_e2e::kube::{ControlPlane, Kubectl as _};
+use ferry_e2e::manifests::{Connection, Rule};
 use ferry_e2e::{WAIT_POLL, wait_until};
 use ferry_operator::image::DEFAULT_FORWARDER_IMAGE;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/ferry");
 const RELEASE: &str = "ferry";
@@ -865,22 +866,7 @@ fn a_private_registry_install_pulls_the_operator_and_hands_the_forwarder_image_t
     );
     cp.run_kubectl_with_stdin(
         ["apply", "-n", "plant", "-f", "-"],
-        r#"
-apiVersion: ferry.dev/v1alpha1
-kind: BrokerConnection
-metadata: { name: plant }
-spec:
-  mqtt: { host: mqtt.plant.svc }
-  kafka: { bootstrapServers: ["kafka.plant.svc:9092"] }
----
-apiVersion: ferry.dev/v1alpha1
-kind: ForwardingRule
-metadata: { name: telemetry }
-spec:
-  connectionRef: { name: plant }
-  mqtt: { topics: ["plant/+/telemetry"] }
-  kafka: { topic: telemetry }
-"#,
+        &(Connection::svc("plant", "plant").yaml() + &telemetry_rule().yaml()),
     )
     .expect("apply a connection and a rule");
     let forwarder_pods = |path: &str| {
@@ -1095,40 +1081,27 @@ fn installed_chart_gives_the_operator_exactly_the_rights_it_uses() {
     );
     let port = operator.port;
     let operator_log = operator.log_reader();
-    cp.run_kubectl_with_stdin(
-        ["apply", "-n", "plant", "-f", "-"],
-        r#"
+    let secret = r#"
 apiVersion: v1
 kind: Secret
 metadata: { name: mqtt-credentials, labels: { ferry.dev/broker-credentials: "true" } }
 stringData: { username: ferry, password: secret }
----
-apiVersion: ferry.dev/v1alpha1
-kind: BrokerConnection
-metadata: { name: plant }
-spec:
-  mqtt: { host: mqtt.plant.svc, credentialsSecretRef: { name: mqtt-credentials } }
-  kafka: { bootstrapServers: ["kafka.plant.svc:9092"] }
----
-apiVersion: ferry.dev/v1alpha1
-kind: ForwardingRule
-metadata: { name: telemetry }
-spec:
-  connectionRef: { name: plant }
-  mqtt: { topics: ["plant/+/telemetry"] }
-  kafka: { topic: telemetry }
----
-# Its connection does not exist: a Warning Event, recorded with the chart's rights.
-apiVersion: ferry.dev/v1alpha1
-kind: ForwardingRule
-metadata: { name: stray }
-spec:
-  connectionRef: { name: elsewhere }
-  mqtt: { topics: ["plant/+/stray"] }
-  kafka: { topic: stray }
-"#,
-    )
-    .expect("apply a connection and rules");
+"#;
+    let objects = [
+        secret.to_owned(),
+        Connection::svc("plant", "plant")
+            .credentials_secret("mqtt-credentials")
+            .yaml(),
+        telemetry_rule().yaml(),
+        // Its connection does not exist: a Warning Event, recorded with the chart's rights.
+        Rule::new("stray", "elsewhere")
+            .topics(&["plant/+/stray"])
+            .kafka_topic("stray")
+            .yaml(),
+    ]
+    .concat();
+    cp.run_kubectl_with_stdin(["apply", "-n", "plant", "-f", "-"], &objects)
+        .expect("apply a connection and rules");
     let get = |args: &[&str]| cp.run_kubectl(args).unwrap_or_default();
     let deadline = Duration::from_secs(90);
     let started = Instant::now();
@@ -1232,28 +1205,27 @@ spec:
 /// A BrokerConnection `plant` and its rule `telemetry` in `ns`, with their MQTT credentials
 /// Secret unless `secret` is false.
 fn connection_in(ns: &str, secret: bool) -> String {
-    let mut yaml = format!(
-        r#"
-apiVersion: ferry.dev/v1alpha1
-kind: BrokerConnection
-metadata: {{ name: plant, namespace: {ns} }}
-spec:
-  mqtt: {{ host: mqtt.{ns}.svc, credentialsSecretRef: {{ name: mqtt-credentials }} }}
-  kafka: {{ bootstrapServers: ["kafka.{ns}.svc:9092"] }}
----
-apiVersion: ferry.dev/v1alpha1
-kind: ForwardingRule
-metadata: {{ name: telemetry, namespace: {ns} }}
-spec:
-  connectionRef: {{ name: plant }}
-  mqtt: {{ topics: ["plant/+/telemetry"] }}
-  kafka: {{ topic: telemetry }}
-"#
-    );
+    let mut yaml =
+        secured_connection_in("plant", ns).yaml() + &telemetry_rule().namespace(ns).yaml();
     if secret {
         yaml.push_str(&mqtt_secret(ns));
     }
     yaml
+}
+
+/// BrokerConnection `name` in `ns`, its MQTT credentials in Secret `mqtt-credentials`.
+fn secured_connection_in(name: &str, ns: &str) -> Connection {
+    Connection::svc(name, ns)
+        .namespace(ns)
+        .credentials_secret("mqtt-credentials")
+}
+
+/// ForwardingRule `telemetry` of connection `plant`: `plant/+/telemetry` to Kafka topic
+/// `telemetry`.
+fn telemetry_rule() -> Rule {
+    Rule::new("telemetry", "plant")
+        .topics(&["plant/+/telemetry"])
+        .kafka_topic("telemetry")
 }
 
 fn mqtt_secret(ns: &str) -> String {
@@ -2680,10 +2652,10 @@ fn watch_namespaces_refuses_connections_and_rules_elsewhere_at_admission() {
     )
     .expect("CRDs");
     // Created before the policy, with a finalizer of someone else's.
-    let legacy = connection_in("legacy", false).replace(
-        "metadata: { name: plant, namespace: legacy }",
-        "metadata: { name: plant, namespace: legacy, finalizers: [example.com/hold] }",
-    );
+    let legacy = secured_connection_in("plant", "legacy")
+        .set("/metadata/finalizers", json!(["example.com/hold"]))
+        .yaml()
+        + &telemetry_rule().namespace("legacy").yaml();
     cp.run_kubectl_with_stdin(["apply", "-f", "-"], &legacy)
         .expect("a connection in legacy before the policy");
 
@@ -2731,11 +2703,7 @@ fn watch_namespaces_refuses_connections_and_rules_elsewhere_at_admission() {
     ] {
         assert!(refusal.contains(expected), "«{expected}» in: {refusal}");
     }
-    let rule_alone = connection_in("elsewhere", false)
-        .split("---")
-        .find(|d| d.contains("kind: ForwardingRule"))
-        .expect("the rule")
-        .to_owned();
+    let rule_alone = telemetry_rule().namespace("elsewhere").yaml();
     let refused = cp
         .run_kubectl_with_stdin(["apply", "-f", "-"], &rule_alone)
         .expect_err("a rule in elsewhere is refused too");
@@ -2922,14 +2890,10 @@ fn uninstall_hook_releases_finalizers_so_connections_delete_without_the_operator
             .expect("namespace");
     }
     helm_install(&cp, &[]);
-    let depot = connection_in("plant", false)
-        .split("---")
-        .next()
-        .expect("the connection")
-        .replace("name: plant, namespace", "name: depot, namespace");
+    let depot = secured_connection_in("depot", "plant").yaml();
     cp.run_kubectl_with_stdin(
         ["apply", "-f", "-"],
-        &format!("{}---\n{depot}", connection_in("plant", true)),
+        &(connection_in("plant", true) + &depot),
     )
     .expect("connections plant and depot");
 
