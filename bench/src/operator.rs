@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use ferry_e2e::kube::ControlPlane;
+use ferry_e2e::manifests::{Connection, Rule};
 use ferry_e2e::{
     Kafka, Mosquitto, WAIT_POLL, free_port, http_get, http_get_at, http_get_ok, metrics, wait_until,
 };
@@ -168,13 +169,10 @@ fn create_rules(
     mqtt: u16,
     kafka: &str,
 ) -> Result<(f64, f64)> {
-    cp.run_kubectl_with_stdin(
-        ["create", "-f", "-"],
-        &format!(
-            "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\nmetadata: {{ name: plant, namespace: {NS} }}\n\
-             spec:\n  mqtt: {{ host: 127.0.0.1, port: {mqtt} }}\n  kafka: {{ bootstrapServers: [\"{kafka}\"] }}\n"
-        ),
-    )?;
+    let connection = Connection::new("plant", "127.0.0.1", &[kafka])
+        .namespace(NS)
+        .mqtt_port(mqtt);
+    cp.run_kubectl_with_stdin(["create", "-f", "-"], &connection.yaml())?;
     // Created by CREATORS kubectl processes at once: kubectl sends one request per object, and
     // one process alone would measure kubectl, not the operator. Rule i is in group i % groups
     // and forwards MQTT topic plant/t<i> (where the traffic goes) to its group's topic.
@@ -184,11 +182,12 @@ fn create_rules(
                 .filter(|i| i % CREATORS == c)
                 .map(|i| {
                     let g = i % groups;
-                    format!(
-                        "---\napiVersion: ferry.dev/v1alpha1\nkind: ForwardingRule\nmetadata: {{ name: rule-{i}, namespace: {NS} }}\n\
-                         spec:\n  connectionRef: {{ name: plant }}\n  group: g{g}\n  mqtt: {{ topics: [\"plant/t{i}\"] }}\n  kafka: {{ topic: {} }}\n",
-                        kafka_topic(g)
-                    )
+                    Rule::new(&format!("rule-{i}"), "plant")
+                        .namespace(NS)
+                        .group(&format!("g{g}"))
+                        .topics(&[&format!("plant/t{i}")])
+                        .kafka_topic(&kafka_topic(g))
+                        .yaml()
                 })
                 .collect()
         })
