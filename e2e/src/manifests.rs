@@ -17,6 +17,37 @@ use serde_json::{Map, Value, json};
 /// The API version of Ferry's kinds.
 pub const API_VERSION: &str = "ferry.dev/v1alpha1";
 
+/// What every kind has: its namespace, any field by JSON pointer, and its rendering.
+macro_rules! object_methods {
+    ($kind:ident) => {
+        impl $kind {
+            /// `metadata.namespace` (without it, kubectl's `-n` or its default namespace).
+            pub fn namespace(self, namespace: &str) -> Self {
+                self.set("/metadata/namespace", json!(namespace))
+            }
+
+            /// Any other field, by its JSON pointer (`/spec/kafka/config`); see [`set_pointer`].
+            pub fn set(mut self, pointer: &str, value: Value) -> Self {
+                set_pointer(&mut self.0, pointer, value);
+                self
+            }
+
+            /// The object as JSON.
+            pub fn json(&self) -> &Value {
+                &self.0
+            }
+
+            /// The object for `kubectl apply -f -`; see [`document`].
+            pub fn yaml(&self) -> String {
+                document(&self.0)
+            }
+        }
+    };
+}
+
+object_methods!(Connection);
+object_methods!(Rule);
+
 /// A BrokerConnection: an MQTT broker and a Kafka cluster, and the forwarders between them.
 #[derive(Debug, Clone)]
 pub struct Connection(Value);
@@ -45,10 +76,6 @@ impl Connection {
         )
     }
 
-    pub fn namespace(self, namespace: &str) -> Self {
-        self.set("/metadata/namespace", json!(namespace))
-    }
-
     /// `spec.mqtt.port`.
     pub fn mqtt_port(self, port: u16) -> Self {
         self.set("/spec/mqtt/port", json!(port))
@@ -68,22 +95,6 @@ impl Connection {
     pub fn replicas(self, replicas: u32) -> Self {
         self.set("/spec/forwarder/replicas", json!(replicas))
     }
-
-    /// Any other field, by its JSON pointer (`/spec/kafka/config`); see [`set_pointer`].
-    pub fn set(mut self, pointer: &str, value: Value) -> Self {
-        set_pointer(&mut self.0, pointer, value);
-        self
-    }
-
-    /// The object as JSON.
-    pub fn json(&self) -> &Value {
-        &self.0
-    }
-
-    /// The object for `kubectl apply -f -`; see [`document`].
-    pub fn yaml(&self) -> String {
-        document(&self.0)
-    }
 }
 
 /// A ForwardingRule: MQTT topic filters of a connection, forwarded to a Kafka topic.
@@ -100,10 +111,6 @@ impl Rule {
             "metadata": { "name": name },
             "spec": { "connectionRef": { "name": connection } },
         }))
-    }
-
-    pub fn namespace(self, namespace: &str) -> Self {
-        self.set("/metadata/namespace", json!(namespace))
     }
 
     /// `spec.group`: the forwarder workload that serves it.
@@ -124,22 +131,6 @@ impl Rule {
     /// `spec.filter`: the CEL expression a message must match.
     pub fn filter(self, expression: &str) -> Self {
         self.set("/spec/filter", json!(expression))
-    }
-
-    /// Any other field, by its JSON pointer (`/spec/onUnwritable`); see [`set_pointer`].
-    pub fn set(mut self, pointer: &str, value: Value) -> Self {
-        set_pointer(&mut self.0, pointer, value);
-        self
-    }
-
-    /// The object as JSON.
-    pub fn json(&self) -> &Value {
-        &self.0
-    }
-
-    /// The object for `kubectl apply -f -`; see [`document`].
-    pub fn yaml(&self) -> String {
-        document(&self.0)
     }
 }
 

@@ -35,11 +35,9 @@ pub fn wait_until<C: Condition>(
     every: Duration,
     mut cond: impl FnMut() -> C,
 ) -> Result<()> {
-    let start = Instant::now();
+    let deadline = Deadline::new(what, timeout);
     while !cond().holds()? {
-        if start.elapsed() > timeout {
-            return Err(timed_out(what, timeout, None));
-        }
+        deadline.check(None)?;
         std::thread::sleep(every);
     }
     Ok(())
@@ -52,11 +50,9 @@ pub async fn wait_until_async(
     every: Duration,
     mut cond: impl FnMut() -> bool,
 ) -> Result<()> {
-    let start = Instant::now();
+    let deadline = Deadline::new(what, timeout);
     while !cond() {
-        if start.elapsed() > timeout {
-            return Err(timed_out(what, timeout, None));
-        }
+        deadline.check(None)?;
         tokio::time::sleep(every).await;
     }
     Ok(())
@@ -71,7 +67,7 @@ pub fn wait_until_some<T>(
     every: Duration,
     mut check: impl FnMut() -> Result<Option<T>>,
 ) -> Result<T> {
-    let start = Instant::now();
+    let deadline = Deadline::new(what, timeout);
     let mut last_error = None;
     loop {
         match check() {
@@ -79,17 +75,40 @@ pub fn wait_until_some<T>(
             Ok(None) => {}
             Err(e) => last_error = Some(e),
         }
-        if start.elapsed() > timeout {
-            return Err(timed_out(what, timeout, last_error));
-        }
+        deadline.check(last_error.as_ref())?;
         std::thread::sleep(every);
     }
 }
 
-fn timed_out(what: &str, timeout: Duration, last_error: Option<anyhow::Error>) -> anyhow::Error {
-    match last_error {
-        None => anyhow!("timed out after {timeout:?} waiting for {what}"),
-        Some(e) => anyhow!("timed out after {timeout:?} waiting for {what} (last error: {e:#})"),
+/// When a wait gives up, and what it then says.
+struct Deadline<'a> {
+    what: &'a str,
+    timeout: Duration,
+    start: Instant,
+}
+
+impl<'a> Deadline<'a> {
+    fn new(what: &'a str, timeout: Duration) -> Self {
+        let start = Instant::now();
+        Self {
+            what,
+            timeout,
+            start,
+        }
+    }
+
+    /// An error naming what was awaited (and `last_error`) once the timeout passed.
+    fn check(&self, last_error: Option<&anyhow::Error>) -> Result<()> {
+        let (what, timeout) = (self.what, self.timeout);
+        if self.start.elapsed() <= timeout {
+            return Ok(());
+        }
+        Err(match last_error {
+            None => anyhow!("timed out after {timeout:?} waiting for {what}"),
+            Some(e) => {
+                anyhow!("timed out after {timeout:?} waiting for {what} (last error: {e:#})")
+            }
+        })
     }
 }
 
