@@ -16,7 +16,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use ferry_e2e::kube::ControlPlane;
-use ferry_e2e::{Kafka, Mosquitto, free_port, http_get, http_get_at, http_get_ok, metrics};
+use ferry_e2e::manifests::{Connection, Rule};
+use ferry_e2e::{
+    Kafka, Mosquitto, WAIT_POLL, free_port, http_get, http_get_at, http_get_ok, metrics, wait_until,
+};
 
 use crate::report::{NoBudget, OperatorFigures};
 
@@ -98,28 +101,6 @@ fn kafka_topic(group: usize) -> String {
     format!("bench.g{group}")
 }
 
-/// Polls `ready` every 250 ms until it holds, failing after `timeout` with `what`.
-fn wait_for(what: &str, timeout: Duration, ready: impl FnMut() -> Result<bool>) -> Result<()> {
-    wait_for_every(what, timeout, Duration::from_millis(250), ready)
-}
-
-/// [`wait_for`], polling every `every`.
-fn wait_for_every(
-    what: &str,
-    timeout: Duration,
-    every: Duration,
-    mut ready: impl FnMut() -> Result<bool>,
-) -> Result<()> {
-    let start = Instant::now();
-    while !ready()? {
-        if start.elapsed() > timeout {
-            bail!("{what}: not after {timeout:?}");
-        }
-        std::thread::sleep(every);
-    }
-    Ok(())
-}
-
 /// How often to read every rule's conditions while waiting on them: a read of them all costs
 /// the API server (and kubectl, on the same cores) in proportion to their number, so 250 ms
 /// per 1,000 rules keeps the bench's own load from being what it measures.
@@ -171,9 +152,10 @@ fn start_operator(
         .spawn()
         .with_context(|| format!("start {}", bin.display()))?;
     let operator = Operator(child);
-    wait_for(
+    wait_until(
         "the operator serving /metrics",
         Duration::from_secs(30),
+        WAIT_POLL,
         || Ok(operator_metric(port, "ferry_operator_reconciles_total", &[]).is_ok()),
     )?;
     Ok((operator, port))
@@ -187,13 +169,10 @@ fn create_rules(
     mqtt: u16,
     kafka: &str,
 ) -> Result<(f64, f64)> {
-    cp.run_kubectl_with_stdin(
-        ["create", "-f", "-"],
-        &format!(
-            "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\nmetadata: {{ name: plant, namespace: {NS} }}\n\
-             spec:\n  mqtt: {{ host: 127.0.0.1, port: {mqtt} }}\n  kafka: {{ bootstrapServers: [\"{kafka}\"] }}\n"
-        ),
-    )?;
+    let connection = Connection::new("plant", "127.0.0.1", &[kafka])
+        .namespace(NS)
+        .mqtt_port(mqtt);
+    cp.run_kubectl_with_stdin(["create", "-f", "-"], &connection.yaml())?;
     // Created by CREATORS kubectl processes at once: kubectl sends one request per object, and
     // one process alone would measure kubectl, not the operator. Rule i is in group i % groups
     // and forwards MQTT topic plant/t<i> (where the traffic goes) to its group's topic.
@@ -203,11 +182,12 @@ fn create_rules(
                 .filter(|i| i % CREATORS == c)
                 .map(|i| {
                     let g = i % groups;
-                    format!(
-                        "---\napiVersion: ferry.dev/v1alpha1\nkind: ForwardingRule\nmetadata: {{ name: rule-{i}, namespace: {NS} }}\n\
-                         spec:\n  connectionRef: {{ name: plant }}\n  group: g{g}\n  mqtt: {{ topics: [\"plant/t{i}\"] }}\n  kafka: {{ topic: {} }}\n",
-                        kafka_topic(g)
-                    )
+                    Rule::new(&format!("rule-{i}"), "plant")
+                        .namespace(NS)
+                        .group(&format!("g{g}"))
+                        .topics(&[&format!("plant/t{i}")])
+                        .kafka_topic(&kafka_topic(g))
+                        .yaml()
                 })
                 .collect()
         })
@@ -225,7 +205,7 @@ fn create_rules(
         Ok(())
     })?;
     let apply_seconds = applied.elapsed().as_secs_f64();
-    wait_for_every(
+    wait_until(
         "every rule Accepted",
         Duration::from_secs(300),
         rules_poll(rules),
@@ -266,9 +246,10 @@ fn run_pod(cp: &ControlPlane, bin: &Path, g: usize) -> Result<Pod> {
     if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
         bail!("something else listens on {addr}, the address of pod {name}");
     }
-    wait_for(
+    wait_until(
         &format!("pod {name} created"),
         Duration::from_secs(60),
+        WAIT_POLL,
         || Ok(cp.run_kubectl(["get", "pod", &name, "-n", NS]).is_ok()),
     )?;
     let config = cp.run_kubectl([
@@ -301,9 +282,10 @@ fn run_pod(cp: &ControlPlane, bin: &Path, g: usize) -> Result<Pod> {
         .spawn()
         .with_context(|| format!("start {}", bin.display()))?;
     let mut pod = Pod { child, addr, log };
-    wait_for(
+    wait_until(
         &format!("forwarder {name} ready"),
         Duration::from_secs(60),
+        WAIT_POLL,
         || {
             if let Some(status) = pod.child.try_wait()? {
                 bail!("forwarder {name} exited with {status}: {}", pod.log_tail());
@@ -391,7 +373,7 @@ fn steady(
     let warm = Instant::now();
     // The first report of each rule is a condition change (Forwarding True), written at once;
     // Ready follows within a reconcile of the connection.
-    wait_for_every(
+    wait_until(
         "every rule Forwarding and Ready",
         Duration::from_secs(600),
         rules_poll(rules),

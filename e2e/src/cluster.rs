@@ -14,12 +14,17 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
 
+use crate::kafka::{Kafka, KafkaOptions};
+use crate::kube::Kubectl;
+use crate::messages::disconnect;
+use crate::mosquitto::{Mosquitto, MosquittoOptions};
+use crate::pki::{KeyType, Pki};
+use crate::process::{Placement, cache_dir, run_logged};
 use crate::schema_registry::{SchemaRegistry, SchemaRegistryOptions, SchemaType};
-use crate::{Kafka, KafkaOptions, KeyType, Mosquitto, MosquittoOptions, Pki, Placement};
 
 pub const KUBECTL: &str = "/usr/bin/kubectl";
 /// The images' tag (`e2e/images/build.sh`): the workspace version.
@@ -34,7 +39,7 @@ pub fn repo_dir() -> PathBuf {
 }
 
 pub fn helm_bin() -> PathBuf {
-    crate::cache_dir().join("tools/bin/helm")
+    cache_dir().join("tools/bin/helm")
 }
 
 /// Where `e2e/images/build.sh` writes this checkout's images: `$FERRY_IMAGES_DIR`, else
@@ -112,6 +117,12 @@ pub struct Cluster {
     down_ran: bool,
     /// Prefix of the dir the component logs are kept in when the drop tears the cluster down.
     logs_prefix: String,
+}
+
+impl Kubectl for Cluster {
+    fn run_kubectl(&self, args: &[&str]) -> Result<String> {
+        self.kubectl(args)
+    }
 }
 
 impl Cluster {
@@ -231,7 +242,7 @@ impl Cluster {
         let mut cmd = Command::new("bash");
         cmd.arg(script).args(args);
         self.settings(&mut cmd);
-        crate::run_logged(&mut cmd, &name, &out_path, timeout)
+        run_logged(&mut cmd, &name, &out_path, timeout)
     }
 
     /// [`Cluster::script`] of `e2e/cluster/<name>`.
@@ -359,33 +370,20 @@ impl Cluster {
         Ok(stdout)
     }
 
-    /// `kubectl get KIND NAME -n NS -o jsonpath={PATH}`.
-    pub fn jsonpath(&self, kind: &str, name: &str, ns: &str, path: &str) -> Result<String> {
-        self.kubectl(&[
-            "get",
-            kind,
-            name,
-            "-n",
-            ns,
-            "-o",
-            &format!("jsonpath={{{path}}}"),
-        ])
-    }
-
     /// Whether the ForwardingRule's `Ready` condition is `True`.
     pub fn rule_ready(&self, rule: &str, ns: &str) -> Result<bool> {
         Ok(self.jsonpath(
             "fr",
             rule,
             ns,
-            ".status.conditions[?(@.type==\"Ready\")].status",
+            "{.status.conditions[?(@.type==\"Ready\")].status}",
         )? == "True")
     }
 
     /// The rule's `.status.schema`: (subject, version, id) of the schema its values are
     /// encoded with, once a forwarder pod reported one.
     pub fn rule_schema(&self, rule: &str, ns: &str) -> Result<Option<(String, u64, u64)>> {
-        let text = self.jsonpath("fr", rule, ns, ".status.schema")?;
+        let text = self.jsonpath("fr", rule, ns, "{.status.schema}")?;
         if text.is_empty() {
             return Ok(None);
         }
@@ -578,26 +576,9 @@ impl Drop for Cluster {
     }
 }
 
-/// Calls `check` every 500 ms until it gives `Some`, at most `timeout`.
-pub fn wait_until<T>(
-    timeout: Duration,
-    what: &str,
-    mut check: impl FnMut() -> Result<Option<T>>,
-) -> Result<T> {
-    let start = Instant::now();
-    let mut last_err = None;
-    loop {
-        match check() {
-            Ok(Some(v)) => return Ok(v),
-            Ok(None) => {}
-            Err(e) => last_err = Some(e),
-        }
-        if start.elapsed() > timeout {
-            bail!("{what}: not within {timeout:?} (last error: {last_err:?})");
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-}
+/// How often a test looks at the cluster while it waits ([`crate::wait_until_some`]): every
+/// look runs kubectl (or asks a pod), on the cores the cluster runs on.
+pub const CLUSTER_POLL: Duration = Duration::from_millis(500);
 
 /// The ForwardingRules named `names` from `examples/kubernetes/rules.yaml`, as they are
 /// shipped (they reference the connection `plant`), for `kubectl apply -n <ns> -f -`.
@@ -870,7 +851,7 @@ pub async fn publish_paced(
             Err(_) => bail!("publisher stalled ({published} sent, {acked} acknowledged)"),
         }
     }
-    crate::disconnect(&client, &mut eventloop).await?;
+    disconnect(&client, &mut eventloop).await?;
     Ok(sent.unwrap_or_default())
 }
 
@@ -910,5 +891,5 @@ pub async fn publish_to(
         }
     }
     sender.await??;
-    crate::disconnect(&client, &mut eventloop).await
+    disconnect(&client, &mut eventloop).await
 }

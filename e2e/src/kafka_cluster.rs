@@ -12,8 +12,10 @@ use rdkafka::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::metadata::{Metadata, MetadataPartition, MetadataTopic};
 
+use crate::fault_proxy::FaultProxy;
 use crate::kafka_node::{self, Listener, NodeProps};
-use crate::{FaultProxy, Placement, Record, free_port, terminate, wait_for_port};
+use crate::messages::Record;
+use crate::process::{Placement, free_port, terminate, wait_for_port};
 
 /// Heartbeats every second and a 5 s session (defaults 2 s and 9 s): a killed broker is fenced,
 /// and its partitions get new leaders, within about 5 s, without fencing live brokers that a

@@ -17,11 +17,13 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{BorrowedMessage, Headers as _, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
-use crate::{Placement, Record, run_logged, spawn_tied};
+use crate::kafka::Kafka;
+use crate::messages::Record;
+use crate::process::{Placement, run_logged, spawn_tied};
 
 /// The Kafka jars fetched by `e2e/install.sh`, checked to be complete.
 pub(crate) fn libs() -> Result<PathBuf> {
-    let libs = crate::Kafka::libs_dir();
+    let libs = Kafka::libs_dir();
     if !libs.join(".complete").exists() {
         bail!(
             "Kafka jars not found in {}: run e2e/install.sh",

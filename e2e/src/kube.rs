@@ -21,7 +21,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail};
 
-use super::{cache_dir, free_port, http_get, spawn_tied, tail, terminate, wait_for_port, which};
+use crate::http::http_get;
+use crate::logs::tail;
+use crate::process::{cache_dir, free_port, spawn_tied, terminate, wait_for_port, which};
 
 /// The Kubernetes version `e2e/k8s/build.sh` builds (the content of `e2e/k8s/VERSION`), e.g. `v1.34.4`.
 pub fn k8s_version() -> &'static str {
@@ -608,6 +610,25 @@ fn random_hex(bytes: usize) -> Result<String> {
     let mut buf = vec![0u8; bytes];
     fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// What runs kubectl against a cluster: a [`ControlPlane`] or a [`crate::cluster::Cluster`].
+pub trait Kubectl {
+    /// kubectl with `args`: its standard output, or an error with its standard error.
+    fn run_kubectl(&self, args: &[&str]) -> Result<String>;
+
+    /// `kubectl get KIND NAME -n NS -o jsonpath=TEMPLATE`. TEMPLATE is kubectl's, braces and
+    /// all: `{.status.readyReplicas}`, `{range .items[*]}{.metadata.name} {end}`.
+    fn jsonpath(&self, kind: &str, name: &str, ns: &str, template: &str) -> Result<String> {
+        let output = format!("jsonpath={template}");
+        self.run_kubectl(&["get", kind, name, "-n", ns, "-o", &output])
+    }
+}
+
+impl Kubectl for ControlPlane {
+    fn run_kubectl(&self, args: &[&str]) -> Result<String> {
+        ControlPlane::run_kubectl(self, args)
+    }
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ pub struct Scrape {
 
 impl Scrape {
     pub fn get(port: u16) -> Result<Scrape> {
-        let (code, text) = crate::http_get(port, "/metrics")?;
+        let (code, text) = crate::http::http_get(port, "/metrics")?;
         if code != 200 {
             bail!("GET /metrics on port {port}: {code}\n{text}");
         }

@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
 
-use crate::{KeyType, Pki, Placement};
+use crate::pki::{KeyType, Pki};
+use crate::process::{Placement, free_port, spawn_tied, terminate, wait_for_addr, which};
 
 pub struct Registry {
     dir: tempfile::TempDir,
@@ -34,7 +35,7 @@ impl Registry {
         let dir = tempfile::Builder::new()
             .prefix("ferry-registry-")
             .tempdir()?;
-        let port = crate::free_port()?;
+        let port = free_port()?;
         let config = dir.path().join("config.yml");
         fs::write(
             &config,
@@ -49,13 +50,13 @@ impl Registry {
             ),
         )?;
         let log = dir.path().join("registry.log");
-        let program = crate::which("docker-registry").context(
+        let program = which("docker-registry").context(
             "docker-registry is not installed (Debian package docker-registry: e2e/install.sh)",
         )?;
         let mut cmd = placement.command(&program);
         cmd.arg("serve").arg(&config);
-        let mut child = crate::spawn_tied(&mut cmd, &log)?;
-        crate::wait_for_addr(
+        let mut child = spawn_tied(&mut cmd, &log)?;
+        wait_for_addr(
             host,
             port,
             Duration::from_secs(20),
@@ -143,6 +144,6 @@ impl Registry {
 
 impl Drop for Registry {
     fn drop(&mut self) {
-        crate::terminate(&mut self.child, Duration::from_secs(5));
+        terminate(&mut self.child, Duration::from_secs(5));
     }
 }

@@ -24,7 +24,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
 
-use crate::{HttpOptions, Pki, Placement};
+use crate::credentials::{check_credential, check_password};
+use crate::http::{HttpOptions, http_request};
+use crate::logs::tail;
+use crate::pki::Pki;
+use crate::process::{Placement, cache_dir, free_port, spawn_tied, terminate};
 
 /// The registry build's pins, read where `install.sh` reads them.
 const REGISTRY_POM: &str = include_str!("../registry/pom.xml");
@@ -108,7 +112,7 @@ pub struct SchemaRegistry {
 impl SchemaRegistry {
     /// Where `install.sh` puts the runnable registry: `registry.jar` and its `lib/`.
     pub fn install_dir() -> PathBuf {
-        crate::cache_dir().join(format!("apicurio-registry-{}", apicurio_version()))
+        cache_dir().join(format!("apicurio-registry-{}", apicurio_version()))
     }
 
     /// Plain HTTP, anonymous access.
@@ -144,7 +148,7 @@ impl SchemaRegistry {
         let dir = tempfile::Builder::new()
             .prefix("ferry-schema-registry-")
             .tempdir()?;
-        let port = crate::free_port()?;
+        let port = free_port()?;
         let mut props = vec![
             ("quarkus.http.host".to_owned(), host.to_string()),
             // Work files (H2 keeps its database in memory; Vert.x caches files) in the dir.
@@ -172,10 +176,7 @@ impl SchemaRegistry {
                         "quarkus.http.insecure-requests".to_owned(),
                         "disabled".to_owned(),
                     ),
-                    (
-                        "quarkus.http.port".to_owned(),
-                        crate::free_port()?.to_string(),
-                    ),
+                    ("quarkus.http.port".to_owned(), free_port()?.to_string()),
                     ("quarkus.http.ssl.certificate.files".to_owned(), cert),
                     ("quarkus.http.ssl.certificate.key-files".to_owned(), key),
                 ]);
@@ -183,8 +184,8 @@ impl SchemaRegistry {
             }
         }
         if let Some((user, password)) = &options.basic_auth {
-            crate::check_credential("schema registry user", user)?;
-            crate::check_password("schema registry password", password)?;
+            check_credential("schema registry user", user)?;
+            check_password("schema registry password", password)?;
             // Quarkus's config expands `${…}` and trims the ends of the -D properties below.
             ensure!(
                 !password.contains("${") && password.trim() == password,
@@ -209,7 +210,7 @@ impl SchemaRegistry {
             .arg("-jar")
             .arg(install.join("registry.jar"))
             .current_dir(dir.path());
-        let child = crate::spawn_tied(&mut cmd, &log)?;
+        let child = spawn_tied(&mut cmd, &log)?;
         let mut registry = Self {
             child,
             dir,
@@ -230,7 +231,7 @@ impl SchemaRegistry {
                 bail!(
                     "schema registry exited with {status} before its API answered; log {}:\n{}",
                     self.log().display(),
-                    crate::tail(&self.log())
+                    tail(&self.log())
                 );
             }
             match self.request("GET", "/subjects", None) {
@@ -245,7 +246,7 @@ impl SchemaRegistry {
              log {}:\n{}",
             self.url(),
             self.log().display(),
-            crate::tail(&self.log())
+            tail(&self.log())
         )
     }
 
@@ -296,7 +297,7 @@ impl SchemaRegistry {
                 .as_ref()
                 .map(|(user, password)| (user.as_str(), password.as_str())),
         };
-        crate::http_request(
+        http_request(
             self.address(),
             method,
             &format!("{CCOMPAT_PATH}{path}"),
@@ -429,7 +430,7 @@ impl SchemaRegistry {
 
 impl Drop for SchemaRegistry {
     fn drop(&mut self) {
-        crate::terminate(&mut self.child, Duration::from_secs(5));
+        terminate(&mut self.child, Duration::from_secs(5));
     }
 }
 
@@ -453,7 +454,7 @@ pub fn python_venv() -> PathBuf {
         })
         .expect("e2e/tools/confluent-requirements.txt pins confluent-kafka")
         .trim();
-    crate::cache_dir().join(format!("python-confluent-kafka-{version}"))
+    cache_dir().join(format!("python-confluent-kafka-{version}"))
 }
 
 /// The `id` of a Confluent API answer (`{"id": 1}`, `{"id": 1, "version": …}`).

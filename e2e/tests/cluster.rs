@@ -18,7 +18,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, anyhow, bail, ensure};
-use ferry_e2e::cluster::{Cluster, wait_until};
+use ferry_e2e::cluster::{CLUSTER_POLL, Cluster};
+use ferry_e2e::wait_until_some;
 
 /// A TCP listener bound to `addr` inside the network namespace `nspath` (a thread enters the
 /// namespace to create the socket; the socket stays in it).
@@ -168,18 +169,24 @@ spec:
     cluster.kubectl_in(&["apply", "-f", "-"], Some(&pod))?;
     let (peer, line) = accept_line(&listener, Duration::from_secs(120))?;
     drop(listener);
-    wait_until(Duration::from_secs(60), "pod probe Running", || {
-        Ok(
-            (cluster.kubectl(&["get", "pod", "probe", "-o", "jsonpath={.status.phase}"])?
-                == "Running")
-                .then_some(()),
-        )
-    })?;
+    wait_until_some(
+        "pod probe Running",
+        Duration::from_secs(60),
+        CLUSTER_POLL,
+        || {
+            Ok(
+                (cluster.kubectl(&["get", "pod", "probe", "-o", "jsonpath={.status.phase}"])?
+                    == "Running")
+                    .then_some(()),
+            )
+        },
+    )?;
     let pod_ip = cluster.kubectl(&["get", "pod", "probe", "-o", "jsonpath={.status.podIP}"])?;
     println!("pod probe Running at {pod_ip}; the server in the netns got {line:?} from {peer}");
-    wait_until(
-        Duration::from_secs(30),
+    wait_until_some(
         "the probe container's process",
+        Duration::from_secs(30),
+        CLUSTER_POLL,
         || Ok((!processes_mentioning(&sleep_marker).is_empty()).then_some(())),
     )?;
     assert!(

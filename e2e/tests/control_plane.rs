@@ -6,6 +6,7 @@
 use std::time::{Duration, Instant};
 
 use ferry_e2e::kube::{ControlPlane, k8s_version};
+use ferry_e2e::{WAIT_POLL, wait_until};
 use serde_json::Value;
 
 #[test]
@@ -98,9 +99,12 @@ fn exercise(cp: &ControlPlane, test_start: Instant, start_time: Duration) -> any
     assert_eq!(got["metadata"]["ownerReferences"][0]["uid"], uid);
 
     // The service-account controller gives every namespace a `default` ServiceAccount.
-    wait_until(Duration::from_secs(30), "serviceaccount t/default", || {
-        Ok(!get_name(cp, "serviceaccount", "default")?.is_empty())
-    })?;
+    wait_until(
+        "serviceaccount t/default",
+        Duration::from_secs(30),
+        WAIT_POLL,
+        || Ok(!get_name(cp, "serviceaccount", "default")?.is_empty()),
+    )?;
 
     // While its owner exists, the garbage collector leaves the child alone.
     assert!(
@@ -112,8 +116,9 @@ fn exercise(cp: &ControlPlane, test_start: Instant, start_time: Duration) -> any
     let deleted = Instant::now();
     cp.run_kubectl(["delete", "configmap", "owner", "-n", "t", "--wait=true"])?;
     wait_until(
-        Duration::from_secs(30),
         "the GC to delete configmap t/child",
+        Duration::from_secs(30),
+        WAIT_POLL,
         || Ok(get_name(cp, "configmap", "child")?.is_empty()),
     )?;
     println!(
@@ -140,21 +145,4 @@ fn get_name(cp: &ControlPlane, kind: &str, name: &str) -> anyhow::Result<String>
         ])?
         .trim()
         .to_owned())
-}
-
-fn wait_until(
-    timeout: Duration,
-    what: &str,
-    mut done: impl FnMut() -> anyhow::Result<bool>,
-) -> anyhow::Result<()> {
-    let start = Instant::now();
-    loop {
-        if done()? {
-            return Ok(());
-        }
-        if start.elapsed() > timeout {
-            anyhow::bail!("timed out after {timeout:?} waiting for {what}");
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
 }

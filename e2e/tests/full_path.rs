@@ -60,15 +60,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, anyhow, ensure};
 use ferry_e2e::cluster::{
-    BrokerOptions, Brokers, Cluster, METRIC_AVRO, METRICS_SUBJECT, METRICS_TOPIC, MqttEndpoint,
-    cel_example_messages, ensure_helm, ensure_root, example_rules, ferry_images, metric_messages,
-    metrics_rule_yaml, plant_connection_yaml, publish_paced, publish_to, read_metrics_decoded,
-    wait_until,
+    BrokerOptions, Brokers, CLUSTER_POLL, Cluster, METRIC_AVRO, METRICS_SUBJECT, METRICS_TOPIC,
+    MqttEndpoint, cel_example_messages, ensure_helm, ensure_root, example_rules, ferry_images,
+    metric_messages, metrics_rule_yaml, plant_connection_yaml, publish_paced, publish_to,
+    read_metrics_decoded,
 };
 use ferry_e2e::cluster::{VERSION, repo_dir};
+use ferry_e2e::kube::Kubectl as _;
 use ferry_e2e::{
     Kafka, Mosquitto, MosquittoOptions, Record, Registry, SchemaRegistry, SchemaRegistryOptions,
-    SchemaType, http_get_ok,
+    SchemaType, http_get_ok, wait_until_some,
 };
 
 /// README.md's install command: its first line that starts with `helm install `. This test
@@ -270,7 +271,7 @@ fn wait_rules_ready(
 ) -> Result<Duration> {
     let t = Instant::now();
     let what = format!("both rules Ready={status} ({reason:?})");
-    wait_until(within, &what, || {
+    wait_until_some(&what, within, CLUSTER_POLL, || {
         for rule in ["temps", "alarms"] {
             let (s, r) = ready_condition(c, rule)?;
             if s != status || reason.is_some_and(|want| want != r) {
@@ -512,9 +513,10 @@ fn delete_pod_under_load(
         delete.extend(["--grace-period=0", "--force"]);
     }
     c.kubectl(&delete)?;
-    let new_ip = wait_until(
-        Duration::from_secs(120),
+    let new_ip = wait_until_some(
         &format!("{victim} recreated and Ready"),
+        Duration::from_secs(120),
+        CLUSTER_POLL,
         || {
             Ok(forwarder_pods(c)?
                 .into_iter()
@@ -572,9 +574,12 @@ fn delete_pod_under_load(
          off:\n{}",
         connects.join("\n")
     );
-    wait_until(Duration::from_secs(60), "temps readyReplicas 2/2", || {
-        Ok((c.jsonpath("fr", "temps", NS, ".status.readyReplicas")? == "2/2").then_some(()))
-    })?;
+    wait_until_some(
+        "temps readyReplicas 2/2",
+        Duration::from_secs(60),
+        CLUSTER_POLL,
+        || Ok((c.jsonpath("fr", "temps", NS, "{.status.readyReplicas}")? == "2/2").then_some(())),
+    )?;
     Ok(())
 }
 
@@ -612,16 +617,17 @@ fn scale_down_under_load(
     let client_id = format!("ferry.{NS}.{leaving}");
     let leaving_ip = pod_ip(c, &leaving)?;
     let grace: u64 = c
-        .jsonpath("pod", &leaving, NS, ".spec.terminationGracePeriodSeconds")?
+        .jsonpath("pod", &leaving, NS, "{.spec.terminationGracePeriodSeconds}")?
         .parse()?;
     let load = SteadyLoad::start(c, mqtt, rt, "scaledown", temp_topic);
     let t = Instant::now();
     merge_patch(c, "bc", "plant", r#"{"spec":{"forwarder":{"replicas":1}}}"#)?;
     // Pod 1 learns it leaves from its config, drains, says so; the operator sees it and shrinks.
     let mut drained_at = None;
-    wait_until(
-        CONFIG_REACHES_POD + DRAIN_QUIET + DRAIN_POLL + CONTROL_PLANE_SLACK,
+    wait_until_some(
         "the StatefulSet shrunk to 1 replica once pod 1 drained",
+        CONFIG_REACHES_POD + DRAIN_QUIET + DRAIN_POLL + CONTROL_PLANE_SLACK,
+        CLUSTER_POLL,
         || {
             if drained_at.is_none() {
                 // Best effort: the pod may already be stopping.
@@ -632,15 +638,16 @@ fn scale_down_under_load(
                     drained_at = Some(t.elapsed());
                 }
             }
-            Ok((c.jsonpath("statefulset", STS, NS, ".spec.replicas")? == "1").then_some(()))
+            Ok((c.jsonpath("statefulset", STS, NS, "{.spec.replicas}")? == "1").then_some(()))
         },
     )?;
     let shrunk = t.elapsed();
     // It stops at once (nothing left to forward), within its grace period at most; then the
     // operator ends its session with a clean start (pods resume theirs: clean start off).
-    wait_until(
-        Duration::from_secs(grace) + SESSIONS_POD_WAIT + CONTROL_PLANE_SLACK,
+    wait_until_some(
         &format!("{leaving} gone and its session ended by the operator"),
+        Duration::from_secs(grace) + SESSIONS_POD_WAIT + CONTROL_PLANE_SLACK,
+        CLUSTER_POLL,
         || {
             if forwarder_pods(c)?.iter().any(|p| p.0 == leaving) {
                 return Ok(None);
@@ -655,9 +662,10 @@ fn scale_down_under_load(
     let gone = t.elapsed();
     // Pod 0, alone now, subscribes plainly (its config changed with pod 1's).
     let pod0 = pod_ip(c, &format!("{STS}-0"))?;
-    wait_until(
-        CONFIG_REACHES_POD + CONTROL_PLANE_SLACK,
+    wait_until_some(
         &format!("{STS}-0 subscribed plainly (/status mqtt.shared false)"),
+        CONFIG_REACHES_POD + CONTROL_PLANE_SLACK,
+        CLUSTER_POLL,
         || {
             let body = http_get_ok(SocketAddr::new(pod0.parse()?, 8080), "/status")?;
             let v: serde_json::Value = serde_json::from_str(&body)?;
@@ -683,16 +691,21 @@ fn scale_down_under_load(
         "-o",
         "jsonpath={range .items[*]}{.type} {.reason}: {.message}{\"\\n\"}{end}",
     ])?;
-    wait_until(CONTROL_PLANE_SLACK, "the rules Ready with 1/1", || {
-        for rule in ["temps", "alarms"] {
-            if ready_condition(c, rule)?.0 != "True"
-                || c.jsonpath("fr", rule, NS, ".status.readyReplicas")? != "1/1"
-            {
-                return Ok(None);
+    wait_until_some(
+        "the rules Ready with 1/1",
+        CONTROL_PLANE_SLACK,
+        CLUSTER_POLL,
+        || {
+            for rule in ["temps", "alarms"] {
+                if ready_condition(c, rule)?.0 != "True"
+                    || c.jsonpath("fr", rule, NS, "{.status.readyReplicas}")? != "1/1"
+                {
+                    return Ok(None);
+                }
             }
-        }
-        Ok(Some(()))
-    })?;
+            Ok(Some(()))
+        },
+    )?;
     let table = c.kubectl(&["get", "fr", "-n", NS])?;
     log(format!(
         "scaled {STS} 2 -> 1 under load (200/s): {leaving} said drained {drained_at:.1?} after \
@@ -1092,19 +1105,24 @@ fn install_operator(c: &Cluster, mirror: &Mirror<'_>, t0: Instant) -> Result<()>
         "helm install (--wait) done in {:.1?}; operator pods:\n{operators}",
         t.elapsed()
     ));
-    let holder = wait_until(Duration::from_secs(60), "the operator's Lease", || {
-        Ok(c.kubectl(&[
-            "get",
-            "lease",
-            "ferry-operator",
-            "-n",
-            RELEASE_NS,
-            "-o",
-            "jsonpath={.spec.holderIdentity}",
-        ])
-        .ok()
-        .filter(|h| !h.is_empty()))
-    })?;
+    let holder = wait_until_some(
+        "the operator's Lease",
+        Duration::from_secs(60),
+        CLUSTER_POLL,
+        || {
+            Ok(c.kubectl(&[
+                "get",
+                "lease",
+                "ferry-operator",
+                "-n",
+                RELEASE_NS,
+                "-o",
+                "jsonpath={.spec.holderIdentity}",
+            ])
+            .ok()
+            .filter(|h| !h.is_empty()))
+        },
+    )?;
     log(format!("leader: {holder}"));
 
     Ok(())
@@ -1138,12 +1156,17 @@ fn apply_connection_and_rules(
             &schema_registry.url(),
         )),
     )?;
-    wait_until(Duration::from_secs(150), "the rules Ready", || {
-        Ok((c.rule_ready("temps", NS)?
-            && c.rule_ready("alarms", NS)?
-            && c.rule_ready("metrics", NS)?)
-        .then_some(()))
-    })?;
+    wait_until_some(
+        "the rules Ready",
+        Duration::from_secs(150),
+        CLUSTER_POLL,
+        || {
+            Ok((c.rule_ready("temps", NS)?
+                && c.rule_ready("alarms", NS)?
+                && c.rule_ready("metrics", NS)?)
+            .then_some(()))
+        },
+    )?;
     let to_ready = t.elapsed();
     let pods = forwarder_pods(c)?;
     log(format!(
@@ -1260,16 +1283,17 @@ fn status_shows_forwarded(
 ) -> Result<()> {
     let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
     let t = Instant::now();
-    wait_until(
-        Duration::from_secs(60),
+    wait_until_some(
         "status.forwarded of both rules",
+        Duration::from_secs(60),
+        CLUSTER_POLL,
         || {
             let ft: u64 = c
-                .jsonpath("fr", "temps", NS, ".status.forwarded")?
+                .jsonpath("fr", "temps", NS, "{.status.forwarded}")?
                 .parse()
                 .unwrap_or(0);
             let fa: u64 = c
-                .jsonpath("fr", "alarms", NS, ".status.forwarded")?
+                .jsonpath("fr", "alarms", NS, "{.status.forwarded}")?
                 .parse()
                 .unwrap_or(0);
             Ok((ft >= temps_sent.len() as u64 && fa >= alarms_sent.len() as u64).then_some(()))
@@ -1317,9 +1341,10 @@ fn avro_records_decode_with_the_registered_schema(
     rt.block_on(publish_to(&broker, "e2e-pub-metrics", sent.clone()))?;
     let decoded = read_metrics_decoded(schema_registry, kafka, &sent, schema_id)?;
     let want = (METRICS_SUBJECT.to_owned(), 1, u64::from(schema_id));
-    wait_until(
-        Duration::from_secs(30),
+    wait_until_some(
         "the metrics rule's .status.schema",
+        Duration::from_secs(30),
+        CLUSTER_POLL,
         || Ok((c.rule_schema("metrics", NS)?.as_ref() == Some(&want)).then_some(())),
     )?;
     let wide = c.kubectl(&["get", "fr", "metrics", "-n", NS, "-o", "wide"])?;
@@ -1390,9 +1415,10 @@ fn edit_rule_under_load(
         "-p",
         r#"{"spec":{"kafka":{"topic":"temps.v2","key":{"strategy":"mqttTopic","level":null}}}}"#,
     ])?;
-    let gens_after = wait_until(
-        Duration::from_secs(150),
+    let gens_after = wait_until_some(
         "every forwarder pod applied the edited rule (/status config.generation)",
+        Duration::from_secs(150),
+        CLUSTER_POLL,
         || {
             let now = config_generations(c)?;
             let all = now.len() == gens_before.len()
@@ -1529,9 +1555,10 @@ fn cel_examples_forward_as_documented(
     let t = Instant::now();
     let rules = example_rules(&["devices", "readings"])?;
     c.kubectl_in(&["apply", "-n", NS, "-f", "-"], Some(&rules))?;
-    wait_until(
-        Duration::from_secs(180),
+    wait_until_some(
         "the CEL example rules Ready",
+        Duration::from_secs(180),
+        CLUSTER_POLL,
         || Ok((c.rule_ready("devices", NS)? && c.rule_ready("readings", NS)?).then_some(())),
     )?;
     log(format!(
@@ -1637,9 +1664,10 @@ fn moving_a_rule_to_another_group_under_load(
     // rule retiring; once its pod said handed over (nothing for the rule for DRAIN_QUIET) and
     // the operator saw it, the old group's without the rule.
     let (mut taken_over, mut retiring) = (None, None);
-    wait_until(
-        CONFIG_REACHES_POD * 3 + DRAIN_POLL * 2 + DRAIN_QUIET + CONTROL_PLANE_SLACK,
+    wait_until_some(
         "rule alarms runs in plant-json-0 and no more in plant-default-0",
+        CONFIG_REACHES_POD * 3 + DRAIN_POLL * 2 + DRAIN_QUIET + CONTROL_PLANE_SLACK,
+        CLUSTER_POLL,
         || {
             let new = rule_state(&new_ip, "alarms")? == Some(false);
             if new && taken_over.is_none() {
@@ -1655,7 +1683,7 @@ fn moving_a_rule_to_another_group_under_load(
     let moved = t.elapsed();
     let sent = load.finish(rt)?;
     let (lost, dups) = read_lost_and_duplicates(kafka, "alarms", "move", &sent)?;
-    let workload = c.jsonpath("fr", "alarms", NS, ".status.workload")?;
+    let workload = c.jsonpath("fr", "alarms", NS, "{.status.workload}")?;
     log(format!(
         "rule alarms moved from group default to json under load (200/s): plant-json-0 ran it \
          {taken_over:.1?} after the patch, plant-default-0 listed it retiring after \
@@ -1672,9 +1700,10 @@ fn moving_a_rule_to_another_group_under_load(
         "{dups} duplicates moving rule alarms: more than both groups subscribed for {overlap:?} \
          plus a window ({dup_bound})"
     );
-    wait_until(
-        CONTROL_PLANE_SLACK,
+    wait_until_some(
         "rule alarms Ready in its new group",
+        CONTROL_PLANE_SLACK,
+        CLUSTER_POLL,
         || Ok(c.rule_ready("alarms", NS)?.then_some(())),
     )?;
     Ok(())
@@ -1730,9 +1759,10 @@ fn deleting_the_connection_removes_its_children_and_sessions(
         "--wait=true",
         "--timeout=60s",
     ])?;
-    wait_until(
-        Duration::from_secs(120),
+    wait_until_some(
         "everything the connection owned gone",
+        Duration::from_secs(120),
+        CLUSTER_POLL,
         || Ok(owned()?.trim().is_empty().then_some(())),
     )?;
     let left = c.kubectl(&["get", "all,cm,secret,pdb", "-n", NS, "-o", "name"])?;
@@ -1795,11 +1825,12 @@ fn a_connection_holds_the_finalizer(c: &Cluster, t0: Instant) -> Result<String> 
              spec:\n  mqtt: {{ host: mqtt.invalid }}\n  kafka: {{ bootstrapServers: [\"kafka.invalid:9092\"] }}\n"
         )),
     )?;
-    wait_until(
-        Duration::from_secs(60),
+    wait_until_some(
         "the operator's finalizer on the connection",
+        Duration::from_secs(60),
+        CLUSTER_POLL,
         || {
-            let finalizers = c.jsonpath("bc", depot, NS, ".metadata.finalizers")?;
+            let finalizers = c.jsonpath("bc", depot, NS, "{.metadata.finalizers}")?;
             Ok(finalizers.contains(SESSIONS_FINALIZER).then_some(()))
         },
     )?;
@@ -1813,7 +1844,7 @@ fn a_connection_holds_the_finalizer(c: &Cluster, t0: Instant) -> Result<String> 
 /// The chart's pre-delete hook released the finalizer of the connection left in place and
 /// marked it, so deleting it completes without an operator.
 fn the_uninstall_released_the_finalizer(c: &Cluster, depot: &str, t0: Instant) -> Result<()> {
-    let meta = c.jsonpath("bc", depot, NS, ".metadata")?;
+    let meta = c.jsonpath("bc", depot, NS, "{.metadata}")?;
     ensure!(
         !meta.contains(SESSIONS_FINALIZER) && meta.contains("ferry.dev/finalizer-released-at"),
         "the uninstall hook released and marked {depot}: {meta}"
@@ -1842,9 +1873,10 @@ fn helm_uninstall_leaves_only_the_crds(c: &Cluster, t0: Instant) -> Result<()> {
         "--timeout",
         "5m",
     ])?;
-    let left = wait_until(
-        Duration::from_secs(90),
+    let left = wait_until_some(
         "the release's objects gone after helm uninstall",
+        Duration::from_secs(90),
+        CLUSTER_POLL,
         || {
             let left = c.kubectl(&[
                 "get",

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use ferry_api::config::{MqttConfig, MqttProtocol, Secret, Tls};
-use ferry_e2e::{KeyType, Mosquitto, MosquittoOptions, Pki, TlsListener};
+use ferry_e2e::{KeyType, Mosquitto, MosquittoOptions, Pki, TlsListener, wait_until_async};
 use ferry_forwarder::metrics::Metrics;
 use ferry_forwarder::mqtt::{self, Link, Message, Outbound, ReaderExit};
 use rumqttc::QoS;
@@ -28,6 +28,9 @@ const PINGREQ: u8 = 12;
 const DISCONNECT: u8 = 14;
 
 const BOTH: [MqttProtocol; 2] = [MqttProtocol::V311, MqttProtocol::V5];
+
+/// How often the tests look at a driver in process: its states change within milliseconds.
+const DRIVER_POLL: Duration = Duration::from_millis(10);
 
 fn config(
     port: u16,
@@ -110,7 +113,7 @@ impl Driver {
     }
 
     async fn wait_subscribed(&self, within: Duration) -> Result<()> {
-        wait_until("subscribed", within, || {
+        wait_until_async("subscribed", within, DRIVER_POLL, || {
             self.metrics.health.mqtt_subscribed()
         })
         .await
@@ -124,17 +127,6 @@ impl Driver {
             .context("driver did not finish")?
             .context("driver task")
     }
-}
-
-async fn wait_until(what: &str, within: Duration, mut done: impl FnMut() -> bool) -> Result<()> {
-    let start = Instant::now();
-    while !done() {
-        if start.elapsed() > within {
-            bail!("not {what} within {within:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(())
 }
 
 fn numbered(topic: &str, range: std::ops::Range<usize>) -> Vec<(String, Vec<u8>)> {
@@ -302,7 +294,7 @@ impl Proxy {
 
     async fn wait_count(&self, conn: usize, to_broker: bool, kind: u8, n: usize) -> Result<()> {
         let what = format!("{n} packets of type {kind} on connection {conn}");
-        wait_until(&what, Duration::from_secs(15), || {
+        wait_until_async(&what, Duration::from_secs(15), DRIVER_POLL, || {
             self.count(conn, to_broker, kind) >= n
         })
         .await
@@ -897,7 +889,7 @@ async fn reconnects_and_resubscribes_after_the_broker_restarts() -> Result<()> {
         d.wait_subscribed(Duration::from_secs(10)).await?;
         broker.stop();
         // Told at once (the broker closed the connection), not at the next keep-alive.
-        wait_until("disconnected", Duration::from_secs(5), || {
+        wait_until_async("disconnected", Duration::from_secs(5), DRIVER_POLL, || {
             !d.metrics.health.mqtt_connected()
         })
         .await?;
@@ -1040,7 +1032,7 @@ async fn a_refused_subscription_fails_its_rule_and_all_refused_is_not_subscribed
         let d = Driver::start(&cfg, "secret/a", 1)?;
         let rules = d.metrics.set_rules(&["secret".to_owned()]);
         rules[0].set_subscribed(vec!["secret/a".to_owned()]);
-        wait_until("the refusal", Duration::from_secs(10), || {
+        wait_until_async("the refusal", Duration::from_secs(10), DRIVER_POLL, || {
             d.metrics.status().rules[0].subscription_refused.is_some()
         })
         .await?;
@@ -1066,7 +1058,7 @@ async fn a_refused_subscription_fails_its_rule_and_all_refused_is_not_subscribed
         rules[0].set_subscribed(vec!["open/a".to_owned()]);
         rules[1].set_subscribed(vec!["secret/a".to_owned()]);
         d.wait_subscribed(Duration::from_secs(10)).await?;
-        wait_until("the refusal", Duration::from_secs(10), || {
+        wait_until_async("the refusal", Duration::from_secs(10), DRIVER_POLL, || {
             d.metrics.status().rules[1].subscription_refused.is_some()
         })
         .await?;

@@ -19,9 +19,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry_e2e::kube::ControlPlane;
+use ferry_e2e::kube::{ControlPlane, Kubectl as _};
+use ferry_e2e::manifests::{Connection, Rule};
+use ferry_e2e::{WAIT_POLL, wait_until};
 use ferry_operator::image::DEFAULT_FORWARDER_IMAGE;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../charts/ferry");
 const RELEASE: &str = "ferry";
@@ -834,16 +836,8 @@ fn a_private_registry_install_pulls_the_operator_and_hands_the_forwarder_image_t
         "NOTES name the forwarder image:\n{text}"
     );
     let installed = |path: &str| {
-        cp.run_kubectl([
-            "get",
-            "deployment",
-            OPERATOR,
-            "-n",
-            NAMESPACE,
-            "-o",
-            &format!("jsonpath={path}"),
-        ])
-        .unwrap_or_default()
+        cp.jsonpath("deployment", OPERATOR, NAMESPACE, path)
+            .unwrap_or_default()
     };
     assert_eq!(
         installed("{.spec.template.spec.containers[0].image}"),
@@ -872,35 +866,12 @@ fn a_private_registry_install_pulls_the_operator_and_hands_the_forwarder_image_t
     );
     cp.run_kubectl_with_stdin(
         ["apply", "-n", "plant", "-f", "-"],
-        r#"
-apiVersion: ferry.dev/v1alpha1
-kind: BrokerConnection
-metadata: { name: plant }
-spec:
-  mqtt: { host: mqtt.plant.svc }
-  kafka: { bootstrapServers: ["kafka.plant.svc:9092"] }
----
-apiVersion: ferry.dev/v1alpha1
-kind: ForwardingRule
-metadata: { name: telemetry }
-spec:
-  connectionRef: { name: plant }
-  mqtt: { topics: ["plant/+/telemetry"] }
-  kafka: { topic: telemetry }
-"#,
+        &(Connection::svc("plant", "plant").yaml() + &telemetry_rule().yaml()),
     )
     .expect("apply a connection and a rule");
     let forwarder_pods = |path: &str| {
-        cp.run_kubectl([
-            "get",
-            "statefulset",
-            "plant-default",
-            "-n",
-            "plant",
-            "-o",
-            &format!("jsonpath={path}"),
-        ])
-        .unwrap_or_default()
+        cp.jsonpath("statefulset", "plant-default", "plant", path)
+            .unwrap_or_default()
     };
     let operator_log = || std::fs::read_to_string(&log).unwrap_or_default();
     let started = Instant::now();
@@ -1009,19 +980,25 @@ fn installed_chart_gives_the_operator_exactly_the_rights_it_uses() {
             .unwrap_or_else(|e| panic!("{kind} {ns}/{name}: {e}"));
     }
     // Two operator pods, admitted under `restricted` (no kubelet here: they stay Pending).
-    wait_for("the Deployment's 2 pods", Duration::from_secs(60), || {
-        cp.run_kubectl([
-            "get",
-            "pods",
-            "-n",
-            NAMESPACE,
-            "-l",
-            "app.kubernetes.io/name=ferry",
-            "-o",
-            "name",
-        ])
-        .is_ok_and(|o| o.lines().count() == 2)
-    });
+    wait_until(
+        "the Deployment's 2 pods",
+        Duration::from_secs(60),
+        WAIT_POLL,
+        || {
+            cp.run_kubectl([
+                "get",
+                "pods",
+                "-n",
+                NAMESPACE,
+                "-l",
+                "app.kubernetes.io/name=ferry",
+                "-o",
+                "name",
+            ])
+            .is_ok_and(|o| o.lines().count() == 2)
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
 
     // What the ServiceAccount may and may not do.
     let sa = format!("system:serviceaccount:{NAMESPACE}:{OPERATOR}");
@@ -1104,40 +1081,27 @@ fn installed_chart_gives_the_operator_exactly_the_rights_it_uses() {
     );
     let port = operator.port;
     let operator_log = operator.log_reader();
-    cp.run_kubectl_with_stdin(
-        ["apply", "-n", "plant", "-f", "-"],
-        r#"
+    let secret = r#"
 apiVersion: v1
 kind: Secret
 metadata: { name: mqtt-credentials, labels: { ferry.dev/broker-credentials: "true" } }
 stringData: { username: ferry, password: secret }
----
-apiVersion: ferry.dev/v1alpha1
-kind: BrokerConnection
-metadata: { name: plant }
-spec:
-  mqtt: { host: mqtt.plant.svc, credentialsSecretRef: { name: mqtt-credentials } }
-  kafka: { bootstrapServers: ["kafka.plant.svc:9092"] }
----
-apiVersion: ferry.dev/v1alpha1
-kind: ForwardingRule
-metadata: { name: telemetry }
-spec:
-  connectionRef: { name: plant }
-  mqtt: { topics: ["plant/+/telemetry"] }
-  kafka: { topic: telemetry }
----
-# Its connection does not exist: a Warning Event, recorded with the chart's rights.
-apiVersion: ferry.dev/v1alpha1
-kind: ForwardingRule
-metadata: { name: stray }
-spec:
-  connectionRef: { name: elsewhere }
-  mqtt: { topics: ["plant/+/stray"] }
-  kafka: { topic: stray }
-"#,
-    )
-    .expect("apply a connection and rules");
+"#;
+    let objects = [
+        secret.to_owned(),
+        Connection::svc("plant", "plant")
+            .credentials_secret("mqtt-credentials")
+            .yaml(),
+        telemetry_rule().yaml(),
+        // Its connection does not exist: a Warning Event, recorded with the chart's rights.
+        Rule::new("stray", "elsewhere")
+            .topics(&["plant/+/stray"])
+            .kafka_topic("stray")
+            .yaml(),
+    ]
+    .concat();
+    cp.run_kubectl_with_stdin(["apply", "-n", "plant", "-f", "-"], &objects)
+        .expect("apply a connection and rules");
     let get = |args: &[&str]| cp.run_kubectl(args).unwrap_or_default();
     let deadline = Duration::from_secs(90);
     let started = Instant::now();
@@ -1241,28 +1205,27 @@ spec:
 /// A BrokerConnection `plant` and its rule `telemetry` in `ns`, with their MQTT credentials
 /// Secret unless `secret` is false.
 fn connection_in(ns: &str, secret: bool) -> String {
-    let mut yaml = format!(
-        r#"
-apiVersion: ferry.dev/v1alpha1
-kind: BrokerConnection
-metadata: {{ name: plant, namespace: {ns} }}
-spec:
-  mqtt: {{ host: mqtt.{ns}.svc, credentialsSecretRef: {{ name: mqtt-credentials }} }}
-  kafka: {{ bootstrapServers: ["kafka.{ns}.svc:9092"] }}
----
-apiVersion: ferry.dev/v1alpha1
-kind: ForwardingRule
-metadata: {{ name: telemetry, namespace: {ns} }}
-spec:
-  connectionRef: {{ name: plant }}
-  mqtt: {{ topics: ["plant/+/telemetry"] }}
-  kafka: {{ topic: telemetry }}
-"#
-    );
+    let mut yaml =
+        secured_connection_in("plant", ns).yaml() + &telemetry_rule().namespace(ns).yaml();
     if secret {
         yaml.push_str(&mqtt_secret(ns));
     }
     yaml
+}
+
+/// BrokerConnection `name` in `ns`, its MQTT credentials in Secret `mqtt-credentials`.
+fn secured_connection_in(name: &str, ns: &str) -> Connection {
+    Connection::svc(name, ns)
+        .namespace(ns)
+        .credentials_secret("mqtt-credentials")
+}
+
+/// ForwardingRule `telemetry` of connection `plant`: `plant/+/telemetry` to Kafka topic
+/// `telemetry`.
+fn telemetry_rule() -> Rule {
+    Rule::new("telemetry", "plant")
+        .topics(&["plant/+/telemetry"])
+        .kafka_topic("telemetry")
 }
 
 fn mqtt_secret(ns: &str) -> String {
@@ -1392,9 +1355,10 @@ fn watch_namespaces_confines_the_operator_and_its_rights_to_those_namespaces() {
         ])
         .expect("rolebinding");
     }
-    wait_for(
+    wait_until(
         "edit and view to aggregate Ferry's kinds",
         Duration::from_secs(30),
+        WAIT_POLL,
         || {
             can_i(
                 &cp,
@@ -1406,7 +1370,8 @@ fn watch_namespaces_confines_the_operator_and_its_rights_to_those_namespaces() {
                 &["list", "brokerconnections.ferry.dev", "-n", "plant"],
             )
         },
-    );
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     for args in [
         &["create", "brokerconnections.ferry.dev", "-n", "plant"][..],
         &["patch", "forwardingrules.ferry.dev", "-n", "plant"],
@@ -2024,14 +1989,16 @@ fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
     assert!(release.crd_kept(), "crds.keep by default");
     assert_eq!(release.crd("{.spec.names.shortNames}"), r#"["fr"]"#);
     // Discovery may lag the new CRDs by a moment.
-    wait_for(
+    wait_until(
         "a connection and a rule applied",
         Duration::from_secs(30),
+        WAIT_POLL,
         || {
             cp.run_kubectl_with_stdin(["apply", "-f", "-"], &connection_in("plant", true))
                 .is_ok()
         },
-    );
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
 
     // helm upgrade to a chart whose CRD changed: the API server serves the new CRD.
     release.helm("upgrade", &next_chart());
@@ -2040,10 +2007,16 @@ fn helm_upgrade_upgrades_the_crds_and_uninstall_keeps_them() {
         release.crd("{.spec.names.shortNames}"),
         r#"["fr","ferryrule"]"#
     );
-    wait_for("the new short name served", Duration::from_secs(30), || {
-        cp.run_kubectl(["get", "ferryrule", "telemetry", "-n", "plant", "-o", "name"])
-            .is_ok_and(|o| o.trim() == "forwardingrule.ferry.dev/telemetry")
-    });
+    wait_until(
+        "the new short name served",
+        Duration::from_secs(30),
+        WAIT_POLL,
+        || {
+            cp.run_kubectl(["get", "ferryrule", "telemetry", "-n", "plant", "-o", "name"])
+                .is_ok_and(|o| o.trim() == "forwardingrule.ferry.dev/telemetry")
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
 
     // helm uninstall keeps the CRDs and so the objects; installing again takes them over and
     // updates them to the chart's.
@@ -2387,17 +2360,6 @@ fn alert_rules(docs: &[Value]) -> Vec<Value> {
         .collect()
 }
 
-fn wait_for(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
 /// The operator binary run with nothing but a token of the chart's ServiceAccount, as its pod
 /// would: every request it makes is checked against the chart's RBAC.
 struct SaOperator {
@@ -2690,10 +2652,10 @@ fn watch_namespaces_refuses_connections_and_rules_elsewhere_at_admission() {
     )
     .expect("CRDs");
     // Created before the policy, with a finalizer of someone else's.
-    let legacy = connection_in("legacy", false).replace(
-        "metadata: { name: plant, namespace: legacy }",
-        "metadata: { name: plant, namespace: legacy, finalizers: [example.com/hold] }",
-    );
+    let legacy = secured_connection_in("plant", "legacy")
+        .set("/metadata/finalizers", json!(["example.com/hold"]))
+        .yaml()
+        + &telemetry_rule().namespace("legacy").yaml();
     cp.run_kubectl_with_stdin(["apply", "-f", "-"], &legacy)
         .expect("a connection in legacy before the policy");
 
@@ -2713,9 +2675,10 @@ fn watch_namespaces_refuses_connections_and_rules_elsewhere_at_admission() {
 
     // The API server loads a new policy asynchronously: the first refusal shows it in force.
     let mut refusal = String::new();
-    wait_for(
+    wait_until(
         "the policy to refuse a connection in elsewhere",
         Duration::from_secs(30),
+        WAIT_POLL,
         || match cp.run_kubectl_with_stdin(["apply", "-f", "-"], &connection_in("elsewhere", false))
         {
             Ok(_) => {
@@ -2729,7 +2692,8 @@ fn watch_namespaces_refuses_connections_and_rules_elsewhere_at_admission() {
                 true
             }
         },
-    );
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     eprintln!("refused: {refusal}");
     for expected in [
         "ferry-watched-namespaces",
@@ -2739,11 +2703,7 @@ fn watch_namespaces_refuses_connections_and_rules_elsewhere_at_admission() {
     ] {
         assert!(refusal.contains(expected), "«{expected}» in: {refusal}");
     }
-    let rule_alone = connection_in("elsewhere", false)
-        .split("---")
-        .find(|d| d.contains("kind: ForwardingRule"))
-        .expect("the rule")
-        .to_owned();
+    let rule_alone = telemetry_rule().namespace("elsewhere").yaml();
     let refused = cp
         .run_kubectl_with_stdin(["apply", "-f", "-"], &rule_alone)
         .expect_err("a rule in elsewhere is refused too");
@@ -2930,14 +2890,10 @@ fn uninstall_hook_releases_finalizers_so_connections_delete_without_the_operator
             .expect("namespace");
     }
     helm_install(&cp, &[]);
-    let depot = connection_in("plant", false)
-        .split("---")
-        .next()
-        .expect("the connection")
-        .replace("name: plant, namespace", "name: depot, namespace");
+    let depot = secured_connection_in("depot", "plant").yaml();
     cp.run_kubectl_with_stdin(
         ["apply", "-f", "-"],
-        &format!("{}---\n{depot}", connection_in("plant", true)),
+        &(connection_in("plant", true) + &depot),
     )
     .expect("connections plant and depot");
 
@@ -2972,15 +2928,17 @@ fn uninstall_hook_releases_finalizers_so_connections_delete_without_the_operator
         let operator =
             SaOperator::start(&cp, "before-uninstall", &[("FERRY_LEADER_ELECT", "false")]);
         let log = operator.log_reader();
-        wait_for(
+        wait_until(
             "the finalizers and forwarders",
             Duration::from_secs(60),
+            WAIT_POLL,
             || {
                 has_finalizer("plant")
                     && has_finalizer("depot")
                     && exists("statefulset", "plant-default")
             },
-        );
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
         drop(operator);
         eprintln!(
             "operator stopped; its log ends:\n{}",
@@ -3079,11 +3037,13 @@ fn uninstall_hook_releases_finalizers_so_connections_delete_without_the_operator
         "0",
         "the operator is stopped first"
     );
-    wait_for(
+    wait_until(
         "depot's deletion to complete",
         Duration::from_secs(30),
+        WAIT_POLL,
         || !exists("bc", "depot"),
-    );
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     assert!(!has_finalizer("plant"), "released");
     assert!(
         annotation().parse::<jiff::Timestamp>().is_ok(),
@@ -3098,11 +3058,13 @@ fn uninstall_hook_releases_finalizers_so_connections_delete_without_the_operator
     // An operator installed again takes the connection back.
     {
         let _operator = SaOperator::start(&cp, "reinstalled", &[("FERRY_LEADER_ELECT", "false")]);
-        wait_for(
+        wait_until(
             "the finalizer back and the mark gone",
             Duration::from_secs(60),
+            WAIT_POLL,
             || has_finalizer("plant") && annotation().is_empty(),
-        );
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
     }
     run_hook("hook-again");
     assert!(!has_finalizer("plant"));

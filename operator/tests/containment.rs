@@ -10,6 +10,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::{Operator, Scene, WAIT};
+use ferry_e2e::manifests::{Connection, Rule};
 use serde_json::json;
 
 mod common;
@@ -21,31 +22,20 @@ const RETRY_CAP: Duration = Duration::from_secs(330);
 /// The CRD's longest expression (`ferry_api::expr::MAX_LEN`).
 const MAX_EXPRESSION: usize = 4096;
 
-const CONNECTION: &str = r#"
-apiVersion: ferry.dev/v1alpha1
-kind: BrokerConnection
-metadata: { name: plant, namespace: ferry }
-spec:
-  mqtt:
-    host: mqtt.ferry.svc
-    credentialsSecretRef: { name: mqtt-credentials }
-  kafka:
-    bootstrapServers: ["kafka.ferry.svc:9092"]
-"#;
+/// Connection `plant`, its MQTT credentials in Secret `mqtt-credentials`.
+fn connection() -> Connection {
+    Connection::svc("plant", NS)
+        .namespace(NS)
+        .credentials_secret("mqtt-credentials")
+}
 
 fn rule(name: &str, group: &str, filters: &[&str], topic: &str) -> String {
-    json!({
-        "apiVersion": "ferry.dev/v1alpha1",
-        "kind": "ForwardingRule",
-        "metadata": { "name": name, "namespace": NS },
-        "spec": {
-            "connectionRef": { "name": "plant" },
-            "group": group,
-            "mqtt": { "topics": filters },
-            "kafka": { "topic": topic },
-        }
-    })
-    .to_string()
+    Rule::new(name, "plant")
+        .namespace(NS)
+        .group(group)
+        .topics(filters)
+        .kafka_topic(topic)
+        .yaml()
 }
 
 /// A rule whose expressions are all of the CRD's maximum length: filter, topic, key and
@@ -58,24 +48,22 @@ fn maximum_size_rule(name: &str, group: &str) -> String {
     let headers: serde_json::Map<String, serde_json::Value> = (0..25)
         .map(|i| (format!("h{i:02}"), json!(literal("h", " + topic"))))
         .collect();
-    json!({
-        "apiVersion": "ferry.dev/v1alpha1",
-        "kind": "ForwardingRule",
-        "metadata": { "name": name, "namespace": NS },
-        "spec": {
-            "connectionRef": { "name": "plant" },
-            "group": group,
-            "mqtt": { "topics": [format!("{name}/#")] },
-            "filter": literal("f", " != topic"),
-            "kafka": {
+    let rule = Rule::new(name, "plant")
+        .namespace(NS)
+        .group(group)
+        .topics(&[&format!("{name}/#")])
+        .filter(&literal("f", " != topic"))
+        .set(
+            "/spec/kafka",
+            json!({
                 "topicExpression": literal("t", " + topic"),
                 "key": { "strategy": "expression", "expression": literal("k", " + topic") },
                 "headers": { "expressions": headers },
-            },
-            "payloadTransform": literal("p", " + topic"),
-        }
-    })
-    .to_string()
+            }),
+        )
+        .set("/spec/payloadTransform", json!(literal("p", " + topic")));
+    // Plain JSON, not a YAML document: kubectl's JSON decoder reads the ~119 KB object.
+    rule.json().to_string()
 }
 
 #[test]
@@ -87,7 +75,7 @@ fn one_rule_or_setting_breaks_neither_its_group_nor_its_connection() {
         "apiVersion: v1\nkind: Secret\nmetadata: { name: mqtt-credentials, namespace: ferry, labels: { ferry.dev/broker-credentials: \"true\" } }\n\
          stringData: { username: ferry, password: pw }\n",
     );
-    s.apply(CONNECTION);
+    s.apply(&connection().yaml());
     s.apply(&rule("temps", "default", &["plant/+/temp"], "temps"));
     s.apply(&rule("audit", "analytics", &["plant/#"], "audit"));
     s.wait_accepted("temps", "True");
@@ -170,11 +158,11 @@ fn forwarder_check(
 /// the running groups keep their config; taking it out heals the connection.
 fn a_setting_librdkafka_refuses_is_refused_on_the_connection(s: &Scene) {
     let before = s.get("configmap", "plant-default", "{.data.config\\.yaml}");
-    let bad = CONNECTION.replace(
-        "bootstrapServers: [\"kafka.ferry.svc:9092\"]",
-        "bootstrapServers: [\"kafka.ferry.svc:9092\"]\n    config: { max.in.flight.requests.per.connection: \"6\" }",
+    let bad = connection().set(
+        "/spec/kafka/config",
+        json!({ "max.in.flight.requests.per.connection": "6" }),
     );
-    s.apply(&bad);
+    s.apply(&bad.yaml());
     s.op.wait_for("the connection refused", WAIT, || {
         s.cond("bc", "plant", "Ready").1 == "InvalidSpec"
     });
@@ -198,7 +186,7 @@ fn a_setting_librdkafka_refuses_is_refused_on_the_connection(s: &Scene) {
         "nothing is rendered from a refused spec"
     );
     assert_eq!(s.cond("fr", "temps", "Accepted").0, "True");
-    s.apply(CONNECTION);
+    s.apply(&connection().yaml());
     s.op.wait_for("the connection healed", WAIT, || {
         let (_, reason, _) = s.cond("bc", "plant", "Ready");
         !reason.is_empty() && reason != "InvalidSpec"

@@ -11,7 +11,9 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ferry_e2e::kube::ControlPlane;
+use ferry_e2e::manifests::{Connection, Rule};
 use ferry_e2e::{Kafka, Mosquitto};
+use serde_json::json;
 
 use common::{Operator, condition, jsonpath};
 
@@ -294,24 +296,23 @@ fn the_write_budget_defers_counters_but_not_a_condition_change(
 
 /// A BrokerConnection `name` in {NS} to these brokers, with `replicas` forwarder pods.
 fn connection_yaml(name: &str, replicas: u32, mosquitto: &Mosquitto, kafka: &Kafka) -> String {
-    format!(
-        "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\nmetadata: {{ name: {name}, namespace: {NS} }}\n\
-         spec:\n  mqtt: {{ host: 127.0.0.1, port: {} }}\n  kafka: {{ bootstrapServers: [\"{}\"] }}\n\
-         \x20 forwarder: {{ replicas: {replicas} }}\n",
-        mosquitto.port(),
-        kafka.bootstrap()
-    )
+    Connection::new(name, "127.0.0.1", &[&kafka.bootstrap()])
+        .namespace(NS)
+        .mqtt_port(mosquitto.port())
+        .replicas(replicas)
+        .yaml()
 }
 
-/// A ForwardingRule `name` in {NS} of `connection` from `filter` to `topic`; `extra` is more of
-/// its spec (lines indented two spaces).
-fn rule_yaml(name: &str, connection: &str, filter: &str, topic: &str, extra: &str) -> String {
-    format!(
-        "apiVersion: ferry.dev/v1alpha1\nkind: ForwardingRule\nmetadata: {{ name: {name}, namespace: {NS} }}\n\
-         spec:\n  connectionRef: {{ name: {connection} }}\n  mqtt: {{ topics: [\"{filter}\"] }}\n\
-         \x20 kafka: {{ topic: {topic} }}\n{extra}"
-    )
+/// A ForwardingRule `name` in {NS} of `connection` from `filter` to `topic`.
+fn rule(name: &str, connection: &str, filter: &str, topic: &str) -> Rule {
+    Rule::new(name, connection)
+        .namespace(NS)
+        .topics(&[filter])
+        .kafka_topic(topic)
 }
+
+/// The filter of rule `alarms`: every message whose payload does not end in 0.
+const ALARMS_FILTER: &str = "!string(payload).endsWith('0')";
 
 /// Publishes `messages` at QoS 1, in order, and waits for the broker's acks.
 fn publish(rt: &tokio::runtime::Runtime, mosquitto: &Mosquitto, messages: Vec<(String, Vec<u8>)>) {
@@ -341,16 +342,12 @@ fn rules_become_ready_with_their_pods(
         cp,
         &[
             connection_yaml("plant", 2, mosquitto, kafka),
-            rule_yaml("temps", "plant", "plant/+/temp", "temps", ""),
-            rule_yaml(
-                "alarms",
-                "plant",
-                "plant/+/alarm",
-                "alarms",
-                "  filter: \"!string(payload).endsWith('0')\"\n",
-            ),
+            rule("temps", "plant", "plant/+/temp", "temps").yaml(),
+            rule("alarms", "plant", "plant/+/alarm", "alarms")
+                .filter(ALARMS_FILTER)
+                .yaml(),
         ]
-        .join("---\n"),
+        .concat(),
     );
     // The StatefulSet controller creates the pods; the test runs them.
     let names = ["plant-default-0", "plant-default-1"];
@@ -607,15 +604,16 @@ fn a_held_record_makes_its_rule_held_and_its_neighbour_blocked_by_it() {
         rt.block_on(kafka.create_topic(topic, 1)).expect("topic");
     }
     let op = Operator::start(&cp, "operator", &["--status-interval-seconds", "1"]);
-    let rules = |images_extra: &str| {
+    let images = rule("images", "depot", "images/#", "images");
+    let rules = |images: &Rule| {
         [
             connection_yaml("depot", 1, &mosquitto, &kafka),
-            rule_yaml("images", "depot", "images/#", "images", images_extra),
-            rule_yaml("telemetry", "depot", "sensors/+/data", "telemetry", ""),
+            images.yaml(),
+            rule("telemetry", "depot", "sensors/+/data", "telemetry").yaml(),
         ]
-        .join("---\n")
+        .concat()
     };
-    common::apply(&cp, &rules(""));
+    common::apply(&cp, &rules(&images));
     let pod = "depot-default-0";
     op.wait_for("the StatefulSet's pod", WAIT, || {
         cp.run_kubectl(["get", "pod", pod, "-n", NS]).is_ok()
@@ -689,7 +687,10 @@ fn a_held_record_makes_its_rule_held_and_its_neighbour_blocked_by_it() {
         "depot-default",
         "{.data.config\\.yaml}",
     );
-    common::apply(&cp, &rules("  onUnwritable: Drop\n"));
+    common::apply(
+        &cp,
+        &rules(&images.set("/spec/onUnwritable", json!("Drop"))),
+    );
     op.wait_for("the group's config rendered anew", WAIT, || {
         jsonpath(
             &cp,
@@ -742,7 +743,7 @@ fn scaling_down_drains_the_leaving_pod_and_loses_nothing(
         .expect("topic");
     common::apply(
         cp,
-        &rule_yaml("handover", "plant", "handover/#", "handover", ""),
+        &rule("handover", "plant", "handover/#", "handover").yaml(),
     );
     let names = ["plant-default-0", "plant-default-1"];
     op.wait_for("both pods forward rule handover", WAIT, || {
@@ -831,21 +832,17 @@ fn renaming_the_group_drains_the_old_workload_and_loses_nothing(
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let traffic = numbered_traffic(mosquitto.port(), "r", std::sync::Arc::clone(&stop));
     std::thread::sleep(Duration::from_secs(2));
-    let east = "  group: east\n";
     common::apply(
         cp,
         &[
-            rule_yaml("temps", "plant", "plant/+/temp", "temps", east),
-            rule_yaml(
-                "alarms",
-                "plant",
-                "plant/+/alarm",
-                "alarms",
-                "  filter: \"!string(payload).endsWith('0')\"\n  group: east\n",
-            ),
-            rule_yaml("handover", "plant", "handover/#", "handover", east),
+            rule("temps", "plant", "plant/+/temp", "temps").group("east"),
+            rule("alarms", "plant", "plant/+/alarm", "alarms")
+                .filter(ALARMS_FILTER)
+                .group("east"),
+            rule("handover", "plant", "handover/#", "handover").group("east"),
         ]
-        .join("---\n"),
+        .map(|r| r.yaml())
+        .concat(),
     );
     let east_pod = run_new_pod(cp, op, "plant-east", Ipv4Addr::new(127, 77, 0, 3));
     op.wait_for("the old workload drained and removed", WAIT, || {
@@ -904,7 +901,9 @@ fn moving_a_rule_between_two_running_groups_loses_nothing(
 ) {
     common::apply(
         cp,
-        &rule_yaml("anchor", "plant", "west/anchor", "temps", "  group: west\n"),
+        &rule("anchor", "plant", "west/anchor", "temps")
+            .group("west")
+            .yaml(),
     );
     let west_pod = run_new_pod(cp, op, "plant-west", Ipv4Addr::new(127, 77, 0, 4));
     op.wait_for("west runs its rule", WAIT, || {
@@ -916,13 +915,9 @@ fn moving_a_rule_between_two_running_groups_loses_nothing(
     std::thread::sleep(Duration::from_secs(2));
     common::apply(
         cp,
-        &rule_yaml(
-            "handover",
-            "plant",
-            "handover/#",
-            "handover",
-            "  group: west\n",
-        ),
+        &rule("handover", "plant", "handover/#", "handover")
+            .group("west")
+            .yaml(),
     );
     let moved = Instant::now();
     let mut dropped_early = false;

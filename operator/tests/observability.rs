@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use common::{Operator, jsonpath};
 use ferry_e2e::kube::ControlPlane;
+use ferry_e2e::manifests::{Connection, Rule};
 use ferry_e2e::metrics::Scrape;
 
 mod common;
@@ -18,18 +19,32 @@ const METRICS_DOC: &str = include_str!("../../docs/metrics.md");
 /// A connection with two Kafka brokers, two groups, and a rule with two MQTT filters: every
 /// list a column shows has more than one item.
 fn objects() -> String {
-    let rule = |name: &str, group: &str, topics: &str| {
-        format!(
-            "---\napiVersion: ferry.dev/v1alpha1\nkind: ForwardingRule\nmetadata: {{ name: {name}, namespace: {NS} }}\n\
-             spec:\n  connectionRef: {{ name: plant }}\n  group: {group}\n  mqtt: {{ topics: {topics} }}\n  kafka: {{ topic: {name} }}\n"
+    [
+        Connection::new(
+            "plant",
+            "mqtt.example",
+            &["k0.example:9092", "k1.example:9092"],
         )
-    };
-    format!(
-        "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\nmetadata: {{ name: plant, namespace: {NS} }}\n\
-         spec:\n  mqtt: {{ host: mqtt.example }}\n  kafka: {{ bootstrapServers: [\"k0.example:9092\", \"k1.example:9092\"] }}\n{}{}",
-        rule("temps", "default", r#"["plant/+/temp", "plant/+/alarm"]"#),
-        rule("audit", "analytics", r#"["plant/#"]"#),
-    )
+        .namespace(NS)
+        .yaml(),
+        temps("temps", "plant").yaml(),
+        Rule::new("audit", "plant")
+            .namespace(NS)
+            .group("analytics")
+            .topics(&["plant/#"])
+            .kafka_topic("audit")
+            .yaml(),
+    ]
+    .concat()
+}
+
+/// Rule `name` of `connection` in group `default`: two MQTT filters to Kafka topic `temps`.
+fn temps(name: &str, connection: &str) -> Rule {
+    Rule::new(name, connection)
+        .namespace(NS)
+        .group("default")
+        .topics(&["plant/+/temp", "plant/+/alarm"])
+        .kafka_topic("temps")
 }
 
 /// `kubectl get <plural>` as the API server serves it: the Table kubectl prints.
@@ -127,15 +142,7 @@ fn metrics_serve_exactly_the_documented_names_and_label_values() {
     );
     common::apply(&cp, &objects());
     // A rule whose connection does not exist is reconciled on its own (kind forwarding_rule).
-    common::apply(
-        &cp,
-        &objects()
-            .split("---\n")
-            .nth(1)
-            .expect("a rule")
-            .replace("name: temps", "name: orphan")
-            .replace("name: plant }", "name: nowhere }"),
-    );
+    common::apply(&cp, &temps("orphan", "nowhere").yaml());
     // No kubelet here: a pod reported Ready at an address where nothing listens makes the
     // status poller fail (result="error").
     op.wait_for("the StatefulSet's pod", WAIT, || {

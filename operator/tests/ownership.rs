@@ -5,6 +5,8 @@
 use std::time::Duration;
 
 use common::{Operator, Scene, WAIT};
+use ferry_e2e::manifests::{Connection, Rule};
+use serde_json::json;
 
 mod common;
 
@@ -14,17 +16,16 @@ const NS: &str = "ferry";
 const GC_WAIT: Duration = Duration::from_secs(120);
 
 fn connection(name: &str) -> String {
-    format!(
-        "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\nmetadata: {{ name: {name}, namespace: {NS} }}\n\
-         spec:\n  mqtt: {{ host: mqtt.{NS}.svc }}\n  kafka: {{ bootstrapServers: [\"kafka.{NS}.svc:9092\"] }}\n"
-    )
+    Connection::svc(name, NS).namespace(NS).yaml()
 }
 
-fn rule(name: &str, connection: &str, group: &str, topic: &str) -> String {
-    format!(
-        "apiVersion: ferry.dev/v1alpha1\nkind: ForwardingRule\nmetadata: {{ name: {name}, namespace: {NS} }}\n\
-         spec:\n  connectionRef: {{ name: {connection} }}\n  group: {group}\n  mqtt: {{ topics: [\"{topic}/#\"] }}\n  kafka: {{ topic: \"{topic}\" }}\n"
-    )
+/// Rule `name` of `connection` in `group`: `<topic>/#` to Kafka topic `topic`.
+fn rule(name: &str, connection: &str, group: &str, topic: &str) -> Rule {
+    Rule::new(name, connection)
+        .namespace(NS)
+        .group(group)
+        .topics(&[&format!("{topic}/#")])
+        .kafka_topic(topic)
 }
 
 /// What these tests ask of the objects besides [`Scene`]'s.
@@ -84,9 +85,9 @@ fn connections_never_collide_and_never_take_over_or_delete_what_they_do_not_own(
 fn names_that_read_alike_get_their_own_children(s: &Scene) -> Vec<(&'static str, String)> {
     s.apply(&connection("plant"));
     s.apply(&connection("plant-east"));
-    s.apply(&rule("plant-east-bulk", "plant", "east-bulk", "a"));
-    s.apply(&rule("plant-default", "plant", "default", "b"));
-    s.apply(&rule("east-bulk", "plant-east", "bulk", "c"));
+    s.apply(&rule("plant-east-bulk", "plant", "east-bulk", "a").yaml());
+    s.apply(&rule("plant-default", "plant", "default", "b").yaml());
+    s.apply(&rule("east-bulk", "plant-east", "bulk", "c").yaml());
     s.op.wait_for("every rule of both connections accepted", WAIT, || {
         s.accepted(&["plant-east-bulk", "plant-default", "east-bulk"])
     });
@@ -149,7 +150,7 @@ fn a_name_another_owner_holds_refuses_that_group_only(s: &Scene) -> String {
         s.uid("configmap", "plant-taken"),
         s.uid("configmap", "plant-stale"),
     ];
-    s.apply(&rule("plant-taken", "plant", "taken", "d"));
+    s.apply(&rule("plant-taken", "plant", "taken", "d").yaml());
     s.op.wait_for("the rule of the taken name refused", WAIT, || {
         s.cond("fr", "plant-taken", "Accepted").1 == "NameTaken"
     });
@@ -171,7 +172,7 @@ fn a_name_another_owner_holds_refuses_that_group_only(s: &Scene) -> String {
         );
     }
     // The connection's other groups keep working: a new rule of group default is rendered.
-    s.apply(&rule("plant-more", "plant", "default", "e"));
+    s.apply(&rule("plant-more", "plant", "default", "e").yaml());
     s.op.wait_for("a new rule of another group accepted", WAIT, || {
         s.accepted(&["plant-more"])
             && s.get("configmap", "plant-default", "{.data.config\\.yaml}")
@@ -244,7 +245,7 @@ fn an_earlier_name_is_pruned_once_the_new_workload_is_settled() {
     let op = Operator::start(&cp, "operator", &[]);
     let s = Scene::new(&cp, &op, NS);
     // The group has a rule from the start: a group without rules is pruned, whatever its name.
-    s.apply(&rule("north", "line", "north-bulk", "n"));
+    s.apply(&rule("north", "line", "north-bulk", "n").yaml());
     s.apply(&connection("line"));
     let line = s.uid("bc", "line");
     let labels = "app.kubernetes.io/name: ferry-forwarder, ferry.dev/connection: line, \
@@ -267,7 +268,7 @@ fn an_earlier_name_is_pruned_once_the_new_workload_is_settled() {
         "line-north-bulk--4"
     );
     // Reconciled again (a new rule): the earlier workload still runs, its pods not ready.
-    s.apply(&rule("north-2", "line", "north-bulk", "n2"));
+    s.apply(&rule("north-2", "line", "north-bulk", "n2").yaml());
     s.op.wait_for("the second rule rendered", WAIT, || {
         s.get("configmap", "line-north-bulk--4", "{.data.config\\.yaml}")
             .contains("n2/#")
@@ -275,10 +276,11 @@ fn an_earlier_name_is_pruned_once_the_new_workload_is_settled() {
     assert!(s.exists("statefulset", "line-north-bulk"));
     assert!(s.exists("configmap", "line-north-bulk"));
     for (r, topic) in [("north", "n"), ("north-2", "n2")] {
-        s.apply(&format!(
-            "{}  paused: true\n",
-            rule(r, "line", "north-bulk", topic)
-        ));
+        s.apply(
+            &rule(r, "line", "north-bulk", topic)
+                .set("/spec/paused", json!(true))
+                .yaml(),
+        );
     }
     s.op.wait_for("the earlier name pruned", WAIT, || {
         !s.exists("statefulset", "line-north-bulk") && !s.exists("configmap", "line-north-bulk")

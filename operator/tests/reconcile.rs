@@ -5,6 +5,8 @@
 use std::time::{Duration, Instant};
 
 use common::{Operator, Scene, WAIT, condition, jsonpath};
+use ferry_e2e::manifests::{Connection, Rule};
+use serde_json::json;
 
 mod common;
 
@@ -12,23 +14,20 @@ mod common;
 /// installed moments before.
 const GC_WAIT: Duration = Duration::from_secs(120);
 
-const CONNECTION: &str = r#"
-apiVersion: ferry.dev/v1alpha1
-kind: BrokerConnection
-metadata: { name: plant, namespace: ferry }
-spec:
-  mqtt:
-    host: mqtt.ferry.svc
-    credentialsSecretRef: { name: mqtt-credentials }
-  kafka:
-    bootstrapServers: ["kafka.ferry.svc:9092"]
-"#;
+/// Connection `plant`, its MQTT credentials in Secret `mqtt-credentials`.
+fn connection() -> Connection {
+    Connection::svc("plant", "ferry")
+        .namespace("ferry")
+        .credentials_secret("mqtt-credentials")
+}
 
-fn rule(name: &str, group: &str, filter: &str, topic: &str) -> String {
-    format!(
-        "apiVersion: ferry.dev/v1alpha1\nkind: ForwardingRule\nmetadata: {{ name: {name}, namespace: ferry }}\n\
-         spec:\n  connectionRef: {{ name: plant }}\n  group: {group}\n  mqtt: {{ topics: [\"{filter}\"] }}\n  kafka: {{ topic: \"{topic}\" }}\n"
-    )
+/// Rule `name` of connection `plant` in `group`: `filter` to Kafka topic `topic`.
+fn rule(name: &str, group: &str, filter: &str, topic: &str) -> Rule {
+    Rule::new(name, "plant")
+        .namespace("ferry")
+        .group(group)
+        .topics(&[filter])
+        .kafka_topic(topic)
 }
 
 #[test]
@@ -230,10 +229,10 @@ fn lua_value(value: &serde_json::Value) -> String {
 /// The connection names a Secret that does not exist yet: nothing is rendered, and the connection
 /// and its rules say which Secret and field.
 fn missing_secret_is_a_condition_and_nothing_renders(s: &Scene) {
-    s.apply(CONNECTION);
-    s.apply(&rule("temps", "default", "plant/+/temp", "temps"));
-    s.apply(&rule("alarms", "default", "plant/+/alarm", "alarms"));
-    s.apply(&rule("audit", "analytics", "plant/#", "audit"));
+    s.apply(&connection().yaml());
+    s.apply(&rule("temps", "default", "plant/+/temp", "temps").yaml());
+    s.apply(&rule("alarms", "default", "plant/+/alarm", "alarms").yaml());
+    s.apply(&rule("audit", "analytics", "plant/#", "audit").yaml());
     s.op.wait_for("the missing Secret as a condition", WAIT, || {
         s.cond("bc", "plant", "SecretsResolved").0 == "False"
     });
@@ -392,17 +391,23 @@ fn conditions_heal(s: &Scene) -> String {
 
 /// Rules that cannot be served say why; the rest of their group keeps its config.
 fn refused_rules_say_why(s: &Scene, temps_accepted_at: &str) {
-    s.apply(&rule("temps-copy", "default", "plant/+/temp", "temps"));
-    s.apply(&rule("deep", "default", "plant/x", "t.{5}"));
-    s.apply(&format!(
-        "{}  paused: true\n",
-        rule("resting", "quiet", "plant/quiet", "quiet")
-    ));
-    s.apply(&rule("stray", "default", "x/y", "stray").replace("name: plant }", "name: nowhere }"));
-    s.apply(&format!(
-        "{}  filter: \"json.temp >\"\n",
-        rule("hot", "default", "plant/+/hot", "hot")
-    ));
+    s.apply(&rule("temps-copy", "default", "plant/+/temp", "temps").yaml());
+    s.apply(&rule("deep", "default", "plant/x", "t.{5}").yaml());
+    s.apply(
+        &rule("resting", "quiet", "plant/quiet", "quiet")
+            .set("/spec/paused", json!(true))
+            .yaml(),
+    );
+    s.apply(
+        &rule("stray", "default", "x/y", "stray")
+            .set("/spec/connectionRef/name", json!("nowhere"))
+            .yaml(),
+    );
+    s.apply(
+        &rule("hot", "default", "plant/+/hot", "hot")
+            .filter("json.temp >")
+            .yaml(),
+    );
     s.op.wait_for("the refused rules' conditions", WAIT, || {
         s.cond("fr", "temps-copy", "Accepted").1 == "Conflict"
             && s.cond("fr", "deep", "Accepted").1 == "Invalid"
@@ -500,7 +505,7 @@ fn events_sort_by_last_timestamp(s: &Scene) {
 /// An edit changes the config, not the restart checksum; returns that checksum.
 fn an_edit_is_reloaded_live(s: &Scene) -> String {
     let before = s.restart_checksum();
-    s.apply(&rule("temps", "default", "plant/+/temp", "temperatures"));
+    s.apply(&rule("temps", "default", "plant/+/temp", "temperatures").yaml());
     s.op.wait_for("the edited config", WAIT, || {
         s.config("plant-default").contains("temperatures")
     });
@@ -811,20 +816,23 @@ fn forwarder_images_and_resources_come_from_the_operator_unless_the_connection_o
         ],
     );
     let digest = format!("sha256:{}", "0123456789abcdef".repeat(4));
-    let connection = |name: &str, forwarder: &str| {
-        format!(
-            "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\nmetadata: {{ name: {name}, namespace: ferry }}\n\
-             spec:\n  mqtt: {{ host: mqtt.ferry.svc }}\n  kafka: {{ bootstrapServers: [\"kafka.ferry.svc:9092\"] }}\n  forwarder: {forwarder}\n"
-        )
+    let connection = |name: &str, forwarder: serde_json::Value| {
+        Connection::svc(name, "ferry")
+            .namespace("ferry")
+            .set("/spec/forwarder", forwarder)
+            .yaml()
     };
-    common::apply(&cp, &connection("plant", "{}"));
+    common::apply(&cp, &connection("plant", json!({})));
     let mirrored = |image: &str| {
+        let resources = json!({ "cpu": "100m", "memory": "128Mi" });
         connection(
             "mirror",
-            &format!(
-                "{{ image: \"{image}\", imagePullPolicy: Always, imagePullSecrets: [{{ name: mirror-cred }}], \
-                 resources: {{ requests: {{ cpu: 100m, memory: 128Mi }}, limits: {{ cpu: 100m, memory: 128Mi }} }} }}"
-            ),
+            json!({
+                "image": image,
+                "imagePullPolicy": "Always",
+                "imagePullSecrets": [{ "name": "mirror-cred" }],
+                "resources": { "requests": resources, "limits": resources },
+            }),
         )
     };
     common::apply(
@@ -835,7 +843,8 @@ fn forwarder_images_and_resources_come_from_the_operator_unless_the_connection_o
         common::apply(
             &cp,
             &rule(connection, "default", "plant/+/temp", "temps")
-                .replace("name: plant }", &format!("name: {connection} }}")),
+                .set("/spec/connectionRef/name", json!(connection))
+                .yaml(),
         );
     }
     // (image, imagePullPolicy, imagePullSecrets) of a forwarder StatefulSet's pods.
@@ -914,11 +923,13 @@ fn forwarder_network_policies_admit_only_the_operator_and_the_metrics_sources() 
     );
     common::apply(
         &cp,
-        "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\nmetadata: { name: plant, namespace: ferry }\n\
-         spec:\n  mqtt: { host: mqtt.ferry.svc }\n  kafka: { bootstrapServers: [\"kafka.ferry.svc:9092\"] }\n",
+        &Connection::svc("plant", "ferry").namespace("ferry").yaml(),
     );
-    common::apply(&cp, &rule("temps", "default", "plant/+/temp", "temps"));
-    common::apply(&cp, &rule("audit", "analytics", "plant/#", "audit"));
+    common::apply(
+        &cp,
+        &rule("temps", "default", "plant/+/temp", "temps").yaml(),
+    );
+    common::apply(&cp, &rule("audit", "analytics", "plant/#", "audit").yaml());
     let get = |kind: &str, name: &str| -> Option<serde_json::Value> {
         let json = cp
             .run_kubectl(["get", kind, name, "-n", "ferry", "-o", "json"])
@@ -1020,31 +1031,37 @@ fn strimzi_shaped_secrets_and_replicas_per_group_without_a_fight_with_an_autosca
         cp.run_kubectl(["label", "secret", name, "-n", "ferry", marked])
             .expect("mark");
     }
-    common::apply(
-        &cp,
-        r#"
-apiVersion: ferry.dev/v1alpha1
-kind: BrokerConnection
-metadata: { name: plant, namespace: ferry }
-spec:
-  mqtt: { host: mqtt.ferry.svc }
-  kafka:
-    bootstrapServers: ["plant-kafka-bootstrap.kafka.svc:9093"]
-    tls:
-      caSecretRef: { name: plant-cluster-ca-cert, key: ca.crt }
-      clientCertSecretRef: { name: forwarder-tls, certKey: user.crt, keyKey: user.key }
-    sasl:
-      mechanism: SCRAM-SHA-512
-      credentialsSecretRef: { name: forwarder, username: forwarder }
-  forwarder:
-    replicas: 2
-    groups:
-      - { name: bulk, replicas: 3 }
-      - { name: scaled, autoscaled: true }
-"#,
+    let plant = Connection::new(
+        "plant",
+        "mqtt.ferry.svc",
+        &["plant-kafka-bootstrap.kafka.svc:9093"],
+    )
+    .namespace("ferry")
+    .set(
+        "/spec/kafka/tls",
+        json!({
+            "caSecretRef": { "name": "plant-cluster-ca-cert", "key": "ca.crt" },
+            "clientCertSecretRef": { "name": "forwarder-tls", "certKey": "user.crt", "keyKey": "user.key" },
+        }),
+    )
+    .set(
+        "/spec/kafka/sasl",
+        json!({
+            "mechanism": "SCRAM-SHA-512",
+            "credentialsSecretRef": { "name": "forwarder", "username": "forwarder" },
+        }),
+    )
+    .replicas(2)
+    .set(
+        "/spec/forwarder/groups",
+        json!([{ "name": "bulk", "replicas": 3 }, { "name": "scaled", "autoscaled": true }]),
     );
+    common::apply(&cp, &plant.yaml());
     for group in ["default", "bulk", "scaled"] {
-        common::apply(&cp, &rule(group, group, &format!("plant/{group}/#"), group));
+        common::apply(
+            &cp,
+            &rule(group, group, &format!("plant/{group}/#"), group).yaml(),
+        );
     }
     let replicas = |sts: &str| jsonpath(&cp, "ferry", "statefulset", sts, "{.spec.replicas}");
     op.wait_for("three forwarder StatefulSets", WAIT, || {
@@ -1122,7 +1139,7 @@ spec:
     .expect("scale as an autoscaler does");
     common::apply(
         &cp,
-        &rule("scaled", "scaled", "plant/scaled/+/temp", "scaled"),
+        &rule("scaled", "scaled", "plant/scaled/+/temp", "scaled").yaml(),
     );
     op.wait_for("the edited rule in the config", WAIT, || {
         jsonpath(&cp, "ferry", "configmap", "plant-scaled", "{.data}")

@@ -5,6 +5,8 @@
 use std::time::{Duration, Instant};
 
 use common::{Operator, condition, jsonpath};
+use ferry_e2e::manifests::{Connection, Rule};
+use serde_json::json;
 
 mod common;
 
@@ -12,26 +14,21 @@ const NS: &str = "ferry";
 const WAIT: Duration = Duration::from_secs(60);
 const LEASE: &[&str] = &["--lease-duration-seconds", "6"];
 
-fn connection_and_rule(connection: &str, rule: &str, group: &str) -> String {
-    format!(
-        r#"
-apiVersion: ferry.dev/v1alpha1
-kind: BrokerConnection
-metadata: {{ name: {connection}, namespace: {NS} }}
-spec:
-  mqtt: {{ host: mqtt.example }}
-  kafka: {{ bootstrapServers: ["kafka.example:9092"] }}
----
-apiVersion: ferry.dev/v1alpha1
-kind: ForwardingRule
-metadata: {{ name: {rule}, namespace: {NS} }}
-spec:
-  connectionRef: {{ name: {connection} }}
-  group: {group}
-  mqtt: {{ topics: ["{rule}/#"] }}
-  kafka: {{ topic: {rule} }}
-"#
-    )
+fn connection(name: &str) -> Connection {
+    Connection::new(name, "mqtt.example", &["kafka.example:9092"]).namespace(NS)
+}
+
+/// Rule `name` of `connection` in `group`: `<name>/#` to Kafka topic `name`.
+fn rule(name: &str, connection: &str, group: &str) -> Rule {
+    Rule::new(name, connection)
+        .namespace(NS)
+        .group(group)
+        .topics(&[&format!("{name}/#")])
+        .kafka_topic(name)
+}
+
+fn connection_and_rule(connection_name: &str, rule_name: &str, group: &str) -> String {
+    connection(connection_name).yaml() + &rule(rule_name, connection_name, group).yaml()
 }
 
 fn leading(op: &Operator) -> bool {
@@ -153,18 +150,18 @@ fn an_unreadable_object_is_reported_on_itself_and_stops_nothing_else() {
     }
     common::apply(
         &cp,
-        &connection_and_rule("odd", "odd-rule", "default").replace(
-            "mqtt: { host: mqtt.example }",
-            "mqtt: { host: mqtt.example, protocol: \"6\" }",
-        ),
+        &(connection("odd").mqtt_protocol("6").yaml() + &rule("odd-rule", "odd", "default").yaml()),
     );
     common::apply(
         &cp,
-        &format!(
-            "{}  payload: zipped\n",
-            connection_and_rule("good", "good-rule", "default")
-                .replace("name: good-rule", "name: odd-payload")
-        ),
+        &(connection("good").yaml()
+            + &Rule::new("odd-payload", "good")
+                .namespace(NS)
+                .group("default")
+                .topics(&["good-rule/#"])
+                .kafka_topic("good-rule")
+                .set("/spec/payload", json!("zipped"))
+                .yaml()),
     );
     common::apply(&cp, &connection_and_rule("good", "good-rule", "default"));
     let op = Operator::start(&cp, "operator", &["--leader-elect", "false"]);

@@ -11,6 +11,7 @@
 use std::time::{Duration, Instant};
 
 use common::{Operator, jsonpath};
+use ferry_e2e::manifests::{Connection, Rule};
 use rumqttc::v5::mqttbytes::QoS;
 use rumqttc::v5::mqttbytes::v5::Packet;
 use rumqttc::v5::{AsyncClient, Event, MqttOptions};
@@ -25,19 +26,24 @@ const WAIT: Duration = Duration::from_secs(60);
 /// the broker queues for their sessions.
 const FILTER: &str = "sensors/#";
 
-fn connection(mqtt_port: u16, protocol: &str, replicas: u32) -> String {
-    format!(
-        "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\nmetadata: {{ name: plant, namespace: {NS} }}\n\
-         spec:\n  mqtt: {{ host: 127.0.0.1, port: {mqtt_port}, protocol: \"{protocol}\" }}\n\
-         \x20 kafka: {{ bootstrapServers: [\"127.0.0.1:9\"] }}\n  forwarder: {{ replicas: {replicas} }}\n"
-    )
+/// Connection `name` to the Mosquitto on `mqtt_port`; its Kafka is never reached here.
+fn connection(name: &str, mqtt_port: u16, protocol: &str, replicas: u32) -> String {
+    Connection::new(name, "127.0.0.1", &["127.0.0.1:9"])
+        .namespace(NS)
+        .mqtt_port(mqtt_port)
+        .mqtt_protocol(protocol)
+        .replicas(replicas)
+        .yaml()
 }
 
-fn rule(name: &str, group: &str) -> String {
-    format!(
-        "apiVersion: ferry.dev/v1alpha1\nkind: ForwardingRule\nmetadata: {{ name: {name}, namespace: {NS} }}\n\
-         spec:\n  connectionRef: {{ name: plant }}\n  group: {group}\n  mqtt: {{ topics: [\"{FILTER}\"] }}\n  kafka: {{ topic: {name} }}\n"
-    )
+/// Rule `name` of `connection` in `group`: [`FILTER`] to Kafka topic `name`.
+fn rule(name: &str, connection: &str, group: &str) -> String {
+    Rule::new(name, connection)
+        .namespace(NS)
+        .group(group)
+        .topics(&[FILTER])
+        .kafka_topic(name)
+        .yaml()
 }
 
 fn client_id(pod: &str) -> String {
@@ -135,9 +141,9 @@ fn sessions_of_removed_pods_groups_and_connections_are_ended_at_the_broker() {
     let port = mqtt.port();
     let cp = common::control_plane_with_crds(NS);
     let op = Operator::start(&cp, "operator", &[]);
-    common::apply(&cp, &connection(port, "5", 3));
-    common::apply(&cp, &rule("telemetry", "default"));
-    common::apply(&cp, &rule("bulk", "bulk"));
+    common::apply(&cp, &connection("plant", port, "5", 3));
+    common::apply(&cp, &rule("telemetry", "plant", "default"));
+    common::apply(&cp, &rule("bulk", "plant", "bulk"));
 
     let default_pods = ["plant-default-0", "plant-default-1", "plant-default-2"];
     let bulk_pods = ["plant-bulk-0", "plant-bulk-1", "plant-bulk-2"];
@@ -242,8 +248,8 @@ fn mqtt_311_sessions_of_a_deleted_connection_are_ended() {
     let port = mqtt.port();
     let cp = common::control_plane_with_crds(NS);
     let op = Operator::start(&cp, "operator", &[]);
-    common::apply(&cp, &connection(port, "3.1.1", 2));
-    common::apply(&cp, &rule("telemetry", "default"));
+    common::apply(&cp, &connection("plant", port, "3.1.1", 2));
+    common::apply(&cp, &rule("telemetry", "plant", "default"));
     let pods = ["plant-default-0", "plant-default-1"];
     for pod in pods {
         mark_running(&cp, pod);
@@ -310,11 +316,10 @@ fn deleting_a_connection_never_ends_a_session_another_connections_pod_runs() {
     let port = mqtt.port();
     let cp = common::control_plane_with_crds(NS);
     let op = Operator::start(&cp, "operator", &[]);
-    let other = |yaml: String| yaml.replace("name: plant", "name: other");
-    common::apply(&cp, &connection(port, "5", 1));
-    common::apply(&cp, &other(connection(port, "5", 1)));
-    common::apply(&cp, &rule("telemetry", "default"));
-    common::apply(&cp, &other(rule("telemetry-other", "default")));
+    common::apply(&cp, &connection("plant", port, "5", 1));
+    common::apply(&cp, &connection("other", port, "5", 1));
+    common::apply(&cp, &rule("telemetry", "plant", "default"));
+    common::apply(&cp, &rule("telemetry-other", "other", "default"));
     for pod in ["plant-default-0", "other-default-0"] {
         op.wait_for(&format!("pod {pod}"), WAIT, || {
             cp.run_kubectl(["get", "pod", pod, "-n", NS]).is_ok()

@@ -23,12 +23,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Result, bail, ensure};
 use ferry_e2e::cluster::{
-    BrokerOptions, Brokers, Cluster, METRIC_AVRO, METRICS_SUBJECT, METRICS_TOPIC, MqttEndpoint,
-    cel_example_messages, e2e_dir, ensure_helm, ensure_root, example_rules, ferry_images,
-    metric_messages, metrics_rule_yaml, plant_connection_yaml, publish_to, read_metrics_decoded,
-    unique, wait_until,
+    BrokerOptions, Brokers, CLUSTER_POLL, Cluster, METRIC_AVRO, METRICS_SUBJECT, METRICS_TOPIC,
+    MqttEndpoint, cel_example_messages, e2e_dir, ensure_helm, ensure_root, example_rules,
+    ferry_images, metric_messages, metrics_rule_yaml, plant_connection_yaml, publish_to,
+    read_metrics_decoded, unique,
 };
-use ferry_e2e::{Kafka, Mosquitto, SchemaRegistry, SchemaRegistryOptions, SchemaType};
+use ferry_e2e::kube::Kubectl as _;
+use ferry_e2e::{
+    Kafka, Mosquitto, SchemaRegistry, SchemaRegistryOptions, SchemaType, wait_until_some,
+};
 
 const RELEASE_NS: &str = "ferry-system";
 const NS: &str = "plant";
@@ -423,14 +426,19 @@ fn apply_resources(cluster: &Cluster, brokers: &Brokers, registry_password: &str
     ));
     println!("{}", indent(&examples));
     cluster.kubectl_in(&["apply", "-n", NS, "-f", "-"], Some(&examples))?;
-    wait_until(Duration::from_secs(180), "every rule Ready", || {
-        interrupted()?;
-        let mut ready = true;
-        for rule in ["telemetry", "alarms", "metrics", "devices", "readings"] {
-            ready &= cluster.rule_ready(rule, NS)?;
-        }
-        Ok(ready.then_some(()))
-    })?;
+    wait_until_some(
+        "every rule Ready",
+        Duration::from_secs(180),
+        CLUSTER_POLL,
+        || {
+            interrupted()?;
+            let mut ready = true;
+            for rule in ["telemetry", "alarms", "metrics", "devices", "readings"] {
+                ready &= cluster.rule_ready(rule, NS)?;
+            }
+            Ok(ready.then_some(()))
+        },
+    )?;
     println!(
         "    every rule Ready {:.0?} after kubectl apply: the operator rendered each group's \
          forwarder config, created a StatefulSet per group, and its pods subscribed to MQTT and \
@@ -572,14 +580,15 @@ fn show_status(cluster: &Cluster) -> Result<()> {
         "kubectl get bc,fr -n {NS}: the operator writes each rule's Ready, rate and last \
          forwarded time from the forwarder pods' /status"
     ));
-    wait_until(
-        Duration::from_secs(60),
+    wait_until_some(
         "status.forwarded of both rules",
+        Duration::from_secs(60),
+        CLUSTER_POLL,
         || {
             interrupted()?;
             let forwarded = |rule| -> Result<u64> {
                 Ok(cluster
-                    .jsonpath("fr", rule, NS, ".status.forwarded")?
+                    .jsonpath("fr", rule, NS, "{.status.forwarded}")?
                     .parse()
                     .unwrap_or(0))
             };

@@ -401,17 +401,11 @@ pub fn read_judged(kafka: &impl ReadAll, topic: &str, total: usize, timeout: Dur
     judge(&records, total)
 }
 
-/// Waits until `cond` holds, or panics with `what` and the forwarder's log.
-pub fn wait_until(fwd: &Forwarder, timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}:\n{}",
-            fwd.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// Waits until `cond` holds, looking every 50 ms (the forwarder's states can be brief), or
+/// panics with `what` and the forwarder's log.
+pub fn wait_until(fwd: &Forwarder, timeout: Duration, what: &str, cond: impl FnMut() -> bool) {
+    ferry_e2e::wait_until(what, timeout, Duration::from_millis(50), cond)
+        .unwrap_or_else(|e| panic!("{e}:\n{}", fwd.log()));
 }
 
 /// An MQTT 5 message: topic, payload, content type, user properties.

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ferry_e2e::kube::ControlPlane;
+use ferry_e2e::kube::{ControlPlane, Kubectl as _};
 
 /// Starts etcd, kube-apiserver and kube-controller-manager, installs `crds/`, waits until they
 /// are established, and creates `namespace`.
@@ -93,16 +93,10 @@ impl Operator {
         child.wait().ok()
     }
 
-    pub fn wait_for(&self, what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
-        let start = Instant::now();
-        while !cond() {
-            assert!(
-                start.elapsed() < timeout,
-                "timed out after {timeout:?} waiting for {what}\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(250));
-        }
+    /// Waits until `cond` holds, or panics with `what` and the operator's log.
+    pub fn wait_for(&self, what: &str, timeout: Duration, cond: impl FnMut() -> bool) {
+        ferry_e2e::wait_until(what, timeout, ferry_e2e::WAIT_POLL, cond)
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.log()));
     }
 }
 
@@ -126,19 +120,10 @@ pub fn condition(
     name: &str,
     type_: &str,
 ) -> Option<(String, String, String)> {
-    let out = cp
-        .run_kubectl([
-            "get",
-            kind,
-            name,
-            "-n",
-            ns,
-            "-o",
-            &format!(
-                "jsonpath={{range .status.conditions[?(@.type==\"{type_}\")]}}{{.status}}|{{.reason}}|{{.message}}{{end}}"
-            ),
-        ])
-        .ok()?;
+    let template = format!(
+        "{{range .status.conditions[?(@.type==\"{type_}\")]}}{{.status}}|{{.reason}}|{{.message}}{{end}}"
+    );
+    let out = cp.jsonpath(kind, name, ns, &template).ok()?;
     let mut parts = out.splitn(3, '|');
     Some((
         parts.next()?.to_owned(),
@@ -147,18 +132,9 @@ pub fn condition(
     ))
 }
 
-/// `kubectl get <kind> <name> -o jsonpath=<path>`, empty when absent.
+/// [`ferry_e2e::kube::Kubectl::jsonpath`] of an object, empty when absent (what most checks compare with).
 pub fn jsonpath(cp: &ControlPlane, ns: &str, kind: &str, name: &str, path: &str) -> String {
-    cp.run_kubectl([
-        "get",
-        kind,
-        name,
-        "-n",
-        ns,
-        "-o",
-        &format!("jsonpath={path}"),
-    ])
-    .unwrap_or_default()
+    cp.jsonpath(kind, name, ns, path).unwrap_or_default()
 }
 
 /// The `ferry-forwarder` binary of this build, beside `ferry-operator` in the checkout's target
