@@ -57,6 +57,7 @@ if [ ! -f "$kafka_libs/.complete" ]; then
     -Dmaven.repo.local="$cache/m2"
   touch "$kafka_libs/.complete"
 fi
+bash "$here/kafka/cds.sh" "$kafka_libs" "$cache/kafka-$kafka_version/cds/kafka.jsa"
 # Each build below is keyed by the hash of the file that pins it: editing the file rebuilds.
 registry_key=$(sha256sum "$registry_pom" | cut -c1-16)
 if [ "$(cat "$registry_dir/.complete" 2>/dev/null)" != "$registry_key" ]; then

@@ -123,6 +123,7 @@ pub(crate) fn run_tool(
     // A short run: the C1 compiler and the serial collector start faster (2.0 s instead of
     // 2.7 s for `StorageTool random-uuid` here).
     cmd.args(["-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC"])
+        .args(class_data_archive(libs))
         .args(["-cp", &format!("{}/*", libs.display()), class])
         .args(args);
     run_logged(&mut cmd, &format!("{class} {args:?}"), log, timeout)
@@ -155,8 +156,20 @@ pub(crate) fn format_storage(
     Ok(())
 }
 
-/// The JVM options of a single broker: room for the benchmarks' load.
-pub(crate) const BROKER_JVM: &[&str] = &["-Xms256m", "-Xmx1g", "-XX:+UseG1GC"];
+/// The JVM options of a single broker: room for the benchmarks' load. The serial collector:
+/// on two cores G1's concurrent threads take CPU from everything else a test runs.
+/// `e2e/kafka/cds.sh` makes its class-data archive with these same options.
+pub(crate) const BROKER_JVM: &[&str] = &["-Xms256m", "-Xmx1g", "-XX:+UseSerialGC"];
+
+/// `-XX:SharedArchiveFile=` of the archive `e2e/kafka/cds.sh` made (`make deps`) next to the
+/// jars, when it is there: the broker's classes mapped instead of parsed and verified anew,
+/// which is most of a start's CPU. A JVM that cannot use it ignores it.
+fn class_data_archive(libs: &Path) -> Option<String> {
+    let archive = libs.parent()?.join("cds/kafka.jsa");
+    archive
+        .is_file()
+        .then(|| format!("-XX:SharedArchiveFile={}", archive.display()))
+}
 
 /// Starts a Kafka JVM with `jvm` options on `props`, its output in `log`, tied to this thread
 /// (see [`spawn_tied`]).
@@ -172,6 +185,7 @@ pub(crate) fn spawn_kafka(
         placement
             .command(Path::new("java"))
             .args(jvm)
+            .args(class_data_archive(libs))
             .args(["-Djava.awt.headless=true", "-cp", &classpath, "kafka.Kafka"])
             .arg(props),
         log,

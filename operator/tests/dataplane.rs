@@ -168,6 +168,13 @@ fn brokers_and_control_plane() -> (ControlPlane, Mosquitto, Kafka, tokio::runtim
     (cp, mosquitto, kafka, rt)
 }
 
+/// The stand-in pods' IPs: `127.77.<net>.<n>`, a /24 of loopback for each test. The operator
+/// polls a pod's `/status` on port 8080 of its IP, as in a cluster, so tests that run side by
+/// side need pod IPs of their own.
+const STEPS_NET: u8 = 0;
+const HELD_NET: u8 = 1;
+const BUDGET_NET: u8 = 2;
+
 #[test]
 fn rules_report_what_their_forwarder_pods_forward_and_steady_state_reconciles_nothing() {
     let (cp, mosquitto, mut kafka, rt) = brokers_and_control_plane();
@@ -182,7 +189,7 @@ fn rules_report_what_their_forwarder_pods_forward_and_steady_state_reconciles_no
             &write_interval,
         ],
     );
-    let pods = rules_become_ready_with_their_pods(&cp, &op, &mosquitto, &kafka);
+    let pods = rules_become_ready_with_their_pods(&cp, &op, &mosquitto, &kafka, STEPS_NET);
     forwarded_counts_reach_the_rules_status(&cp, &op, &mosquitto, &kafka, &rt);
     steady_traffic_reconciles_nothing_and_writes_within_budget(&op, &mosquitto);
     kafka_outage_is_reported_at_once(&cp, &op, &mut kafka);
@@ -209,7 +216,7 @@ fn under_the_operators_write_budget_counters_wait_and_condition_changes_do_not()
             &budget,
         ],
     );
-    let _pods = rules_become_ready_with_their_pods(&cp, &op, &mosquitto, &kafka);
+    let _pods = rules_become_ready_with_their_pods(&cp, &op, &mosquitto, &kafka, BUDGET_NET);
     the_write_budget_defers_counters_but_not_a_condition_change(&cp, &op, &mosquitto, &mut kafka);
 }
 
@@ -337,6 +344,7 @@ fn rules_become_ready_with_their_pods(
     op: &Operator,
     mosquitto: &Mosquitto,
     kafka: &Kafka,
+    net: u8,
 ) -> Vec<Pod> {
     common::apply(
         cp,
@@ -364,7 +372,7 @@ fn rules_become_ready_with_their_pods(
                 cp,
                 "plant-default",
                 name,
-                Ipv4Addr::new(127, 77, 0, i as u8 + 1),
+                Ipv4Addr::new(127, 77, net, i as u8 + 1),
             )
         })
         .collect();
@@ -618,7 +626,12 @@ fn a_held_record_makes_its_rule_held_and_its_neighbour_blocked_by_it() {
     op.wait_for("the StatefulSet's pod", WAIT, || {
         cp.run_kubectl(["get", "pod", pod, "-n", NS]).is_ok()
     });
-    let _pod = run_pod(&cp, "depot-default", pod, Ipv4Addr::new(127, 77, 1, 1));
+    let _pod = run_pod(
+        &cp,
+        "depot-default",
+        pod,
+        Ipv4Addr::new(127, 77, HELD_NET, 1),
+    );
     op.wait_for("both rules Ready", WAIT, || {
         ["images", "telemetry"]
             .iter()
@@ -777,7 +790,7 @@ fn scaling_down_drains_the_leaving_pod_and_loses_nothing(
         cp,
         "plant-default",
         "plant-default-1",
-        Ipv4Addr::new(127, 77, 0, 2),
+        Ipv4Addr::new(127, 77, STEPS_NET, 2),
     ));
     // The kubelet's part: the mounted ConfigMap follows, here at once.
     op.wait_for(
@@ -844,7 +857,7 @@ fn renaming_the_group_drains_the_old_workload_and_loses_nothing(
         .map(|r| r.yaml())
         .concat(),
     );
-    let east_pod = run_new_pod(cp, op, "plant-east", Ipv4Addr::new(127, 77, 0, 3));
+    let east_pod = run_new_pod(cp, op, "plant-east", Ipv4Addr::new(127, 77, STEPS_NET, 3));
     op.wait_for("the old workload drained and removed", WAIT, || {
         sync_config(cp, "plant-east", "plant-east-0");
         let config = jsonpath(
@@ -905,7 +918,7 @@ fn moving_a_rule_between_two_running_groups_loses_nothing(
             .group("west")
             .yaml(),
     );
-    let west_pod = run_new_pod(cp, op, "plant-west", Ipv4Addr::new(127, 77, 0, 4));
+    let west_pod = run_new_pod(cp, op, "plant-west", Ipv4Addr::new(127, 77, STEPS_NET, 4));
     op.wait_for("west runs its rule", WAIT, || {
         sync_config(cp, "plant-west", "plant-west-0");
         pod_status(3).contains("\"anchor\"")
@@ -988,10 +1001,10 @@ fn east_handed_over(status: &str) -> bool {
     })
 }
 
-/// `/status` of the stand-in pod on 127.77.0.<i + 1>; empty when it does not answer.
+/// `/status` of the stand-in pod on 127.77.<STEPS_NET>.<i + 1>; empty when it does not answer.
 fn pod_status(i: u8) -> String {
     ferry_e2e::http_get_at(
-        SocketAddr::from((Ipv4Addr::new(127, 77, 0, i + 1), 8080)),
+        SocketAddr::from((Ipv4Addr::new(127, 77, STEPS_NET, i + 1), 8080)),
         "/status",
     )
     .map(|(_, body)| body)
