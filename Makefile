@@ -1,5 +1,6 @@
 # Ferry: the two commands a newcomer needs are `make demo` and `make test`.
 # Builds and downloads are cached outside the repo (FERRY_CACHE, default ~/.cache/ferry).
+# How long each target takes, cold and warm: docs/development.md#how-long-things-take.
 SHELL := /bin/bash
 FERRY_CACHE ?= $(HOME)/.cache/ferry
 export FERRY_CACHE
@@ -14,7 +15,13 @@ export FERRY_IMAGES_DIR ?= $(CARGO_TARGET_DIR)/images
 .PHONY: all deps k8s tools helm nextest build release images test check lint docs-check unit demo demo-local bench soak crds chart-docs chart-docs-check clean-cache
 
 NEXTEST := $(FERRY_CACHE)/tools/bin/cargo-nextest nextest
-# The tests that need no brokers: unit, property and model tests, and the command-line tests.
+# One test fails when nextest captures its output (its rules never turn Ready again after the
+# live fix), and passes with --no-capture and under cargo test; until that is understood it runs
+# first, alone and uncaptured, and the rest after it (docs/development.md#the-loops).
+UNCAPTURED_SET := binary_id(ferry-operator::dataplane) & test(=a_held_record_makes_its_rule_held_and_its_neighbour_blocked_by_it)
+UNCAPTURED := -E '$(UNCAPTURED_SET)'
+# The tests that need no brokers: unit, property and model tests, and the command-line tests
+# (nextest runs no doc tests: `cargo test --doc` does).
 NO_BROKERS := -E 'kind(lib) | binary(cli)'
 
 all: build
@@ -24,7 +31,7 @@ deps:
 	@bash e2e/install.sh
 
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kubelet built from the Go
-# module proxy (about 7 min once, then cached by version); idempotent.
+# module proxy (once, then cached by version); idempotent.
 k8s:
 	@bash e2e/k8s/build.sh
 
@@ -71,13 +78,16 @@ docs-check:
 # starts its own brokers on free ports, so cargo-nextest runs several at once
 # (.config/nextest.toml); passing tests' output is in $(CARGO_TARGET_DIR)/nextest/default/junit.xml.
 test: deps k8s tools lint images
-	$(NEXTEST) run --workspace
+	cargo test --workspace --doc
+	@held=0; $(NEXTEST) run --workspace --no-capture $(UNCAPTURED) || held=$$?; \
+	$(NEXTEST) run --workspace -E 'not ($(UNCAPTURED_SET))' && exit $$held
 
-# The inner loop, a few minutes warm: formatting, clippy, and the tests that need no brokers.
+# The inner loop: formatting, clippy, and the tests that need no brokers.
 check: deps nextest
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	$(NEXTEST) run --workspace $(NO_BROKERS)
+	cargo test --workspace --doc
 
 # Only the tests that need no brokers.
 unit: nextest
@@ -96,8 +106,8 @@ chart-docs-check:
 	cargo run -q -p ferry-operator --bin valuesdoc -- --check
 
 # Benchmarks (release build): the forwarder against its brokers' and client libraries' limits,
-# and the operator at 1,000 rules. Writes bench/results/ (markdown, JSON, PNG plots); about
-# 10 minutes. BENCH_ARGS=--quick for a short check of the tool itself.
+# and the operator at 1,000 rules. Writes bench/results/ (markdown, JSON, PNG plots).
+# BENCH_ARGS=--quick for a short check of the tool itself.
 bench: deps k8s release
 	$(CARGO_TARGET_DIR)/release/ferry-bench $(BENCH_ARGS)
 
@@ -105,13 +115,13 @@ bench: deps k8s release
 # while a fault hits every 20 s, each kind in turn (Kafka partition, forwarder SIGKILL, MQTT
 # partition, Mosquitto restart, Kafka leader SIGKILL). Prints lost/replayed/reordered and the time
 # to catch up per fault, writes bench/results/soak.md and soak.json, and fails on any loss or
-# reordering. About 10 minutes. SOAK_ARGS=--soak-messages=N etc. to vary it.
+# reordering. SOAK_ARGS=--soak-messages=N etc. to vary it.
 soak: deps release
 	$(CARGO_TARGET_DIR)/release/ferry-bench --soak $(SOAK_ARGS)
 
-# Ferry's whole path on a real single-node Kubernetes cluster, narrated (needs root; about 30 s
-# once the cluster's binaries and images are built). From a terminal it keeps the cluster up
-# until you press Enter; otherwise it tears down at once.
+# Ferry's whole path on a real single-node Kubernetes cluster, narrated (needs root). It builds
+# only what it runs: the release binaries and images, the cluster's binaries and helm. From a
+# terminal it keeps the cluster up until you press Enter; otherwise it tears down at once.
 demo: deps k8s helm images
 	$(CARGO_TARGET_DIR)/release/demo-cluster
 
