@@ -42,7 +42,8 @@ pub enum Judgement {
     },
     /// Unavailable: as any record (a refusal is then judged again alone, after the fact).
     Never,
-    /// Being asked: every record goes alone until it is known.
+    /// Being asked: every record goes alone until it is known (then the records still
+    /// waiting are judged again: `window::Window::limit_known`).
     Always,
 }
 
@@ -109,9 +110,11 @@ impl TopicLimits {
         std::mem::take(&mut self.to_ask)
     }
 
-    pub fn learned(&mut self, topic: Arc<str>, learned: Learned) {
+    /// Kafka's answer about `topic`; true when it is the first (its records were judged
+    /// `Always` until now).
+    pub fn learned(&mut self, topic: Arc<str>, learned: Learned) -> bool {
         self.asked.remove(&topic);
-        self.learned.insert(topic, learned);
+        self.learned.insert(topic, learned).is_none()
     }
 }
 

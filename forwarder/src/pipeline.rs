@@ -30,7 +30,7 @@ use crate::record::{Source, Unencoded};
 use crate::route::{Routed, Router, RuleSet, Target};
 use crate::schemas::{self, RegistryCell};
 use crate::window::{
-    Action, Backoff, BlockReason, Dest, HeldRecord, Outcome, PermanentReason, Policy, Seq,
+    Action, Alone, Backoff, BlockReason, Dest, HeldRecord, Outcome, PermanentReason, Policy, Seq,
     TargetRef, TargetSpec, Window,
 };
 
@@ -274,9 +274,7 @@ impl Pipeline {
                 _ = tokio::time::sleep_until(holds_at.unwrap_or_else(Instant::now)), if holds_at.is_some() => {
                     self.report_holds();
                 }
-                Some((topic, learned)) = self.limit_answers.recv() => {
-                    self.limits.learned(topic, learned);
-                }
+                Some((topic, learned)) = self.limit_answers.recv() => self.limit_learned(topic, learned),
                 _ = tokio::time::sleep_until(limits_refresh_at) => {
                     self.limits.refresh();
                     limits_refresh_at = Instant::now() + limits::REFRESH_INTERVAL;
@@ -527,6 +525,22 @@ impl Pipeline {
             "in-flight targets judged under the new rules"
         );
         self.holds_changed = true;
+    }
+
+    /// Kafka told `topic`'s limit: records of it met first, judged alone until now, are
+    /// judged again, so a restart's backlog does not go one record at a time.
+    fn limit_learned(&mut self, topic: Arc<str>, learned: Learned) {
+        let first = self.limits.learned(Arc::clone(&topic), learned);
+        if !first {
+            return;
+        }
+        let judgement = self.limits.judge(&topic);
+        self.window.limit_known(&topic, |target, inflight| {
+            inflight
+                .legs
+                .get(target.pos)
+                .is_some_and(|leg| leg.alone(&inflight.message, judgement) != Alone::No)
+        });
     }
 
     /// Brings every rule's `held` and `blocked_by` (in `/status` and the metrics) up to date
@@ -971,22 +985,30 @@ impl Leg {
     fn spec(&self, message: &Message, limits: &mut TopicLimits) -> TargetSpec {
         let topic = self.topic(&message.topic);
         let alone = match &topic {
-            Ok(name) => match limits.judge(name) {
-                Judgement::Never => false,
-                Judgement::Always => true,
-                Judgement::Check { above, compacted } => {
-                    (compacted && self.source(message).key().is_none())
-                        || above
-                            .is_some_and(|limit| self.source(message).primary().may_exceed(limit))
-                }
-            },
-            Err(_) => false,
+            Ok(name) => self.alone(message, limits.judge(name)),
+            Err(_) => Alone::No,
         };
         TargetSpec {
             topic,
             dead_letter: self.target.dead_letter.clone(),
             on_unwritable: self.target.on_unwritable,
             alone,
+        }
+    }
+
+    fn alone(&self, message: &Message, judgement: Judgement) -> Alone {
+        let may_be_refused = match judgement {
+            Judgement::Never => false,
+            Judgement::Always => return Alone::UntilLimitKnown,
+            Judgement::Check { above, compacted } => {
+                (compacted && self.source(message).key().is_none())
+                    || above.is_some_and(|limit| self.source(message).primary().may_exceed(limit))
+            }
+        };
+        if may_be_refused {
+            Alone::Yes
+        } else {
+            Alone::No
         }
     }
 }

@@ -50,9 +50,21 @@ pub struct TargetSpec {
     pub topic: Result<Arc<str>, (PermanentReason, String)>,
     pub dead_letter: Option<Arc<str>>,
     pub on_unwritable: OnUnwritable,
-    /// Its topic may refuse the record (too large, invalid): produce it alone (see the
-    /// module's rules).
-    pub alone: bool,
+    /// Whether its topic may refuse the record (too large, invalid): then it is produced
+    /// alone (see the module's rules).
+    pub alone: Alone,
+}
+
+/// How the pipeline judged whether a record's topic may refuse it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alone {
+    /// It cannot, or nobody knows (Kafka would not tell): it may share a batch.
+    No,
+    /// It may: it goes alone.
+    Yes,
+    /// Its topic's limit is being asked: it goes alone unless [`Window::limit_known`] judges
+    /// it again first.
+    UntilLimitKnown,
 }
 
 /// Why a record waits: Kafka may take it later, without anyone changing the record.
@@ -265,6 +277,8 @@ struct Target {
     /// Its next produce must go alone: its topic may refuse it (judged by the pipeline, or
     /// refused in a batch already).
     alone: bool,
+    /// `alone` only because its topic's limit was not known yet (`Alone::UntilLimitKnown`).
+    until_limit_known: bool,
 }
 
 impl Target {
@@ -465,7 +479,8 @@ impl<M> Window<M> {
                     in_flight: false,
                     held: None,
                     orphaned: false,
-                    alone: spec.alone,
+                    alone: spec.alone != Alone::No,
+                    until_limit_known: spec.alone == Alone::UntilLimitKnown,
                 }
             })
             .collect();
@@ -552,6 +567,7 @@ impl<M> Window<M> {
                 // them again, each time.
                 if let Some(t) = self.target_mut(target) {
                     t.alone = true;
+                    t.until_limit_known = false;
                 }
                 self.requeue(&topic, target, None, 0, now);
             }
@@ -707,6 +723,31 @@ impl<M> Window<M> {
             self.apply_policy(target, p, now);
         }
         self.complete_ready();
+    }
+
+    /// `topic`'s limit is known now: each of its records judged alone only until then takes
+    /// what `alone` judges. Those queued in its lane go out together once the lane's current
+    /// probe is through, up to the first that still must go alone (so the order holds); one
+    /// out at the producer already stays as it went.
+    pub fn limit_known(&mut self, topic: &str, mut alone: impl FnMut(TargetRef, &M) -> bool) {
+        for (i, slot) in self.slots.iter_mut().enumerate() {
+            let Some(message) = slot.message.as_ref() else {
+                continue;
+            };
+            let seq = self.head + i as Seq;
+            for (pos, t) in slot.targets.iter_mut().enumerate() {
+                if !t.until_limit_known
+                    || t.state != State::Primary
+                    || t.topic.as_deref() != Some(topic)
+                {
+                    continue;
+                }
+                t.until_limit_known = false;
+                if !t.in_flight {
+                    t.alone = alone(TargetRef { seq, pos }, message);
+                }
+            }
+        }
     }
 
     fn apply_policy(&mut self, target: TargetRef, policy: Policy, now: Instant) {
@@ -996,6 +1037,7 @@ impl<M> Window<M> {
             };
             // What its own topic refused says nothing of the dead-letter topic.
             t.alone = false;
+            t.until_limit_known = false;
             self.dispatch(target, now);
             return false;
         }
@@ -1104,8 +1146,11 @@ mod tests {
         targets: Vec<(Option<u8>, bool, bool)>,
         size: usize,
         /// The pipeline knew the topic's limit and judged the record's size: it goes alone
-        /// when too large. (Not judged: the limit was not learned yet, or was lowered since.)
+        /// when too large. (Not judged: Kafka would not tell the limit, or it was lowered
+        /// since it was learned.)
         judged: bool,
+        /// Judged, but its topic's limit is being asked: alone until `Op::Learn`.
+        until_known: bool,
     }
 
     #[derive(Debug, Clone)]
@@ -1121,6 +1166,9 @@ mod tests {
         /// The producer's queue is full for the next `n` produce calls: each is refused
         /// synchronously (`QueueFull`), the calls after them are taken.
         QueueFull(u8),
+        /// The topic's limit is known: its records judged alone until then are judged by
+        /// their size.
+        Learn(u8),
         /// librdkafka's fatal error: from the next produce call itself (`sync`), or from a
         /// callback. Of what is out at the producer, the first `landed` of each topic land
         /// (and are reported delivered), the rest are purged. A new producer replaces it at
@@ -1173,11 +1221,13 @@ mod tests {
             proptest::collection::vec(target, 0..3),
             prop_oneof![8 => Just(1usize), 1 => Just(LIMIT * 2)],
             prop_oneof![3 => Just(true), 1 => Just(false)],
+            any::<bool>(),
         )
-            .prop_map(|(targets, size, judged)| Msg {
+            .prop_map(|(targets, size, judged, until_known)| Msg {
                 targets,
                 size,
                 judged,
+                until_known: judged && until_known,
             })
     }
 
@@ -1189,6 +1239,7 @@ mod tests {
             1 => (0u64..300).prop_map(Op::Advance),
             1 => rejudged().prop_map(Op::Reload),
             1 => (1u8..4).prop_map(Op::QueueFull),
+            1 => (0u8..3).prop_map(Op::Learn),
             1 => (any::<bool>(), 0usize..3).prop_map(|(sync, landed)| Op::Fatal { sync, landed }),
         ]
     }
@@ -1248,7 +1299,13 @@ mod tests {
         fn apply(&mut self, op: Op) {
             match op {
                 Op::Accept(m) => {
-                    let alone = m.judged && m.size > LIMIT;
+                    let alone = if m.until_known {
+                        Alone::UntilLimitKnown
+                    } else if m.judged && m.size > LIMIT {
+                        Alone::Yes
+                    } else {
+                        Alone::No
+                    };
                     let specs = m
                         .targets
                         .iter()
@@ -1285,6 +1342,11 @@ mod tests {
                 }
                 Op::Reload(r) => self.reload(r),
                 Op::QueueFull(n) => self.queue_full = n,
+                Op::Learn(t) => {
+                    let msgs = &self.msgs;
+                    self.window
+                        .limit_known(TOPICS[usize::from(t)], |_, &id| msgs[id].size > LIMIT);
+                }
                 Op::Fatal { sync: true, landed } => self.fatal_on_produce = Some(landed),
                 Op::Fatal {
                     sync: false,
@@ -1640,7 +1702,7 @@ mod tests {
             topic: Ok(Arc::from(topic)),
             dead_letter: None,
             on_unwritable: OnUnwritable::Hold,
-            alone: false,
+            alone: Alone::No,
         }
     }
 
@@ -1846,10 +1908,10 @@ mod tests {
             alone,
             ..spec("a")
         };
-        w.accept(0, vec![with_dlq(false)], now);
-        w.accept(1, vec![with_dlq(true)], now);
-        w.accept(2, vec![with_dlq(false)], now);
-        w.accept(3, vec![with_dlq(false)], now);
+        w.accept(0, vec![with_dlq(Alone::No)], now);
+        w.accept(1, vec![with_dlq(Alone::Yes)], now);
+        w.accept(2, vec![with_dlq(Alone::No)], now);
+        w.accept(3, vec![with_dlq(Alone::No)], now);
         assert_eq!(produces(&mut w), vec![(t(0), "a".into())], "1 waits for 0");
         w.on_outcome(t(0), Outcome::Delivered, now);
         assert_eq!(produces(&mut w), vec![(t(1), "a".into())], "1 alone");
@@ -1867,8 +1929,8 @@ mod tests {
             "refused alone: final at once; its copy goes to the dead-letter topic, the rest follow"
         );
         // Too large and yet taken (compression brought it under the limit): the lane opens.
-        w.accept(4, vec![with_dlq(true)], now);
-        w.accept(5, vec![with_dlq(false)], now);
+        w.accept(4, vec![with_dlq(Alone::Yes)], now);
+        w.accept(5, vec![with_dlq(Alone::No)], now);
         assert_eq!(produces(&mut w), vec![], "4 waits for 2 and 3");
         w.on_outcome(t(2), Outcome::Delivered, now);
         w.on_outcome(t(3), Outcome::Delivered, now);
@@ -1879,6 +1941,45 @@ mod tests {
 
     /// A compacted topic refuses a whole batch as invalid when one record in it has no key:
     /// its batch-mates are judged again alone and land; only the invalid one is dead-lettered.
+    /// Records met before their topic's limit is known go one at a time; once it is known,
+    /// those still queued go out together behind the probe in flight, except one that may
+    /// still be refused, which waits alone as the next probe.
+    #[test]
+    fn records_alone_until_their_topics_limit_is_known_then_go_together() {
+        let now = Instant::now();
+        let mut w = Window::new(Backoff::default());
+        let until_known = TargetSpec {
+            alone: Alone::UntilLimitKnown,
+            ..spec("a")
+        };
+        for m in 0..5 {
+            w.accept(m, vec![until_known.clone()], now);
+        }
+        w.accept(5, vec![spec("b")], now);
+        assert_eq!(
+            produces(&mut w),
+            vec![(t(0), "a".into()), (t(5), "b".into())],
+            "a's first alone; b's limit is known"
+        );
+        let big = 3;
+        w.limit_known("a", |target, &m| {
+            assert_ne!(target, t(0), "the one out is not judged again");
+            m == big
+        });
+        assert!(produces(&mut w).is_empty(), "nothing passes the probe");
+        w.on_outcome(t(0), Outcome::Delivered, now);
+        assert_eq!(
+            produces(&mut w),
+            vec![(t(1), "a".into()), (t(2), "a".into())],
+            "together, up to the one that may be refused"
+        );
+        w.on_outcome(t(1), Outcome::Delivered, now);
+        w.on_outcome(t(2), Outcome::Delivered, now);
+        assert_eq!(produces(&mut w), vec![(t(3), "a".into())], "3 alone");
+        w.on_outcome(t(3), Outcome::Delivered, now);
+        assert_eq!(produces(&mut w), vec![(t(4), "a".into())]);
+    }
+
     #[test]
     fn invalid_record_in_a_batch_is_judged_again_alone_before_it_is_dead_lettered() {
         let now = Instant::now();
