@@ -15,11 +15,6 @@ export FERRY_IMAGES_DIR ?= $(CARGO_TARGET_DIR)/images
 .PHONY: all deps k8s tools helm nextest build release images test check lint docs-check unit demo demo-local bench soak crds chart-docs chart-docs-check clean-cache
 
 NEXTEST := $(FERRY_CACHE)/tools/bin/cargo-nextest nextest
-# One test fails when nextest captures its output (its rules never turn Ready again after the
-# live fix), and passes with --no-capture and under cargo test; until that is understood it runs
-# first, alone and uncaptured, and the rest after it (docs/development.md#the-loops).
-UNCAPTURED_SET := binary_id(ferry-operator::dataplane) & test(=a_held_record_makes_its_rule_held_and_its_neighbour_blocked_by_it)
-UNCAPTURED := -E '$(UNCAPTURED_SET)'
 # The tests that need no brokers: unit, property and model tests, and the command-line tests
 # (nextest runs no doc tests: `cargo test --doc` does).
 NO_BROKERS := -E 'kind(lib) | binary(cli)'
@@ -79,8 +74,7 @@ docs-check:
 # (.config/nextest.toml); passing tests' output is in $(CARGO_TARGET_DIR)/nextest/default/junit.xml.
 test: deps k8s tools lint images
 	cargo test --workspace --doc
-	@held=0; $(NEXTEST) run --workspace --no-capture $(UNCAPTURED) || held=$$?; \
-	$(NEXTEST) run --workspace -E 'not ($(UNCAPTURED_SET))' && exit $$held
+	$(NEXTEST) run --workspace
 
 # The inner loop: formatting, clippy, and the tests that need no brokers.
 check: deps nextest

@@ -228,6 +228,18 @@ impl RuleStats {
         self.set_error(message);
     }
 
+    /// What held a record for `reason` let it go (dropped, or its rules removed): the rule
+    /// no longer waits for it. A wait for another reason stays.
+    pub fn stop_waiting_for(&self, reason: &str) {
+        if self.waiting_set.load(Ordering::Relaxed) {
+            let mut w = lock(&self.waiting);
+            if w.as_ref().is_some_and(|w| w.reason == reason) {
+                *w = None;
+                self.waiting_set.store(false, Ordering::Relaxed);
+            }
+        }
+    }
+
     fn clear_waiting(&self) {
         // Cheap check first: this runs for every forwarded record.
         if self.waiting_set.load(Ordering::Relaxed) {
@@ -1059,6 +1071,24 @@ mod tests {
             documented("ferry_config_reloads_total", "result"),
             BTreeSet::from(["applied".to_owned(), "rejected".to_owned()])
         );
+    }
+
+    /// A held record waits (`waiting` says why, and after long enough the operator calls the
+    /// rule Stalled); dropped once its rule says so, it waits no more. A wait for another
+    /// reason stays.
+    #[test]
+    fn a_held_record_dropped_waits_no_more_and_other_waits_stay() {
+        let m = Metrics::new();
+        let rules = m.set_rules(&["r".to_owned()]);
+        let waiting = || lock(&rules[0].waiting).as_ref().map(|w| w.reason.clone());
+        rules[0].on_retry(PermanentReason::TooLarge.as_str(), "held".to_owned());
+        assert_eq!(waiting().as_deref(), Some("too_large"));
+        rules[0].on_failed(PermanentReason::TooLarge, "dropped".to_owned());
+        rules[0].stop_waiting_for(PermanentReason::TooLarge.as_str());
+        assert_eq!(waiting(), None);
+        rules[0].on_retry(BlockReason::UnknownTopic.as_str(), "missing".to_owned());
+        rules[0].stop_waiting_for(PermanentReason::TooLarge.as_str());
+        assert_eq!(waiting().as_deref(), Some("unknown_topic"));
     }
 
     #[test]

@@ -851,6 +851,8 @@ impl Pipeline {
         );
         for rule in t.matched(&matched) {
             rule.on_failed(reason, error.to_owned());
+            // Held until now, maybe (the rule was changed to drop): it waits no more.
+            rule.stop_waiting_for(reason.as_str());
         }
     }
 

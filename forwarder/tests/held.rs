@@ -143,15 +143,16 @@ fn held_then_fixed(
         fwd.metric("ferry_mqtt_acked_messages_total") >= (STREAM + 1) as f64
     });
     let released_after = fixed_at.elapsed();
+    // Nothing waits either: a rule still `waiting` after its fix is `Stalled` to the operator.
     wait_until(
         &fwd,
         HOLDS_CLEARED_BOUND,
-        "holds cleared in /status",
+        "holds and waits cleared in /status",
         || {
             fwd.status().is_some_and(|s| {
                 s.rules
                     .iter()
-                    .all(|r| r.held.is_none() && r.blocked_by.is_none())
+                    .all(|r| r.held.is_none() && r.blocked_by.is_none() && r.waiting.is_none())
             })
         },
     );
