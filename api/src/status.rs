@@ -168,15 +168,20 @@ pub struct Held {
     pub since: Timestamp,
 }
 
-/// Which rules hold the record this rule's messages wait behind.
+/// Which rules stop the order of acknowledgements this rule's messages wait in.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BlockedBy {
-    /// The rules of the first held record (usually one).
+    /// The rules of the first held record, or of the oldest message whose records wait on
+    /// Kafka (usually one).
     pub rules: Vec<String>,
     /// This rule's messages waiting behind it.
     pub messages: u64,
     pub since: Timestamp,
+    /// Why those rules' records wait (`unknown_topic`, `unauthorized`, `schema_unavailable`,
+    /// ... as in [`Waiting::reason`]); absent when a record is held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 /// Why a rule's records are not getting into Kafka right now.

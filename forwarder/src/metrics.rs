@@ -228,6 +228,14 @@ impl RuleStats {
         self.set_error(message);
     }
 
+    /// Why its records wait now, if they do.
+    pub fn waiting_reason(&self) -> Option<String> {
+        if !self.waiting_set.load(Ordering::Relaxed) {
+            return None;
+        }
+        lock(&self.waiting).as_ref().map(|w| w.reason.clone())
+    }
+
     /// What held a record for `reason` let it go (dropped, or its rules removed): the rule
     /// no longer waits for it. A wait for another reason stays.
     pub fn stop_waiting_for(&self, reason: &str) {
@@ -311,6 +319,7 @@ impl RuleStats {
         *current = blocked.map(|mut b| {
             if let Some(c) = current.as_ref()
                 && c.rules == b.rules
+                && c.waiting == b.waiting
             {
                 b.since = c.since;
             }

@@ -544,12 +544,45 @@ impl Pipeline {
     }
 
     /// Brings every rule's `held` and `blocked_by` (in `/status` and the metrics) up to date
-    /// from the window: the rules of each held record hold; every other rule with a message at
-    /// or after the first held one is blocked by that record's rules.
+    /// from the window. The rules of each held record hold. The order of acknowledgements is
+    /// stopped by the first held record or, when none is held, by the oldest message while
+    /// its records wait on Kafka (a missing topic, a refused ACL, no schema yet): every other
+    /// rule with a message at or after it is blocked by the rules that stop it, and says why.
     fn report_holds(&mut self) {
         self.holds_changed = false;
-        let mut held: HashMap<&str, (Held, [u64; PermanentReason::ALL.len()])> = HashMap::new();
-        let mut first: Option<(Seq, Vec<String>)> = None;
+        let (mut held, first_held) = self.held_by_rule();
+        let stall = first_held.or_else(|| self.waiting_head());
+        let blocked = stall
+            .as_ref()
+            .map(|stall| self.blocked_behind(stall, &held))
+            .unwrap_or_default();
+        let mut any = false;
+        for rule in self.router.rules() {
+            let (record, per_reason) = match held.remove(rule.name.as_str()) {
+                Some((record, per_reason)) => (Some(record), per_reason),
+                None => (None, [0; PermanentReason::ALL.len()]),
+            };
+            let blocked_by = stall.as_ref().and_then(|stall| {
+                let messages = *blocked.get(rule.name.as_str())?;
+                Some(BlockedBy {
+                    rules: stall.rules.clone(),
+                    messages,
+                    since: jiff::Timestamp::now(),
+                    waiting: stall.waiting.clone(),
+                })
+            });
+            any |= record.is_some() || blocked_by.is_some();
+            rule.set_held(record, &per_reason);
+            rule.set_blocked_by(blocked_by);
+        }
+        self.holds_reported = any.then(Instant::now);
+    }
+
+    /// What each rule holds (its first held record, and how many per reason), and the stall
+    /// the first held record makes.
+    fn held_by_rule(&self) -> (HeldByRule<'_>, Option<Stall>) {
+        let mut held: HeldByRule<'_> = HashMap::new();
+        let mut first: Option<Stall> = None;
         for h in self.window.held() {
             let Some(m) = self.window.message(h.target.seq) else {
                 continue;
@@ -568,56 +601,59 @@ impl Pipeline {
                 record.records += 1;
                 per_reason[reason_index] += 1;
             }
+            let names = leg.target.matched_names_vec(&leg.matched);
             match &mut first {
-                None => first = Some((h.target.seq, leg.target.matched_names_vec(&leg.matched))),
-                Some((seq, rules)) if *seq == h.target.seq => {
-                    rules.extend(leg.target.matched_names_vec(&leg.matched));
-                }
+                None => first = Some(Stall::new(h.target.seq, names, None)),
+                Some(stall) if stall.seq == h.target.seq => stall.add(names),
                 Some(_) => {}
             }
         }
-        let mut blocked: HashMap<&str, u64> = HashMap::new();
-        if let Some((first_seq, _)) = &first {
-            // A message counts once per rule, however many of its targets the rule has.
-            let mut rules_of_message: Vec<&str> = Vec::new();
-            for (_, m) in self.window.messages().filter(|(seq, _)| seq >= first_seq) {
-                rules_of_message.clear();
-                for leg in &m.legs {
-                    for rule in leg.target.matched(&leg.matched) {
-                        if !held.contains_key(rule.name.as_str()) {
-                            rules_of_message.push(rule.name.as_str());
-                        }
-                    }
-                }
-                rules_of_message.sort_unstable();
-                rules_of_message.dedup();
-                for rule in &rules_of_message {
-                    *blocked.entry(rule).or_default() += 1;
+        (held, first)
+    }
+
+    /// The stall the oldest message makes while records of it wait on Kafka (their rules say
+    /// `waiting`): its rules that wait, and why the first of them does.
+    fn waiting_head(&self) -> Option<Stall> {
+        let (seq, unfinished) = self.window.oldest_unfinished()?;
+        let m = self.window.message(seq)?;
+        let mut stall: Option<Stall> = None;
+        for leg in unfinished.iter().filter_map(|pos| m.legs.get(*pos)) {
+            for rule in leg.target.matched(&leg.matched) {
+                let Some(reason) = rule.waiting_reason() else {
+                    continue;
+                };
+                match &mut stall {
+                    None => stall = Some(Stall::new(seq, vec![rule.name.clone()], Some(reason))),
+                    Some(stall) => stall.add(vec![rule.name.clone()]),
                 }
             }
         }
-        // Sorted, so that the holders read the same at every report (a stable condition).
-        let holders = first.map(|(_, mut rules)| {
-            rules.sort_unstable();
-            rules.dedup();
-            rules
-        });
-        let mut any = false;
-        for rule in self.router.rules() {
-            let (record, per_reason) = match held.remove(rule.name.as_str()) {
-                Some((record, per_reason)) => (Some(record), per_reason),
-                None => (None, [0; PermanentReason::ALL.len()]),
-            };
-            let blocked_by = blocked.get(rule.name.as_str()).map(|messages| BlockedBy {
-                rules: holders.clone().unwrap_or_default(),
-                messages: *messages,
-                since: jiff::Timestamp::now(),
-            });
-            any |= record.is_some() || blocked_by.is_some();
-            rule.set_held(record, &per_reason);
-            rule.set_blocked_by(blocked_by);
+        stall
+    }
+
+    /// How many messages of each rule that neither makes the stall nor holds a record wait
+    /// behind it. A message counts once per rule, however many of its targets the rule has.
+    fn blocked_behind(&self, stall: &Stall, held: &HeldByRule<'_>) -> HashMap<&str, u64> {
+        let mut blocked: HashMap<&str, u64> = HashMap::new();
+        let mut rules_of_message: Vec<&str> = Vec::new();
+        for (_, m) in self.window.messages().filter(|(seq, _)| *seq >= stall.seq) {
+            rules_of_message.clear();
+            for leg in &m.legs {
+                for rule in leg.target.matched(&leg.matched) {
+                    if stall.rules.binary_search(&rule.name).is_err()
+                        && !held.contains_key(rule.name.as_str())
+                    {
+                        rules_of_message.push(rule.name.as_str());
+                    }
+                }
+            }
+            rules_of_message.sort_unstable();
+            rules_of_message.dedup();
+            for rule in &rules_of_message {
+                *blocked.entry(rule).or_default() += 1;
+            }
         }
-        self.holds_reported = any.then(Instant::now);
+        blocked
     }
 
     fn produce(&mut self, target: TargetRef, topic: &str, dest: &Dest) {
@@ -768,6 +804,8 @@ impl Pipeline {
         error: &str,
         (failures, news): (u32, bool),
     ) {
+        // Its rule waits now: if its message is the oldest, the others wait behind it.
+        self.holds_changed = true;
         self.metrics.produce_retries.inc();
         let Some((t, matched, _)) = self.rules_of(target) else {
             return;
@@ -1187,6 +1225,36 @@ fn filter_rules(
 }
 
 /// What `/status` says of a held record (`records` counted by the caller).
+/// Per rule: its first held record, and how many it holds per reason.
+type HeldByRule<'a> = HashMap<&'a str, (Held, [u64; PermanentReason::ALL.len()])>;
+
+/// What stops the order of acknowledgements: the message at `seq`, for `rules` (sorted, so
+/// that a neighbour's `blocked_by` reads the same at every report: a stable condition).
+struct Stall {
+    seq: Seq,
+    rules: Vec<String>,
+    /// Why its records wait on Kafka; `None`: a record is held.
+    waiting: Option<String>,
+}
+
+impl Stall {
+    fn new(seq: Seq, rules: Vec<String>, waiting: Option<String>) -> Self {
+        let mut stall = Self {
+            seq,
+            rules: Vec::new(),
+            waiting,
+        };
+        stall.add(rules);
+        stall
+    }
+
+    fn add(&mut self, rules: Vec<String>) {
+        self.rules.extend(rules);
+        self.rules.sort_unstable();
+        self.rules.dedup();
+    }
+}
+
 fn held_record(h: &HeldRecord<'_>, message: &Message) -> Held {
     Held {
         reason: h.reason.as_str().to_owned(),

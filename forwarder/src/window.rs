@@ -686,6 +686,24 @@ impl<M> Window<M> {
         })
     }
 
+    /// The oldest message not complete yet, and the positions of its targets not done:
+    /// acknowledgements go out in order, so every later message waits for it.
+    pub fn oldest_unfinished(&self) -> Option<(Seq, Vec<usize>)> {
+        let (i, slot) = self
+            .slots
+            .iter()
+            .enumerate()
+            .find(|(_, s)| s.message.is_some() && s.remaining > 0)?;
+        let unfinished = slot
+            .targets
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| t.state != State::Done)
+            .map(|(pos, _)| pos)
+            .collect();
+        Some((self.head + i as Seq, unfinished))
+    }
+
     /// The messages in the window, in arrival order.
     pub fn messages(&self) -> impl Iterator<Item = (Seq, &M)> {
         self.slots

@@ -270,13 +270,17 @@ fn only_the_invalid_records_of_a_refused_batch_are_dead_lettered() {
 /// A rule whose Kafka topic does not exist (auto-creation off): its messages are retried and
 /// hold the window, nothing is acknowledged, `/status` says why; once the topic is created
 /// everything arrives, in order. Before the failure rule this was counted and acknowledged:
-/// silent loss.
+/// silent loss. Its neighbour's messages, behind it in the order of acknowledgements, wait
+/// too, and its `/status` says so: blocked by `later`, waiting on `unknown_topic`, with the
+/// exact count (before, only a held record said so, and the neighbour looked healthy).
 #[test]
 fn a_missing_topic_holds_messages_unacknowledged_until_it_exists() {
     let brokers = Brokers::start();
     let rt = runtime();
-    let rules =
-        "  - name: later\n    mqtt: { topics: [\"later/+\"] }\n    kafka: { topic: later }\n";
+    rt.block_on(brokers.kafka.create_topic("ontime", 1))
+        .expect("topic");
+    let rules = "  - name: later\n    mqtt: { topics: [\"later/+\"] }\n    kafka: { topic: later }\n\
+                 \x20 - name: ontime\n    mqtt: { topics: [\"ontime/+\"] }\n    kafka: { topic: ontime }\n";
     // librdkafka fails records to an unknown topic after this (default 30 s): make it fail
     // fast, so what the forwarder does with the failure is what the test sees.
     let config = brokers.config("ferry-later", rules).replace(
@@ -289,10 +293,16 @@ fn a_missing_topic_holds_messages_unacknowledged_until_it_exists() {
     let want: BTreeSet<(String, usize)> = (0..total)
         .map(|n| (format!("later/{}", n % 3), n))
         .collect();
-    let msgs: Vec<(String, Vec<u8>)> = want
+    let neighbours = 100;
+    let mut msgs: Vec<(String, Vec<u8>)> = want
         .iter()
         .map(|(topic, n)| (topic.clone(), payload(topic, *n, false)))
         .collect();
+    msgs.extend((0..neighbours).map(|n| {
+        let topic = format!("ontime/{}", n % 3);
+        let body = payload(&topic, n, false);
+        (topic, body)
+    }));
     rt.block_on(ferry_e2e::publish(
         brokers.mqtt.port(),
         "pub-later",
@@ -321,12 +331,53 @@ fn a_missing_topic_holds_messages_unacknowledged_until_it_exists() {
     let rule = status.rule("later").expect("rule");
     assert_eq!((rule.acked, rule.failed), (0, 0));
     assert!(status.inflight > 0);
+    let ontime = status.rule("ontime").expect("rule");
+    assert_eq!(
+        ontime.acked, 0,
+        "the neighbour's messages wait in the order of acks"
+    );
+    let blocked = ontime
+        .blocked_by
+        .as_ref()
+        .expect("the neighbour says it is blocked");
+    assert_eq!(
+        (
+            blocked.rules.as_slice(),
+            blocked.waiting.as_deref(),
+            blocked.messages
+        ),
+        (
+            ["later".to_owned()].as_slice(),
+            Some("unknown_topic"),
+            neighbours as u64
+        ),
+        "{status:?}"
+    );
+    assert_eq!(
+        fwd.metric_with("ferry_rule_blocked_messages", &["rule=\"ontime\""]),
+        neighbours as f64
+    );
+    assert!(
+        rule.blocked_by.is_none(),
+        "the waiting rule is not blocked by itself"
+    );
 
     rt.block_on(brokers.kafka.create_topic("later", 1))
         .expect("topic");
     wait_until(&fwd, Duration::from_secs(60), "every message acked", || {
-        fwd.metric("ferry_mqtt_acked_messages_total") >= total as f64
+        fwd.metric("ferry_mqtt_acked_messages_total") >= (total + neighbours) as f64
     });
+    // The next holds report (every second while something is blocked) clears it.
+    wait_until(
+        &fwd,
+        Duration::from_secs(3),
+        "the neighbour no longer blocked",
+        || {
+            fwd.status()
+                .and_then(|s| s.rule("ontime").map(|r| r.blocked_by.is_none()))
+                .unwrap_or(false)
+        },
+    );
     let got = ids(&brokers
         .kafka
         .read_all(

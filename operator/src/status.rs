@@ -6,7 +6,7 @@
 //! the forwarder pods' `/status`).
 
 use ferry_api::crd::{BoundedString, BrokerConnectionStatus, ForwardingRuleStatus};
-use ferry_api::status::{ForwarderStatus, Held, LastError, RuleStatus};
+use ferry_api::status::{BlockedBy, ForwarderStatus, Held, LastError, RuleStatus};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
@@ -438,16 +438,14 @@ fn forwarding(
         )
     } else if let Some((pod, h)) = first(loaded, |r| r.held.as_ref()) {
         Desired::new(FORWARDING, FALSE, HELD, held_message(pod, h))
-    } else if let Some((pod, b)) = first(loaded, |r| r.blocked_by.as_ref()) {
-        Desired::new(
-            FORWARDING,
-            FALSE,
-            BLOCKED_BY_RULE,
-            format!(
-                "pod {pod}: messages wait behind a record held by rule {} (acknowledgements go out in order); see that rule's status",
-                b.rules.join(", ")
-            ),
-        )
+    } else if let Some((pod, b)) = first(loaded, |r| {
+        // Behind records that wait on Kafka, as long as they would make their own rule
+        // Stalled: a broker's hiccup does not flip every neighbour.
+        r.blocked_by
+            .as_ref()
+            .filter(|b| b.waiting.is_none() || now.duration_since(b.since) >= STALLED_AFTER)
+    }) {
+        Desired::new(FORWARDING, FALSE, BLOCKED_BY_RULE, blocked_message(pod, b))
     } else if let Some((pod, w)) = loaded
         .iter()
         .filter_map(|(pod, _, r)| Some((pod, r.waiting.as_ref()?)))
@@ -495,6 +493,21 @@ fn first<'a, T>(
 
 /// What a held record is and how to release it. Only what identifies the record, so the
 /// message stays the same (and nothing is written) while the same record is held.
+/// The `BlockedByRule` message: which rules stop this one's messages, and why; nothing that
+/// moves (the count), so it is written once per stall.
+fn blocked_message(pod: &str, b: &BlockedBy) -> String {
+    let rules = b.rules.join(", ");
+    match &b.waiting {
+        None => format!(
+            "pod {pod}: messages wait behind a record held by rule {rules} (acknowledgements go out in order); see that rule's status"
+        ),
+        Some(reason) => format!(
+            "pod {pod}: messages wait behind records of rule {rules} that wait on Kafka ({reason}) since {} (acknowledgements go out in order); see that rule's status",
+            b.since
+        ),
+    }
+}
+
 fn held_message(pod: &str, h: &Held) -> String {
     let refused_by = match (&h.kafka_topic, h.dead_letter) {
         (Some(t), true) => format!("its dead-letter topic {t} refused the copy too"),
@@ -806,6 +819,60 @@ mod tests {
         }
     }
 
+    /// Records of one rule waiting on Kafka (a missing topic) stop the order of
+    /// acknowledgements: the rules behind them are `BlockedByRule` naming that rule and why,
+    /// once the wait is as long as the one that makes the rule itself `Stalled`; not before (a
+    /// broker's hiccup flips nobody), and nothing is written again while the stall lasts.
+    #[test]
+    fn the_rules_behind_records_waiting_on_kafka_are_blocked_once_the_wait_is_a_stall() {
+        let mut bad = rule(0, 0.0, None);
+        bad.name = "bad".into();
+        bad.waiting = Some(ferry_api::status::Waiting {
+            reason: "unknown_topic".into(),
+            message: "kafka topic missing: Broker: Unknown topic or partition".into(),
+            since: at(50),
+        });
+        let mut good = rule(999, 0.0, None);
+        good.name = "good".into();
+        good.blocked_by = Some(BlockedBy {
+            rules: vec!["bad".into()],
+            messages: 1000,
+            since: at(50),
+            waiting: Some("unknown_topic".into()),
+        });
+        let mut both = report(true, true, None);
+        both.rules = vec![bad, good];
+        let reports = vec![("p-0".to_owned(), both)];
+        let forwarding = |name, now| {
+            let (s, _) = rule_data(None, name, &reports, now);
+            let c = condition(&s.conditions, FORWARDING).unwrap().clone();
+            (s, c)
+        };
+        let soon = at(50) + STALLED_AFTER - SignedDuration::from_secs(1);
+        for name in ["bad", "good"] {
+            let (_, c) = forwarding(name, soon);
+            assert_eq!(c.status, TRUE, "{name} before the wait is a stall: {c:?}");
+        }
+        let later = at(50) + STALLED_AFTER;
+        let (_, c) = forwarding("bad", later);
+        assert_eq!((c.status.as_str(), c.reason.as_str()), (FALSE, "Stalled"));
+        let (blocked, c) = forwarding("good", later);
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_str()),
+            (FALSE, BLOCKED_BY_RULE)
+        );
+        for part in ["p-0", "rule bad", "unknown_topic"] {
+            assert!(c.message.contains(part), "{part} in {}", c.message);
+        }
+        let mut more = reports.clone();
+        if let Some(b) = more[0].1.rules[1].blocked_by.as_mut() {
+            b.messages = 1000;
+        }
+        let (again, t) = rule_data(Some(&blocked), "good", &more, later + STALLED_AFTER);
+        assert!(t.is_empty(), "{t:?}");
+        assert_eq!(again.conditions, blocked.conditions);
+    }
+
     #[test]
     fn a_held_record_and_the_rules_behind_it_are_not_ready_with_their_own_reasons() {
         let mut images = rule(0, 0.0, None);
@@ -825,6 +892,7 @@ mod tests {
             rules: vec!["images".into()],
             messages: 10,
             since: at(50),
+            waiting: None,
         });
         let mut both = report(true, true, Some(images.clone()));
         both.rules.push(telemetry.clone());
