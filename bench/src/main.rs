@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
 use clap::Parser;
-use ferry_e2e::{Kafka, Mosquitto, MosquittoOptions};
+use ferry_e2e::{Kafka, KafkaOptions, Mosquitto, MosquittoOptions};
 
 use crate::expressions::ExprRule;
 use crate::load::{Arrivals, Judge, percentile};
@@ -651,7 +651,10 @@ fn soak(args: &Args, forwarder_bin: &Path, machine: String, started: Instant) ->
 /// latency (those of `--only`, all without it).
 fn forwarder_sections(args: &Args, forwarder_bin: PathBuf, report: &mut Report) -> Result<()> {
     let mqtt = start_mosquitto(args.window)?;
-    let kafka = Kafka::start()?;
+    let kafka = Kafka::start_with(KafkaOptions {
+        peak_throughput: true,
+        ..KafkaOptions::default()
+    })?;
     println!(
         "mosquitto {} (max_inflight_messages = each run's window unless --broker-unbounded, max_queued_messages {}, queue_qos0_messages true); kafka {} (KRaft, 1 node, -Xmx1g); {} partitions, {} MQTT topics = keys",
         report::mosquitto_version(),

@@ -18,7 +18,8 @@ use anyhow::{Context as _, Result, bail};
 use ferry_e2e::kube::ControlPlane;
 use ferry_e2e::manifests::{Connection, Rule};
 use ferry_e2e::{
-    Kafka, Mosquitto, WAIT_POLL, free_port, http_get, http_get_at, http_get_ok, metrics, wait_until,
+    Kafka, KafkaOptions, Mosquitto, WAIT_POLL, free_port, http_get, http_get_at, http_get_ok,
+    metrics, wait_until,
 };
 
 use crate::report::{NoBudget, OperatorFigures};
@@ -450,7 +451,10 @@ pub fn measure(
     // The brokers first: the connection points at them from its creation, so the rendered
     // configs are the ones the forwarders run. Kafka does not create topics by itself here.
     let mqtt = Mosquitto::start()?;
-    let kafka = Kafka::start()?;
+    let kafka = Kafka::start_with(KafkaOptions {
+        peak_throughput: true,
+        ..KafkaOptions::default()
+    })?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()

@@ -49,6 +49,7 @@ pub struct Kafka {
     dir: tempfile::TempDir,
     libs: PathBuf,
     placement: Placement,
+    jvm: &'static [&'static str],
 }
 
 /// The Apache Kafka whose jars `install.sh` fetches: `<kafka.version>` of `e2e/kafka/pom.xml`,
@@ -75,6 +76,9 @@ pub struct KafkaOptions<'a> {
     /// super user; the users of `sasl_ssl` may do only what ACLs allow
     /// ([`Kafka::grant_produce`]).
     pub acls: bool,
+    /// The JVM's full JIT ([`kafka_node::BROKER_JVM_PEAK`]), for the benchmarks' load; a test's
+    /// broker runs the C1 compiler only, which costs less CPU to start and to idle.
+    pub peak_throughput: bool,
 }
 
 /// A `SASL_SSL` listener of [`Kafka`] with mechanisms `SCRAM-SHA-512` and `PLAIN`.
@@ -201,6 +205,11 @@ impl Kafka {
             dir,
             libs,
             placement,
+            jvm: if options.peak_throughput {
+                kafka_node::BROKER_JVM_PEAK
+            } else {
+                kafka_node::BROKER_JVM
+            },
         };
         k.resume()?;
         Ok(k)
@@ -284,13 +293,8 @@ impl Kafka {
     pub fn resume(&mut self) -> Result<()> {
         let log = self.dir.path().join("kafka.log");
         let props = self.dir.path().join("server.properties");
-        let mut child = kafka_node::spawn_kafka(
-            &self.placement,
-            &self.libs,
-            &props,
-            &log,
-            kafka_node::BROKER_JVM,
-        )?;
+        let mut child =
+            kafka_node::spawn_kafka(&self.placement, &self.libs, &props, &log, self.jvm)?;
         let host = self.host();
         let own_proxied = self.proxied.map(|(own, _)| own);
         for port in [Some(self.port), self.sasl_ssl_port, own_proxied]
