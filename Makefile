@@ -71,7 +71,8 @@ docs-check:
 
 # Unit tests plus every integration test against real Mosquitto, Kafka and Kubernetes. Each test
 # starts its own brokers on free ports, so cargo-nextest runs several at once
-# (.config/nextest.toml); passing tests' output is in $(CARGO_TARGET_DIR)/nextest/default/junit.xml.
+# (.config/nextest.toml); passing tests' output is in target/nextest/default/junit.xml (nextest's
+# store, in the checkout).
 test: deps k8s tools lint images
 	cargo test --workspace --doc
 	$(NEXTEST) run --workspace
