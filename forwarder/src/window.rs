@@ -274,11 +274,9 @@ struct Target {
     /// Every rule it was routed for is gone (config reload): a permanent failure releases it
     /// instead of holding it.
     orphaned: bool,
-    /// Its next produce must go alone: its topic may refuse it (judged by the pipeline, or
-    /// refused in a batch already).
-    alone: bool,
-    /// `alone` only because its topic's limit was not known yet (`Alone::UntilLimitKnown`).
-    until_limit_known: bool,
+    /// Whether its next produce must go alone: its topic may refuse it (judged by the
+    /// pipeline, or refused in a batch already), or its topic's limit is not known yet.
+    alone: Alone,
 }
 
 impl Target {
@@ -296,9 +294,9 @@ impl Target {
     /// dead-letter copy of a record too large (as large, to a topic that may refuse it too).
     fn goes_alone(&self) -> bool {
         match &self.state {
-            State::Primary => self.alone,
+            State::Primary => self.alone != Alone::No,
             State::DeadLettering { reason, .. } => {
-                self.alone || *reason == PermanentReason::TooLarge
+                self.alone != Alone::No || *reason == PermanentReason::TooLarge
             }
             State::Done => false,
         }
@@ -479,8 +477,7 @@ impl<M> Window<M> {
                     in_flight: false,
                     held: None,
                     orphaned: false,
-                    alone: spec.alone != Alone::No,
-                    until_limit_known: spec.alone == Alone::UntilLimitKnown,
+                    alone: spec.alone,
                 }
             })
             .collect();
@@ -566,8 +563,7 @@ impl<M> Window<M> {
                 // on: were it sent again with the records queued behind it, it could fail
                 // them again, each time.
                 if let Some(t) = self.target_mut(target) {
-                    t.alone = true;
-                    t.until_limit_known = false;
+                    t.alone = Alone::Yes;
                 }
                 self.requeue(&topic, target, None, 0, now);
             }
@@ -754,16 +750,18 @@ impl<M> Window<M> {
             };
             let seq = self.head + i as Seq;
             for (pos, t) in slot.targets.iter_mut().enumerate() {
-                if !t.until_limit_known
+                if t.alone != Alone::UntilLimitKnown
                     || t.state != State::Primary
                     || t.topic.as_deref() != Some(topic)
                 {
                     continue;
                 }
-                t.until_limit_known = false;
-                if !t.in_flight {
-                    t.alone = alone(TargetRef { seq, pos }, message);
-                }
+                // One out already went alone; were it sent again, it goes alone again.
+                t.alone = if t.in_flight || alone(TargetRef { seq, pos }, message) {
+                    Alone::Yes
+                } else {
+                    Alone::No
+                };
             }
         }
     }
@@ -1054,8 +1052,7 @@ impl<M> Window<M> {
                 topic,
             };
             // What its own topic refused says nothing of the dead-letter topic.
-            t.alone = false;
-            t.until_limit_known = false;
+            t.alone = Alone::No;
             self.dispatch(target, now);
             return false;
         }
