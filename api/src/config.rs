@@ -325,6 +325,18 @@ pub struct MqttConfig {
     /// The in-flight window: messages received from MQTT and not yet acknowledged.
     #[serde(default = "default_max_inflight")]
     pub max_inflight: u16,
+    /// The window in bytes: the payloads (and topics) of the messages in it. The driver reads
+    /// no further PUBLISH while the next would pass it (one message is always let in). Also
+    /// bounds librdkafka's queue (`queue.buffering.max.kbytes`), so the forwarder holds about
+    /// twice this at most, whatever the payloads.
+    #[serde(default = "default_max_inflight_bytes")]
+    pub max_inflight_bytes: u64,
+    /// The largest MQTT message the forwarder reads, in bytes of payload. A larger one is not
+    /// read into memory: its payload is skipped on the wire, and it fails on each rule it
+    /// matches (their dead-letter topic, with the reason and without the payload, or
+    /// `on_unwritable`). Expressions' cost is estimated for payloads of this size at most.
+    #[serde(default = "default_max_message_bytes")]
+    pub max_message_bytes: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub username: Option<String>,
     /// A file holding the user name, read exactly (see [`crate::credentials`]).
@@ -442,6 +454,11 @@ pub struct KafkaConfig {
     pub allow_weaker_delivery: bool,
 }
 
+/// The smallest `max_message_bytes` accepted: below it, ordinary control messages would fail.
+pub const MIN_MESSAGE_BYTES: u32 = 1024;
+/// MQTT's largest packet (its remaining length), so its largest payload.
+pub const MQTT_PAYLOAD_MAX: usize = 268_435_455;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Rule {
@@ -462,6 +479,16 @@ pub struct Rule {
     /// topic name, rejected as invalid) when no dead-letter topic took it.
     #[serde(default)]
     pub on_unwritable: OnUnwritable,
+}
+
+impl Rule {
+    /// The largest payload this rule takes: its own limit, else the connection's
+    /// (`connection`: `mqtt.max_message_bytes`).
+    pub fn max_message_bytes(&self, connection: u32) -> u32 {
+        self.mqtt
+            .max_message_bytes
+            .map_or(connection, |own| own.min(connection))
+    }
 }
 
 /// What happens to a message Kafka can never take as it is, when no dead-letter topic took it.
@@ -488,6 +515,11 @@ pub struct RuleMqtt {
     /// The maximum QoS requested in the subscription.
     #[serde(default = "default_qos")]
     pub qos: u8,
+    /// The largest payload this rule takes, in bytes, at most `mqtt.max_message_bytes`
+    /// (unset: that). A larger message fails on this rule only, as one over the connection's
+    /// limit does. Its expressions' cost is estimated for payloads of this size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_message_bytes: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -604,6 +636,12 @@ fn default_keep_alive_secs() -> u16 {
 }
 fn default_max_inflight() -> u16 {
     defaults::MAX_INFLIGHT
+}
+fn default_max_inflight_bytes() -> u64 {
+    defaults::MAX_INFLIGHT_BYTES
+}
+fn default_max_message_bytes() -> u32 {
+    defaults::MAX_MESSAGE_BYTES
 }
 fn default_reconnect_min_ms() -> u64 {
     defaults::RECONNECT_MIN_MS

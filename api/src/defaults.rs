@@ -8,6 +8,12 @@ pub const MQTT_PORT: u16 = 1883;
 pub const KEEP_ALIVE_SECS: u16 = 30;
 /// `mqtt.max_inflight`: the in-flight window.
 pub const MAX_INFLIGHT: u16 = 1000;
+/// `mqtt.max_inflight_bytes`: the window in bytes. With librdkafka's queue bounded by the same,
+/// a forwarder holds about 32 MiB of messages at most.
+pub const MAX_INFLIGHT_BYTES: u64 = 16 * 1024 * 1024;
+/// `mqtt.max_message_bytes`: 1 MiB, about Kafka's default `max.message.bytes`, so that nothing
+/// a default topic takes is refused.
+pub const MAX_MESSAGE_BYTES: u32 = 1024 * 1024;
 /// `mqtt.reconnect_min_ms`.
 pub const RECONNECT_MIN_MS: u64 = 100;
 /// `mqtt.reconnect_max_ms`.

@@ -264,8 +264,14 @@ pub struct CompileError {
     pub message: String,
 }
 
-/// Compiles and checks `source`.
+/// Compiles and checks `source`, for payloads of any size.
 pub fn compile(source: &str) -> Result<Expression, CompileError> {
+    compile_for(source, PAYLOAD_MAX_BYTES)
+}
+
+/// Compiles and checks `source`, for payloads of at most `payload_bytes` (its cost is
+/// estimated for that size; expressions never read more than [`PAYLOAD_MAX_BYTES`]).
+pub fn compile_for(source: &str, payload_bytes: usize) -> Result<Expression, CompileError> {
     let at_start = |message: String| CompileError {
         line: 1,
         column: 1,
@@ -299,7 +305,7 @@ pub fn compile(source: &str) -> Result<Expression, CompileError> {
     };
     check.expr(program.expression())?;
     let (uses, json_reads) = (check.uses, check.json_reads);
-    let cost = within_budget(&program)?;
+    let cost = within_budget(&program, payload_bytes.min(PAYLOAD_MAX_BYTES))?;
     let returns = types::result(program.expression(), &|name| {
         VARIABLES
             .iter()
@@ -318,12 +324,14 @@ pub fn compile(source: &str) -> Result<Expression, CompileError> {
 
 /// Compiles `source` for a field whose value must be one of `wanted` (`what` says so in
 /// words): refused when its result can never be.
+/// `payload_bytes` as for [`compile_for`].
 pub fn compile_returning(
     source: &str,
     wanted: Kinds,
     what: &str,
+    payload_bytes: usize,
 ) -> Result<Expression, CompileError> {
-    let e = compile(source)?;
+    let e = compile_for(source, payload_bytes)?;
     if e.returns.intersects(wanted) {
         return Ok(e);
     }
@@ -348,9 +356,12 @@ fn variable_kinds(kind: &str) -> Kinds {
     }
 }
 
-/// What `program` costs at worst ([`cost`]), or why that is too much.
-fn within_budget(program: &Program) -> Result<Cost, CompileError> {
-    let cost = cost::Estimator::default().expr(program.expression()).cost();
+/// What `program` costs at worst ([`cost`]) on payloads of at most `payload` bytes, or why
+/// that is too much.
+fn within_budget(program: &Program, payload: usize) -> Result<Cost, CompileError> {
+    let cost = cost::Estimator::new(payload)
+        .expr(program.expression())
+        .cost();
     let refuse = |message: String| CompileError {
         line: 1,
         column: 1,
@@ -360,8 +371,9 @@ fn within_budget(program: &Program) -> Result<Cost, CompileError> {
         return Err(refuse(format!(
             "one evaluation may cost an estimated {} steps at worst, over the budget of {COST_BUDGET}: \
              every variable is counted at its largest (a topic of 65,535 bytes and 32,768 levels, \
-             a payload of {PAYLOAD_MAX_BYTES} bytes) and a comprehension multiplies its body's \
-             cost by its range's size; nest fewer comprehensions or range over less",
+             a payload of {payload} bytes) and a comprehension multiplies its body's \
+             cost by its range's size; nest fewer comprehensions or range over less, or declare \
+             smaller payloads (the rule's mqtt.max_message_bytes)",
             cost.steps
         )));
     }
@@ -369,8 +381,9 @@ fn within_budget(program: &Program) -> Result<Cost, CompileError> {
         return Err(refuse(format!(
             "its result may be an estimated {} bytes at worst, over the budget of \
              {RESULT_BUDGET_BYTES}: every variable is counted at its largest (a topic of 65,535 \
-             bytes, a payload of {PAYLOAD_MAX_BYTES} bytes) and concatenations and literals add \
-             their parts; copy fewer of them",
+             bytes, a payload of {payload} bytes) and concatenations and literals add \
+             their parts; copy fewer of them, or declare smaller payloads (the rule's \
+             mqtt.max_message_bytes)",
             cost.result_bytes
         )));
     }
@@ -823,16 +836,23 @@ mod tests {
         ] {
             assert_eq!(returns(source), kinds, "{source}");
         }
-        let e = compile_returning("topic + '/x'", Kinds::BOOL, "a bool").unwrap_err();
+        let e = compile_returning("topic + '/x'", Kinds::BOOL, "a bool", PAYLOAD_MAX_BYTES)
+            .unwrap_err();
         assert_eq!(e.message, "returns a string, never a bool", "{e}");
-        let e = compile_returning("size(topic) + 1", Kinds::STRING, "a string").unwrap_err();
+        let e = compile_returning(
+            "size(topic) + 1",
+            Kinds::STRING,
+            "a string",
+            PAYLOAD_MAX_BYTES,
+        )
+        .unwrap_err();
         assert!(
             e.message
                 .starts_with("returns an int or a uint or a double"),
             "{e}"
         );
         for unknown in ["json.ok", "levels[0] == 'a'", "json.a ? true : json.b"] {
-            compile_returning(unknown, Kinds::BOOL, "a bool").expect(unknown);
+            compile_returning(unknown, Kinds::BOOL, "a bool", PAYLOAD_MAX_BYTES).expect(unknown);
         }
     }
 
@@ -994,7 +1014,9 @@ mod cost_tests {
     /// The estimate without the budget (so that the properties hold beyond it).
     fn estimate(source: &str) -> Cost {
         let program = ENV.compile(source).expect("parses");
-        cost::Estimator::default().expr(program.expression()).cost()
+        cost::Estimator::new(PAYLOAD_MAX_BYTES)
+            .expr(program.expression())
+            .cost()
     }
 
     proptest::proptest! {

@@ -106,6 +106,8 @@ impl LegacyMqtt {
             client_id: self.client_id,
             keep_alive_secs: KEEP_ALIVE_SECS,
             max_inflight: defaults::MAX_INFLIGHT,
+            max_inflight_bytes: defaults::MAX_INFLIGHT_BYTES,
+            max_message_bytes: defaults::MAX_MESSAGE_BYTES,
             username,
             username_file: None,
             password,
@@ -146,6 +148,7 @@ impl LegacyForwarding {
             mqtt: RuleMqtt {
                 topics: vec![self.mqtt.topic],
                 qos: defaults::QOS,
+                max_message_bytes: None,
             },
             filter: None,
             kafka: RuleKafka {

@@ -16,7 +16,7 @@ use crate::config::{
     MqttProtocol, Problem, ProblemKind, Rule, Sasl, SaslMechanism, SchemaFormat, SchemaRegistry,
     Tls, ValueEncoding,
 };
-use crate::config::{KeyStrategy, PayloadFormat};
+use crate::config::{KeyStrategy, MIN_MESSAGE_BYTES, MQTT_PAYLOAD_MAX, PayloadFormat};
 use crate::expr::{self, Expression, Kinds};
 use crate::kafka_props;
 use crate::topic::{TopicFilter, TopicTemplate, is_valid_share_group, validate_kafka_topic};
@@ -121,7 +121,12 @@ fn check(config: &ForwarderConfig) -> (Vec<Problem>, Option<Vec<RuleTopics>>) {
     if let Some(registry) = &config.schema_registry {
         check_schema_registry(&mut p, registry);
     }
-    let topics = check_rules(&mut p, &config.rules, config.schema_registry.is_some());
+    let topics = check_rules(
+        &mut p,
+        &config.rules,
+        config.schema_registry.is_some(),
+        config.mqtt.max_message_bytes,
+    );
     check_retiring(&mut p, config);
     if config.shutdown_timeout_secs > MAX_SHUTDOWN_TIMEOUT_SECS {
         p.add(
@@ -146,6 +151,7 @@ fn check_mqtt(p: &mut Problems, m: &MqttConfig) {
     if m.max_inflight == 0 {
         p.add("mqtt.max_inflight", "must be at least 1");
     }
+    check_sizes(p, m);
     if m.keep_alive_secs != 0 && m.keep_alive_secs < 5 {
         p.add("mqtt.keep_alive_secs", "must be 0 (off) or at least 5");
     }
@@ -163,6 +169,37 @@ fn check_mqtt(p: &mut Problems, m: &MqttConfig) {
         p.add(
             "mqtt.reconnect_min_ms",
             "must be at least 1 and not above mqtt.reconnect_max_ms",
+        );
+    }
+}
+
+/// The window's bytes must hold the largest message, or that message could never be read.
+fn check_sizes(p: &mut Problems, m: &MqttConfig) {
+    if m.max_message_bytes < MIN_MESSAGE_BYTES {
+        p.add(
+            "mqtt.max_message_bytes",
+            format!(
+                "{} is below the smallest accepted ({MIN_MESSAGE_BYTES})",
+                m.max_message_bytes
+            ),
+        );
+    }
+    if m.max_message_bytes as usize > MQTT_PAYLOAD_MAX {
+        p.add(
+            "mqtt.max_message_bytes",
+            format!(
+                "{} is over MQTT's largest packet ({MQTT_PAYLOAD_MAX})",
+                m.max_message_bytes
+            ),
+        );
+    }
+    if m.max_inflight_bytes < u64::from(m.max_message_bytes) {
+        p.add(
+            "mqtt.max_inflight_bytes",
+            format!(
+                "{} is smaller than mqtt.max_message_bytes ({}): the largest message could never be read",
+                m.max_inflight_bytes, m.max_message_bytes
+            ),
         );
     }
 }
@@ -453,7 +490,13 @@ fn check_retiring(p: &mut Problems, config: &ForwarderConfig) {
     }
 }
 
-fn check_rules(p: &mut Problems, rules: &[Rule], has_registry: bool) -> Option<Vec<RuleTopics>> {
+/// `max_message_bytes`: the connection's (`mqtt.max_message_bytes`).
+fn check_rules(
+    p: &mut Problems,
+    rules: &[Rule],
+    has_registry: bool,
+    max_message_bytes: u32,
+) -> Option<Vec<RuleTopics>> {
     if rules.is_empty() {
         p.add("rules", "must contain at least one rule");
     }
@@ -471,7 +514,8 @@ fn check_rules(p: &mut Problems, rules: &[Rule], has_registry: bool) -> Option<V
     for (i, rule) in rules.iter().enumerate() {
         let at = |field: &str| format!("rules[{i}].{field}");
         check_rule_name(p, &at("name"), &rule.name, &mut names);
-        let parsed = check_rule_topics(p, &at, rule);
+        check_rule_size(p, &at("mqtt.max_message_bytes"), rule, max_message_bytes);
+        let parsed = check_rule_topics(p, &at, rule, rule.max_message_bytes(max_message_bytes));
         if rule.kafka.headers.prefix.chars().any(char::is_control) {
             p.add(
                 at("kafka.headers.prefix"),
@@ -506,11 +550,33 @@ fn check_rule_name<'a>(p: &mut Problems, at: &str, name: &'a str, seen: &mut BTr
     }
 }
 
-/// A rule's `mqtt` and `kafka.topic`; its parsed topics when they all parsed.
+/// A rule's own size limit fits between the smallest accepted and the connection's.
+fn check_rule_size(p: &mut Problems, at: &str, rule: &Rule, connection_max: u32) {
+    let Some(max) = rule.mqtt.max_message_bytes else {
+        return;
+    };
+    if max < MIN_MESSAGE_BYTES {
+        p.add(
+            at,
+            format!("{max} is below the smallest accepted ({MIN_MESSAGE_BYTES})"),
+        );
+    } else if max > connection_max {
+        p.add(
+            at,
+            format!(
+                "{max} is over the connection's mqtt.max_message_bytes ({connection_max}): larger messages are never read; raise that instead"
+            ),
+        );
+    }
+}
+
+/// A rule's `mqtt` and `kafka.topic`; its parsed topics when they all parsed. `payload_bytes`:
+/// the largest payload the rule takes, for its expressions' cost.
 fn check_rule_topics(
     p: &mut Problems,
     at: &dyn Fn(&str) -> String,
     rule: &Rule,
+    payload_bytes: u32,
 ) -> Option<RuleTopics> {
     if rule.mqtt.topics.is_empty() {
         p.add(at("mqtt.topics"), "must contain at least one topic filter");
@@ -538,8 +604,9 @@ fn check_rule_topics(
             format!("{} is not an MQTT QoS (0, 1 or 2)", rule.mqtt.qos),
         );
     }
-    let kafka_topic = check_kafka_topic(p, at, rule, &filters);
-    let expressions = check_expressions(p, at, rule);
+    let payload_bytes = payload_bytes as usize;
+    let kafka_topic = check_kafka_topic(p, at, rule, &filters, payload_bytes);
+    let expressions = check_expressions(p, at, rule, payload_bytes);
     Some(RuleTopics {
         filters: filters.into_iter().collect::<Option<_>>()?,
         kafka_topic: kafka_topic?,
@@ -553,12 +620,18 @@ fn check_kafka_topic(
     at: &dyn Fn(&str) -> String,
     rule: &Rule,
     filters: &[Option<TopicFilter>],
+    payload_bytes: usize,
 ) -> Option<KafkaTopic> {
     let k = &rule.kafka;
     match (&k.topic_expression, k.topic.is_empty()) {
-        (Some(source), true) => {
-            compiled(p, &at("kafka.topic_expression"), source, STRING).map(KafkaTopic::Expression)
-        }
+        (Some(source), true) => compiled(
+            p,
+            &at("kafka.topic_expression"),
+            source,
+            STRING,
+            payload_bytes,
+        )
+        .map(KafkaTopic::Expression),
         (Some(_), false) => {
             p.add(
                 at("kafka.topic_expression"),
@@ -597,10 +670,11 @@ fn check_expressions(
     p: &mut Problems,
     at: &dyn Fn(&str) -> String,
     rule: &Rule,
+    payload_bytes: usize,
 ) -> Option<RuleExpressions> {
     let mut ok = true;
     let mut one = |p: &mut Problems, path: String, source: &str, returns: Returns| {
-        let compiled = compiled(p, &path, source, returns);
+        let compiled = compiled(p, &path, source, returns, payload_bytes);
         ok &= compiled.is_some();
         compiled
     };
@@ -649,8 +723,14 @@ const BYTES: Returns = (
 );
 const ANY: Returns = (Kinds::ANY, "a value");
 
-fn compiled(p: &mut Problems, path: &str, source: &str, returns: Returns) -> Option<Expression> {
-    match expr::compile_returning(source, returns.0, returns.1) {
+fn compiled(
+    p: &mut Problems,
+    path: &str,
+    source: &str,
+    returns: Returns,
+    payload_bytes: usize,
+) -> Option<Expression> {
+    match expr::compile_returning(source, returns.0, returns.1, payload_bytes) {
         Ok(e) => Some(e),
         Err(e) => {
             p.0.push(Problem {
@@ -779,6 +859,69 @@ rules:
             "    kafka: { topic: x }\n    filter: \"json.enabled\"\n",
         );
         assert_eq!(parsed(&open).validate(), []);
+    }
+
+    /// The transform of issue 34, about 400 bytes: over the budget for payloads of any size,
+    /// accepted where the rule (or its connection) declares payloads of 2 KiB.
+    const REALISTIC_TRANSFORM: &str = "{'id': json.id, 'room': levels[3], 'labels': json.tags.map(x, x + '!'), 'big': json.vals.filter(v, v > 10), 'doubled': json.vals.map(v, v > 10, v * 2), 'sum_flags': json.flags.exists(f, f == 'alarm'), 'all_ok': json.vals.all(v, v < 1000), 'names': json.items.map(i, i.name), 'first': json.items.map(i, i.ok, i.id), 'count': size(json.vals)}";
+
+    #[test]
+    fn a_rule_that_declares_small_payloads_may_have_a_costlier_transform() {
+        let with = |connection: &str, rule: &str| {
+            TWO_RULES
+                .replace("client_id: c }", &format!("client_id: c{connection} }}"))
+                .replace(
+                    "    mqtt: { topics: [\"x\"] }\n    kafka: { topic: x }\n",
+                    &format!(
+                        "    mqtt: {{ topics: [\"x\"]{rule} }}\n    kafka: {{ topic: x }}\n    payload: {{ transform: \"{REALISTIC_TRANSFORM}\" }}\n"
+                    ),
+                )
+        };
+        let found = |yaml: &str| -> Vec<String> {
+            parsed(yaml)
+                .validate()
+                .iter()
+                .map(ToString::to_string)
+                .collect()
+        };
+        let undeclared = found(&with("", ""));
+        assert_eq!(undeclared.len(), 1, "{undeclared:?}");
+        assert!(
+            undeclared[0].starts_with(
+                "rules[1].payload.transform: does not compile: one evaluation may cost an estimated"
+            ) && undeclared[0].contains("a payload of 262144 bytes")
+                && undeclared[0]
+                    .contains("declare smaller payloads (the rule's mqtt.max_message_bytes)"),
+            "{undeclared:?}"
+        );
+        assert_eq!(
+            found(&with("", ", max_message_bytes: 2048")),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            found(&with(", max_message_bytes: 2048", "")),
+            Vec::<String>::new(),
+            "the connection's limit is every rule's"
+        );
+        // A rule's limit never passes its connection's: larger messages are never read.
+        assert_eq!(
+            found(&with(
+                ", max_message_bytes: 2048",
+                ", max_message_bytes: 4096"
+            )),
+            [
+                "rules[1].mqtt.max_message_bytes: 4096 is over the connection's mqtt.max_message_bytes (2048): larger messages are never read; raise that instead"
+            ]
+        );
+        assert_eq!(
+            found(&TWO_RULES.replace(
+                "client_id: c }",
+                "client_id: c, max_inflight_bytes: 100000 }"
+            )),
+            [
+                "mqtt.max_inflight_bytes: 100000 is smaller than mqtt.max_message_bytes (1048576): the largest message could never be read"
+            ]
+        );
     }
 
     #[test]

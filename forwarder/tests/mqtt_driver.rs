@@ -50,6 +50,8 @@ fn config(
         subscribe_shared: true,
         keep_alive_secs,
         max_inflight: window,
+        max_inflight_bytes: ferry_api::defaults::MAX_INFLIGHT_BYTES,
+        max_message_bytes: ferry_api::defaults::MAX_MESSAGE_BYTES,
         username: None,
         username_file: None,
         password: None,

@@ -261,6 +261,8 @@ fn mqtt_config(m: &crd::MqttEndpoint, shared_group: String, shared: bool) -> Mqt
         subscribe_shared: shared,
         keep_alive_secs: defaults::KEEP_ALIVE_SECS,
         max_inflight: u16::try_from(m.max_inflight).unwrap_or(defaults::MAX_INFLIGHT),
+        max_inflight_bytes: defaults::MAX_INFLIGHT_BYTES,
+        max_message_bytes: defaults::MAX_MESSAGE_BYTES,
         username: None,
         username_file: credentials(keys::MQTT_USERNAME),
         password: None,
@@ -330,6 +332,7 @@ fn rule(fr: &ForwardingRule) -> Rule {
         mqtt: RuleMqtt {
             topics: s.mqtt.topics.iter().map(|t| t.0.clone()).collect(),
             qos: u8::try_from(s.mqtt.qos).unwrap_or(defaults::QOS),
+            max_message_bytes: None,
         },
         filter: s.filter.clone(),
         kafka: RuleKafka {

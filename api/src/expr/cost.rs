@@ -127,9 +127,8 @@ impl Estimate {
     }
 }
 
-/// The worst-case size of each variable, by name.
-pub(super) fn variable(name: &str) -> Estimate {
-    let payload = PAYLOAD_MAX_BYTES as u64;
+/// The worst-case size of each variable, by name, for payloads of at most `payload` bytes.
+pub(super) fn variable(name: &str, payload: u64) -> Estimate {
     match name {
         // Strings and bytes have no elements: CEL does not iterate them.
         "topic" | "contentType" => Estimate::sized(TOPIC_MAX_BYTES, 0, 1),
@@ -158,12 +157,20 @@ struct Bound<'a> {
 }
 
 /// Estimates expression trees that [`super::Check`] accepted.
-#[derive(Default)]
 pub(super) struct Estimator<'a> {
     bound: Vec<Bound<'a>>,
+    /// The largest payload the expression can see, in bytes.
+    payload: u64,
 }
 
 impl<'a> Estimator<'a> {
+    pub(super) fn new(payload_bytes: usize) -> Self {
+        Self {
+            bound: Vec::new(),
+            payload: payload_bytes.min(PAYLOAD_MAX_BYTES) as u64,
+        }
+    }
+
     pub(super) fn expr(&mut self, e: &'a IdedExpr) -> Estimate {
         match &e.expr {
             Expr::Literal(l) => match l {
@@ -216,7 +223,7 @@ impl<'a> Estimator<'a> {
                 part_cost: 0,
                 ..b.estimate
             },
-            None => variable(name),
+            None => variable(name, self.payload),
         }
     }
 
