@@ -139,6 +139,19 @@ pub fn weakens(key: &str, value: &str) -> Option<&'static Weaker> {
 /// producer queue, and every message beyond it waits on a full queue. `0` means no limit.
 pub const QUEUE_MAX_MESSAGES: &str = "queue.buffering.max.messages";
 
+/// librdkafka's queue in kilobytes: Ferry sets it from `mqtt.max_inflight_bytes`.
+pub const QUEUE_MAX_KBYTES: &str = "queue.buffering.max.kbytes";
+
+/// Why a `queue.buffering.max.kbytes` value cannot hold a message of `max_message_bytes`.
+pub fn queue_bytes_too_small(value: &str, max_message_bytes: u32) -> Option<String> {
+    let kbytes = value.parse::<u64>().ok()?;
+    (kbytes.saturating_mul(1024) < u64::from(max_message_bytes)).then(|| {
+        format!(
+            "{kbytes} KiB cannot hold the largest message (mqtt.max_message_bytes, {max_message_bytes} bytes): its records would wait on a full producer queue forever; leave it unset (Ferry sets it from mqtt.max_inflight_bytes) or raise it"
+        )
+    })
+}
+
 /// Why a `queue.buffering.max.messages` value does not fit a window of `max_inflight`.
 pub fn queue_too_small(value: &str, max_inflight: u16) -> Option<String> {
     let n = (!value.is_empty() && value.len() <= 10 && value.bytes().all(|b| b.is_ascii_digit()))

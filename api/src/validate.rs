@@ -114,7 +114,7 @@ impl ForwarderConfig {
 fn check(config: &ForwarderConfig) -> (Vec<Problem>, Option<Vec<RuleTopics>>) {
     let mut p = Problems::default();
     check_mqtt(&mut p, &config.mqtt);
-    check_kafka(&mut p, &config.kafka, config.mqtt.max_inflight);
+    check_kafka(&mut p, &config.kafka, &config.mqtt);
     if let Some(dl) = &config.dead_letter {
         check_dead_letter(&mut p, "dead_letter.topic", dl);
     }
@@ -266,8 +266,8 @@ fn check_session(p: &mut Problems, m: &MqttConfig) {
     }
 }
 
-/// `max_inflight` is the MQTT window the producer queue must hold.
-fn check_kafka(p: &mut Problems, kafka: &KafkaConfig, max_inflight: u16) {
+/// `mqtt`'s window is what the producer queue must hold.
+fn check_kafka(p: &mut Problems, kafka: &KafkaConfig, mqtt: &MqttConfig) {
     if kafka.bootstrap_servers.trim().is_empty() {
         p.add("kafka.bootstrap_servers", "must not be empty");
     } else {
@@ -277,7 +277,7 @@ fn check_kafka(p: &mut Problems, kafka: &KafkaConfig, max_inflight: u16) {
             }
         }
     }
-    check_kafka_properties(p, kafka, max_inflight);
+    check_kafka_properties(p, kafka, mqtt);
     if let Some(tls) = &kafka.tls {
         check_tls(p, "kafka.tls", tls);
     }
@@ -320,7 +320,7 @@ fn check_tls(p: &mut Problems, at: &str, tls: &Tls) {
 }
 
 /// `kafka.config` against [`kafka_props`]: managed, unsupported and weakening properties.
-fn check_kafka_properties(p: &mut Problems, kafka: &KafkaConfig, max_inflight: u16) {
+fn check_kafka_properties(p: &mut Problems, kafka: &KafkaConfig, mqtt: &MqttConfig) {
     for (key, value) in &kafka.config {
         let at = format!("kafka.config.{key}");
         if key == "bootstrap.servers" {
@@ -346,7 +346,12 @@ fn check_kafka_properties(p: &mut Problems, kafka: &KafkaConfig, max_inflight: u
             );
         }
         if key == kafka_props::QUEUE_MAX_MESSAGES
-            && let Some(problem) = kafka_props::queue_too_small(value, max_inflight)
+            && let Some(problem) = kafka_props::queue_too_small(value, mqtt.max_inflight)
+        {
+            p.add(&at, problem);
+        }
+        if key == kafka_props::QUEUE_MAX_KBYTES
+            && let Some(problem) = kafka_props::queue_bytes_too_small(value, mqtt.max_message_bytes)
         {
             p.add(&at, problem);
         }

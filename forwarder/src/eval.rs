@@ -512,6 +512,8 @@ mod tests {
             user_properties: vec![("site".into(), "north".into())],
             epoch: 1,
             subscription_ids: Vec::new(),
+            size: 0,
+            unread: None,
         }
     }
 

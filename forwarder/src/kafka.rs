@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_api::config::{KafkaConfig, Problem, ProblemKind};
+use ferry_api::kafka_props::QUEUE_MAX_KBYTES;
 use rdkafka::ClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -36,6 +37,19 @@ pub const DEFAULTS: &[(&str, &str)] = &[
     ("retry.backoff.max.ms", "5000"),
     ("socket.keepalive.enable", "true"),
 ];
+
+/// librdkafka's queue bounded in bytes by the window's bytes (`mqtt.max_inflight_bytes`),
+/// unless `kafka.config` sets it: its default (1 GiB) would let the records of one window of
+/// large messages, once per target, pass any pod's memory. A full queue holds the records
+/// (`queue_full`), as a full window holds the messages.
+pub fn with_queue_bound(kafka: &KafkaConfig, max_inflight_bytes: u64) -> KafkaConfig {
+    let mut kafka = kafka.clone();
+    kafka
+        .config
+        .entry(QUEUE_MAX_KBYTES.to_owned())
+        .or_insert_with(|| max_inflight_bytes.div_ceil(1024).max(1).to_string());
+    kafka
+}
 
 pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     let mut cc = ClientConfig::new();

@@ -430,6 +430,8 @@ pub struct Metrics {
     /// Received PUBLISHes by QoS (index 0, 1, 2).
     pub received: [Counter; 3],
     pub unmatched: Counter,
+    /// Messages over `mqtt.max_message_bytes`, whose payload was skipped unread.
+    pub unread: Counter,
     pub acked: Counter,
     pub produce_retries: Counter,
     pub inflight: Gauge,
@@ -491,6 +493,11 @@ impl DrainTracker {
         self.unsubscribes_pending.store(0, Ordering::Relaxed);
         *lock(&self.connected_at) = Some(Instant::now());
         self.delivered();
+    }
+    /// Whether the driver took messages at the last turn of its loop (not while its window,
+    /// in messages or bytes, is full).
+    pub fn reading(&self) -> bool {
+        self.reading.load(Ordering::Relaxed)
     }
     /// Whether the driver takes messages now; called on every turn of its loop.
     pub fn set_reading(&self, reading: bool) {
@@ -589,6 +596,7 @@ impl Metrics {
             rules: Mutex::new(Vec::new()),
             received,
             unmatched: Counter::default(),
+            unread: Counter::default(),
             acked: Counter::default(),
             produce_retries: Counter::default(),
             inflight: Gauge::default(),
@@ -695,6 +703,11 @@ impl Metrics {
             "mqtt_unmatched_messages",
             "Messages that matched no rule, or (MQTT 5) copies delivered for a subscription whose rules took the message through another",
             self.unmatched.clone(),
+        );
+        r.register(
+            "mqtt_unread_messages",
+            "Messages over mqtt.max_message_bytes: their payload was skipped on the wire, never held, and they failed on each rule they matched",
+            self.unread.clone(),
         );
         r.register(
             "mqtt_acked_messages",

@@ -11,6 +11,11 @@
 //! PINGREQs, and does not judge the connection by its silence. MQTT 5 also announces the window
 //! as Receive Maximum.
 //!
+//! The window is bounded in bytes too (`max_inflight_bytes`): a PUBLISH whose size would pass
+//! it waits, like one without a slot, unless the window is empty. A PUBLISH over
+//! `max_message_bytes` is never held whole: the driver keeps its topic and properties, skips
+//! its payload as it arrives, and hands the message over marked unread, to fail on its rules.
+//!
 //! Connection epochs: every CONNACK starts a new epoch, and each message carries the epoch it
 //! arrived on. A completion from an earlier epoch is never written: its packet id belonged to a
 //! connection that is gone (a resumed session redelivers the message under the same id; a new
@@ -24,7 +29,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Buf as _, Bytes};
 use ferry_api::config::{MqttConfig, SubscriptionPlan};
 use rand::Rng as _;
 use tokio::sync::mpsc;
@@ -35,7 +40,7 @@ use tracing::{debug, error, info, warn};
 use self::conn::Conn;
 pub use self::conn::ConnError;
 pub use self::wire::WireError;
-use self::wire::{Codec, ConnectFields, Incoming};
+use self::wire::{Codec, ConnectFields, Head, Incoming};
 use crate::metrics::Metrics;
 use crate::tls::{self, TlsSetupError};
 
@@ -69,6 +74,12 @@ pub struct Message {
     /// MQTT 5: the identifiers of the subscriptions it was delivered for
     /// ([`subscription_id`]); empty from MQTT 3.1.1 or a broker without them.
     pub subscription_ids: Vec<u32>,
+    /// What it counts against `mqtt.max_inflight_bytes`, in bytes: its PUBLISH after the
+    /// fixed header (only what was kept of an unread one). Its `Complete` gives it back.
+    pub size: usize,
+    /// Over `mqtt.max_message_bytes`: the size of its PUBLISH after the fixed header. Its
+    /// payload was skipped on the wire, never held (`payload` is empty).
+    pub unread: Option<usize>,
 }
 
 /// The largest MQTT 5 Subscription Identifier.
@@ -88,11 +99,12 @@ pub fn subscription_id(filter: &str) -> u32 {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outbound {
     /// The message is done (in Kafka, or given up): ack it if qos > 0 and `epoch` is current;
-    /// always frees its window slot.
+    /// always frees its window slot and its `size` in bytes.
     Complete {
         epoch: u64,
         qos: u8,
         pkid: u16,
+        bytes: usize,
     },
     Subscribe(Vec<(String, u8)>),
     Unsubscribe(Vec<String>),
@@ -151,6 +163,9 @@ pub fn start(
         to_pipeline,
         outbound: from_pipeline,
         taken: 0,
+        taken_bytes: 0,
+        next_size: None,
+        skipping: 0,
         stalled: None,
         epoch: 0,
         ever_connected: false,
@@ -172,6 +187,10 @@ struct Settings {
     connect: ConnectFields,
     keep_alive: Option<Duration>,
     window: usize,
+    /// `max_inflight_bytes`.
+    window_bytes: usize,
+    /// `max_message_bytes`.
+    max_message: usize,
     reconnect_min: Duration,
     reconnect_max: Duration,
 }
@@ -202,6 +221,8 @@ impl Settings {
             },
             keep_alive: seconds(cfg.keep_alive_secs),
             window: usize::from(cfg.max_inflight.max(1)),
+            window_bytes: usize::try_from(cfg.max_inflight_bytes).unwrap_or(usize::MAX),
+            max_message: cfg.max_message_bytes as usize,
             reconnect_min: Duration::from_millis(cfg.reconnect_min_ms),
             reconnect_max: Duration::from_millis(cfg.reconnect_max_ms),
         }
@@ -220,6 +241,13 @@ struct Driver {
     outbound: mpsc::UnboundedReceiver<Outbound>,
     /// Messages decoded whose `Complete` has not been processed yet: the used window.
     taken: usize,
+    /// Their sizes: the used window in bytes.
+    taken_bytes: usize,
+    /// The size of the PUBLISH at the front of the read buffer while it does not fit the
+    /// window's bytes.
+    next_size: Option<usize>,
+    /// Bytes of an unread PUBLISH still to be skipped as they arrive.
+    skipping: usize,
     /// A decoded message the pipeline channel had no room for yet.
     stalled: Option<Message>,
     /// Counts CONNACKs; 0 before the first.
@@ -317,16 +345,19 @@ impl Driver {
                     if n == 0 {
                         return None;
                     }
-                    let mut dropped = 0;
+                    let (mut dropped, mut bytes) = (0, 0);
                     for item in self.batch.drain(..) {
                         match item {
-                            Outbound::Complete { .. } => dropped += 1,
+                            Outbound::Complete { bytes: size, .. } => {
+                                dropped += 1;
+                                bytes += size;
+                            }
                             // The next connection subscribes to the current list anyway.
                             Outbound::Subscribe(_) => {}
                             Outbound::Unsubscribe(f) => self.unsubscribe_later.extend(f),
                         }
                     }
-                    self.release(dropped);
+                    self.release(dropped, bytes);
                 }
             }
         }
@@ -422,7 +453,7 @@ impl Driver {
                     match (permit, self.stalled.take()) {
                         (Ok(permit), Some(message)) => drop(permit.send(message)),
                         // The pipeline is shutting down: never acked, so it is redelivered.
-                        _ => self.release(1),
+                        (_, stalled) => self.release(1, stalled.map_or(0, |m| m.size)),
                     }
                 }
                 () = tokio::time::sleep_until(ping_at.unwrap_or_else(Instant::now)), if ping_at.is_some() => {
@@ -443,36 +474,79 @@ impl Driver {
         }
     }
 
-    /// Whether the driver may take another message: a free window slot, and a pipeline that
-    /// takes messages.
+    /// Whether the driver may take another message: a free window slot, room in bytes for
+    /// the next PUBLISH when it is known not to fit, and a pipeline that takes messages.
     fn has_room(&self) -> bool {
-        self.taken < self.settings.window && self.stalled.is_none() && !self.to_pipeline.is_closed()
+        self.taken < self.settings.window
+            && self.next_size.is_none_or(|size| self.fits(size))
+            && self.stalled.is_none()
+            && !self.to_pipeline.is_closed()
     }
 
-    fn release(&mut self, slots: usize) {
+    /// Whether a message of `size` bytes fits the window's bytes (any fits an empty window).
+    fn fits(&self, size: usize) -> bool {
+        self.taken == 0 || self.taken_bytes.saturating_add(size) <= self.settings.window_bytes
+    }
+
+    fn release(&mut self, slots: usize, bytes: usize) {
         self.taken = self.taken.saturating_sub(slots);
+        self.taken_bytes = self.taken_bytes.saturating_sub(bytes);
     }
 
     /// Handles the whole packets in the read buffer, up to the first PUBLISH there is no room
-    /// for.
+    /// for; skips what arrived of an unread PUBLISH's payload.
     fn take_buffered(&mut self, s: &mut Session) -> Result<(), ConnError> {
         let codec = self.settings.codec;
         loop {
-            match codec.next_is_publish(&s.conn.read_buf)? {
-                None => return Ok(()),
-                Some(true) if !self.has_room() => return Ok(()),
-                Some(_) => {}
+            let buf = &mut s.conn.read_buf;
+            if self.skipping > 0 {
+                let n = self.skipping.min(buf.len());
+                buf.advance(n);
+                self.skipping -= n;
+                if self.skipping > 0 {
+                    return Ok(());
+                }
             }
-            let Some(packet) = codec.decode(&mut s.conn.read_buf)? else {
+            let Some(head) = Head::read(buf)? else {
                 return Ok(());
             };
-            self.on_packet(packet, s)?;
+            if head.is_publish() {
+                if !self.has_room() {
+                    return Ok(());
+                }
+                if head.remaining > self.settings.max_message {
+                    let Some((message, skip)) = codec.unread_publish(buf, head)? else {
+                        return Ok(());
+                    };
+                    self.skipping = skip;
+                    self.hand_over(message);
+                    continue;
+                }
+                if !self.fits(head.remaining) {
+                    self.next_size = Some(head.remaining);
+                    return Ok(());
+                }
+                self.next_size = None;
+            }
+            let Some(packet) = codec.decode(buf)? else {
+                return Ok(());
+            };
+            self.on_packet(packet, head.remaining, s)?;
         }
     }
 
-    fn on_packet(&mut self, packet: Incoming, s: &mut Session) -> Result<(), ConnError> {
+    /// `size`: the packet's, after its fixed header.
+    fn on_packet(
+        &mut self,
+        packet: Incoming,
+        size: usize,
+        s: &mut Session,
+    ) -> Result<(), ConnError> {
         match packet {
-            Incoming::Publish(p) => self.hand_over(p),
+            Incoming::Publish(mut p) => {
+                p.size = size;
+                self.hand_over(p);
+            }
             // MQTT allows a PUBCOMP for any PUBREL (3.1.1 §4.3.3, 5 §4.3.3): the message went
             // to the pipeline before its PUBREC, so there is nothing left to release. This also
             // answers a PUBREL the broker re-sends after a reconnect.
@@ -495,6 +569,16 @@ impl Driver {
 
     fn hand_over(&mut self, mut message: Message) {
         self.taken += 1;
+        self.taken_bytes += message.size;
+        if let Some(size) = message.unread {
+            self.metrics.unread.inc();
+            warn!(
+                topic = %message.topic,
+                size,
+                max_message_bytes = self.settings.max_message,
+                "a message over mqtt.max_message_bytes: its payload was skipped unread; it fails on its rules"
+            );
+        }
         self.metrics.drain.delivered();
         self.metrics.received[usize::from(message.qos.min(2))].inc();
         message.epoch = self.epoch;
@@ -502,7 +586,7 @@ impl Driver {
             Ok(()) => {}
             Err(TrySendError::Full(message)) => self.stalled = Some(message),
             // The pipeline is shutting down: never acked, so the broker redelivers it.
-            Err(TrySendError::Closed(_)) => self.release(1),
+            Err(TrySendError::Closed(message)) => self.release(1, message.size),
         }
     }
 
@@ -551,11 +635,18 @@ impl Driver {
         let codec = self.settings.codec;
         let mut batch = std::mem::take(&mut self.batch);
         let (mut completed, mut acks, mut stale) = (0usize, 0u64, 0usize);
+        let mut freed = 0usize;
         let mut encoded = Ok(());
         for item in batch.drain(..) {
             let step = match item {
-                Outbound::Complete { epoch, qos, pkid } => {
+                Outbound::Complete {
+                    epoch,
+                    qos,
+                    pkid,
+                    bytes,
+                } => {
                     completed += 1;
+                    freed += bytes;
                     if epoch != self.epoch {
                         stale += 1;
                         Ok(())
@@ -593,7 +684,7 @@ impl Driver {
             Err(e) => Err(e),
         };
         // Written, or the connection is gone and these ids with it: either way the slots are free.
-        self.release(completed);
+        self.release(completed, freed);
         if written.is_ok() {
             self.metrics.acked.inc_by(acks);
         }

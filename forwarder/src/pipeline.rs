@@ -911,6 +911,7 @@ impl Pipeline {
             epoch: done.message.epoch,
             qos: done.message.qos,
             pkid: done.message.pkid,
+            bytes: done.message.size,
         });
     }
 
@@ -1098,6 +1099,16 @@ fn judge(
     let mut verdicts = Vec::new();
     for Routed { target, matched } in routed {
         let target = Arc::clone(target);
+        if let Some(error) = too_large(message, &target) {
+            // Before any expression: its rules declared they never see such a message.
+            legs.push(Leg {
+                target,
+                matched: matched.clone(),
+                sent_at: now,
+                evaluated: Some(Box::new(Evaluated::failed(error))),
+            });
+            continue;
+        }
         if !target.evaluates {
             legs.push(Leg {
                 target,
@@ -1145,6 +1156,26 @@ fn judge(
         }
     }
     Some(Judged { legs, verdicts })
+}
+
+/// A message over its target's rules' `mqtt.max_message_bytes`, or one the driver did not
+/// read (over the connection's): it fails on those rules, as a record Kafka cannot take.
+fn too_large(message: &Message, target: &Target) -> Option<EvalError> {
+    if let Some(size) = message.unread {
+        return Some(EvalError {
+            reason: PermanentReason::TooLarge,
+            message: format!(
+                "the MQTT message is {size} bytes, over the connection's mqtt.max_message_bytes: its payload was skipped unread and is not in this record"
+            ),
+        });
+    }
+    (message.size > target.max_message_bytes).then(|| EvalError {
+        reason: PermanentReason::TooLarge,
+        message: format!(
+            "the MQTT message is {} bytes, over its rule's mqtt.max_message_bytes ({})",
+            message.size, target.max_message_bytes
+        ),
+    })
 }
 
 /// What the targets a message was routed to read of `json`, together: only what its own
@@ -1362,6 +1393,8 @@ rules:
             user_properties: Vec::new(),
             epoch: 1,
             subscription_ids: Vec::new(),
+            size: 0,
+            unread: None,
         };
         let mut routed = Vec::new();
         router.route(&message.topic, &[], &mut routed);

@@ -234,6 +234,8 @@ mod tests {
             content_type: None,
             user_properties: vec![("trace".into(), "t1".into())],
             subscription_ids: Vec::new(),
+            size: 0,
+            unread: None,
             epoch: 1,
         }
     }

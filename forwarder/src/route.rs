@@ -39,6 +39,9 @@ pub struct Target {
     pub static_topic: Option<Arc<str>>,
     pub dead_letter: Option<Arc<str>>,
     pub on_unwritable: OnUnwritable,
+    /// Its rules' largest message (their `mqtt.max_message_bytes`, else the connection's), in
+    /// bytes of PUBLISH after the fixed header.
+    pub max_message_bytes: usize,
     /// The rules that lead here, for per-rule counters.
     pub rules: Vec<Arc<RuleStats>>,
     /// Each rule's `filter`, aligned with `rules`.
@@ -182,6 +185,7 @@ struct TargetKey<'a> {
     headers: &'a Headers,
     dead_letter: Option<Arc<str>>,
     on_unwritable: OnUnwritable,
+    max_message_bytes: u32,
     value: Option<&'a ValueEncoding>,
 }
 
@@ -233,6 +237,7 @@ impl Router {
                 headers: &rule.kafka.headers,
                 dead_letter: dead_letter.clone(),
                 on_unwritable: rule.on_unwritable,
+                max_message_bytes: rule.max_message_bytes(config.mqtt.max_message_bytes),
                 value: rule.kafka.value.as_ref(),
             };
             let filter = parsed.expressions.filter.clone();
@@ -251,7 +256,16 @@ impl Router {
                         });
                         Arc::clone(&slots[at])
                     });
-                    targets.push(target(rule, parsed, dead_letter, &rules[i], filter, value));
+                    let limit = key.max_message_bytes as usize;
+                    targets.push(target(
+                        rule,
+                        parsed,
+                        dead_letter,
+                        &rules[i],
+                        filter,
+                        value,
+                        limit,
+                    ));
                     by_key.insert(key, targets.len() - 1);
                     targets.len() - 1
                 }
@@ -402,6 +416,7 @@ fn target(
     stats: &Arc<RuleStats>,
     filter: Option<Expression>,
     value: Option<Arc<SchemaSlot>>,
+    max_message_bytes: usize,
 ) -> Target {
     let static_topic = match &parsed.kafka_topic {
         KafkaTopic::Template(t) => t.as_static().map(Arc::from),
@@ -416,6 +431,7 @@ fn target(
         static_topic,
         dead_letter,
         on_unwritable: rule.on_unwritable,
+        max_message_bytes,
         rules: vec![Arc::clone(stats)],
         filters: vec![filter],
         evaluates: false,
@@ -806,6 +822,8 @@ rules:
             content_type: Some("application/json".into()),
             user_properties: vec![("trace".into(), "abc".into())],
             subscription_ids: Vec::new(),
+            size: 0,
+            unread: None,
         };
         let pairs = |plan: &HeaderPlan| {
             let mut out = Vec::new();

@@ -97,6 +97,7 @@ impl Driver {
             epoch: m.epoch,
             qos: m.qos,
             pkid: m.pkid,
+            bytes: m.size,
         });
     }
 
@@ -551,6 +552,7 @@ async fn kill_mid_stream(
                 epoch: m.epoch,
                 qos: m.qos,
                 pkid: m.pkid,
+                bytes: m.size,
             });
             if seen.len() == kill_at {
                 abort.abort();
@@ -696,6 +698,113 @@ async fn a_completion_from_an_earlier_connection_is_never_written_and_frees_its_
         );
         eprintln!(
             "{protocol:?}: {window} stale completions dropped, {window} acks on the new connection"
+        );
+    }
+    Ok(())
+}
+
+/// Waits until the driver wrote `acked` acks in all and stopped taking messages (its window is
+/// full), then returns what it handed over: nothing more can come before another completion.
+async fn taken_until_full(d: &mut Driver, acked: u64) -> Result<Vec<Message>> {
+    let mut got = Vec::new();
+    wait_until_async(
+        "the window full",
+        Duration::from_secs(10),
+        DRIVER_POLL,
+        || {
+            while let Ok(m) = d.inbound.try_recv() {
+                got.push(m);
+            }
+            d.metrics.acked.get() == acked && !d.metrics.drain.reading()
+        },
+    )
+    .await
+    .with_context(|| {
+        let topics: Vec<&str> = got.iter().map(|m| m.topic.as_str()).collect();
+        format!(
+            "acked {} (waiting for {acked}), reading {}, taken {topics:?}",
+            d.metrics.acked.get(),
+            d.metrics.drain.reading()
+        )
+    })?;
+    while let Ok(m) = d.inbound.try_recv() {
+        got.push(m);
+    }
+    Ok(got)
+}
+
+/// The window in bytes, and a message over `max_message_bytes` read without its payload: a
+/// 2 MiB message is handed over unread (topic kept, payload empty) on a connection that stays
+/// up, and messages of 50 KiB are taken while their bytes fit 128 KiB, then one per freed one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_window_is_bounded_in_bytes_and_an_oversized_message_is_skipped_unread() -> Result<()> {
+    const KIB: usize = 1024;
+    for protocol in BOTH {
+        let broker = Mosquitto::start()?;
+        let id = format!("bytes-{protocol:?}");
+        let mut cfg = config(broker.port(), &id, protocol, 100, 30);
+        cfg.max_message_bytes = 64 * KIB as u32;
+        cfg.max_inflight_bytes = 128 * KIB as u64;
+        let mut d = Driver::start(&cfg, "size/#", 1)?;
+        d.wait_subscribed(Duration::from_secs(10)).await?;
+        let mut messages = vec![("size/big".to_owned(), vec![b'x'; 2048 * KIB])];
+        messages.extend((0..6u8).map(|i| (format!("size/mid/{i}"), vec![b'0' + i; 50 * KIB])));
+        ferry_e2e::publish(broker.port(), "size-pub", QoS::AtLeastOnce, messages).await?;
+
+        // The unread one counts only its topic: with it, two of 50 KiB fit 128 KiB, a third not.
+        let first = taken_until_full(&mut d, 0).await?;
+        let topics: Vec<&str> = first.iter().map(|m| m.topic.as_str()).collect();
+        ensure!(
+            topics == ["size/big", "size/mid/0", "size/mid/1"],
+            "{protocol:?}: taken before any completion: {topics:?}"
+        );
+        let big = &first[0];
+        ensure!(
+            big.payload.is_empty() && big.unread.is_some_and(|n| n > 2048 * KIB) && big.size < KIB,
+            "{protocol:?}: the big one unread: {:?} {}",
+            big.unread,
+            big.size
+        );
+        ensure!(first[1].payload.len() == 50 * KIB && first[1].unread.is_none());
+        // Completing the unread one frees too little for a third 50 KiB message.
+        d.complete(big);
+        let none = taken_until_full(&mut d, 1).await?;
+        ensure!(
+            none.is_empty(),
+            "{protocol:?}: took {} after freeing the unread one",
+            none.len()
+        );
+        // Each completed 50 KiB message lets exactly one more in (the last one finds the
+        // session empty, so the window never fills again).
+        let mut seen = first;
+        let mut outstanding: Vec<Message> = seen[1..].to_vec();
+        for n in 2..6u64 {
+            d.complete(&outstanding.remove(0));
+            let next = if n < 5 {
+                taken_until_full(&mut d, n).await?
+            } else {
+                d.recv(1, Duration::from_secs(10)).await?
+            };
+            ensure!(
+                next.len() == 1 && next[0].topic == format!("size/mid/{n}"),
+                "{protocol:?}: after one completion: {:?}",
+                next.iter().map(|m| &m.topic).collect::<Vec<_>>()
+            );
+            outstanding.extend(next.iter().cloned());
+            seen.extend(next);
+        }
+        for m in &outstanding {
+            d.complete(m);
+        }
+        ensure!(
+            seen.iter().all(|m| m.epoch == 1) && d.metrics.unread.get() == 1,
+            "{protocol:?}: one unread message, on a connection that stayed up"
+        );
+        ensure!(matches!(d.finish().await?, ReaderExit::Disconnected));
+        ensure!(
+            held_for(broker.port(), &id, protocol, "size")
+                .await?
+                .is_empty()
         );
     }
     Ok(())

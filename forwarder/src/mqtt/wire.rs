@@ -1,7 +1,7 @@
 //! MQTT 3.1.1 and 5 on the wire, through rumqttc's packet codec: what the driver sends and the
 //! few shapes of what it receives, whatever the protocol version.
 
-use bytes::BytesMut;
+use bytes::{Buf as _, BufMut as _, BytesMut};
 use ferry_api::config::MqttProtocol;
 use rumqttc::mqttbytes::{self as mb, v4};
 use rumqttc::v5::mqttbytes::{self as mb5, v5};
@@ -12,6 +12,77 @@ use super::Message;
 /// otherwise drop the connection, be redelivered, and wedge the session); Kafka's size limit is
 /// handled as a permanent produce failure instead.
 pub const MAX_PACKET_SIZE: usize = 268_435_455;
+
+/// MQTT 5 properties of an unread message are kept up to this size (its subscription
+/// identifiers route it); larger ones are skipped with its payload.
+const UNREAD_PROPERTIES_MAX: usize = 64 * 1024;
+
+/// The fixed header of the next packet, read before the packet is whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head {
+    byte1: u8,
+    /// Bytes of the fixed header.
+    len: usize,
+    /// Bytes after the fixed header: variable header and payload.
+    pub remaining: usize,
+}
+
+impl Head {
+    /// Reads the fixed header at the front of `buf` (None: not all of it has arrived).
+    pub fn read(buf: &[u8]) -> Result<Option<Self>, WireError> {
+        let Some(&byte1) = buf.first() else {
+            return Ok(None);
+        };
+        match varint(&buf[1..])? {
+            Some((n, remaining)) => Ok(Some(Self {
+                byte1,
+                len: 1 + n,
+                remaining,
+            })),
+            None => Ok(None),
+        }
+    }
+
+    pub fn is_publish(&self) -> bool {
+        self.byte1 >> 4 == 3
+    }
+
+    fn qos(&self) -> u8 {
+        (self.byte1 >> 1) & 0b11
+    }
+
+    fn frame(&self) -> usize {
+        self.len + self.remaining
+    }
+}
+
+/// MQTT's variable byte integer at the front of `buf`: (its length, its value); None when it
+/// has not all arrived.
+fn varint(buf: &[u8]) -> Result<Option<(usize, usize)>, WireError> {
+    let mut value = 0usize;
+    for (i, &b) in buf.iter().take(4).enumerate() {
+        value |= usize::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return Ok(Some((i + 1, value)));
+        }
+    }
+    if buf.len() >= 4 {
+        return Err(WireError("malformed variable byte integer".into()));
+    }
+    Ok(None)
+}
+
+fn put_varint(mut value: usize, out: &mut BytesMut) {
+    loop {
+        let byte = (value & 0x7f) as u8;
+        value >>= 7;
+        if value == 0 {
+            out.put_u8(byte);
+            return;
+        }
+        out.put_u8(byte | 0x80);
+    }
+}
 
 /// A packet the broker sent that could not be framed or decoded.
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +152,68 @@ impl Codec {
             Err(mb::Error::InsufficientBytes(_)) => Ok(None),
             Err(e) => Err(WireError(e.to_string())),
         }
+    }
+
+    /// Takes the front of the PUBLISH at the front of `buf` (`head`) without its payload: the
+    /// message as it would decode with an empty payload, marked unread, and how many bytes of
+    /// the packet are still to be skipped past what was taken off `buf`. None: its variable
+    /// header has not all arrived. Never waits for (or keeps) the payload.
+    pub fn unread_publish(
+        &self,
+        buf: &mut BytesMut,
+        head: Head,
+    ) -> Result<Option<(Message, usize)>, WireError> {
+        let start = head.len;
+        let Some(topic_len) = buf.get(start..start + 2) else {
+            return Ok(None);
+        };
+        let topic_len = usize::from(u16::from_be_bytes([topic_len[0], topic_len[1]]));
+        let fixed_end = start + 2 + topic_len + if head.qos() > 0 { 2 } else { 0 };
+        // The properties to keep (MQTT 5), as written: their length and the properties.
+        let mut properties: &[u8] = &[];
+        let mut kept_end = fixed_end;
+        if self.v5 {
+            let Some((n, len)) = buf.get(fixed_end..).map(varint).transpose()?.flatten() else {
+                return Ok(None);
+            };
+            if len <= UNREAD_PROPERTIES_MAX {
+                kept_end = fixed_end + n + len;
+                let Some(kept) = buf.get(fixed_end..kept_end) else {
+                    return Ok(None);
+                };
+                properties = kept;
+            }
+        }
+        if kept_end > head.frame() {
+            return Err(WireError(
+                "a PUBLISH's variable header is longer than the packet".into(),
+            ));
+        }
+        let Some(variable) = buf.get(start..fixed_end) else {
+            return Ok(None);
+        };
+        let mut front = BytesMut::with_capacity(kept_end + 5);
+        front.put_u8(head.byte1);
+        let front_len = variable.len() + if self.v5 { properties.len().max(1) } else { 0 };
+        put_varint(front_len, &mut front);
+        front.extend_from_slice(variable);
+        if self.v5 {
+            if properties.is_empty() {
+                front.put_u8(0);
+            } else {
+                front.extend_from_slice(properties);
+            }
+        }
+        let Some(Incoming::Publish(mut message)) = self.decode(&mut front)? else {
+            return Err(WireError(
+                "a PUBLISH's variable header does not decode".into(),
+            ));
+        };
+        message.size = front_len;
+        message.unread = Some(head.remaining);
+        let taken = head.frame().min(buf.len());
+        buf.advance(taken);
+        Ok(Some((message, head.frame() - taken)))
     }
 
     /// Decodes the next whole packet off the front of `buf` (None: not whole yet).
@@ -268,6 +401,8 @@ fn from_v4(packet: v4::Packet) -> Incoming {
             user_properties: Vec::new(),
             epoch: 0,
             subscription_ids: Vec::new(),
+            size: 0,
+            unread: None,
         }),
         P::PubRel(r) => Incoming::PubRel(r.pkid),
         P::SubAck(a) => Incoming::SubAck {
@@ -322,6 +457,8 @@ fn from_v5(packet: v5::Packet) -> Incoming {
                     .iter()
                     .filter_map(|id| u32::try_from(*id).ok())
                     .collect(),
+                size: 0,
+                unread: None,
             })
         }
         P::PubRel(r) => Incoming::PubRel(r.pkid),
@@ -398,6 +535,97 @@ mod tests {
             v4::Packet::Publish(p).write(&mut buf, 100).expect("encode");
         }
         buf
+    }
+
+    /// A PUBLISH of `payload` bytes on `t/big`, followed by a small one on `t/next`; MQTT 5
+    /// with a subscription identifier and a user property, which an unread message keeps.
+    fn big_then_small(protocol: MqttProtocol, payload: usize) -> BytesMut {
+        let mut buf = BytesMut::new();
+        if matches!(protocol, MqttProtocol::V5) {
+            let props = v5::PublishProperties {
+                subscription_identifiers: vec![42],
+                user_properties: vec![("k".into(), "v".into())],
+                ..Default::default()
+            };
+            let mut big = v5::Publish::new(
+                "t/big",
+                mb5::QoS::AtLeastOnce,
+                vec![7u8; payload],
+                Some(props),
+            );
+            big.pkid = 9;
+            v5::Packet::Publish(big)
+                .write(&mut buf, None)
+                .expect("encode");
+            let mut small = v5::Publish::new("t/next", mb5::QoS::AtLeastOnce, "s", None);
+            small.pkid = 10;
+            v5::Packet::Publish(small)
+                .write(&mut buf, None)
+                .expect("encode");
+        } else {
+            let mut big = v4::Publish::new("t/big", mb::QoS::AtLeastOnce, vec![7u8; payload]);
+            big.pkid = 9;
+            v4::Packet::Publish(big)
+                .write(&mut buf, usize::MAX)
+                .expect("encode");
+            let mut small = v4::Publish::new("t/next", mb::QoS::AtLeastOnce, "s");
+            small.pkid = 10;
+            v4::Packet::Publish(small)
+                .write(&mut buf, 100)
+                .expect("encode");
+        }
+        buf
+    }
+
+    /// Fed a byte at a time, as the socket may deliver it: the unread message is known as soon
+    /// as its variable header is in, the buffer never holds more than that plus one read, and
+    /// the packet after it decodes whole.
+    #[test]
+    fn an_unread_publish_keeps_its_topic_and_properties_and_skips_its_payload() {
+        for protocol in [MqttProtocol::V311, MqttProtocol::V5] {
+            let codec = Codec::new(protocol);
+            let wire = big_then_small(protocol, 300_000);
+            let mut buf = BytesMut::new();
+            let mut fed = 0;
+            let (message, skip) = loop {
+                buf.extend_from_slice(&wire[fed..fed + 1]);
+                fed += 1;
+                let head = Head::read(&buf).expect("head");
+                let Some(head) = head else { continue };
+                assert!(head.is_publish() && head.remaining > 300_000);
+                if let Some(unread) = codec.unread_publish(&mut buf, head).expect("decodes") {
+                    break unread;
+                }
+            };
+            assert!(
+                fed < 100,
+                "{protocol:?}: took {fed} bytes before the payload"
+            );
+            assert!(buf.is_empty());
+            assert_eq!(
+                (message.topic.as_str(), message.pkid, message.qos),
+                ("t/big", 9, 1)
+            );
+            assert!(message.payload.is_empty());
+            assert_eq!(message.unread.map(|n| n > 300_000), Some(true));
+            assert!(message.size < 100);
+            if matches!(protocol, MqttProtocol::V5) {
+                assert_eq!(message.subscription_ids, [42]);
+                assert_eq!(message.user_properties, [("k".to_owned(), "v".to_owned())]);
+            }
+            // The rest of the packet is skipped as it arrives: what follows is the next one.
+            buf.extend_from_slice(&wire[fed + skip..]);
+            match codec.decode(&mut buf) {
+                Ok(Some(Incoming::Publish(p))) => {
+                    assert_eq!(
+                        (p.topic.as_str(), p.pkid, &p.payload[..]),
+                        ("t/next", 10, &b"s"[..])
+                    );
+                }
+                _ => panic!("{protocol:?}: the next packet does not decode"),
+            }
+            assert!(buf.is_empty());
+        }
     }
 
     #[test]
