@@ -200,6 +200,8 @@ fn evaluation_cost(rule: ExprRule, size: usize) -> Result<EvaluationCost> {
             user_properties: Vec::new(),
             epoch: 1,
             subscription_ids: Vec::new(),
+            size: 0,
+            unread: None,
         })
         .collect();
     // Shared as the pipeline shares a target's: one reference count per message.

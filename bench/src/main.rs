@@ -10,6 +10,7 @@
 mod encode;
 mod encodings;
 mod expressions;
+mod flood;
 mod load;
 mod operator;
 mod plot;
@@ -565,8 +566,9 @@ fn main() -> Result<()> {
             );
         }
     }
-    const SECTIONS: [&str; 9] = [
+    const SECTIONS: [&str; 10] = [
         "drains",
+        "flood",
         "expressions",
         "encodings",
         "lowrate",
@@ -685,6 +687,9 @@ fn forwarder_sections(args: &Args, forwarder_bin: PathBuf, report: &mut Report) 
     let window = args.window;
     if wanted("drains") {
         drains(&mut bench, window, report)?;
+    }
+    if wanted("flood") {
+        report.floods = flood::run(&mut bench)?;
     }
     if wanted("expressions") {
         expressions::run(&mut bench, window, report)?;
@@ -823,6 +828,7 @@ fn merge(out: &Path, ran: Report, only: &[String]) -> Result<Report> {
     for section in only {
         match section.as_str() {
             "drains" => merged.drains = ran.drains.clone(),
+            "flood" => merged.floods = ran.floods.clone(),
             "expressions" => {
                 merged.expressions = ran.expressions.clone();
                 merged.evaluation = ran.evaluation.clone();

@@ -722,6 +722,9 @@ pub struct Report {
     pub messages: u64,
     pub took_seconds: f64,
     pub drains: Vec<Drain>,
+    /// The flood section, if it ran.
+    #[serde(default)]
+    pub floods: Vec<crate::flood::Flood>,
     #[serde(default)]
     pub expressions: Vec<ExpressionDrain>,
     #[serde(default)]
@@ -787,6 +790,7 @@ impl Report {
         self.low_rate_table(&mut s);
         self.targets(&mut s);
         self.drain_table(&mut s);
+        crate::flood::table(&self.floods, &mut s);
         self.expression_table(&mut s);
         if let Some(e) = &self.encodings {
             e.section(&mut s);
@@ -862,6 +866,7 @@ impl Report {
             peak,
             verdict(peak <= 32.0)
         );
+        crate::flood::target_row(&self.floods, s);
         let (lost, out_of_order) = self.lost_and_out_of_order();
         let _ = writeln!(
             s,
@@ -974,7 +979,8 @@ impl Report {
             );
         let lost = drains.clone().map(|d| d.lost).sum::<u64>()
             + self.latencies.iter().map(|l| l.lost).sum::<u64>()
-            + self.low_rates.iter().map(|l| l.lost).sum::<u64>();
+            + self.low_rates.iter().map(|l| l.lost).sum::<u64>()
+            + self.floods.iter().map(|f| f.lost).sum::<u64>();
         (lost, drains.map(|d| d.out_of_order).sum())
     }
 

@@ -164,6 +164,80 @@ fn only_the_oversized_messages_of_a_mixed_stream_leave_the_normal_path() {
     );
 }
 
+/// `"<mqtt topic>:<n>|"` and `size` bytes in all (filler after the id).
+fn sized(mqtt_topic: &str, n: usize, size: usize) -> Vec<u8> {
+    let mut p = format!("{mqtt_topic}:{n}|").into_bytes();
+    p.resize(size.max(p.len()), b'.');
+    p
+}
+
+/// One tenant floods its rule with large messages: those over `mqtt.max_message_bytes` (the
+/// default, 1 MiB) are skipped unread and dead-lettered with the reason and without the payload;
+/// those under it, which the window holds by bytes, all land in Kafka; and the neighbour rule's
+/// small messages, published in between, all land, once and in order, without waiting on them.
+#[test]
+fn a_flood_of_large_messages_fails_only_the_oversized_ones_and_the_neighbour_flows() {
+    const MIB: usize = 1024 * 1024;
+    let brokers = Brokers::start();
+    let rt = runtime();
+    for t in ["flood.big", "flood.dlq", "flood.small"] {
+        rt.block_on(brokers.kafka.create_topic(t, 1)).expect("topic");
+    }
+    let rules = "  - name: bad\n    mqtt: { topics: [\"big/+\"] }\n    kafka: { topic: flood.big }\n    dead_letter: { topic: flood.dlq }\n\
+                 \x20 - name: good\n    mqtt: { topics: [\"small/+\"] }\n    kafka: { topic: flood.small }\n";
+    let mut fwd = Forwarder::start(&brokers.config("ferry-flood", rules));
+    fwd.wait_ready(Duration::from_secs(30));
+    let (rounds, small_per_round) = (40, 25);
+    let (mut msgs, mut over, mut under, mut small) = (Vec::new(), BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
+    for n in 0..rounds {
+        // Over the limit (2 MiB), then under it (900 KiB, within Kafka's default 1 MB record).
+        let topic = "big/over".to_owned();
+        msgs.push((topic.clone(), sized(&topic, n, 2 * MIB)));
+        over.insert((topic, n));
+        let topic = "big/under".to_owned();
+        msgs.push((topic.clone(), sized(&topic, n, 900 * 1024)));
+        under.insert((topic, n));
+        for k in 0..small_per_round {
+            let topic = format!("small/{}", k % 5);
+            let i = n * small_per_round + k;
+            msgs.push((topic.clone(), sized(&topic, i, 100)));
+            small.insert((topic, i));
+        }
+    }
+    let total = msgs.len();
+    brokers.publish_acked(&fwd, "pub-flood", msgs, total, Duration::from_secs(120));
+    let read = |topic: &str, n: usize| {
+        brokers.read(topic, n, Duration::from_secs(2), Duration::from_secs(60))
+    };
+    assert_exactly_in_order("flood.small", &ids(&read("flood.small", small.len())), &small);
+    assert_exactly_in_order("flood.big", &ids(&read("flood.big", under.len())), &under);
+    let dead = read("flood.dlq", over.len());
+    assert_eq!(dead.len(), over.len(), "one dead letter per oversized message");
+    for record in &dead {
+        assert!(record.value.is_empty(), "a dead letter without the unread payload");
+        let error = record
+            .headers
+            .iter()
+            .find(|(k, _)| k == "ferry.error")
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default();
+        assert!(
+            error.contains("over the connection's mqtt.max_message_bytes"),
+            "the reason, in ferry.error: {error:?}"
+        );
+    }
+    let status = fwd.status().expect("status");
+    let bad = status.rule("bad").expect("rule bad");
+    assert_eq!(bad.dead_lettered, rounds as u64);
+    let good = status.rule("good").expect("rule good");
+    assert!(good.blocked_by.is_none() && good.held.is_none(), "good is not held: {good:?}");
+    assert_eq!(fwd.metric("ferry_mqtt_unread_messages_total"), rounds as f64);
+    eprintln!(
+        "flood: {rounds} of 2 MiB dead-lettered unread, {rounds} of 900 KiB and {} small forwarded",
+        small.len()
+    );
+}
+
 /// A compacted topic refuses a record without a key (INVALID_RECORD), and with it the whole
 /// batch the record was in. Two rules: `born` writes to a topic compacted from the start (the
 /// forwarder learns it and sends a keyless record alone), `live` to one made compacted after
