@@ -42,6 +42,13 @@ pub struct ForwarderConfig {
     /// `on_unwritable` says.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetter>,
+    /// How long, in seconds, a rule's records may wait on their topic for a reason of the
+    /// rule's own (authorization, an unknown topic, a schema not available) before they go to
+    /// the rule's dead-letter topic, with the reason, so that the rules sharing the forwarder
+    /// move on; for every rule without its own. 0: as long as it takes. Without a dead-letter
+    /// topic they wait on, shown on every rule they hold. Outages never count.
+    #[serde(default = "default_stall_budget_secs")]
+    pub stall_budget_secs: u64,
     #[serde(default)]
     pub log: LogConfig,
     /// Client ids of replicas that are leaving for good. A forwarder whose `mqtt.client_id` is
@@ -240,6 +247,13 @@ impl ForwarderConfig {
     /// The dead-letter topic of a rule: its own, else the top-level one.
     pub fn dead_letter_of<'a>(&'a self, rule: &'a Rule) -> Option<&'a DeadLetter> {
         rule.dead_letter.as_ref().or(self.dead_letter.as_ref())
+    }
+
+    /// How long `rule`'s records may wait on their topic for a reason of the rule's own before
+    /// they take its dead-letter topic; `None`: as long as it takes.
+    pub fn stall_budget_of(&self, rule: &Rule) -> Option<std::time::Duration> {
+        let secs = rule.stall_budget_secs.unwrap_or(self.stall_budget_secs);
+        (secs > 0).then(|| std::time::Duration::from_secs(secs))
     }
 }
 
@@ -479,6 +493,9 @@ pub struct Rule {
     /// topic name, rejected as invalid) when no dead-letter topic took it.
     #[serde(default)]
     pub on_unwritable: OnUnwritable,
+    /// Overrides the top-level `stall_budget_secs` for this rule.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall_budget_secs: Option<u64>,
 }
 
 impl Rule {
@@ -642,6 +659,9 @@ fn default_max_inflight_bytes() -> u64 {
 }
 fn default_max_message_bytes() -> u32 {
     defaults::MAX_MESSAGE_BYTES
+}
+fn default_stall_budget_secs() -> u64 {
+    defaults::STALL_BUDGET_SECS
 }
 fn default_reconnect_min_ms() -> u64 {
     defaults::RECONNECT_MIN_MS

@@ -22,6 +22,11 @@ pub const RECONNECT_MAX_MS: u64 = 10_000;
 pub const QOS: u8 = 1;
 /// `rules[].kafka.headers.prefix`.
 pub const HEADER_PREFIX: &str = "mqtt.";
+/// `stall_budget_secs`: five minutes. Long enough for a fix in the usual course (a topic
+/// created by a GitOps sync, an ACL granted during a rollout) to land before anything goes to
+/// a dead-letter topic; short enough that one tenant's missing topic stops its neighbours for
+/// minutes, not until someone notices.
+pub const STALL_BUDGET_SECS: u64 = 300;
 /// `shutdown_timeout_secs`.
 pub const SHUTDOWN_TIMEOUT_SECS: u64 = 30;
 /// `log.level`.

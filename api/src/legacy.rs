@@ -84,6 +84,7 @@ impl LegacyConfig {
             http: HttpConfig::default(),
             shutdown_timeout_secs: defaults::SHUTDOWN_TIMEOUT_SECS,
             dead_letter: None,
+            stall_budget_secs: defaults::STALL_BUDGET_SECS,
             log: LogConfig::default(),
             drain: Vec::new(),
             retiring: Vec::new(),
@@ -167,6 +168,7 @@ impl LegacyForwarding {
             // The replaced forwarder crash-looped on such a message: holding it is the same
             // guarantee without the crash.
             on_unwritable: Default::default(),
+            stall_budget_secs: None,
         }
     }
 }

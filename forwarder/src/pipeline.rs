@@ -34,6 +34,10 @@ use crate::window::{
     TargetRef, TargetSpec, Window,
 };
 
+/// How often records waiting on a refusing topic are checked against their stall budget
+/// (`Window::expire_stalled`), while any waits: the precision of the budget.
+const STALL_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
 /// How often rules' `held` and `blocked_by` are brought up to date while any record is held.
 const HOLDS_REPORT_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -150,6 +154,8 @@ pub struct Pipeline {
     holds_reported: Option<Instant>,
     /// A record was held or released since the last report.
     holds_changed: bool,
+    /// When records were last checked against their stall budget.
+    stalls_checked: Instant,
     /// The producer's `message.max.bytes`: what a record's expressions may build.
     record_max_bytes: usize,
     /// The target topics' `max.message.bytes`, as far as learned.
@@ -212,6 +218,7 @@ impl Pipeline {
             scratch: Vec::new(),
             holds_reported: None,
             holds_changed: false,
+            stalls_checked: Instant::now(),
             record_max_bytes,
             limits: TopicLimits::new(record_max_bytes),
             limit_asks,
@@ -246,6 +253,10 @@ impl Pipeline {
             let replace_at = self.replace_at;
             let retry_at = self.window.next_deadline().map(Instant::from_std);
             let holds_at = self.holds_reported.map(|at| at + HOLDS_REPORT_INTERVAL);
+            let stalls_at = self
+                .window
+                .is_waiting()
+                .then(|| self.stalls_checked + STALL_CHECK_INTERVAL);
             let has_room = self.window.len() < self.max_inflight;
             tokio::select! {
                 biased;
@@ -273,6 +284,10 @@ impl Pipeline {
                 }
                 _ = tokio::time::sleep_until(holds_at.unwrap_or_else(Instant::now)), if holds_at.is_some() => {
                     self.report_holds();
+                }
+                _ = tokio::time::sleep_until(stalls_at.unwrap_or_else(Instant::now)), if stalls_at.is_some() => {
+                    self.stalls_checked = Instant::now();
+                    self.window.expire_stalled(std::time::Instant::now());
                 }
                 Some((topic, learned)) = self.limit_answers.recv() => self.limit_learned(topic, learned),
                 _ = tokio::time::sleep_until(limits_refresh_at) => {
@@ -1034,6 +1049,7 @@ impl Leg {
             dead_letter: self.target.dead_letter.clone(),
             on_unwritable: self.target.on_unwritable,
             alone,
+            stall_budget: self.target.stall_budget,
         }
     }
 

@@ -42,6 +42,8 @@ pub struct Target {
     /// Its rules' largest message (their `mqtt.max_message_bytes`, else the connection's), in
     /// bytes of PUBLISH after the fixed header.
     pub max_message_bytes: usize,
+    /// Its rules' stall budget (see `Window::expire_stalled`); `None`: none.
+    pub stall_budget: Option<std::time::Duration>,
     /// The rules that lead here, for per-rule counters.
     pub rules: Vec<Arc<RuleStats>>,
     /// Each rule's `filter`, aligned with `rules`.
@@ -186,6 +188,7 @@ struct TargetKey<'a> {
     dead_letter: Option<Arc<str>>,
     on_unwritable: OnUnwritable,
     max_message_bytes: u32,
+    stall_budget: Option<std::time::Duration>,
     value: Option<&'a ValueEncoding>,
 }
 
@@ -238,6 +241,7 @@ impl Router {
                 dead_letter: dead_letter.clone(),
                 on_unwritable: rule.on_unwritable,
                 max_message_bytes: rule.max_message_bytes(config.mqtt.max_message_bytes),
+                stall_budget: config.stall_budget_of(rule),
                 value: rule.kafka.value.as_ref(),
             };
             let filter = parsed.expressions.filter.clone();
@@ -256,16 +260,10 @@ impl Router {
                         });
                         Arc::clone(&slots[at])
                     });
-                    let limit = key.max_message_bytes as usize;
-                    targets.push(target(
-                        rule,
-                        parsed,
-                        dead_letter,
-                        &rules[i],
-                        filter,
-                        value,
-                        limit,
-                    ));
+                    let mut new = target(rule, parsed, dead_letter, &rules[i], filter, value);
+                    new.max_message_bytes = key.max_message_bytes as usize;
+                    new.stall_budget = key.stall_budget;
+                    targets.push(new);
                     by_key.insert(key, targets.len() - 1);
                     targets.len() - 1
                 }
@@ -416,7 +414,6 @@ fn target(
     stats: &Arc<RuleStats>,
     filter: Option<Expression>,
     value: Option<Arc<SchemaSlot>>,
-    max_message_bytes: usize,
 ) -> Target {
     let static_topic = match &parsed.kafka_topic {
         KafkaTopic::Template(t) => t.as_static().map(Arc::from),
@@ -431,7 +428,9 @@ fn target(
         static_topic,
         dead_letter,
         on_unwritable: rule.on_unwritable,
-        max_message_bytes,
+        // Set from the target's key by `Router::new`.
+        max_message_bytes: usize::MAX,
+        stall_budget: None,
         rules: vec![Arc::clone(stats)],
         filters: vec![filter],
         evaluates: false,

@@ -23,6 +23,11 @@
 //!   probe, alone, with nothing else of its topic in flight before or after it. So Kafka
 //!   never refuses a batch that holds later records of the topic, and no record lands ahead
 //!   of an earlier one.
+//! - A stall budget bounds how long a rule's records wait on their topic for a reason of the
+//!   rule's own (authorization, an unknown topic, a schema not available): once a topic has
+//!   refused records that long without taking one (`expire_stalled`), its queued records whose
+//!   rule has a dead-letter topic and a budget go there, with the reason, and the window moves
+//!   on. Outages and a full queue never count: every rule waits on them alike.
 //! - A producer lost to librdkafka's fatal error (`producer_lost`) gets no more records: its
 //!   failures say nothing about them, only its deliveries count, and once a new producer is in
 //!   place (`reset_producer`) every record not confirmed is produced again, once, in order.
@@ -53,6 +58,9 @@ pub struct TargetSpec {
     /// Whether its topic may refuse the record (too large, invalid): then it is produced
     /// alone (see the module's rules).
     pub alone: Alone,
+    /// How long it may wait on its topic for a reason of its rule's own before it takes the
+    /// dead-letter topic (see [`Window::expire_stalled`]); `None`: as long as it takes.
+    pub stall_budget: Option<Duration>,
 }
 
 /// How the pipeline judged whether a record's topic may refuse it.
@@ -81,6 +89,12 @@ pub enum BlockReason {
 }
 
 impl BlockReason {
+    /// A reason of the rule's own (its topic, its ACL, its schema), not one every rule meets
+    /// alike (an outage, a full queue): only these count against a stall budget.
+    pub const fn is_the_rules(self) -> bool {
+        matches!(self, Self::Unauthorized | Self::UnknownTopic | Self::Schema)
+    }
+
     pub const ALL: [Self; 5] = [
         Self::Unauthorized,
         Self::UnknownTopic,
@@ -114,16 +128,19 @@ pub enum PermanentReason {
     Expression,
     /// The value does not fit the rule's registered schema (`kafka.value`).
     SchemaMismatch,
+    /// It waited on its topic longer than its rule's stall budget.
+    Stalled,
 }
 
 impl PermanentReason {
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::TooLarge,
         Self::InvalidTopic,
         Self::InvalidRecord,
         Self::InvalidJson,
         Self::Expression,
         Self::SchemaMismatch,
+        Self::Stalled,
     ];
 
     pub const fn as_str(self) -> &'static str {
@@ -134,6 +151,7 @@ impl PermanentReason {
             Self::InvalidJson => "invalid_json",
             Self::Expression => "expression_failed",
             Self::SchemaMismatch => "schema_mismatch",
+            Self::Stalled => "stalled",
         }
     }
 }
@@ -277,6 +295,7 @@ struct Target {
     /// Whether its next produce must go alone: its topic may refuse it (judged by the
     /// pipeline, or refused in a batch already), or its topic's limit is not known yet.
     alone: Alone,
+    stall_budget: Option<Duration>,
 }
 
 impl Target {
@@ -334,6 +353,17 @@ struct Lane {
     outstanding: usize,
     queue: BTreeSet<TargetRef>,
     probe: Probe,
+    /// Since when the topic refuses records for a reason of the rule's own
+    /// ([`BlockReason::is_the_rules`]) without having taken one, with the latest refusal.
+    /// Kept while the lane is open again and empty: only a record taken ends it.
+    refusing: Option<Refusing>,
+}
+
+#[derive(Debug)]
+struct Refusing {
+    since: Instant,
+    reason: BlockReason,
+    error: String,
 }
 
 impl Lane {
@@ -342,6 +372,7 @@ impl Lane {
             outstanding: 0,
             queue: BTreeSet::new(),
             probe: Probe::Open,
+            refusing: None,
         }
     }
 }
@@ -478,6 +509,7 @@ impl<M> Window<M> {
                     held: None,
                     orphaned: false,
                     alone: spec.alone,
+                    stall_budget: spec.stall_budget,
                 }
             })
             .collect();
@@ -532,6 +564,18 @@ impl<M> Window<M> {
             } if p == target => Some(failures),
             _ => None,
         };
+        match &outcome {
+            Outcome::Delivered => lane.refusing = None,
+            Outcome::Blocked { reason, error } if reason.is_the_rules() => {
+                let since = lane.refusing.as_ref().map_or(now, |r| r.since);
+                lane.refusing = Some(Refusing {
+                    since,
+                    reason: *reason,
+                    error: error.clone(),
+                });
+            }
+            _ => {}
+        }
         match outcome {
             Outcome::Delivered => {
                 self.finish(target);
@@ -627,6 +671,12 @@ impl<M> Window<M> {
         }
     }
 
+    /// Whether records wait on a topic (a lane is closed): only then can `expire_stalled` or
+    /// `tick` have anything to do.
+    pub fn is_waiting(&self) -> bool {
+        self.closed_lanes > 0
+    }
+
     /// When `tick` next has something to do, if ever.
     pub fn next_deadline(&self) -> Option<Instant> {
         if self.closed_lanes == 0 {
@@ -658,6 +708,57 @@ impl<M> Window<M> {
         for topic in due {
             self.start_probe(&topic, now);
         }
+    }
+
+    /// Every record queued on a topic that has refused records for a reason of the rule's own
+    /// for longer than the record's stall budget, with a dead-letter topic to go to, goes there
+    /// now, with the reason (`PermanentReason::Stalled`), and its place in the topic's order
+    /// is given up. Without a dead-letter topic it waits on, shown as waiting: nothing else
+    /// can take it without losing it. Called on a timer; the lanes refusing are few.
+    pub fn expire_stalled(&mut self, now: Instant) {
+        if self.closed_lanes == 0 {
+            return;
+        }
+        let mut expired: Vec<(Arc<str>, TargetRef, String)> = Vec::new();
+        for (topic, lane) in &self.lanes {
+            let Some(refusing) = &lane.refusing else {
+                continue;
+            };
+            let waited = now.saturating_duration_since(refusing.since);
+            for &q in &lane.queue {
+                let Some(t) = self.slot(q.seq).and_then(|s| s.targets.get(q.pos)) else {
+                    continue;
+                };
+                let over = t.stall_budget.is_some_and(|b| waited >= b);
+                // An orphaned one has no rule, so no budget: it is written when Kafka takes it.
+                let eligible = t.state == State::Primary
+                    && t.dead_letter.is_some()
+                    && t.held.is_none()
+                    && !t.orphaned;
+                if over && eligible {
+                    let error = format!(
+                        "kafka topic {topic} refused it for {} s, over its rule's stall budget ({} s): {}: {}",
+                        waited.as_secs(),
+                        t.stall_budget.unwrap_or_default().as_secs(),
+                        refusing.reason.as_str(),
+                        refusing.error
+                    );
+                    expired.push((Arc::clone(topic), q, error));
+                }
+            }
+        }
+        let mut topics: Vec<Arc<str>> = Vec::new();
+        for (topic, target, error) in expired {
+            self.withdraw(&topic, target, now);
+            self.on_permanent(target, PermanentReason::Stalled, error, now);
+            if !topics.contains(&topic) {
+                topics.push(topic);
+            }
+        }
+        for topic in topics {
+            self.start_probe(&topic, now);
+        }
+        self.complete_ready();
     }
 
     /// The records held now, in arrival order (the first one holds everything after it).
@@ -854,8 +955,9 @@ impl<M> Window<M> {
         let dest = t.dest();
         let alone = t.goes_alone();
         if self.lanes.len() > IDLE_LANES_KEPT {
-            self.lanes
-                .retain(|_, l| l.outstanding > 0 || l.probe != Probe::Open);
+            self.lanes.retain(|_, l| {
+                l.outstanding > 0 || l.probe != Probe::Open || l.refusing.is_some()
+            });
         }
         let lane = self
             .lanes
@@ -1153,6 +1255,8 @@ mod tests {
     use super::*;
 
     const LIMIT: usize = 5;
+    /// Every target's stall budget in the model: within reach of a few `Advance`s.
+    const STALL_BUDGET: Duration = Duration::from_millis(500);
 
     /// A message of the model: per target (topic index or invalid, has a dead letter, drop?),
     /// and the record's size (over `LIMIT` is too large for every primary topic).
@@ -1184,6 +1288,8 @@ mod tests {
         /// The topic's limit is known: its records judged alone until then are judged by
         /// their size.
         Learn(u8),
+        /// The pipeline's timer: records over their stall budget take their dead-letter topic.
+        Expire,
         /// librdkafka's fatal error: from the next produce call itself (`sync`), or from a
         /// callback. Of what is out at the producer, the first `landed` of each topic land
         /// (and are reported delivered), the rest are purged. A new producer replaces it at
@@ -1255,6 +1361,7 @@ mod tests {
             1 => rejudged().prop_map(Op::Reload),
             1 => (1u8..4).prop_map(Op::QueueFull),
             1 => (0u8..3).prop_map(Op::Learn),
+            1 => Just(Op::Expire),
             1 => (any::<bool>(), 0usize..3).prop_map(|(sync, landed)| Op::Fatal { sync, landed }),
         ]
     }
@@ -1282,6 +1389,8 @@ mod tests {
         in_too_large_batch: HashSet<TargetRef>,
         /// Produce calls still to be refused as `QueueFull`.
         queue_full: u8,
+        /// Targets sent to the dead-letter topic over their stall budget.
+        stalled: HashSet<TargetRef>,
         /// The next produce call meets a fatal error: (records of each topic that land).
         fatal_on_produce: Option<usize>,
     }
@@ -1303,6 +1412,7 @@ mod tests {
                 policies: BTreeMap::new(),
                 in_too_large_batch: HashSet::new(),
                 queue_full: 0,
+                stalled: HashSet::new(),
                 fatal_on_produce: None,
             }
         }
@@ -1335,6 +1445,7 @@ mod tests {
                                 OnUnwritable::Hold
                             },
                             alone,
+                            stall_budget: Some(STALL_BUDGET),
                         })
                         .collect();
                     let id = self.msgs.len();
@@ -1362,6 +1473,7 @@ mod tests {
                     self.window
                         .limit_known(TOPICS[usize::from(t)], |_, &id| msgs[id].size > LIMIT);
                 }
+                Op::Expire => self.window.expire_stalled(self.now),
                 Op::Fatal { sync: true, landed } => self.fatal_on_produce = Some(landed),
                 Op::Fatal {
                     sync: false,
@@ -1535,6 +1647,11 @@ mod tests {
                             self.window.on_outcome(target, full, self.now);
                             continue;
                         }
+                        if let Dest::DeadLetter { error } = &dest
+                            && error.contains("stall budget")
+                        {
+                            self.stalled.insert(target);
+                        }
                         let t = Self::topic_index(&topic);
                         let q = self.outstanding.entry(t).or_default();
                         q.push_back((target, matches!(dest, Dest::DeadLetter { .. })));
@@ -1640,8 +1757,15 @@ mod tests {
                 assert!(!dropped || ever_drop, "{t:?} dropped, never told to");
                 assert!(!released || ever_removed, "{t:?} released, never orphaned");
                 if !permanent {
-                    assert!(in_primary || !done, "{t:?} completed but not in its topic");
-                    assert!(!in_dlq && !dropped && !released, "{t:?} valid yet given up");
+                    // Or its topic refused it past its stall budget: dead-lettered, once.
+                    let stalled = sim.stalled.contains(&t);
+                    assert!(
+                        in_primary || (stalled && in_dlq) || !done,
+                        "{t:?} completed but not in its topic"
+                    );
+                    assert!(!(in_primary && in_dlq), "{t:?} in its topic and dead-lettered");
+                    assert!(!in_dlq || stalled, "{t:?} valid yet dead-lettered, not stalled");
+                    assert!(!dropped && !released, "{t:?} valid yet given up");
                     continue;
                 }
                 assert!(!in_primary, "{t:?} too large yet in its topic");
@@ -1718,6 +1842,7 @@ mod tests {
             dead_letter: None,
             on_unwritable: OnUnwritable::Hold,
             alone: Alone::No,
+            stall_budget: None,
         }
     }
 
@@ -1733,6 +1858,125 @@ mod tests {
 
     fn t(seq: Seq) -> TargetRef {
         TargetRef { seq, pos: 0 }
+    }
+
+    /// Every action, with a Produce's destination and a Complete's sequence, in order.
+    fn actions(w: &mut Window<u32>) -> Vec<String> {
+        let mut out = Vec::new();
+        while let Some(a) = w.next_action() {
+            out.push(match a {
+                Action::Produce { target, topic, dest } => match dest {
+                    Dest::Primary => format!("produce {} to {topic}", target.seq),
+                    Dest::DeadLetter { error } => {
+                        format!("dead-letter {} to {topic}: {error}", target.seq)
+                    }
+                },
+                Action::Complete { seq, .. } => format!("complete {seq}"),
+                Action::Delivered { target, .. } => format!("delivered {}", target.seq),
+                Action::Blocked { target, .. } => format!("blocked {}", target.seq),
+                other => format!("{other:?}"),
+            });
+        }
+        out
+    }
+
+    /// A topic that refuses records for a reason of the rule's own past the budget: its queued
+    /// records take the dead-letter topic, with the reason, and the messages behind them
+    /// complete; a later record of the topic waits no new budget; one taken ends the refusal.
+    /// Outages never count, and without a dead-letter topic the record waits on.
+    #[test]
+    fn records_refused_past_their_stall_budget_take_the_dead_letter_topic() {
+        let budget = Duration::from_secs(60);
+        let with_dlq = |topic: &str| TargetSpec {
+            dead_letter: Some(Arc::from("dlq")),
+            stall_budget: Some(budget),
+            ..spec(topic)
+        };
+        let missing = |w: &mut Window<u32>, seq, now| {
+            let refused = Outcome::Blocked {
+                reason: BlockReason::UnknownTopic,
+                error: "Broker: Unknown topic or partition".into(),
+            };
+            w.on_outcome(t(seq), refused, now);
+        };
+        let start = Instant::now();
+        let mut w = Window::new(Backoff::default());
+        w.accept(0, vec![with_dlq("missing")], start);
+        w.accept(1, vec![with_dlq("missing")], start);
+        w.accept(2, vec![spec("fine")], start);
+        assert_eq!(produces(&mut w).len(), 3);
+        missing(&mut w, 0, start);
+        missing(&mut w, 1, start);
+        w.on_outcome(t(2), Outcome::Delivered, start);
+        assert!(w.is_waiting());
+        let just_before = start + budget - Duration::from_secs(1);
+        w.expire_stalled(just_before);
+        assert_eq!(actions(&mut w), ["blocked 0", "blocked 1", "delivered 2"]);
+        let after = start + budget;
+        w.expire_stalled(after);
+        let reason = "kafka topic missing refused it for 60 s, over its rule's stall budget (60 s): unknown_topic: Broker: Unknown topic or partition";
+        assert_eq!(
+            actions(&mut w),
+            [
+                format!("dead-letter 0 to dlq: {reason}"),
+                format!("dead-letter 1 to dlq: {reason}"),
+            ]
+        );
+        w.on_outcome(t(0), Outcome::Delivered, after);
+        w.on_outcome(t(1), Outcome::Delivered, after);
+        assert_eq!(
+            actions(&mut w),
+            ["delivered 0", "complete 0", "delivered 1", "complete 1", "complete 2"]
+        );
+        // The topic never took a record: a later one refused goes at the next check.
+        let later = after + Duration::from_secs(5);
+        w.accept(3, vec![with_dlq("missing")], later);
+        assert_eq!(produces(&mut w), [(t(3), "missing".into())]);
+        missing(&mut w, 3, later);
+        w.expire_stalled(later + Duration::from_secs(1));
+        let actions_later = actions(&mut w);
+        assert!(
+            actions_later.len() == 2 && actions_later[1].starts_with("dead-letter 3 to dlq: kafka topic missing refused it for 66 s"),
+            "{actions_later:?}"
+        );
+        w.on_outcome(t(3), Outcome::Delivered, later);
+        assert_eq!(actions(&mut w), ["delivered 3", "complete 3"]);
+
+        // Taken once: a new refusal has the whole budget again.
+        let created = later + Duration::from_secs(10);
+        w.accept(4, vec![with_dlq("missing")], created);
+        produces(&mut w);
+        w.on_outcome(t(4), Outcome::Delivered, created);
+        w.accept(5, vec![with_dlq("missing")], created);
+        produces(&mut w);
+        missing(&mut w, 5, created);
+        w.expire_stalled(created + budget - Duration::from_secs(1));
+        assert!(!actions(&mut w).iter().any(|a| a.starts_with("dead-letter")));
+
+        // An outage is everyone's: never expired.
+        let mut w = Window::new(Backoff::default());
+        w.accept(0, vec![with_dlq("down")], start);
+        produces(&mut w);
+        let down = Outcome::Blocked {
+            reason: BlockReason::Unavailable,
+            error: "all brokers down".into(),
+        };
+        w.on_outcome(t(0), down, start);
+        w.expire_stalled(start + budget * 10);
+        assert!(!actions(&mut w).iter().any(|a| a.starts_with("dead-letter")));
+
+        // Without a dead-letter topic, nothing else can take it: it waits on.
+        let mut w = Window::new(Backoff::default());
+        let no_dlq = TargetSpec {
+            stall_budget: Some(budget),
+            ..spec("missing")
+        };
+        w.accept(0, vec![no_dlq], start);
+        produces(&mut w);
+        missing(&mut w, 0, start);
+        w.expire_stalled(start + budget * 10);
+        assert_eq!(actions(&mut w), ["blocked 0"]);
+        assert_eq!(w.len(), 1);
     }
 
     #[test]
@@ -1921,6 +2165,7 @@ mod tests {
         let with_dlq = |alone| TargetSpec {
             dead_letter: Some(Arc::from("dlq")),
             alone,
+            stall_budget: None,
             ..spec("a")
         };
         w.accept(0, vec![with_dlq(Alone::No)], now);
@@ -1965,6 +2210,7 @@ mod tests {
         let mut w = Window::new(Backoff::default());
         let until_known = TargetSpec {
             alone: Alone::UntilLimitKnown,
+            stall_budget: None,
             ..spec("a")
         };
         for m in 0..5 {

@@ -236,6 +236,75 @@ fn a_flood_of_large_messages_fails_only_the_oversized_ones_and_the_neighbour_flo
         "flood: {rounds} of 2 MiB dead-lettered unread, {rounds} of 900 KiB and {} small forwarded",
         small.len()
     );
+    drop(fwd);
+    past_the_stall_budget_a_rules_records_take_its_dead_letter_topic(&brokers);
+}
+
+/// A rule whose topic does not exist, with a dead-letter topic and a stall budget of 3 s: its
+/// records wait 3 s, then go to the dead-letter topic with the reason, in order, and the
+/// neighbour's messages queued behind them in the order of acks all land. Every message is
+/// acked within the design's bound: the budget, librdkafka's propagation limit (0.5 s), one
+/// stall check (1 s) and the longest retry pause (10 s).
+fn past_the_stall_budget_a_rules_records_take_its_dead_letter_topic(brokers: &Brokers) {
+    let rt = runtime();
+    for t in ["budget.dlq", "budget.ontime"] {
+        rt.block_on(brokers.kafka.create_topic(t, 1)).expect("topic");
+    }
+    let rules = "  - name: later\n    mqtt: { topics: [\"later/+\"] }\n    kafka: { topic: budget.missing }\n    dead_letter: { topic: budget.dlq }\n    stall_budget_secs: 3\n\
+                 \x20 - name: ontime\n    mqtt: { topics: [\"ontime/+\"] }\n    kafka: { topic: budget.ontime }\n";
+    let config = brokers.config("ferry-budget", rules).replace(
+        "  bootstrap_servers:",
+        "  config: { topic.metadata.propagation.max.ms: 500 }\n  bootstrap_servers:",
+    );
+    let mut fwd = Forwarder::start(&config);
+    fwd.wait_ready(Duration::from_secs(30));
+    let (later, ontime) = (50, 100);
+    let mut msgs = Vec::new();
+    let (mut want_later, mut want_ontime) = (BTreeSet::new(), BTreeSet::new());
+    for n in 0..later {
+        let topic = format!("later/{}", n % 2);
+        msgs.push((topic.clone(), payload(&topic, n, false)));
+        want_later.insert((topic, n));
+    }
+    for n in 0..ontime {
+        let topic = format!("ontime/{}", n % 3);
+        msgs.push((topic.clone(), payload(&topic, n, false)));
+        want_ontime.insert((topic, n));
+    }
+    let published = Instant::now();
+    let bound = Duration::from_millis(3_000 + 500 + 1_000 + 10_000);
+    brokers.publish_acked(&fwd, "pub-budget", msgs, later + ontime, bound);
+    eprintln!(
+        "stall budget 3 s: all {} acked {:.1} s after publishing",
+        later + ontime,
+        published.elapsed().as_secs_f64()
+    );
+    let read = |topic: &str, n: usize| {
+        brokers.read(topic, n, Duration::from_secs(2), Duration::from_secs(30))
+    };
+    assert_exactly_in_order("budget.ontime", &ids(&read("budget.ontime", ontime)), &want_ontime);
+    let dead = read("budget.dlq", later);
+    assert_exactly_in_order("budget.dlq", &ids(&dead), &want_later);
+    for record in &dead {
+        let error = record
+            .headers
+            .iter()
+            .find(|(k, _)| k == "ferry.error")
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default();
+        assert!(
+            error.starts_with("kafka topic budget.missing refused it for")
+                && error.contains("over its rule's stall budget (3 s): unknown_topic"),
+            "the reason, in ferry.error: {error:?}"
+        );
+    }
+    let status = fwd.status().expect("status");
+    let rule = status.rule("later").expect("rule");
+    assert_eq!(rule.dead_lettered, later as u64);
+    assert_eq!(
+        fwd.metric_with("ferry_rule_dead_lettered_messages_total", &["rule=\"later\""]),
+        later as f64
+    );
 }
 
 /// A compacted topic refuses a record without a key (INVALID_RECORD), and with it the whole
