@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::addr::{DNS_NAME_RE, IPV6_RE};
 pub use crate::config::SaslMechanism;
+use crate::config::{MIN_MESSAGE_BYTES, MQTT_PAYLOAD_MAX};
 use crate::defaults;
 use crate::expr;
 use crate::kafka_props::{self, Weaker};
@@ -103,7 +104,8 @@ pub struct SchemaRegistryEndpoint {
 #[serde(rename_all = "camelCase")]
 #[x_kube(
     validation = Rule::new("!has(self.sessionExpirySeconds) || self.protocol == '5'").message("sessionExpirySeconds is an MQTT 5 setting: set protocol: \"5\" or remove it"),
-    validation = Rule::new("!has(self.sessionExpirySeconds) || self.sessionExpirySeconds != 0 || (has(self.allowWeakerDelivery) && self.allowWeakerDelivery)").message("sessionExpirySeconds 0 ends the session at every disconnect: messages published while a forwarder is away, and those it received and had not acknowledged yet, are lost; set allowWeakerDelivery: true to accept that")
+    validation = Rule::new("!has(self.sessionExpirySeconds) || self.sessionExpirySeconds != 0 || (has(self.allowWeakerDelivery) && self.allowWeakerDelivery)").message("sessionExpirySeconds 0 ends the session at every disconnect: messages published while a forwarder is away, and those it received and had not acknowledged yet, are lost; set allowWeakerDelivery: true to accept that"),
+    validation = window_rule()
 )]
 pub struct MqttEndpoint {
     /// Host name or address of the broker (also the name checked against its TLS certificate):
@@ -134,6 +136,23 @@ pub struct MqttEndpoint {
     #[serde(default = "default_max_inflight")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 65535").message("maxInflight must be between 1 and 65535"))]
     pub max_inflight: i32,
+    /// The in-flight window per forwarder in bytes: the payloads (and topics) of the messages
+    /// received and not yet acknowledged; a forwarder reads no further message while the next
+    /// would pass it. Kafka's producer queue is bounded by the same, so a forwarder holds about
+    /// twice this at most, and its pods' default memory limit is 128 MiB plus twice this (see
+    /// forwarder.resources). At least maxMessageBytes, at most 2199023254528 (librdkafka's
+    /// largest producer queue). Default: 16777216 (16 MiB).
+    #[serde(default = "default_max_inflight_bytes")]
+    #[x_kube(validation = inflight_bytes_rule())]
+    pub max_inflight_bytes: i64,
+    /// The largest MQTT message a forwarder reads, in bytes of payload: 1024 to 268435455
+    /// (MQTT's largest). A larger message is not read into memory: it fails on each rule it
+    /// matches, going to the rule's dead-letter topic with the reason and without the payload,
+    /// or else as the rule's onUnwritable says. Expressions' cost is estimated for payloads of
+    /// this size at most. Default: 1048576 (1 MiB, about Kafka's default max.message.bytes).
+    #[serde(default = "default_max_message_bytes")]
+    #[x_kube(validation = message_bytes_rule("maxMessageBytes"))]
+    pub max_message_bytes: i32,
     /// Accept `sessionExpirySeconds: 0`, which loses messages across a disconnect.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub allow_weaker_delivery: bool,
@@ -328,8 +347,10 @@ pub struct ForwarderPods {
     #[schemars(length(max = 64))]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub groups: Vec<GroupPods>,
-    /// CPU and memory requests and limits of the forwarder container. Default: requests of
-    /// 50m CPU and 64Mi memory, no limits.
+    /// CPU and memory requests and limits of the forwarder container; when set, they replace
+    /// the default whole. Default: requests of 50m CPU and 64Mi memory, a memory limit of
+    /// 128 MiB plus twice mqtt.maxInflightBytes (rounded up to Mi: 160Mi by default), no CPU
+    /// limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     /// Node labels the forwarder pods must be scheduled on.
@@ -573,6 +594,7 @@ pub struct ForwardingRuleSpec {
 
 /// What to read from MQTT.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
 pub struct RuleMqtt {
     /// MQTT topic filters: `+` matches one level, `#` the rest; `$share/<group>/<filter>` for a
     /// shared subscription. At most 1024 characters each (the protocol allows 65535 bytes; the
@@ -589,6 +611,15 @@ pub struct RuleMqtt {
     #[serde(default = "default_qos")]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 2").message("qos must be 0, 1 or 2"))]
     pub qos: i32,
+    /// The largest payload this rule takes, in bytes: 1024 to its BrokerConnection's
+    /// spec.mqtt.maxMessageBytes (unset: that). A larger message fails on this rule only (its
+    /// dead-letter topic, without the payload, or onUnwritable), as one over the connection's
+    /// limit does on every rule. Its expressions' cost is estimated for payloads of this size,
+    /// so a rule on small payloads can have a costlier transform. Over the connection's limit,
+    /// the rule is refused (Accepted False, Invalid).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = message_bytes_rule("mqtt.maxMessageBytes"))]
+    pub max_message_bytes: Option<i32>,
 }
 
 /// Where to write in Kafka.
@@ -911,6 +942,12 @@ fn default_mqtt_port() -> i32 {
 fn default_max_inflight() -> i32 {
     i32::from(defaults::MAX_INFLIGHT)
 }
+fn default_max_inflight_bytes() -> i64 {
+    i64::try_from(defaults::MAX_INFLIGHT_BYTES).unwrap_or(i64::MAX)
+}
+fn default_max_message_bytes() -> i32 {
+    i32::try_from(defaults::MAX_MESSAGE_BYTES).unwrap_or(i32::MAX)
+}
 fn default_replicas() -> i32 {
     1
 }
@@ -939,6 +976,41 @@ fn host_rule() -> Rule {
         "self.matches('^{DNS_NAME_RE}$') || self.matches('^{IPV6_RE}$')"
     ))
     .message("host must be a DNS name, an IPv4 address or an IPv6 address without brackets (no scheme, port or spaces)")
+}
+
+/// A `maxMessageBytes` (`field`, as the message names it): what the forwarder accepts, from
+/// [`MIN_MESSAGE_BYTES`] to MQTT's largest payload.
+fn message_bytes_rule(field: &str) -> Rule {
+    Rule::new(format!(
+        "self >= {MIN_MESSAGE_BYTES} && self <= {MQTT_PAYLOAD_MAX}"
+    ))
+    .message(Message::Message(format!(
+        "{field} must be between {MIN_MESSAGE_BYTES} and {MQTT_PAYLOAD_MAX} (MQTT's largest payload)"
+    )))
+}
+
+/// The largest `spec.mqtt.maxInflightBytes`: librdkafka's largest producer queue
+/// (`queue.buffering.max.kbytes`, at most 2147483647 KiB), which the forwarder bounds by it.
+const INFLIGHT_BYTES_MAX: i64 = 2_147_483_647 * 1024;
+
+/// `spec.mqtt.maxInflightBytes`: its own bounds (against `maxMessageBytes`: the object's rule).
+fn inflight_bytes_rule() -> Rule {
+    Rule::new(format!(
+        "self >= {MIN_MESSAGE_BYTES} && self <= {INFLIGHT_BYTES_MAX}"
+    ))
+    .message(Message::Message(format!(
+        "maxInflightBytes must be between {MIN_MESSAGE_BYTES} and {INFLIGHT_BYTES_MAX} (librdkafka's largest producer queue)"
+    )))
+}
+
+/// `spec.mqtt`: the window's bytes hold the largest message. Both fields have defaults in the
+/// schema, so both are always set.
+fn window_rule() -> Rule {
+    Rule::new("self.maxInflightBytes >= self.maxMessageBytes").message(Message::Message(format!(
+        "maxInflightBytes must be at least maxMessageBytes (defaults: {} and {}): a window smaller than the largest message could never read it",
+        defaults::MAX_INFLIGHT_BYTES,
+        defaults::MAX_MESSAGE_BYTES
+    )))
 }
 
 /// `spec.kafka.bootstrapServers`: [`crate::addr::server_problem`] in CEL.
@@ -1075,6 +1147,30 @@ mod tests {
             };
             assert_eq!(bound, Some(crate::expr::MAX_LEN as u64), "{what}");
         }
+    }
+
+    #[test]
+    fn message_sizes_default_to_the_forwarders_and_have_its_bounds() {
+        let crd = serde_json::to_value(BrokerConnection::crd()).unwrap_or_default();
+        let mqtt = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+            ["mqtt"];
+        let field = |name: &str| &mqtt["properties"][name];
+        assert_eq!(
+            field("maxInflightBytes")["default"].as_u64(),
+            Some(defaults::MAX_INFLIGHT_BYTES)
+        );
+        assert_eq!(
+            field("maxMessageBytes")["default"].as_u64(),
+            Some(u64::from(defaults::MAX_MESSAGE_BYTES))
+        );
+        let rules = |schema: &serde_json::Value| schema["x-kubernetes-validations"].to_string();
+        let bounds = format!("self >= {MIN_MESSAGE_BYTES} && self <= {MQTT_PAYLOAD_MAX}");
+        assert!(rules(field("maxMessageBytes")).contains(&bounds));
+        assert!(rules(mqtt).contains("self.maxInflightBytes >= self.maxMessageBytes"));
+        // A rule's own limit: optional, no default (unset: the connection's).
+        let rule = spec_schema(&["mqtt", "maxMessageBytes"]);
+        assert_eq!(rule["default"], serde_json::Value::Null);
+        assert!(rules(&rule).contains(&bounds));
     }
 
     #[test]

@@ -47,6 +47,9 @@ const RUN_AS: i64 = 65532;
 /// Requests of forwarder containers whose connection sets no `resources` (see [`resources`]).
 const DEFAULT_CPU_REQUEST: &str = "50m";
 const DEFAULT_MEMORY_REQUEST: &str = "64Mi";
+/// Their default memory limit is this base plus twice the window's bytes (see [`resources`]).
+const MEMORY_LIMIT_BASE_BYTES: u64 = 128 * MIB;
+const MIB: u64 = 1024 * 1024;
 
 pub use crate::render::keys;
 
@@ -231,7 +234,13 @@ fn pod_template(
                 }),
                 ..PodSecurityContext::default()
             }),
-            containers: vec![container(pods, image, env(), mounts)],
+            containers: vec![container(
+                pods,
+                rendered.config.mqtt.max_inflight_bytes,
+                image,
+                env(),
+                mounts,
+            )],
             volumes: Some(volumes),
             // Secrets of the pod's namespace: the registry credentials must exist next to the
             // connection, not in the operator's namespace.
@@ -251,9 +260,10 @@ fn pod_template(
 }
 
 /// The forwarder container: locked down, probed, its image from the connection or the
-/// operator.
+/// operator; `inflight_bytes`: its window's bytes (for its default memory limit).
 fn container(
     pods: &ForwarderPods,
+    inflight_bytes: u64,
     image: &ForwarderImage,
     env: Vec<EnvVar>,
     mounts: Vec<VolumeMount>,
@@ -284,7 +294,7 @@ fn container(
             initial_delay_seconds: Some(10),
             ..probe("/healthz")
         }),
-        resources: Some(resources(pods)),
+        resources: Some(resources(pods, inflight_bytes)),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
@@ -300,11 +310,18 @@ fn container(
     }
 }
 
-/// The connection's `spec.forwarder.resources`, else requests only: a forwarder peaks at about
-/// 25 MiB resident under load (docs/performance.md) and a few millicores at rest, so 50m and 64Mi schedule it as Burstable
-/// (BestEffort pods are evicted first under node pressure) without reserving much. No limits:
-/// a throttled or OOM-killed forwarder stalls every rule of its group.
-fn resources(pods: &ForwarderPods) -> ResourceRequirements {
+/// The connection's `spec.forwarder.resources` (replacing all of this), else requests and a
+/// memory limit. A forwarder peaks at about 25 MiB resident under load (docs/performance.md)
+/// and a few millicores at rest, so 50m and 64Mi schedule it as Burstable (BestEffort pods are
+/// evicted first under node pressure) without reserving much.
+///
+/// The memory limit is safe because a forwarder's messages are bounded in bytes:
+/// `inflight_bytes` (`mqtt.max_inflight_bytes`) bounds the window, and librdkafka's queue by
+/// the same, so they hold at most twice it; the rest is the forwarder itself, about 55 MiB at
+/// 10,000 rules (docs/performance.md), within the limit's base of 128 MiB. So the limit,
+/// 128 MiB plus twice the budget, stops a leak before it presses the node, not a forwarder
+/// doing its work. No CPU limit: a throttled forwarder stalls every rule of its group.
+fn resources(pods: &ForwarderPods, inflight_bytes: u64) -> ResourceRequirements {
     pods.resources
         .clone()
         .unwrap_or_else(|| ResourceRequirements {
@@ -315,8 +332,20 @@ fn resources(pods: &ForwarderPods) -> ResourceRequirements {
                     Quantity(DEFAULT_MEMORY_REQUEST.to_owned()),
                 ),
             ])),
+            limits: Some(BTreeMap::from([(
+                "memory".to_owned(),
+                memory_limit(inflight_bytes),
+            )])),
             ..ResourceRequirements::default()
         })
+}
+
+/// 128 MiB plus twice `inflight_bytes`, in Mi rounded up.
+fn memory_limit(inflight_bytes: u64) -> Quantity {
+    let bytes = inflight_bytes
+        .saturating_mul(2)
+        .saturating_add(MEMORY_LIMIT_BASE_BYTES);
+    Quantity(format!("{}Mi", bytes.div_ceil(MIB)))
 }
 
 /// The forwarder's command line: the config read as written (it is rendered from user data,
@@ -910,7 +939,7 @@ spec:
     }
 
     #[test]
-    fn forwarder_pods_request_cpu_and_memory_unless_the_connection_sets_resources() {
+    fn forwarder_pods_request_cpu_and_memory_and_limit_memory_by_the_window_by_default() {
         let (mut conn, _) = fixture();
         let resources = |pod: &PodSpec| pod.containers[0].resources.clone().expect("resources");
         let default = resources(&pod_with(&conn, &[]));
@@ -918,8 +947,26 @@ spec:
         assert_eq!(requests["cpu"], Quantity("50m".into()));
         assert_eq!(requests["memory"], Quantity("64Mi".into()));
         assert_eq!(
-            default.limits, None,
-            "no limit to throttle or kill a forwarder"
+            default.limits,
+            Some(BTreeMap::from([(
+                "memory".to_owned(),
+                Quantity("160Mi".into())
+            )])),
+            "128 MiB and twice the default 16 MiB window; no CPU limit to throttle a forwarder"
+        );
+        // From the connection's window: 128 MiB + 2 × 1,000,000 bytes = 129.9 MiB, rounded up.
+        let limit = |conn: &BrokerConnection| {
+            resources(&pod_with(conn, &[])).limits.expect("limits")["memory"].clone()
+        };
+        let mut window = conn.clone();
+        window.spec.mqtt.max_inflight_bytes = 1_000_000;
+        assert_eq!(limit(&window), Quantity("130Mi".into()));
+        window.spec.mqtt.max_inflight_bytes = 64 * 1024 * 1024;
+        assert_eq!(limit(&window), Quantity("256Mi".into()));
+        assert_eq!(
+            memory_limit(u64::MAX),
+            Quantity(format!("{}Mi", u64::MAX.div_ceil(MIB))),
+            "saturates"
         );
 
         let own = ResourceRequirements {

@@ -366,16 +366,7 @@ pub fn connection_refused(connection: &BrokerConnection) -> Result<Option<String
     let problems: Vec<String> = problems
         .iter()
         .map(|p| {
-            let message = p
-                .message
-                .replace(
-                    "kafka.allow_weaker_delivery",
-                    "spec.kafka.allowWeakerDelivery",
-                )
-                .replace(
-                    "mqtt.allow_weaker_delivery",
-                    "spec.mqtt.allowWeakerDelivery",
-                );
+            let message = in_spec_terms(&p.message, &connection.name_any());
             format!("{}: {message}", spec_field(&p.path))
         })
         .collect();
@@ -392,6 +383,8 @@ fn spec_field(path: &str) -> String {
     const FIELDS: &[(&str, &str)] = &[
         ("mqtt.session_expiry_secs", "spec.mqtt.sessionExpirySeconds"),
         ("mqtt.max_inflight", "spec.mqtt.maxInflight"),
+        ("mqtt.max_inflight_bytes", "spec.mqtt.maxInflightBytes"),
+        ("mqtt.max_message_bytes", "spec.mqtt.maxMessageBytes"),
         ("kafka.bootstrap_servers", "spec.kafka.bootstrapServers"),
         ("schema_registry.url", "spec.schemaRegistry.url"),
         ("schema_registry.tls", "spec.schemaRegistry.tls"),
@@ -423,6 +416,37 @@ fn spec_field(path: &str) -> String {
         .unwrap_or_else(|| format!("spec.{path}"))
 }
 
+/// A forwarder problem's message with the config's field names as the spec names them.
+/// `connection`: the BrokerConnection's name (a rule's limit is judged against its
+/// connection's).
+fn in_spec_terms(message: &str, connection: &str) -> String {
+    message
+        .replace(
+            "the connection's mqtt.max_message_bytes",
+            &format!("BrokerConnection {connection:?}'s spec.mqtt.maxMessageBytes"),
+        )
+        .replace("mqtt.max_message_bytes", "spec.mqtt.maxMessageBytes")
+        .replace("mqtt.max_inflight_bytes", "spec.mqtt.maxInflightBytes")
+        .replace(
+            "kafka.allow_weaker_delivery",
+            "spec.kafka.allowWeakerDelivery",
+        )
+        .replace(
+            "mqtt.allow_weaker_delivery",
+            "spec.mqtt.allowWeakerDelivery",
+        )
+}
+
+/// The ForwardingRule field of a forwarder problem at one of its rule's paths, where the spec
+/// names it otherwise (`rules[0].mqtt.max_message_bytes` → `spec.mqtt.maxMessageBytes`).
+fn rule_field(path: &str) -> Option<&'static str> {
+    let (_, field) = path.split_once("].")?;
+    match field {
+        "mqtt.max_message_bytes" => Some("spec.mqtt.maxMessageBytes"),
+        _ => None,
+    }
+}
+
 /// What the forwarder would say about this rule alone (a problem CEL cannot see, such as a
 /// template level deeper than the rule's filters, or an expression that does not compile), so
 /// one bad rule cannot take its group down. `InvalidExpression` when any problem is an
@@ -452,12 +476,18 @@ fn forwarder_refuses(
         .validate()
         .iter()
         .filter(|p| p.path.starts_with("rules") || p.path.starts_with("dead_letter"))
-        .map(|p| match expression_field(p) {
-            Some(field) => {
-                any_expression = true;
-                format!("{field} {}", p.message)
+        .map(|p| {
+            let message = in_spec_terms(&p.message, &connection.name_any());
+            match expression_field(p) {
+                Some(field) => {
+                    any_expression = true;
+                    format!("{field} {message}")
+                }
+                None => format!(
+                    "the forwarder refuses it: {}: {message}",
+                    rule_field(&p.path).unwrap_or(&p.path)
+                ),
             }
-            None => format!("the forwarder refuses it: {p}"),
         })
         .collect();
     if problems.is_empty() {
@@ -1130,6 +1160,90 @@ mod tests {
         assert!(matches!(fate(&plan, "plain"), RulePlan::Served { .. }));
     }
 
+    /// Issue 34: a rule may take smaller messages than its connection, never larger ones (the
+    /// forwarder never reads those): such a rule is refused alone, naming both limits.
+    #[test]
+    fn a_rule_over_its_connections_message_size_is_refused_alone() {
+        let mut conn = connection("mqtt", "[\"k:9092\"]", "{}");
+        conn.spec.mqtt.max_message_bytes = 2048;
+        let sized = |name: &str, bytes: Option<i32>| {
+            let mut r = rule(
+                name,
+                "default",
+                &format!("{name}/#"),
+                name,
+                "2026-01-01T00:00:00Z",
+            );
+            r.spec.mqtt.max_message_bytes = bytes;
+            r
+        };
+        let (plain, small, big) = (
+            sized("plain", None),
+            sized("small", Some(1024)),
+            sized("big", Some(4096)),
+        );
+        let plan = connection_plan(&conn, &[&plain, &small, &big]);
+        match fate(&plan, "big") {
+            RulePlan::Refused(RuleOutcome::Invalid(m)) => assert_eq!(
+                m,
+                "the forwarder refuses it: spec.mqtt.maxMessageBytes: 4096 is over BrokerConnection \"c\"'s spec.mqtt.maxMessageBytes (2048): larger messages are never read; raise that instead"
+            ),
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+        for name in ["plain", "small"] {
+            assert_eq!(
+                fate(&plan, name),
+                &RulePlan::Served {
+                    group: "default".into()
+                }
+            );
+        }
+        let config = served_config(&plan, "default");
+        assert_eq!(config.mqtt.max_message_bytes, 2048);
+        let sizes: Vec<(&str, Option<u32>)> = config
+            .rules
+            .iter()
+            .map(|r| (r.name.as_str(), r.mqtt.max_message_bytes))
+            .collect();
+        assert_eq!(sizes, [("plain", None), ("small", Some(1024))]);
+        // Below the smallest accepted (CEL refuses it where the CRDs are current).
+        let tiny = sized("tiny", Some(100));
+        assert!(
+            matches!(alone(&tiny), RulePlan::Refused(RuleOutcome::Invalid(m))
+                if m.starts_with("the forwarder refuses it: spec.mqtt.maxMessageBytes: 100 is below")),
+            "{:?}",
+            alone(&tiny)
+        );
+    }
+
+    /// A transform over the cost budget for payloads of any size (about 400 bytes, from issue
+    /// 34) is accepted on a rule that declares payloads of at most 2 KiB.
+    #[test]
+    fn a_rule_declaring_small_payloads_may_have_a_costlier_transform() {
+        const TRANSFORM: &str = "{'id': json.id, 'room': levels[3], 'labels': json.tags.map(x, x + '!'), 'big': json.vals.filter(v, v > 10), 'doubled': json.vals.map(v, v > 10, v * 2), 'sum_flags': json.flags.exists(f, f == 'alarm'), 'all_ok': json.vals.all(v, v < 1000), 'names': json.items.map(i, i.name), 'first': json.items.map(i, i.ok, i.id), 'count': size(json.vals)}";
+        let mut r = rule(
+            "rooms",
+            "default",
+            "plant/+/+/rooms",
+            "rooms",
+            "2026-01-01T00:00:00Z",
+        );
+        r.spec.payload_transform = Some(TRANSFORM.into());
+        let m = refused_expression(&r);
+        assert!(
+            m.starts_with("spec.payloadTransform does not compile: one evaluation may cost")
+                && m.contains("declare smaller payloads (the rule's spec.mqtt.maxMessageBytes)"),
+            "{m}"
+        );
+        r.spec.mqtt.max_message_bytes = Some(2048);
+        assert_eq!(
+            alone(&r),
+            RulePlan::Served {
+                group: "default".into()
+            }
+        );
+    }
+
     #[test]
     fn a_problem_other_than_an_expressions_stays_invalid() {
         // A header name CEL would refuse: at an expression's path, but not a compile error.
@@ -1155,6 +1269,35 @@ mod tests {
         }
         let good = connection("mqtt", "[\"k:9092\"]", "{ acks: all }");
         assert_eq!(connection_refused(&good).expect("renders"), None);
+        // Message sizes, as stored before the CRD checked them.
+        let mut sizes = good.clone();
+        sizes.spec.mqtt.max_message_bytes = 100;
+        sizes.spec.mqtt.max_inflight_bytes = 50;
+        let message = connection_refused(&sizes)
+            .expect("renders")
+            .expect("refused");
+        for expected in [
+            "spec.mqtt.maxMessageBytes: 100 is below the smallest accepted (1024)",
+            "spec.mqtt.maxInflightBytes: 50 is smaller than spec.mqtt.maxMessageBytes (100)",
+        ] {
+            assert!(message.contains(expected), "{expected:?} in {message}");
+        }
+        sizes.spec.mqtt.max_message_bytes = 8192;
+        sizes.spec.mqtt.max_inflight_bytes = 8192;
+        assert_eq!(connection_refused(&sizes).expect("renders"), None);
+        let small_queue = connection(
+            "mqtt",
+            "[\"k:9092\"]",
+            "{ queue.buffering.max.kbytes: \"512\" }",
+        );
+        let message = connection_refused(&small_queue)
+            .expect("renders")
+            .expect("refused");
+        assert!(
+            message.contains("spec.kafka.config.queue.buffering.max.kbytes: 512 KiB cannot hold the largest message (spec.mqtt.maxMessageBytes, 1048576 bytes)")
+                && message.contains("(Ferry sets it from spec.mqtt.maxInflightBytes)"),
+            "{message}"
+        );
     }
 
     #[test]

@@ -261,8 +261,9 @@ fn mqtt_config(m: &crd::MqttEndpoint, shared_group: String, shared: bool) -> Mqt
         subscribe_shared: shared,
         keep_alive_secs: defaults::KEEP_ALIVE_SECS,
         max_inflight: u16::try_from(m.max_inflight).unwrap_or(defaults::MAX_INFLIGHT),
-        max_inflight_bytes: defaults::MAX_INFLIGHT_BYTES,
-        max_message_bytes: defaults::MAX_MESSAGE_BYTES,
+        // A negative size (only past CEL) becomes 0, which validation refuses by name.
+        max_inflight_bytes: u64::try_from(m.max_inflight_bytes).unwrap_or(0),
+        max_message_bytes: u32::try_from(m.max_message_bytes).unwrap_or(0),
         username: None,
         username_file: credentials(keys::MQTT_USERNAME),
         password: None,
@@ -332,7 +333,12 @@ fn rule(fr: &ForwardingRule) -> Rule {
         mqtt: RuleMqtt {
             topics: s.mqtt.topics.iter().map(|t| t.0.clone()).collect(),
             qos: u8::try_from(s.mqtt.qos).unwrap_or(defaults::QOS),
-            max_message_bytes: None,
+            // Over the connection's, validation refuses the rule alone (see
+            // `plan::forwarder_refuses`).
+            max_message_bytes: s
+                .mqtt
+                .max_message_bytes
+                .map(|b| u32::try_from(b).unwrap_or(0)),
         },
         filter: s.filter.clone(),
         kafka: RuleKafka {
@@ -650,6 +656,53 @@ spec:
         let reread: ForwarderConfig =
             serde_saphyr::from_str(&r.config_yaml).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(reread.rules, r.config.rules);
+    }
+
+    #[test]
+    fn message_sizes_render_from_the_connection_and_the_rule() {
+        let defaults = render_default(&connection(CONNECTION), &rules());
+        assert_eq!(
+            (
+                defaults.config.mqtt.max_inflight_bytes,
+                defaults.config.mqtt.max_message_bytes
+            ),
+            (defaults::MAX_INFLIGHT_BYTES, defaults::MAX_MESSAGE_BYTES),
+            "unset: the forwarder's defaults"
+        );
+        assert!(
+            defaults
+                .config
+                .rules
+                .iter()
+                .all(|r| r.mqtt.max_message_bytes.is_none())
+        );
+
+        let conn = connection(&CONNECTION.replace(
+            "    protocol: \"5\"\n",
+            "    protocol: \"5\"\n    maxInflightBytes: 67108864\n    maxMessageBytes: 4194304\n",
+        ));
+        let mut rs = rules();
+        rs[1].spec.mqtt.max_message_bytes = Some(2048);
+        let r = render_default(&conn, &rs);
+        assert_eq!(r.config.mqtt.max_inflight_bytes, 64 * 1024 * 1024);
+        assert_eq!(r.config.mqtt.max_message_bytes, 4 * 1024 * 1024);
+        let sizes: Vec<(&str, Option<u32>)> = r
+            .config
+            .rules
+            .iter()
+            .map(|r| (r.name.as_str(), r.mqtt.max_message_bytes))
+            .collect();
+        assert_eq!(sizes, [("alarms", Some(2048)), ("telemetry", None)]);
+        assert_eq!(r.config.validate(), [], "{}", r.config_yaml);
+        let reread: ForwarderConfig =
+            serde_saphyr::from_str(&r.config_yaml).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(reread.mqtt, r.config.mqtt);
+        assert_eq!(reread.rules, r.config.rules);
+        // The window is read at start: a new one rolls the pods (and their memory limit).
+        assert_ne!(
+            r.restart_checksum,
+            render_default(&connection(CONNECTION), &rs).restart_checksum
+        );
     }
 
     #[test]

@@ -122,6 +122,26 @@ fn invalid_objects() -> Vec<(&'static str, String, &'static str)> {
             "maxInflight must be between 1 and 65535",
         ),
         (
+            "a message limit below 1 KiB",
+            conn("port: 8883", "port: 8883\n    maxMessageBytes: 100"),
+            "maxMessageBytes must be between 1024 and 268435455",
+        ),
+        (
+            "a message limit over the default window",
+            conn("port: 8883", "port: 8883\n    maxMessageBytes: 33554432"),
+            "maxInflightBytes must be at least maxMessageBytes",
+        ),
+        (
+            "a window smaller than the default message limit",
+            conn("port: 8883", "port: 8883\n    maxInflightBytes: 4096"),
+            "maxInflightBytes must be at least maxMessageBytes",
+        ),
+        (
+            "a rule's message limit over MQTT's",
+            rule("qos: 1", "qos: 1, maxMessageBytes: 300000000"),
+            "mqtt.maxMessageBytes must be between 1024 and 268435455",
+        ),
+        (
             "PLAIN without TLS",
             conn("    tls: { useSystemRoots: true }\n", ""),
             "SASL PLAIN sends the password in clear text",
@@ -555,6 +575,18 @@ fn accepted_objects() -> Vec<(String, String)> {
     cases.push((
         "every valid filter".to_owned(),
         RULE.replacen(TOPICS, &format!("[{}]", valid_filters.join(", ")), 1),
+    ));
+    cases.push((
+        "a larger window and message limit".to_owned(),
+        CONNECTION.replacen(
+            "port: 8883",
+            "port: 8883\n    maxInflightBytes: 67108864\n    maxMessageBytes: 33554432",
+            1,
+        ),
+    ));
+    cases.push((
+        "a rule's own message limit".to_owned(),
+        RULE.replacen("qos: 1", "qos: 1, maxMessageBytes: 2048", 1),
     ));
     cases.push((
         "a 3-digit placeholder and a header prefix".to_owned(),

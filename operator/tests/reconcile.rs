@@ -408,9 +408,16 @@ fn refused_rules_say_why(s: &Scene, temps_accepted_at: &str) {
             .filter("json.temp >")
             .yaml(),
     );
+    // Larger messages than its connection's (1 MiB by default) would never be read.
+    s.apply(
+        &rule("huge", "default", "plant/+/huge", "huge")
+            .set("/spec/mqtt/maxMessageBytes", json!(2_097_152))
+            .yaml(),
+    );
     s.op.wait_for("the refused rules' conditions", WAIT, || {
         s.cond("fr", "temps-copy", "Accepted").1 == "Conflict"
             && s.cond("fr", "deep", "Accepted").1 == "Invalid"
+            && s.cond("fr", "huge", "Accepted").1 == "Invalid"
             && s.cond("fr", "hot", "Accepted").1 == "InvalidExpression"
             && s.cond("fr", "stray", "Accepted").1 == "ConnectionNotFound"
             && s.cond("fr", "resting", "Ready").1 == "Paused"
@@ -424,6 +431,11 @@ fn refused_rules_say_why(s: &Scene, temps_accepted_at: &str) {
     assert!(
         invalid.contains("kafka.topic"),
         "names the field: {invalid}"
+    );
+    let huge = s.cond("fr", "huge", "Accepted").2;
+    assert!(
+        huge.contains("spec.mqtt.maxMessageBytes: 2097152 is over BrokerConnection \"plant\"'s spec.mqtt.maxMessageBytes (1048576)"),
+        "names the field and the connection's limit: {huge}"
     );
     assert!(s.cond("fr", "stray", "Accepted").2.contains("\"nowhere\""));
     let (status, _, expression) = s.cond("fr", "hot", "Accepted");
@@ -451,6 +463,7 @@ fn refused_rules_say_why(s: &Scene, temps_accepted_at: &str) {
     let default = s.config("plant-default");
     assert!(
         !default.contains("t.{5}")
+            && !default.contains("plant/+/huge")
             && !default.contains("temps-copy")
             && !default.contains("json.temp"),
         "{default}"
