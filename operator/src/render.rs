@@ -177,6 +177,7 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
         http: HttpConfig::default(),
         shutdown_timeout_secs: defaults::SHUTDOWN_TIMEOUT_SECS,
         dead_letter: None,
+        stall_budget_secs: defaults::STALL_BUDGET_SECS,
         log: LogConfig {
             format: LogFormat::Json,
             ..LogConfig::default()
@@ -372,6 +373,7 @@ fn rule(fr: &ForwardingRule) -> Rule {
             crd::OnUnwritable::Hold => OnUnwritable::Hold,
             crd::OnUnwritable::Drop => OnUnwritable::Drop,
         },
+        stall_budget_secs: None,
     }
 }
 
