@@ -198,7 +198,7 @@ impl Pipeline {
         let (limit_asks, asks) = mpsc::unbounded_channel();
         let (answers, limit_answers) = mpsc::unbounded_channel();
         let registry = RegistryCell::new(wiring.schema_registry.as_ref());
-        schemas::resolve(router.schemas(), &[], &registry);
+        schemas::resolve(router.schemas(), &[], &registry, true);
         Ok(Self {
             router: Arc::new(router),
             registry,
@@ -348,11 +348,12 @@ impl Pipeline {
     /// at once). The new router is in place before new filters are subscribed, so nothing
     /// arrives unrouted.
     fn apply(&mut self, reload: Reload) {
-        self.registry.set(reload.schema_registry.as_ref());
+        let same_registry = !self.registry.set(reload.schema_registry.as_ref());
         schemas::resolve(
             reload.router.schemas(),
             self.router.schemas(),
             &self.registry,
+            same_registry,
         );
         self.router = Arc::new(reload.router);
         for rule in self.router.rules().iter().filter(|r| r.is_retiring()) {

@@ -84,6 +84,13 @@ pub struct RegistryClient {
     client: Client<HttpsConnector<HttpConnector>, Empty<Bytes>>,
 }
 
+impl RegistryClient {
+    /// The registry's base URL: which registry it is (schema ids are its own).
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+}
+
 impl std::fmt::Debug for RegistryClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RegistryClient")

@@ -40,8 +40,17 @@ impl RegistryCell {
         Arc::new(Self(RwLock::new(client_of(config))))
     }
 
-    pub fn set(&self, config: Option<&SchemaRegistry>) {
-        *write(&self.0) = client_of(config);
+    /// Takes the registry of a new config; true when it is another registry than before (its
+    /// schema ids are not the old one's).
+    pub fn set(&self, config: Option<&SchemaRegistry>) -> bool {
+        let new = client_of(config);
+        let mut cell = write(&self.0);
+        let base = |c: &Result<Arc<RegistryClient>, String>| {
+            c.as_ref().ok().map(|c| c.base().to_owned())
+        };
+        let changed = base(&cell) != base(&new);
+        *cell = new;
+        changed
     }
 
     fn get(&self) -> Result<Arc<RegistryClient>, String> {
@@ -173,16 +182,21 @@ impl SchemaSlot {
 }
 
 /// Starts the lookups of `slots` (the ones of a new config), each taking over from the
-/// previous config's slot of the same encoding what it found and the records waiting on it.
-/// Each lookup runs while its slot is in use and has no successor.
+/// previous config's slot of the same encoding the records waiting on it, and what it found
+/// unless the registry is another one now (`same_registry` false: the schema ids found are
+/// the old registry's, so everything is looked up again there). Each lookup runs while its
+/// slot is in use and has no successor.
 pub fn resolve(
     slots: &[Arc<SchemaSlot>],
     previous: &[Arc<SchemaSlot>],
     registry: &Arc<RegistryCell>,
+    same_registry: bool,
 ) {
     for old in previous {
         let same = slots.iter().find(|s| s.spec == old.spec);
-        if let Some(slot) = same {
+        if let Some(slot) = same
+            && same_registry
+        {
             slot.adopt(old);
         }
         // Otherwise its rules' encoding changed (a fixed subject, another version): their
@@ -376,7 +390,7 @@ mod tests {
         let (a, b) = (&rules[0], &rules[1]);
         let old_a = slot_of(spec(SchemaFormat::Avro), a);
         let old_b = slot_of(spec(SchemaFormat::JsonSchema), b);
-        resolve(&[Arc::clone(&old_a), Arc::clone(&old_b)], &[], &registry);
+        resolve(&[Arc::clone(&old_a), Arc::clone(&old_b)], &[], &registry, true);
         // Rule a's subject fixed by a reload; rule b no longer encodes.
         let fixed = ValueEncoding {
             subject: "fixed-value".into(),
@@ -387,6 +401,7 @@ mod tests {
             std::slice::from_ref(&new_a),
             &[Arc::clone(&old_a), Arc::clone(&old_b)],
             &registry,
+            true,
         );
         let found = compile(fetched(SchemaFormat::Avro, 9, READING), &new_a.spec);
         new_a.set_ready(Arc::new(found.unwrap_or_else(|e| panic!("{e}"))));
@@ -405,16 +420,43 @@ mod tests {
             std::slice::from_ref(&same),
             std::slice::from_ref(&new_a),
             &registry,
+            true,
         );
         assert_eq!(same.ready().map(|r| r.id).ok(), Some(9));
+        // Unless the registry is another one: its ids are not the old one's. The records
+        // waiting on the old slot follow the new one, which looks the schema up again.
+        let moved = slot_of(new_a.spec.clone(), a);
+        resolve(
+            std::slice::from_ref(&moved),
+            std::slice::from_ref(&same),
+            &registry,
+            false,
+        );
+        assert!(moved.ready().is_err(), "not adopted from another registry");
+        let again = compile(fetched(SchemaFormat::Avro, 21, READING), &moved.spec);
+        moved.set_ready(Arc::new(again.unwrap_or_else(|e| panic!("{e}"))));
+        assert_eq!(same.ready().map(|r| r.id).ok(), Some(21), "the waiting follow");
         // Without a registry, lookups say why rather than wait silently.
         let waiting = SchemaSlot::new(spec(SchemaFormat::JsonSchema));
-        resolve(std::slice::from_ref(&waiting), &[], &registry);
+        resolve(std::slice::from_ref(&waiting), &[], &registry, true);
         let says = || {
             waiting.ready().err()
                 == Some(NotYet::Waiting("no schema_registry is configured".into()))
         };
         assert!(eventually(says).await, "{:?}", waiting.ready());
+    }
+
+    #[test]
+    fn a_registry_at_another_url_is_another_registry() {
+        let at = |url: &str| SchemaRegistry {
+            url: url.into(),
+            tls: None,
+            basic_auth: None,
+        };
+        let cell = RegistryCell::new(Some(&at("http://one:8081")));
+        assert!(!cell.set(Some(&at("http://one:8081"))), "the same");
+        assert!(cell.set(Some(&at("http://two:8081"))), "another");
+        assert!(cell.set(None), "none");
     }
 
     #[test]
