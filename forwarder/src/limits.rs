@@ -17,8 +17,14 @@ use tracing::warn;
 
 use crate::record::BATCH_OVERHEAD;
 
-/// How often the known limits are asked again (a topic's limit may be changed live).
+/// How often the known limits are asked again (a topic's limit may be changed live): those of
+/// the topics written to since the last refresh only.
 pub const REFRESH_INTERVAL: Duration = Duration::from_secs(60);
+/// A topic not written to for this many refreshes is forgotten (asked again if it comes
+/// back): with templated topics the topics met have no bound, the cache does.
+const FORGET_AFTER_REFRESHES: u64 = 10;
+/// Most topics in one DescribeConfigs request.
+const TOPICS_PER_REQUEST: usize = 100;
 
 /// What Kafka answered about a topic's limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +55,10 @@ pub enum Judgement {
 
 #[derive(Debug)]
 pub struct TopicLimits {
-    learned: HashMap<Arc<str>, Learned>,
+    /// Each topic's answer, and the refresh round it was last judged in.
+    learned: HashMap<Arc<str>, (Learned, u64)>,
+    /// Counts refreshes.
+    round: u64,
     /// Asked, not yet answered.
     asked: HashSet<Arc<str>>,
     /// To ask: taken by `take_asks`.
@@ -62,6 +71,7 @@ impl TopicLimits {
     pub fn new(producer_max: usize) -> Self {
         Self {
             learned: HashMap::new(),
+            round: 0,
             asked: HashSet::new(),
             to_ask: Vec::new(),
             producer_max,
@@ -70,8 +80,12 @@ impl TopicLimits {
 
     /// How a record of `topic` is judged; a topic never seen is asked about.
     pub fn judge(&mut self, topic: &Arc<str>) -> Judgement {
-        match self.learned.get(topic) {
-            Some(&Learned::Known {
+        let round = self.round;
+        match self.learned.get_mut(topic).map(|(learned, used)| {
+            *used = round;
+            *learned
+        }) {
+            Some(Learned::Known {
                 max_bytes,
                 compacted,
             }) => Judgement::Check {
@@ -97,13 +111,24 @@ impl TopicLimits {
         }
     }
 
-    /// Every topic learned, to ask again (`REFRESH_INTERVAL`); a topic asked already is not.
+    /// Every `REFRESH_INTERVAL`: the topics written to since the last refresh are asked again
+    /// (not one asked already); those not written to for `FORGET_AFTER_REFRESHES` are
+    /// forgotten.
     pub fn refresh(&mut self) {
-        for topic in self.learned.keys() {
-            if self.asked.insert(Arc::clone(topic)) {
+        let round = self.round;
+        self.round += 1;
+        self.learned
+            .retain(|_, (_, used)| round.saturating_sub(*used) < FORGET_AFTER_REFRESHES);
+        for (topic, (_, used)) in &self.learned {
+            if *used == round && self.asked.insert(Arc::clone(topic)) {
                 self.to_ask.push(Arc::clone(topic));
             }
         }
+    }
+
+    /// Topics whose answer is kept.
+    pub fn known(&self) -> usize {
+        self.learned.len()
     }
 
     pub fn take_asks(&mut self) -> Vec<Arc<str>> {
@@ -114,7 +139,17 @@ impl TopicLimits {
     /// `Always` until now).
     pub fn learned(&mut self, topic: Arc<str>, learned: Learned) -> bool {
         self.asked.remove(&topic);
-        self.learned.insert(topic, learned).is_none()
+        match self.learned.get_mut(&topic) {
+            // An answer to a refresh says nothing of whether the topic is written to.
+            Some((known, _)) => {
+                *known = learned;
+                false
+            }
+            None => {
+                self.learned.insert(topic, (learned, self.round));
+                true
+            }
+        }
     }
 }
 
@@ -146,9 +181,27 @@ pub async fn learn(kafka: KafkaConfig, mut asks: Asks, answers: Answers) {
         while let Ok(more) = asks.try_recv() {
             topics.extend(more);
         }
+        while !topics.is_empty() {
+            let rest = topics.split_off(topics.len().min(TOPICS_PER_REQUEST));
+            if !describe(&admin, &options, topics, &answers).await {
+                return;
+            }
+            topics = rest;
+        }
+    }
+}
+
+/// One DescribeConfigs request for `topics`, each answered; false when the pipeline is gone.
+async fn describe(
+    admin: &AdminClient<DefaultClientContext>,
+    options: &AdminOptions,
+    topics: Vec<Arc<str>>,
+    answers: &Answers,
+) -> bool {
+    {
         let specifiers: Vec<ResourceSpecifier<'_>> =
             topics.iter().map(|t| ResourceSpecifier::Topic(t)).collect();
-        let described = admin.describe_configs(&specifiers, &options).await;
+        let described = admin.describe_configs(&specifiers, options).await;
         let mut results = match described {
             Ok(results) => results.into_iter().map(Some).collect(),
             Err(e) => {
@@ -169,10 +222,11 @@ pub async fn learn(kafka: KafkaConfig, mut asks: Asks, answers: Answers) {
                 })
                 .unwrap_or(Learned::Unavailable);
             if answers.send((topic, learned)).is_err() {
-                return;
+                return false;
             }
         }
     }
+    true
 }
 
 #[cfg(test)]
@@ -222,6 +276,40 @@ mod tests {
         assert_eq!(limits.judge(&secret), Judgement::Never);
     }
 
+    /// Templated topics have no bound: only those written to since the last refresh are asked
+    /// again, and one unused for `FORGET_AFTER_REFRESHES` refreshes is forgotten.
+    #[test]
+    fn the_refresh_asks_about_recent_topics_and_forgets_unused_ones() {
+        let mut limits = TopicLimits::new(1_000_000);
+        let topics: Vec<Arc<str>> = (0..1000)
+            .map(|i| Arc::from(format!("devices.{i}")))
+            .collect();
+        for t in &topics {
+            limits.judge(t);
+        }
+        for t in limits.take_asks() {
+            limits.learned(t, known(65_536, false));
+        }
+        limits.refresh();
+        assert_eq!(limits.take_asks().len(), 1000, "all written to since");
+        for t in &topics {
+            limits.learned(Arc::clone(t), known(65_536, false));
+        }
+        // Only one topic is written to from now on.
+        for _ in 0..FORGET_AFTER_REFRESHES {
+            limits.judge(&topics[7]);
+            limits.refresh();
+            assert_eq!(limits.take_asks(), vec![Arc::clone(&topics[7])]);
+            limits.learned(Arc::clone(&topics[7]), known(65_536, false));
+        }
+        assert_eq!(limits.known(), 1, "the unused ones forgotten");
+        assert_eq!(
+            limits.judge(&topics[8]),
+            Judgement::Always,
+            "asked again when met"
+        );
+    }
+
     #[test]
     fn a_refusal_and_the_refresh_ask_again() {
         let mut limits = TopicLimits::new(1_000_000);
@@ -235,6 +323,7 @@ mod tests {
         limits.refresh();
         assert!(limits.take_asks().is_empty(), "still asked");
         limits.learned(Arc::clone(&a), known(1000, false));
+        limits.judge(&a);
         limits.refresh();
         assert_eq!(limits.take_asks(), vec![Arc::clone(&a)]);
         assert_eq!(
