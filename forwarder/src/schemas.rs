@@ -45,9 +45,8 @@ impl RegistryCell {
     pub fn set(&self, config: Option<&SchemaRegistry>) -> bool {
         let new = client_of(config);
         let mut cell = write(&self.0);
-        let base = |c: &Result<Arc<RegistryClient>, String>| {
-            c.as_ref().ok().map(|c| c.base().to_owned())
-        };
+        let base =
+            |c: &Result<Arc<RegistryClient>, String>| c.as_ref().ok().map(|c| c.base().to_owned());
         let changed = base(&cell) != base(&new);
         *cell = new;
         changed
@@ -390,7 +389,12 @@ mod tests {
         let (a, b) = (&rules[0], &rules[1]);
         let old_a = slot_of(spec(SchemaFormat::Avro), a);
         let old_b = slot_of(spec(SchemaFormat::JsonSchema), b);
-        resolve(&[Arc::clone(&old_a), Arc::clone(&old_b)], &[], &registry, true);
+        resolve(
+            &[Arc::clone(&old_a), Arc::clone(&old_b)],
+            &[],
+            &registry,
+            true,
+        );
         // Rule a's subject fixed by a reload; rule b no longer encodes.
         let fixed = ValueEncoding {
             subject: "fixed-value".into(),
@@ -435,7 +439,11 @@ mod tests {
         assert!(moved.ready().is_err(), "not adopted from another registry");
         let again = compile(fetched(SchemaFormat::Avro, 21, READING), &moved.spec);
         moved.set_ready(Arc::new(again.unwrap_or_else(|e| panic!("{e}"))));
-        assert_eq!(same.ready().map(|r| r.id).ok(), Some(21), "the waiting follow");
+        assert_eq!(
+            same.ready().map(|r| r.id).ok(),
+            Some(21),
+            "the waiting follow"
+        );
         // Without a registry, lookups say why rather than wait silently.
         let waiting = SchemaSlot::new(spec(SchemaFormat::JsonSchema));
         resolve(std::slice::from_ref(&waiting), &[], &registry, true);

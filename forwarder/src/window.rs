@@ -955,9 +955,8 @@ impl<M> Window<M> {
         let dest = t.dest();
         let alone = t.goes_alone();
         if self.lanes.len() > IDLE_LANES_KEPT {
-            self.lanes.retain(|_, l| {
-                l.outstanding > 0 || l.probe != Probe::Open || l.refusing.is_some()
-            });
+            self.lanes
+                .retain(|_, l| l.outstanding > 0 || l.probe != Probe::Open || l.refusing.is_some());
         }
         let lane = self
             .lanes
@@ -1763,8 +1762,14 @@ mod tests {
                         in_primary || (stalled && in_dlq) || !done,
                         "{t:?} completed but not in its topic"
                     );
-                    assert!(!(in_primary && in_dlq), "{t:?} in its topic and dead-lettered");
-                    assert!(!in_dlq || stalled, "{t:?} valid yet dead-lettered, not stalled");
+                    assert!(
+                        !(in_primary && in_dlq),
+                        "{t:?} in its topic and dead-lettered"
+                    );
+                    assert!(
+                        !in_dlq || stalled,
+                        "{t:?} valid yet dead-lettered, not stalled"
+                    );
                     assert!(!dropped && !released, "{t:?} valid yet given up");
                     continue;
                 }
@@ -1865,7 +1870,11 @@ mod tests {
         let mut out = Vec::new();
         while let Some(a) = w.next_action() {
             out.push(match a {
-                Action::Produce { target, topic, dest } => match dest {
+                Action::Produce {
+                    target,
+                    topic,
+                    dest,
+                } => match dest {
                     Dest::Primary => format!("produce {} to {topic}", target.seq),
                     Dest::DeadLetter { error } => {
                         format!("dead-letter {} to {topic}: {error}", target.seq)
@@ -1926,7 +1935,13 @@ mod tests {
         w.on_outcome(t(1), Outcome::Delivered, after);
         assert_eq!(
             actions(&mut w),
-            ["delivered 0", "complete 0", "delivered 1", "complete 1", "complete 2"]
+            [
+                "delivered 0",
+                "complete 0",
+                "delivered 1",
+                "complete 1",
+                "complete 2"
+            ]
         );
         // The topic never took a record: a later one refused goes at the next check.
         let later = after + Duration::from_secs(5);
@@ -1936,7 +1951,9 @@ mod tests {
         w.expire_stalled(later + Duration::from_secs(1));
         let actions_later = actions(&mut w);
         assert!(
-            actions_later.len() == 2 && actions_later[1].starts_with("dead-letter 3 to dlq: kafka topic missing refused it for 66 s"),
+            actions_later.len() == 2
+                && actions_later[1]
+                    .starts_with("dead-letter 3 to dlq: kafka topic missing refused it for 66 s"),
             "{actions_later:?}"
         );
         w.on_outcome(t(3), Outcome::Delivered, later);

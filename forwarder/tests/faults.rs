@@ -181,14 +181,20 @@ fn a_flood_of_large_messages_fails_only_the_oversized_ones_and_the_neighbour_flo
     let brokers = Brokers::start();
     let rt = runtime();
     for t in ["flood.big", "flood.dlq", "flood.small"] {
-        rt.block_on(brokers.kafka.create_topic(t, 1)).expect("topic");
+        rt.block_on(brokers.kafka.create_topic(t, 1))
+            .expect("topic");
     }
     let rules = "  - name: bad\n    mqtt: { topics: [\"big/+\"] }\n    kafka: { topic: flood.big }\n    dead_letter: { topic: flood.dlq }\n\
                  \x20 - name: good\n    mqtt: { topics: [\"small/+\"] }\n    kafka: { topic: flood.small }\n";
     let mut fwd = Forwarder::start(&brokers.config("ferry-flood", rules));
     fwd.wait_ready(Duration::from_secs(30));
     let (rounds, small_per_round) = (40, 25);
-    let (mut msgs, mut over, mut under, mut small) = (Vec::new(), BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
+    let (mut msgs, mut over, mut under, mut small) = (
+        Vec::new(),
+        BTreeSet::new(),
+        BTreeSet::new(),
+        BTreeSet::new(),
+    );
     for n in 0..rounds {
         // Over the limit (2 MiB), then under it (900 KiB, within Kafka's default 1 MB record).
         let topic = "big/over".to_owned();
@@ -209,12 +215,23 @@ fn a_flood_of_large_messages_fails_only_the_oversized_ones_and_the_neighbour_flo
     let read = |topic: &str, n: usize| {
         brokers.read(topic, n, Duration::from_secs(2), Duration::from_secs(60))
     };
-    assert_exactly_in_order("flood.small", &ids(&read("flood.small", small.len())), &small);
+    assert_exactly_in_order(
+        "flood.small",
+        &ids(&read("flood.small", small.len())),
+        &small,
+    );
     assert_exactly_in_order("flood.big", &ids(&read("flood.big", under.len())), &under);
     let dead = read("flood.dlq", over.len());
-    assert_eq!(dead.len(), over.len(), "one dead letter per oversized message");
+    assert_eq!(
+        dead.len(),
+        over.len(),
+        "one dead letter per oversized message"
+    );
     for record in &dead {
-        assert!(record.value.is_empty(), "a dead letter without the unread payload");
+        assert!(
+            record.value.is_empty(),
+            "a dead letter without the unread payload"
+        );
         let error = record
             .headers
             .iter()
@@ -230,8 +247,14 @@ fn a_flood_of_large_messages_fails_only_the_oversized_ones_and_the_neighbour_flo
     let bad = status.rule("bad").expect("rule bad");
     assert_eq!(bad.dead_lettered, rounds as u64);
     let good = status.rule("good").expect("rule good");
-    assert!(good.blocked_by.is_none() && good.held.is_none(), "good is not held: {good:?}");
-    assert_eq!(fwd.metric("ferry_mqtt_unread_messages_total"), rounds as f64);
+    assert!(
+        good.blocked_by.is_none() && good.held.is_none(),
+        "good is not held: {good:?}"
+    );
+    assert_eq!(
+        fwd.metric("ferry_mqtt_unread_messages_total"),
+        rounds as f64
+    );
     eprintln!(
         "flood: {rounds} of 2 MiB dead-lettered unread, {rounds} of 900 KiB and {} small forwarded",
         small.len()
@@ -248,7 +271,8 @@ fn a_flood_of_large_messages_fails_only_the_oversized_ones_and_the_neighbour_flo
 fn past_the_stall_budget_a_rules_records_take_its_dead_letter_topic(brokers: &Brokers) {
     let rt = runtime();
     for t in ["budget.dlq", "budget.ontime"] {
-        rt.block_on(brokers.kafka.create_topic(t, 1)).expect("topic");
+        rt.block_on(brokers.kafka.create_topic(t, 1))
+            .expect("topic");
     }
     let rules = "  - name: later\n    mqtt: { topics: [\"later/+\"] }\n    kafka: { topic: budget.missing }\n    dead_letter: { topic: budget.dlq }\n    stall_budget_secs: 3\n\
                  \x20 - name: ontime\n    mqtt: { topics: [\"ontime/+\"] }\n    kafka: { topic: budget.ontime }\n";
@@ -282,7 +306,11 @@ fn past_the_stall_budget_a_rules_records_take_its_dead_letter_topic(brokers: &Br
     let read = |topic: &str, n: usize| {
         brokers.read(topic, n, Duration::from_secs(2), Duration::from_secs(30))
     };
-    assert_exactly_in_order("budget.ontime", &ids(&read("budget.ontime", ontime)), &want_ontime);
+    assert_exactly_in_order(
+        "budget.ontime",
+        &ids(&read("budget.ontime", ontime)),
+        &want_ontime,
+    );
     let dead = read("budget.dlq", later);
     assert_exactly_in_order("budget.dlq", &ids(&dead), &want_later);
     for record in &dead {
@@ -302,7 +330,10 @@ fn past_the_stall_budget_a_rules_records_take_its_dead_letter_topic(brokers: &Br
     let rule = status.rule("later").expect("rule");
     assert_eq!(rule.dead_lettered, later as u64);
     assert_eq!(
-        fwd.metric_with("ferry_rule_dead_lettered_messages_total", &["rule=\"later\""]),
+        fwd.metric_with(
+            "ferry_rule_dead_lettered_messages_total",
+            &["rule=\"later\""]
+        ),
         later as f64
     );
 }
