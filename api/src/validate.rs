@@ -16,7 +16,9 @@ use crate::config::{
     MqttProtocol, Problem, ProblemKind, Rule, Sasl, SaslMechanism, SchemaFormat, SchemaRegistry,
     Tls, ValueEncoding,
 };
-use crate::config::{KeyStrategy, MIN_MESSAGE_BYTES, MQTT_PAYLOAD_MAX, PayloadFormat};
+use crate::config::{
+    KeyStrategy, MIN_MESSAGE_BYTES, MQTT_PAYLOAD_MAX, OnUnwritable, PayloadFormat,
+};
 use crate::expr::{self, Expression, Kinds};
 use crate::kafka_props;
 use crate::topic::{TopicFilter, TopicTemplate, is_valid_share_group, validate_kafka_topic};
@@ -121,12 +123,7 @@ fn check(config: &ForwarderConfig) -> (Vec<Problem>, Option<Vec<RuleTopics>>) {
     if let Some(registry) = &config.schema_registry {
         check_schema_registry(&mut p, registry);
     }
-    let topics = check_rules(
-        &mut p,
-        &config.rules,
-        config.schema_registry.is_some(),
-        config.mqtt.max_message_bytes,
-    );
+    let topics = check_rules(&mut p, config);
     check_retiring(&mut p, config);
     if config.shutdown_timeout_secs > MAX_SHUTDOWN_TIMEOUT_SECS {
         p.add(
@@ -495,13 +492,9 @@ fn check_retiring(p: &mut Problems, config: &ForwarderConfig) {
     }
 }
 
-/// `max_message_bytes`: the connection's (`mqtt.max_message_bytes`).
-fn check_rules(
-    p: &mut Problems,
-    rules: &[Rule],
-    has_registry: bool,
-    max_message_bytes: u32,
-) -> Option<Vec<RuleTopics>> {
+fn check_rules(p: &mut Problems, config: &ForwarderConfig) -> Option<Vec<RuleTopics>> {
+    let rules = &config.rules;
+    let max_message_bytes = config.mqtt.max_message_bytes;
     if rules.is_empty() {
         p.add("rules", "must contain at least one rule");
     }
@@ -531,7 +524,15 @@ fn check_rules(
             check_dead_letter(p, &at("dead_letter.topic"), dl);
         }
         if let Some(value) = &rule.kafka.value {
-            check_value_encoding(p, &at, rule, value, has_registry);
+            check_value_encoding(p, &at, rule, value, config.schema_registry.is_some());
+            if config.dead_letter_of(rule).is_none() && rule.on_unwritable == OnUnwritable::Hold {
+                p.add(
+                    at("dead_letter"),
+                    "must be set (or the top-level dead_letter, or on_unwritable: drop) when \
+                     kafka.value is set: a message whose value does not fit the schema would \
+                     otherwise hold every rule of the forwarder",
+                );
+            }
         }
         topics.push(parsed);
     }
@@ -934,13 +935,36 @@ rules:
         let encoded = |value: &str, extra: &str| {
             TWO_RULES.replace(
                 "    kafka: { topic: x }\n",
-                &format!("    kafka: {{ topic: x, value: {value} }}\n{extra}"),
+                &format!(
+                    "    kafka: {{ topic: x, value: {value} }}\n    dead_letter: {{ topic: dlq }}\n{extra}"
+                ),
             )
         };
         let good = "{ format: avro, subject: x-value }";
         let registry = "schema_registry: { url: \"https://registry:8081/ccompat\" }\n";
         assert_eq!(
             parsed(&format!("{registry}{}", encoded(good, ""))).validate(),
+            []
+        );
+        // A value that does not fit the schema needs a way out other than holding the group.
+        let without = format!("{registry}{}", encoded(good, ""))
+            .replace("    dead_letter: { topic: dlq }\n", "");
+        assert_eq!(
+            parsed(&without)
+                .validate()
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>(),
+            [
+                "rules[1].dead_letter: must be set (or the top-level dead_letter, or on_unwritable: drop) when kafka.value is set: a message whose value does not fit the schema would otherwise hold every rule of the forwarder"
+            ]
+        );
+        assert_eq!(
+            parsed(&format!("{without}    on_unwritable: drop\n")).validate(),
+            []
+        );
+        assert_eq!(
+            parsed(&format!("dead_letter: {{ topic: all.dlq }}\n{without}")).validate(),
             []
         );
         let found = |yaml: &str| -> Vec<String> {

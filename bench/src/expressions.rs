@@ -72,10 +72,11 @@ impl ExprRule {
                 String::new(),
                 format!("    payload: {{ transform: \"{TRANSFORM}\" }}\n"),
             ],
+            // Every reading fits the schema; a rule that encodes needs a way out all the same.
             ExprRule::Avro => [
                 String::new(),
                 format!("      value: {{ format: avro, subject: {SUBJECT} }}\n"),
-                String::new(),
+                "    on_unwritable: drop\n".to_owned(),
             ],
         }
     }

@@ -425,6 +425,7 @@ fn check_refuses_a_schema_encoding_it_can_judge_offline() {
         "rules[1].kafka.value.subject: must not be empty",
         "rules[1].kafka.value.message: names a Protobuf message",
         "rules[1].payload: wrapped_json is Ferry's own JSON envelope",
+        "rules[0].dead_letter: must be set (or the top-level dead_letter, or on_unwritable: drop) when kafka.value is set",
     ] {
         assert!(
             stderr.contains(expected),
@@ -433,7 +434,7 @@ fn check_refuses_a_schema_encoding_it_can_judge_offline() {
     }
     let registry = "schema_registry: { url: \"https://registry:8081\", basic_auth: { username: u, password_file: /nonexistent/registry-password } }\n";
     let (code, stderr) = check(&format!(
-        "{base}{registry}{}",
+        "{base}dead_letter: {{ topic: dlq }}\n{registry}{}",
         &rules[..rules.find("  - name: s").unwrap_or(rules.len())]
     ));
     assert_eq!(code, Some(2), "{stderr}");
