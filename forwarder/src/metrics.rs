@@ -451,6 +451,8 @@ pub struct Metrics {
     mqtt_last_error: Mutex<Option<LastError>>,
     /// Subscribed filters the broker refused: (its reason, since when).
     mqtt_refused: Mutex<BTreeMap<String, (&'static str, Timestamp)>>,
+    /// Counts changes of `mqtt_refused`'s filters.
+    refused_generation: AtomicU64,
     kafka_last_error: Mutex<Option<LastError>>,
     config: Mutex<ConfigStatus>,
     /// Whether this forwarder drains, and whether its session still holds anything.
@@ -612,6 +614,7 @@ impl Metrics {
             started_at: Timestamp::now(),
             mqtt_last_error: Mutex::new(None),
             mqtt_refused: Mutex::new(BTreeMap::new()),
+            refused_generation: AtomicU64::new(0),
             kafka_last_error: Mutex::new(None),
             config: Mutex::new(ConfigStatus {
                 generation: 1,
@@ -886,6 +889,12 @@ impl Metrics {
         self.set_mqtt_refused(refused);
     }
 
+    /// Changes whenever the set of filters the broker refused does: one load tells the
+    /// pipeline whether to read them again.
+    pub fn refused_generation(&self) -> u64 {
+        self.refused_generation.load(Ordering::Relaxed)
+    }
+
     /// The filters the broker refused, with its reason.
     pub fn mqtt_refused(&self) -> BTreeMap<String, &'static str> {
         lock(&self.mqtt_refused)
@@ -898,6 +907,9 @@ impl Metrics {
     /// keeps its `since`.
     pub fn set_mqtt_refused(&self, refused: &BTreeMap<String, &'static str>) {
         let mut current = lock(&self.mqtt_refused);
+        if !current.keys().eq(refused.keys()) {
+            self.refused_generation.fetch_add(1, Ordering::Relaxed);
+        }
         let now = Timestamp::now();
         *current = refused
             .iter()

@@ -156,6 +156,10 @@ pub struct Pipeline {
     holds_changed: bool,
     /// When records were last checked against their stall budget.
     stalls_checked: Instant,
+    /// The identifiers of the filters the broker refused, as of `refused_seen`
+    /// (`Metrics::refused_generation`): routing skips them.
+    refused_ids: HashSet<u32>,
+    refused_seen: u64,
     /// The producer's `message.max.bytes`: what a record's expressions may build.
     record_max_bytes: usize,
     /// The target topics' `max.message.bytes`, as far as learned.
@@ -219,6 +223,8 @@ impl Pipeline {
             holds_reported: None,
             holds_changed: false,
             stalls_checked: Instant::now(),
+            refused_ids: HashSet::new(),
+            refused_seen: 0,
             record_max_bytes,
             limits: TopicLimits::new(record_max_bytes),
             limit_asks,
@@ -387,8 +393,19 @@ impl Pipeline {
 
     /// Takes `message` into the window.
     async fn accept(&mut self, message: Message) {
-        self.router
-            .route(&message.topic, &message.subscription_ids, &mut self.scratch);
+        let refused = self.metrics.refused_generation();
+        if refused != self.refused_seen {
+            self.refused_seen = refused;
+            self.refused_ids = (self.metrics.mqtt_refused().keys())
+                .map(|f| crate::mqtt::subscription_id(f))
+                .collect();
+        }
+        self.router.route(
+            &message.topic,
+            &message.subscription_ids,
+            &self.refused_ids,
+            &mut self.scratch,
+        );
         if self.scratch.is_empty() {
             self.metrics.unmatched.inc();
         }
@@ -1363,7 +1380,7 @@ rules:
         let router = router_of(yaml);
         let reads = |topic: &str| {
             let mut routed = Vec::new();
-            router.route(topic, &[], &mut routed);
+            router.route(topic, &[], &HashSet::new(), &mut routed);
             json_reads(&routed).map(|r| JsonReads::clone(&r))
         };
         let fields = |names: &[&str]| {
@@ -1414,7 +1431,7 @@ rules:
             unread: None,
         };
         let mut routed = Vec::new();
-        router.route(&message.topic, &[], &mut routed);
+        router.route(&message.topic, &[], &HashSet::new(), &mut routed);
         let now = Instant::now();
         let judged = |limit| judge(&routed, &message, now, 1_000_000, limit);
         assert!(judged(Some(1_000)).is_none(), "stopped at the inline limit");

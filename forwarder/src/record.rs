@@ -220,7 +220,7 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         let router = Router::new(&config, &crate::metrics::Metrics::new());
         let mut routed = Vec::new();
-        router.route("plant/7/temp", &[], &mut routed);
+        router.route("plant/7/temp", &[], &Default::default(), &mut routed);
         std::sync::Arc::clone(&routed.first().expect("routed").target)
     }
 

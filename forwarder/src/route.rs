@@ -338,8 +338,15 @@ impl Router {
     /// delivered for the first of its filters that matches, so it gets the message once
     /// however its filters overlap its own or other rules'. Identifiers that name no filter
     /// matching the topic (a config since replaced) route by the topic alone: a duplicate at
-    /// worst, never a loss.
-    pub fn route(&self, topic: &str, delivered_for: &[u32], out: &mut Vec<Routed>) {
+    /// worst, never a loss. `refused`: the identifiers of the filters the broker refused: no
+    /// copy ever comes for those, so a rule's first *granted* matching filter decides.
+    pub fn route(
+        &self,
+        topic: &str,
+        delivered_for: &[u32],
+        refused: &HashSet<u32>,
+        out: &mut Vec<Routed>,
+    ) {
         out.clear();
         let mut matching = Vec::new();
         self.tree.matches(topic, &mut matching);
@@ -353,10 +360,10 @@ impl Router {
         let mut last_rule = usize::MAX;
         let (mut kept, mut retiring) = (false, false);
         for f in filters() {
-            if f.rule == last_rule {
+            if f.rule == last_rule || (known && refused.contains(&f.id)) {
                 continue;
             }
-            // The rule's first matching filter decides; a copy for another is not its own.
+            // The rule's first granted matching filter decides; a copy for another is not its own.
             last_rule = f.rule;
             if known && !delivered_for.contains(&f.id) {
                 continue;
@@ -575,7 +582,7 @@ rules:
         let id = |f: &str| mqtt::subscription_id(&format!("$share/g/{f}"));
         let mut out = Vec::new();
         let mut reached = |ids: &[u32]| {
-            router.route("a/b/c", ids, &mut out);
+            router.route("a/b/c", ids, &HashSet::new(), &mut out);
             rules_reached(&out)
         };
         // Mosquitto with MQTT 5: one copy per matching subscription, each with its identifier.
@@ -588,8 +595,16 @@ rules:
             assert_eq!(reached(ids), ["both", "narrow", "wide"], "{ids:?}");
         }
         // A copy delivered for a filter that matches nothing else falls back to the topic.
-        router.route("a/x", &[id("a/+/c")], &mut out);
+        router.route("a/x", &[id("a/+/c")], &HashSet::new(), &mut out);
         assert_eq!(rules_reached(&out), ["both", "wide"]);
+        // The broker refused `both`'s first filter: the copies for its second are its own.
+        let refused: HashSet<u32> = [id("a/+/c")].into();
+        router.route("a/b/c", &[id("a/#")], &refused, &mut out);
+        assert_eq!(
+            rules_reached(&out),
+            ["both", "wide"],
+            "a/# granted, a/+/c refused"
+        );
     }
 
     fn indices(router: &Router, out: &[Routed]) -> Vec<usize> {
@@ -610,7 +625,7 @@ rules:
         let router = Router::new(&config(TWO_RULES_SAME_TARGET), &metrics);
         assert_eq!(router.targets().len(), 2);
         let mut out = Vec::new();
-        router.route("plant/1/temp", &[], &mut out);
+        router.route("plant/1/temp", &[], &HashSet::new(), &mut out);
         assert_eq!(indices(&router, &out), vec![0, 1]);
         let names: Vec<&str> = router.targets()[0]
             .rules
@@ -623,7 +638,7 @@ rules:
             RuleSet(SmallVec::from_slice(&[0, 1])),
             "both rules of the shared target"
         );
-        router.route("plant/1/pressure", &[], &mut out);
+        router.route("plant/1/pressure", &[], &HashSet::new(), &mut out);
         assert_eq!(indices(&router, &out), vec![0]);
         let matched: Vec<&str> = out[0]
             .target
@@ -631,7 +646,7 @@ rules:
             .map(|r| r.name.as_str())
             .collect();
         assert_eq!(matched, ["all"], "only the rule that matched is credited");
-        router.route("other/1/temp", &[], &mut out);
+        router.route("other/1/temp", &[], &HashSet::new(), &mut out);
         assert!(out.is_empty());
         let received: Vec<u64> = metrics.status().rules.iter().map(|r| r.received).collect();
         assert_eq!(received, vec![2, 1, 1], "per rule, once per message");
@@ -652,7 +667,7 @@ rules:
         assert_eq!(router.targets().len(), 1);
         let mut out = Vec::new();
         for i in [0, 63, 64, 65, 129] {
-            router.route(&format!("t/{i}"), &[], &mut out);
+            router.route(&format!("t/{i}"), &[], &HashSet::new(), &mut out);
             let names: Vec<&str> = out[0]
                 .target
                 .matched(&out[0].matched)
@@ -793,7 +808,7 @@ rules:
             let mut out = Vec::new();
             for levels in &topics {
                 let topic = levels.join("/");
-                router.route(&topic, &delivered_for, &mut out);
+                router.route(&topic, &delivered_for, &HashSet::new(), &mut out);
                 let routed: Vec<(usize, Vec<String>)> = out
                     .iter()
                     .map(|o| (indices(&router, std::slice::from_ref(o))[0], o.target.matched_names_vec(&o.matched)))

@@ -722,6 +722,50 @@ fn a_refused_subscription_fails_its_rule_and_all_refused_is_never_ready() {
         Some(503),
         "subscribed to nothing: not ready"
     );
+    drop(fwd);
+    the_first_granted_overlapping_filter_decides(&brokers);
+}
+
+/// MQTT 5 (subscription identifiers): a rule whose first filter matching a topic was refused
+/// (`secret/#`) takes the copies delivered for its granted one (`+/1`). Before, its first
+/// matching filter decided, refused or not, and the message was acknowledged unmatched.
+fn the_first_granted_overlapping_filter_decides(brokers: &Brokers) {
+    let rt = runtime();
+    rt.block_on(brokers.kafka.create_topic("overlap", 1))
+        .expect("topic");
+    let rules = "  - name: overlap\n    mqtt: { topics: [\"secret/#\", \"+/1\"] }\n    kafka: { topic: overlap }\n";
+    let config = brokers.config("ferry-acl-overlap", rules).replace(
+        "  client_id: ferry-acl-overlap\n",
+        "  client_id: ferry-acl-overlap\n  protocol: 5\n",
+    );
+    let mut fwd = Forwarder::start(&config);
+    fwd.wait_ready(Duration::from_secs(30));
+    wait_until(&fwd, Duration::from_secs(10), "the refusal", || {
+        fwd.status()
+            .and_then(|s| s.rule("overlap").cloned())
+            .is_some_and(|r| r.subscription_refused.is_some())
+    });
+    let topics = ["secret/1", "open/1", "secret/1"];
+    brokers.publish_acked(
+        &fwd,
+        "pub-overlap",
+        topics
+            .iter()
+            .map(|t| (t.to_string(), t.as_bytes().to_vec()))
+            .collect(),
+        topics.len(),
+        Duration::from_secs(30),
+    );
+    let records = brokers.read(
+        "overlap",
+        topics.len(),
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+    );
+    let got: Vec<&str> = records.iter().filter_map(|r| r.key_str()).collect();
+    assert_eq!(got, topics, "each message once, through the granted filter");
+    assert_eq!(fwd.metric("ferry_mqtt_unmatched_messages_total"), 0.0);
+    fwd.kill();
 }
 
 /// The config of one replica of a shared group draining `drain` (client ids), MQTT `protocol`.
