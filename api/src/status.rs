@@ -7,6 +7,29 @@ use serde::{Deserialize, Serialize};
 /// The HTTP path of [`ForwarderStatus`] on the forwarder's `http.listen` address.
 pub const STATUS_PATH: &str = "/status";
 
+/// The largest `/status` body the operator reads. A forwarder of `config::MAX_RULES` rules,
+/// each waiting, blocked and holding a record with the longest names and texts
+/// ([`TEXT_MAX_BYTES`]), stays under it (a forwarder test checks). What the operator holds of
+/// the bodies together grows with the rules it serves, not with this bound.
+pub const STATUS_MAX_BYTES: usize = 32 << 20;
+
+/// Error texts in `/status` are cut to this many bytes (then `…`): a status's size must not
+/// depend on how long an error grows.
+pub const TEXT_MAX_BYTES: usize = 512;
+
+/// `text` cut to at most [`TEXT_MAX_BYTES`] (on a character boundary, then `…`).
+pub fn bounded_text(mut text: String) -> String {
+    if text.len() > TEXT_MAX_BYTES {
+        let mut end = TEXT_MAX_BYTES - '…'.len_utf8();
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ForwarderStatus {

@@ -212,6 +212,7 @@ impl RuleStats {
 
     /// Records of this rule wait; keeps the first `since` while the reason stays the same.
     pub fn set_waiting(&self, reason: &'static str, message: String) {
+        let message = ferry_api::status::bounded_text(message);
         self.waiting_set.store(true, Ordering::Relaxed);
         let mut w = lock(&self.waiting);
         match w.as_mut() {
@@ -267,7 +268,7 @@ impl RuleStats {
     }
     pub fn set_error(&self, message: String) {
         *lock(&self.last_error) = Some(LastError {
-            message,
+            message: ferry_api::status::bounded_text(message),
             at: Timestamp::now(),
         });
     }
@@ -290,6 +291,7 @@ impl RuleStats {
         }
         let mut current = lock(&self.held);
         *current = held.map(|mut h| {
+            h.error = ferry_api::status::bounded_text(std::mem::take(&mut h.error));
             if let Some(c) = current.as_ref()
                 && (
                     c.reason.as_str(),
@@ -1078,6 +1080,52 @@ mod tests {
         assert_eq!(m.status().rules[1].subscription_refused, Some(r));
         m.set_mqtt_subscriptions(true, &BTreeMap::new());
         assert_eq!(m.status().rules[1].subscription_refused, None);
+    }
+
+    /// The operator reads `/status` up to `STATUS_MAX_BYTES`: a forwarder of the most rules,
+    /// every one waiting, with its last error, blocked behind another's record and holding one
+    /// of its own, with the longest names, topics and texts, still fits.
+    #[test]
+    fn the_status_of_the_most_rules_at_their_worst_fits_the_operators_read() {
+        let m = Metrics::new();
+        let names: Vec<String> = (0..ferry_api::config::MAX_RULES)
+            .map(|i| format!("{i:05}-{}", "r".repeat(57)))
+            .collect();
+        let rules = m.set_rules(&names);
+        let topic = "t".repeat(249);
+        let error = format!(
+            "kafka topic {topic}: {}",
+            "Local: Broker transport failure. ".repeat(40)
+        );
+        for rule in &rules {
+            rule.set_waiting("unavailable", error.clone());
+            rule.set_error(error.clone());
+            let held = Held {
+                reason: "schema_mismatch".to_owned(),
+                mqtt_topic: format!("{}…", "m".repeat(253)),
+                size: u64::MAX,
+                kafka_topic: Some(topic.clone()),
+                dead_letter: true,
+                error: error.clone(),
+                records: u64::MAX,
+                since: Timestamp::now(),
+            };
+            rule.set_held(Some(held), &[u64::MAX; PermanentReason::ALL.len()]);
+            rule.set_blocked_by(Some(BlockedBy {
+                rules: vec![names[0].clone()],
+                messages: 1_000,
+                since: Timestamp::now(),
+                waiting: Some("unavailable".to_owned()),
+            }));
+        }
+        let body = serde_json::to_vec(&m.status()).unwrap_or_default();
+        eprintln!("{} bytes for {} rules", body.len(), names.len());
+        assert!(
+            body.len() <= ferry_api::status::STATUS_MAX_BYTES,
+            "{} bytes for {} rules",
+            body.len(),
+            names.len()
+        );
     }
 
     #[test]
