@@ -686,6 +686,18 @@ impl Pipeline {
                 *blocked.entry(rule).or_default() += 1;
             }
         }
+        // The window is full (in messages or bytes): no message of any rule is read until the
+        // stall ends, so every other rule is stopped, those whose messages wait at the broker
+        // included.
+        if !self.metrics.drain.reading() {
+            for rule in self.router.rules() {
+                if stall.rules.binary_search(&rule.name).is_err()
+                    && !held.contains_key(rule.name.as_str())
+                {
+                    blocked.entry(rule.name.as_str()).or_default();
+                }
+            }
+        }
         blocked
     }
 

@@ -869,6 +869,42 @@ fn revoked_authorization_holds_messages_until_the_acl_is_restored() {
     let status = fwd.status().expect("status");
     let rule = status.rule("guarded").expect("rule");
     assert_eq!(rule.failed, 0, "never given up");
+    // The neighbour's messages wait behind the denied ones in the order of acks, and it says
+    // which rule it waits on, and why.
+    let early_acked = status.rule("early").map_or(0, |r| r.acked);
+    let neighbours = 20;
+    rt.block_on(ferry_e2e::publish(
+        mqtt.port(),
+        "pub-early",
+        rumqttc::QoS::AtLeastOnce,
+        (0..neighbours)
+            .map(|n| ("early/1".to_owned(), payload("early/1", 10_000 + n, false)))
+            .collect(),
+    ))
+    .expect("publish");
+    wait_until(
+        &fwd,
+        Duration::from_secs(10),
+        "the neighbour says it is blocked by the denied rule",
+        || {
+            fwd.status()
+                .and_then(|s| s.rule("early").and_then(|r| r.blocked_by.clone()))
+                .is_some_and(|b| {
+                    b.rules == ["guarded"] && b.waiting.as_deref() == Some("unauthorized")
+                })
+        },
+    );
+    // The stream filled the window: the neighbour's messages wait at the broker, not read,
+    // and it is stopped all the same.
+    let blocked = fwd
+        .status()
+        .and_then(|s| s.rule("early").and_then(|r| r.blocked_by.clone()))
+        .map_or(u64::MAX, |b| b.messages);
+    assert!(blocked <= neighbours as u64, "{blocked}");
+    assert_eq!(
+        fwd.metric_with("ferry_rule_blocked_messages", &["rule=\"early\""]),
+        blocked as f64
+    );
     kafka.grant_produce(USER, "guarded").expect("grant again");
     stream.join().expect("publisher");
     wait_until(
@@ -882,6 +918,16 @@ fn revoked_authorization_holds_messages_until_the_acl_is_restored() {
     assert_eq!((d.missing, d.out_of_order), (0, 0));
     // No MQTT reconnect, so no redelivery.
     assert_eq!(d.duplicates, 0);
+    let early = fwd
+        .status()
+        .and_then(|s| s.rule("early").cloned())
+        .expect("early");
+    assert_eq!(
+        early.acked,
+        early_acked + neighbours as u64,
+        "the neighbour's all acked"
+    );
+    assert!(early.blocked_by.is_none(), "and no longer blocked");
 }
 
 /// The forwarder's user may write to no topic, so Kafka refuses every producer an id
