@@ -358,7 +358,15 @@ fn records_wait_while_the_registry_is_unreachable_refuses_or_lacks_their_schema_
                         && r.waiting.as_ref().is_some_and(|w| {
                             w.reason == "schema_unavailable" && w.message.contains(what)
                         })
-                })
+                }) && s
+                    .rule("plain")
+                    .and_then(|r| r.blocked_by.clone())
+                    .is_some_and(|b| {
+                        // In Kafka, not acknowledged: behind `late`'s records in the order of acks.
+                        b.rules == ["late"]
+                            && b.waiting.as_deref() == Some("schema_unavailable")
+                            && b.messages == MESSAGES as u64
+                    })
             })
         });
     };
@@ -403,5 +411,20 @@ fn records_wait_while_the_registry_is_unreachable_refuses_or_lacks_their_schema_
     assert_eq!(
         (late.forwarded, late.waiting.clone()),
         (MESSAGES as u64, None)
+    );
+    let plain = status.rule("plain").expect("rule");
+    assert_eq!(
+        (plain.acked, plain.forwarded),
+        (MESSAGES as u64, MESSAGES as u64)
+    );
+    wait_until(
+        &fwd,
+        Duration::from_secs(3),
+        "plain no longer blocked",
+        || {
+            fwd.status()
+                .and_then(|s| s.rule("plain").map(|r| r.blocked_by.is_none()))
+                .unwrap_or(false)
+        },
     );
 }
