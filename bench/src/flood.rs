@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, Result, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::load::{self, Judge};
 use crate::procs::Forwarder;
 use crate::report::verdict;
 use crate::{Bench, PARTITIONS, TOPICS};
@@ -60,30 +59,14 @@ fn one(bench: &mut Bench, size: usize) -> Result<Flood> {
         bootstrap = bench.kafka.bootstrap(),
         kafka_config = bench.kafka_config,
     );
-    // The session first, so that the broker queues the backlog for it.
-    let mut session =
-        Forwarder::start(&bench.forwarder_bin, bench.dir.path(), &format!("run{run}-session"), &config)?;
-    session.wait_ready(Duration::from_secs(30))?;
-    session.stop()?;
-    bench.rt.block_on(load::publish_backlog(
-        bench.mqtt.port(),
-        &format!("b{run}"),
-        MESSAGES,
-        size,
-        TOPICS,
-        1,
-        load::Payload::Binary,
-    ))?;
-    let reader = load::read_topic(
-        bench.kafka.bootstrap(),
-        topic,
-        Duration::from_secs(1),
-        Duration::from_secs(60),
-        Judge::default(),
-    )?;
+    let reader = bench.filled_session(run, &config, (MESSAGES, size, TOPICS), topic)?;
     let start = Instant::now();
-    let mut fwd =
-        Forwarder::start(&bench.forwarder_bin, bench.dir.path(), &format!("run{run}"), &config)?;
+    let mut fwd = Forwarder::start(
+        &bench.forwarder_bin,
+        bench.dir.path(),
+        &format!("run{run}"),
+        &config,
+    )?;
     let deadline = Duration::from_secs(120);
     loop {
         let acked = fwd.metric("ferry_mqtt_acked_messages_total").unwrap_or(0.0);

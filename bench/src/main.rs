@@ -18,6 +18,7 @@ mod procs;
 mod report;
 mod rules;
 mod soak;
+mod startup;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -280,6 +281,42 @@ impl Bench {
             None => println!("{}", d.line()),
         }
         Ok((d, arrivals))
+    }
+
+    /// A new session for `config` (run `run`), filled with a backlog of `n` QoS 1 binary
+    /// messages of `size` bytes over `topics` MQTT topics while its forwarder is away, and a
+    /// reader of `topic` from the start: what a drain of one forwarder needs before it starts.
+    fn filled_session(
+        &self,
+        run: u32,
+        config: &str,
+        (n, size, topics): (u64, usize, u64),
+        topic: String,
+    ) -> Result<load::Reader> {
+        let mut session = Forwarder::start(
+            &self.forwarder_bin,
+            self.dir.path(),
+            &format!("run{run}-session"),
+            config,
+        )?;
+        session.wait_ready(Duration::from_secs(30))?;
+        session.stop()?;
+        self.rt.block_on(load::publish_backlog(
+            self.mqtt.port(),
+            &format!("b{run}"),
+            n,
+            size,
+            topics,
+            1,
+            load::Payload::Binary,
+        ))?;
+        load::read_topic(
+            self.kafka.bootstrap(),
+            topic,
+            Duration::from_secs(1),
+            Duration::from_secs(120),
+            Judge::default(),
+        )
     }
 
     /// Starts the drain's forwarders on their filled sessions and times them until all `n`
@@ -566,8 +603,9 @@ fn main() -> Result<()> {
             );
         }
     }
-    const SECTIONS: [&str; 10] = [
+    const SECTIONS: [&str; 11] = [
         "drains",
+        "startup",
         "flood",
         "expressions",
         "encodings",
@@ -687,6 +725,9 @@ fn forwarder_sections(args: &Args, forwarder_bin: PathBuf, report: &mut Report) 
     let window = args.window;
     if wanted("drains") {
         drains(&mut bench, window, report)?;
+    }
+    if wanted("startup") {
+        report.startup = Some(startup::run(&mut bench)?);
     }
     if wanted("flood") {
         report.floods = flood::run(&mut bench)?;
@@ -829,6 +870,7 @@ fn merge(out: &Path, ran: Report, only: &[String]) -> Result<Report> {
         match section.as_str() {
             "drains" => merged.drains = ran.drains.clone(),
             "flood" => merged.floods = ran.floods.clone(),
+            "startup" => merged.startup = ran.startup.clone(),
             "expressions" => {
                 merged.expressions = ran.expressions.clone();
                 merged.evaluation = ran.evaluation.clone();

@@ -725,6 +725,9 @@ pub struct Report {
     /// The flood section, if it ran.
     #[serde(default)]
     pub floods: Vec<crate::flood::Flood>,
+    /// The first seconds after a start, if it ran.
+    #[serde(default)]
+    pub startup: Option<crate::startup::Startup>,
     #[serde(default)]
     pub expressions: Vec<ExpressionDrain>,
     #[serde(default)]
@@ -790,6 +793,9 @@ impl Report {
         self.low_rate_table(&mut s);
         self.targets(&mut s);
         self.drain_table(&mut s);
+        if let Some(st) = &self.startup {
+            st.section(&mut s);
+        }
         crate::flood::table(&self.floods, &mut s);
         self.expression_table(&mut s);
         if let Some(e) = &self.encodings {
@@ -980,7 +986,8 @@ impl Report {
         let lost = drains.clone().map(|d| d.lost).sum::<u64>()
             + self.latencies.iter().map(|l| l.lost).sum::<u64>()
             + self.low_rates.iter().map(|l| l.lost).sum::<u64>()
-            + self.floods.iter().map(|f| f.lost).sum::<u64>();
+            + self.floods.iter().map(|f| f.lost).sum::<u64>()
+            + self.startup.iter().map(|s| s.lost).sum::<u64>();
         (lost, drains.map(|d| d.out_of_order).sum())
     }
 

@@ -232,12 +232,7 @@ fn a_flood_of_large_messages_fails_only_the_oversized_ones_and_the_neighbour_flo
             record.value.is_empty(),
             "a dead letter without the unread payload"
         );
-        let error = record
-            .headers
-            .iter()
-            .find(|(k, _)| k == "ferry.error")
-            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-            .unwrap_or_default();
+        let error = record.header("ferry.error").unwrap_or_default();
         assert!(
             error.contains("over the connection's mqtt.max_message_bytes"),
             "the reason, in ferry.error: {error:?}"
@@ -314,12 +309,7 @@ fn past_the_stall_budget_a_rules_records_take_its_dead_letter_topic(brokers: &Br
     let dead = read("budget.dlq", later);
     assert_exactly_in_order("budget.dlq", &ids(&dead), &want_later);
     for record in &dead {
-        let error = record
-            .headers
-            .iter()
-            .find(|(k, _)| k == "ferry.error")
-            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-            .unwrap_or_default();
+        let error = record.header("ferry.error").unwrap_or_default();
         assert!(
             error.starts_with("kafka topic budget.missing refused it for")
                 && error.contains("over its rule's stall budget (3 s): unknown_topic"),
