@@ -72,7 +72,32 @@ pub struct BrokerConnectionSpec {
     /// (`spec.kafka.value` of a ForwardingRule).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema_registry: Option<SchemaRegistryEndpoint>,
+    /// The dead-letter topic of every rule of this connection without its own (a
+    /// ForwardingRule's `spec.deadLetter`): where messages go that Kafka can never take as
+    /// they are, and records that waited on their topic past their stall budget. Unset: each
+    /// rule's own, else its `onUnwritable` decides. A rule with `spec.kafka.value` needs a
+    /// dead-letter topic (its own or this one) or `onUnwritable: Drop`. For a connection of
+    /// one team: on a shared one, it would put one team's payloads in a topic the others read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dead_letter: Option<DeadLetter>,
+    /// How long, in seconds, a rule's records may wait on their Kafka topic for a reason of the
+    /// rule's own (not authorized, an unknown topic, a schema the registry cannot give) before
+    /// they go to the rule's dead-letter topic with the reason, so that the other rules of its
+    /// group (which wait behind them) move on; without a dead-letter topic they keep waiting,
+    /// and every rule they hold says so. Kafka outages never count. For every rule without its
+    /// own `spec.stallBudgetSeconds`. 0: as long as it takes; at most 604800 (a week: a longer
+    /// wait is no budget). Default: 300, long enough for the usual fix (a topic created by a
+    /// GitOps sync, an ACL granted during a rollout) to land before anything is dead-lettered,
+    /// short enough that one rule's missing topic stops its neighbours for minutes, not until
+    /// someone notices.
+    #[serde(default = "default_stall_budget_seconds")]
+    #[x_kube(validation = stall_budget_rule())]
+    pub stall_budget_seconds: i32,
 }
+
+/// The largest `stallBudgetSeconds` (a week): records held longer than that are not held on
+/// a budget, and 0 says "as long as it takes" plainly.
+pub const MAX_STALL_BUDGET_SECONDS: i32 = 7 * 86_400;
 
 /// A schema registry speaking Confluent's REST API: Confluent Schema Registry, Apicurio
 /// Registry (`.../apis/ccompat/v7`), Karapace, Redpanda.
@@ -578,7 +603,12 @@ pub struct ForwardingRuleSpec {
     #[x_kube(validation = no_substitution_rule(false))]
     pub payload_transform: Option<String>,
     /// Where messages go that Kafka can never take as they are (too large, an illegal topic
-    /// name from a template, rejected as invalid). Unset: `onUnwritable` decides.
+    /// name from a template, rejected as invalid, a value that does not fit its schema), and
+    /// records that waited on their topic past the stall budget. Unset: the BrokerConnection's
+    /// `spec.deadLetter`, else `onUnwritable` decides. With `spec.kafka.value`, a rule needs
+    /// one (its own or its connection's) or `onUnwritable: Drop`: otherwise the operator
+    /// refuses it (Accepted False, Invalid), since a value that does not fit the schema would
+    /// hold every rule of its group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dead_letter: Option<DeadLetter>,
     /// What happens to a message Kafka can never take when no dead-letter topic took it:
@@ -587,6 +617,14 @@ pub struct ForwardingRuleSpec {
     /// Authorization errors, unknown topics and outages are always retried, never dropped.
     #[serde(default)]
     pub on_unwritable: OnUnwritable,
+    /// This rule's stall budget, in seconds: how long its records may wait on their Kafka
+    /// topic for a reason of its own (not authorized, an unknown topic, a schema the registry
+    /// cannot give) before they go to its dead-letter topic; see the BrokerConnection's
+    /// `spec.stallBudgetSeconds`. 0: as long as it takes; at most 604800 (a week). Unset: the
+    /// connection's (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = stall_budget_rule())]
+    pub stall_budget_seconds: Option<i32>,
     /// A paused rule is kept but not forwarded (its filters are unsubscribed).
     #[serde(default)]
     pub paused: bool,
@@ -948,6 +986,9 @@ fn default_max_inflight_bytes() -> i64 {
 fn default_max_message_bytes() -> i32 {
     i32::try_from(defaults::MAX_MESSAGE_BYTES).unwrap_or(i32::MAX)
 }
+fn default_stall_budget_seconds() -> i32 {
+    i32::try_from(defaults::STALL_BUDGET_SECS).unwrap_or(MAX_STALL_BUDGET_SECONDS)
+}
 fn default_replicas() -> i32 {
     1
 }
@@ -986,6 +1027,16 @@ fn message_bytes_rule(field: &str) -> Rule {
     ))
     .message(Message::Message(format!(
         "{field} must be between {MIN_MESSAGE_BYTES} and {MQTT_PAYLOAD_MAX} (MQTT's largest payload)"
+    )))
+}
+
+/// A `stallBudgetSeconds`: 0 (as long as it takes) to [`MAX_STALL_BUDGET_SECONDS`].
+fn stall_budget_rule() -> Rule {
+    Rule::new(format!(
+        "self >= 0 && self <= {MAX_STALL_BUDGET_SECONDS}"
+    ))
+    .message(Message::Message(format!(
+        "stallBudgetSeconds must be between 0 (as long as it takes) and {MAX_STALL_BUDGET_SECONDS} (a week)"
     )))
 }
 
@@ -1169,6 +1220,21 @@ mod tests {
         assert!(rules(mqtt).contains("self.maxInflightBytes >= self.maxMessageBytes"));
         // A rule's own limit: optional, no default (unset: the connection's).
         let rule = spec_schema(&["mqtt", "maxMessageBytes"]);
+        assert_eq!(rule["default"], serde_json::Value::Null);
+        assert!(rules(&rule).contains(&bounds));
+    }
+
+    #[test]
+    fn the_stall_budget_defaults_to_the_forwarders_and_has_its_bounds() {
+        let crd = serde_json::to_value(BrokerConnection::crd()).unwrap_or_default();
+        let field = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["stallBudgetSeconds"];
+        assert_eq!(field["default"].as_u64(), Some(defaults::STALL_BUDGET_SECS));
+        let rules = |schema: &serde_json::Value| schema["x-kubernetes-validations"].to_string();
+        let bounds = format!("self >= 0 && self <= {MAX_STALL_BUDGET_SECONDS}");
+        assert!(rules(field).contains(&bounds));
+        // A rule's own: optional, no default (unset: the connection's).
+        let rule = spec_schema(&["stallBudgetSeconds"]);
         assert_eq!(rule["default"], serde_json::Value::Null);
         assert!(rules(&rule).contains(&bounds));
     }

@@ -694,7 +694,8 @@ pub const METRICS_SUBJECT: &str = "metrics-value";
 pub const METRIC_AVRO: &str = r#"{"type":"record","name":"Metric","namespace":"plant","fields":[{"name":"device","type":"string"},{"name":"celsius","type":"double"}]}"#;
 
 /// The ForwardingRule `metrics` in namespace `ns` (connection `plant`): JSON readings from
-/// `plant/+/metrics`, encoded as Avro with the latest schema of [`METRICS_SUBJECT`].
+/// `plant/+/metrics`, encoded as Avro with the latest schema of [`METRICS_SUBJECT`]; a reading
+/// that does not fit it goes to `ferry.dead-letters` (a rule that encodes needs a way out).
 pub fn metrics_rule_yaml(ns: &str) -> String {
     format!(
         r#"apiVersion: ferry.dev/v1alpha1
@@ -709,6 +710,8 @@ spec:
   kafka:
     topic: {METRICS_TOPIC}
     value: {{ format: avro }}           # subject metrics-value (TopicName strategy), its latest version
+  deadLetter:
+    topic: ferry.dead-letters
 "#
     )
 }

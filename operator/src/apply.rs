@@ -17,6 +17,7 @@ use serde::de::DeserializeOwned;
 
 use crate::children::{self, Children, LABEL_CONNECTION, LABEL_GROUP};
 use crate::context::{At, Error, Step};
+use crate::dataplane::owned_by;
 use crate::ownership::{self, Holder, Serving};
 use crate::plan::{Move, MovePhase};
 use crate::render::workload_name;
@@ -158,12 +159,18 @@ async fn retire(
     serving: &BTreeMap<String, Serving>,
     recorded: &[String],
 ) -> Result<BTreeMap<String, Vec<String>>, Error> {
-    let retired: Vec<(String, i32)> = Api::<StatefulSet>::namespaced(client.clone(), ns)
+    let sets = Api::<StatefulSet>::namespaced(client.clone(), ns)
         .list(&ListParams::default().labels(selector))
         .await
         .at(Step::Prune)?
-        .items
-        .into_iter()
+        .items;
+    // Only the pods a StatefulSet controls (by its uid) are asked for their `/status`.
+    let uids: BTreeMap<String, String> = sets
+        .iter()
+        .filter_map(|s| Some((s.name_any(), s.uid()?)))
+        .collect();
+    let retired: Vec<(String, i32)> = sets
+        .iter()
         .filter(|s| ownership::prunable(s.meta(), uid, serving))
         .map(|s| {
             let replicas = s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
@@ -198,7 +205,7 @@ async fn retire(
     let settled = serving
         .values()
         .all(|s| !matches!(s, Serving::Applied { settled: false, .. }))
-        && serving_runs_its_rules(client, ns, &objects.items, serving).await?;
+        && serving_runs_its_rules(client, ns, (&objects.items, &uids), serving).await?;
     let mut out = BTreeMap::new();
     for (workload, pods) in retired.into_iter().filter(|(_, pods)| !pods.is_empty()) {
         if !settled {
@@ -206,7 +213,10 @@ async fn retire(
             continue;
         }
         list_in_drain(client, ns, &workload, &pods).await?;
-        let reports = pod_reports(&objects.items, |w, _| w == workload).await;
+        let set_uid = uids.get(&workload);
+        let asked =
+            |pod: &Pod, w: &str, _| w == workload && set_uid.is_some_and(|u| owned_by(pod, u));
+        let reports = pod_reports(&objects.items, asked).await;
         let waiting: Vec<String> = pods
             .into_iter()
             .filter(|p| {
@@ -224,11 +234,12 @@ async fn retire(
 
 /// Whether every running pod of every served workload reports each rule of its workload's
 /// config (the kubelet syncs a mounted ConfigMap up to a minute late): only then does it
-/// subscribe what a retiring workload stops subscribing.
+/// subscribe what a retiring workload stops subscribing. `uids`: the StatefulSets' uids, by
+/// name, whose pods alone are asked.
 async fn serving_runs_its_rules(
     client: &Client,
     ns: &str,
-    pods: &[Pod],
+    (pods, uids): (&[Pod], &BTreeMap<String, String>),
     serving: &BTreeMap<String, Serving>,
 ) -> Result<bool, Error> {
     let maps = Api::<ConfigMap>::namespaced(client.clone(), ns);
@@ -244,7 +255,8 @@ async fn serving_runs_its_rules(
             .and_then(|text| serde_saphyr::from_str::<ferry_api::ForwarderConfig>(&text).ok())
             .map(|c| c.rules.into_iter().map(|r| r.name).collect())
             .unwrap_or_default();
-        for status in reports_of(pods, workload).await {
+        let uid = uids.get(workload).map(String::as_str);
+        for status in reports_of(pods, workload, uid).await {
             let Some(status) = status else {
                 return Ok(false);
             };
@@ -452,6 +464,7 @@ pub(crate) async fn live_scale(
             wanted_of.insert(s.name_any(), wanted);
             let live = Live {
                 group: group.to_owned(),
+                uid: s.uid().unwrap_or_default(),
                 replicas,
                 ..Live::default()
             };
@@ -477,10 +490,13 @@ pub(crate) async fn live_scale(
         return Ok(live);
     }
     let stays = |workload: &str| wanted(workload).max(1).unsigned_abs();
-    let asked = |workload: &str, ordinal: u32| {
+    let asked = |pod: &Pod, workload: &str, ordinal: u32| {
         let wanted = wanted(workload);
-        live.get(workload)
-            .is_some_and(|l| l.replicas > wanted && (ordinal >= stays(workload) || wanted == 0))
+        live.get(workload).is_some_and(|l| {
+            l.replicas > wanted
+                && (ordinal >= stays(workload) || wanted == 0)
+                && owned_by(pod, &l.uid)
+        })
     };
     let reports = pod_reports(&pods.items, asked).await;
     for ((workload, ordinal), report) in reports {
@@ -514,12 +530,12 @@ fn may_hold_session(ns: &str, recorded: &[String], pod: &str, object: Option<&Po
     object.is_some_and(crate::sessions::started) || recorded.contains(&client_id(ns, pod))
 }
 
-/// The `/status` of the `pods` (the connection's) that `asked` names (by workload and
-/// ordinal), as far as a scale-down or retirement needs it; pods that do not answer are left
-/// out.
+/// The `/status` of the `pods` (the connection's) that `asked` names (by the pod, its
+/// workload and ordinal), as far as a scale-down or retirement needs it; pods that do not
+/// answer are left out.
 async fn pod_reports(
     pods: &[Pod],
-    asked: impl Fn(&str, u32) -> bool,
+    asked: impl Fn(&Pod, &str, u32) -> bool,
 ) -> BTreeMap<(String, u32), PodReport> {
     let mut out = BTreeMap::new();
     for pod in pods {
@@ -527,7 +543,7 @@ async fn pod_reports(
         let Some((workload, ordinal)) = workload_of(&name) else {
             continue;
         };
-        if !asked(workload, ordinal) {
+        if !asked(pod, workload, ordinal) {
             continue;
         }
         if let Some(status) = crate::dataplane::pod_status(pod).await {
@@ -592,12 +608,14 @@ pub(crate) async fn moves_pending(
     let mut moves = Moves::default();
     // Each workload's pods are asked once, however many of its rules move.
     let mut reports: BTreeMap<String, Reports> = BTreeMap::new();
+    let uid = |workload: &str| live.get(workload).map(|l| l.uid.as_str());
     for (rule, old, old_live, new) in moved {
-        let runs = runs_rule(reports_cached(&mut reports, &pods.items, &new).await, &rule);
+        let new_reports = reports_cached(&mut reports, &pods.items, &new, uid(&new)).await;
+        let runs = runs_rule(new_reports, &rule);
         // Asked only once the new group runs it (before, the old group still serves it).
         let handed_over = runs
             && handed_over(
-                reports_cached(&mut reports, &pods.items, old).await,
+                reports_cached(&mut reports, &pods.items, old, uid(old)).await,
                 old_live.replicas,
                 &rule,
             );
@@ -618,14 +636,15 @@ pub(crate) async fn moves_pending(
 /// The `/status` of each pod of a workload that is not terminating (see [`reports_of`]).
 type Reports = Vec<Option<ferry_api::status::ForwarderStatus>>;
 
-/// [`reports_of`] `workload`, asked once per `cache`.
+/// [`reports_of`] `workload` (whose StatefulSet's uid is `uid`), asked once per `cache`.
 async fn reports_cached<'c>(
     cache: &'c mut BTreeMap<String, Reports>,
     pods: &[Pod],
     workload: &str,
+    uid: Option<&str>,
 ) -> &'c Reports {
     if !cache.contains_key(workload) {
-        let reports = reports_of(pods, workload).await;
+        let reports = reports_of(pods, workload, uid).await;
         cache.insert(workload.to_owned(), reports);
     }
     cache.entry(workload.to_owned()).or_default()
@@ -664,13 +683,14 @@ fn runs_rule(reports: &Reports, rule: &str) -> bool {
         })
 }
 
-/// The `/status` of each pod of `workload` in `pods` that is not terminating; `None` for one
-/// that does not answer.
-async fn reports_of(pods: &[Pod], workload: &str) -> Reports {
+/// The `/status` of each pod of `workload` in `pods` that its StatefulSet (of uid `uid`; none:
+/// not running) controls and that is not terminating; `None` for one that does not answer.
+async fn reports_of(pods: &[Pod], workload: &str, uid: Option<&str>) -> Reports {
     let mut out = Vec::new();
     for pod in pods {
         if workload_of(&pod.name_any()).is_none_or(|(w, _)| w != workload)
             || pod.metadata.deletion_timestamp.is_some()
+            || uid.is_none_or(|uid| !owned_by(pod, uid))
         {
             continue;
         }

@@ -1,5 +1,6 @@
 //! The data plane as the forwarders see it: every interval, `GET /status` on each forwarder
-//! pod that has an IP (ready or not), summed per rule into its status (`Forwarding`, rate, counters, last error)
+//! pod that has an IP (ready or not) and is its group's StatefulSet's (see [`counted_group`]),
+//! summed per rule into its status (`Forwarding`, rate, counters, last error)
 //! under a field manager of its own. Outside the reconcile loop on purpose: rates change all
 //! the time, and a poll must not cost a reconcile. A condition change is written at once;
 //! moving counters at most once per rule per write interval (see `status::data_write_due`).
@@ -16,8 +17,9 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::Api;
+use kube::api::{Api, PartialObjectMeta};
 use kube::core::DeserializeGuard;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
@@ -28,20 +30,23 @@ use crate::budget::Urgency;
 use crate::children::{LABEL_CONNECTION, LABEL_GROUP, SELECTOR};
 use crate::context::{Context, wait_listed};
 use crate::controller::WRITE_BATCH;
-use crate::render::{HTTP_PORT, rule_name};
+use crate::render::{HTTP_PORT, rule_name, workload_name};
 use crate::scope::Scope;
 use crate::status::{self, ACCEPTED};
 use crate::writer::{STATUS_FIELD_MANAGER, update_status, update_status_with};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-/// A `/status` body is a few KiB; anything far larger is not a forwarder.
-const MAX_BODY: usize = 4 << 20;
+/// A `/status` body is a few KiB, a few MiB for thousands of rules in an outage; see
+/// `STATUS_MAX_BYTES` for the bound (only pods of the group's StatefulSet are read).
+const MAX_BODY: usize = ferry_api::status::STATUS_MAX_BYTES;
 const CONCURRENT_REQUESTS: usize = 16;
 
 /// (namespace, connection, group): the pods of one forwarder StatefulSet.
 type GroupKey = (String, String, String);
 /// (namespace, name) of a rule.
 type RuleKey = (String, String);
+/// The uid of each forwarder StatefulSet, by (namespace, name).
+type WorkloadUids = HashMap<(String, String), String>;
 
 /// How often the pods are polled, and how often a rule's moving counters may be written.
 #[derive(Debug, Clone, Copy)]
@@ -68,11 +73,24 @@ pub async fn run(
             writer,
         )
         .for_each(|_| async {});
+    // The StatefulSets' uids, which a pod's owner reference must name for its report to count.
+    let (workloads, writer) = reflector::store();
+    let workload_watch = scope
+        .reflect::<PartialObjectMeta<StatefulSet>>(
+            &ctx.client,
+            &watcher::Config::default().labels(SELECTOR),
+            writer,
+        )
+        .for_each(|_| async {});
     let http: HttpClient<HttpConnector, Empty<Bytes>> =
         HttpClient::builder(TokioExecutor::new()).build_http();
     let polls = async {
-        // The pod store has no other waiter; the rule controller's applier waits on `rules`.
-        if pods.wait_until_ready().await.is_err() || !wait_listed(&rules_listed).await {
+        // The pod and StatefulSet stores have no other waiter; the rule controller's applier
+        // waits on `rules`.
+        if pods.wait_until_ready().await.is_err()
+            || workloads.wait_until_ready().await.is_err()
+            || !wait_listed(&rules_listed).await
+        {
             return;
         }
         let mut tick = tokio::time::interval(polling.interval);
@@ -87,14 +105,23 @@ pub async fn run(
             // Counters-only writes the budget has no room for before the next poll wait for
             // it: that poll has newer figures.
             let next_poll = tokio::time::Instant::now() + polling.interval;
-            poll_once(&ctx, &http, &pods, &rules, &mut writes, next_poll).await;
+            let stores = (&pods, &workloads, &rules);
+            poll_once(&ctx, &http, stores, &mut writes, next_poll).await;
         }
     };
     tokio::select! {
         () = pod_watch => {}
+        () = workload_watch => {}
         () = polls => {}
     }
 }
+
+/// The pods, the forwarder StatefulSets and the rules, as watched.
+type Stores<'a> = (
+    &'a Store<Pod>,
+    &'a Store<PartialObjectMeta<StatefulSet>>,
+    &'a Store<DeserializeGuard<ForwardingRule>>,
+);
 
 /// When each rule's data-plane status was last written by this process.
 struct Writes {
@@ -131,12 +158,11 @@ enum RuleWrite {
 async fn poll_once(
     ctx: &Context,
     http: &HttpClient<HttpConnector, Empty<Bytes>>,
-    pods: &Store<Pod>,
-    rules: &Store<DeserializeGuard<ForwardingRule>>,
+    (pods, workloads, rules): Stores<'_>,
     writes: &mut Writes,
     next_poll: tokio::time::Instant,
 ) {
-    let by_group = fetch_reports(ctx, http, pods).await;
+    let by_group = fetch_reports(ctx, http, pods, &workload_uids(workloads)).await;
     let now = jiff::Timestamp::now();
     let mut seen = HashSet::new();
     let mut at_once = Vec::new();
@@ -195,18 +221,20 @@ async fn poll_once(
     }
 }
 
-/// `GET /status` on every forwarder pod with an IP, a few at a time; the answers by group,
-/// sorted by pod name. A group whose pods all failed to answer has an empty list.
+/// `GET /status` on every forwarder pod with an IP that its group's StatefulSet owns
+/// (`workloads`), a few at a time; the answers by group, sorted by pod name. A group whose pods
+/// all failed to answer has an empty list.
 async fn fetch_reports(
     ctx: &Context,
     http: &HttpClient<HttpConnector, Empty<Bytes>>,
     pods: &Store<Pod>,
+    workloads: &WorkloadUids,
 ) -> Reports {
     let targets: Vec<(GroupKey, String, String)> = pods
         .state()
         .iter()
         .filter_map(|pod| {
-            let key = group_key(pod)?;
+            let key = counted_group(pod, workloads)?;
             let url = status_url(pod)?;
             Some((key, pod.name_any(), url))
         })
@@ -367,6 +395,37 @@ fn group_key(pod: &Pod) -> Option<GroupKey> {
     ))
 }
 
+/// The uid of each StatefulSet in `store`, by namespace and name.
+fn workload_uids(store: &Store<PartialObjectMeta<StatefulSet>>) -> WorkloadUids {
+    store
+        .state()
+        .iter()
+        .filter_map(|s| Some(((s.namespace()?, s.name_any()), s.uid()?)))
+        .collect()
+}
+
+/// The group whose rules a forwarder pod's report counts for: the one its labels name, if its
+/// controller is that group's StatefulSet (`<connection>-<group>`, by uid in `workloads`).
+/// Labels alone are anyone's to set: a pod made with them by anyone else (a copy of a
+/// forwarder pod, a debugging pod, another workload) must not speak for the rules.
+fn counted_group(pod: &Pod, workloads: &WorkloadUids) -> Option<GroupKey> {
+    let key = group_key(pod)?;
+    let uid = workloads.get(&(key.0.clone(), workload_name(&key.1, &key.2)))?;
+    owned_by(pod, uid).then_some(key)
+}
+
+/// Whether `pod`'s controller is the StatefulSet whose uid is `uid` (a pod's owner reference
+/// holds the uid; its name alone could be anyone's).
+pub(crate) fn owned_by(pod: &Pod, uid: &str) -> bool {
+    !uid.is_empty()
+        && pod.owner_references().iter().any(|o| {
+            o.controller == Some(true)
+                && o.kind == "StatefulSet"
+                && o.api_version == "apps/v1"
+                && o.uid == uid
+        })
+}
+
 /// `http://<pod IP>:<port named http>/status`, for every pod with an IP that is not being
 /// deleted, ready or not: a forwarder that lost its broker is exactly the one whose report
 /// says why.
@@ -451,6 +510,58 @@ status:
   podIP: 10.1.2.3
   conditions: [{ type: Ready, status: 'False' }]
 ";
+
+    /// A pod's report counts for the group its labels name only if that group's StatefulSet
+    /// controls it, by uid: labels are anyone's to set.
+    #[test]
+    fn only_pods_of_their_groups_statefulset_count() {
+        let labelled = |owners: &str| {
+            pod(&format!(
+                "metadata:\n  name: plant-default-0\n  namespace: plant\n  labels: {{ app.kubernetes.io/name: ferry-forwarder, ferry.dev/connection: plant, ferry.dev/group: default }}\n  ownerReferences: {owners}\n"
+            ))
+        };
+        let owner = |kind: &str, name: &str, uid: &str, controller: bool| {
+            format!(
+                "[{{ apiVersion: apps/v1, kind: {kind}, name: {name}, uid: {uid}, controller: {controller} }}]"
+            )
+        };
+        let workloads = WorkloadUids::from([(
+            ("plant".to_owned(), "plant-default".to_owned()),
+            "u-1".to_owned(),
+        )]);
+        let group = Some(("plant".to_owned(), "plant".to_owned(), "default".to_owned()));
+        let ours = labelled(&owner("StatefulSet", "plant-default", "u-1", true));
+        assert_eq!(counted_group(&ours, &workloads), group);
+        for (what, owners) in [
+            ("no owner", "[]".to_owned()),
+            (
+                "another StatefulSet of the same name (since made again)",
+                owner("StatefulSet", "plant-default", "u-2", true),
+            ),
+            (
+                "another kind with the uid",
+                owner("ReplicaSet", "plant-default", "u-1", true),
+            ),
+            (
+                "an owner that is not its controller",
+                owner("StatefulSet", "plant-default", "u-1", false),
+            ),
+        ] {
+            assert_eq!(
+                counted_group(&labelled(&owners), &workloads),
+                None,
+                "{what}"
+            );
+        }
+        // Its group's StatefulSet not (yet) known: nothing to compare with.
+        assert_eq!(counted_group(&ours, &WorkloadUids::new()), None);
+        // The StatefulSet of another group or namespace does not make it count either.
+        let elsewhere = WorkloadUids::from([(
+            ("other".to_owned(), "plant-default".to_owned()),
+            "u-1".to_owned(),
+        )]);
+        assert_eq!(counted_group(&ours, &elsewhere), None);
+    }
 
     #[test]
     fn pods_are_polled_ready_or_not_but_not_while_deleted_or_without_an_ip() {

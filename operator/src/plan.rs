@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use ferry_api::config::MAX_RULES;
-use ferry_api::crd::{BrokerConnection, ForwardingRule};
+use ferry_api::crd::{BrokerConnection, ForwardingRule, MAX_STALL_BUDGET_SECONDS};
 use ferry_api::{Problem, ProblemKind};
 use k8s_openapi::ByteString;
 use kube::ResourceExt;
@@ -354,22 +354,29 @@ pub fn connection_refused(connection: &BrokerConnection) -> Result<Option<String
         .map(crate::render::schema_registry);
     let mut problems = config.validate();
     problems.retain(|p| {
-        ["mqtt.", "kafka.", "schema_registry."]
-            .iter()
-            .any(|at| p.path.starts_with(at))
+        [
+            "mqtt.",
+            "kafka.",
+            "schema_registry.",
+            "dead_letter",
+            "stall_budget_secs",
+        ]
+        .iter()
+        .any(|at| p.path.starts_with(at))
     });
     if problems.is_empty() {
         // What librdkafka refuses, as the forwarder asks it at start: the same library, so
         // a pod never exits on a setting this let through.
         problems.extend(ferry_forwarder::kafka::config_problem(&config.kafka));
     }
-    let problems: Vec<String> = problems
+    let mut problems: Vec<String> = problems
         .iter()
         .map(|p| {
             let message = in_spec_terms(&p.message, &connection.name_any());
             format!("{}: {message}", spec_field(&p.path))
         })
         .collect();
+    problems.extend(stall_budget_problem(connection.spec.stall_budget_seconds));
     Ok((!problems.is_empty()).then(|| {
         format!(
             "the forwarder would refuse this connection: {}",
@@ -386,6 +393,9 @@ fn spec_field(path: &str) -> String {
         ("mqtt.max_inflight_bytes", "spec.mqtt.maxInflightBytes"),
         ("mqtt.max_message_bytes", "spec.mqtt.maxMessageBytes"),
         ("kafka.bootstrap_servers", "spec.kafka.bootstrapServers"),
+        ("stall_budget_secs", "spec.stallBudgetSeconds"),
+        ("dead_letter", "spec.deadLetter"),
+        ("dead_letter.topic", "spec.deadLetter.topic"),
         ("schema_registry.url", "spec.schemaRegistry.url"),
         ("schema_registry.tls", "spec.schemaRegistry.tls"),
         (
@@ -435,6 +445,22 @@ fn in_spec_terms(message: &str, connection: &str) -> String {
             "mqtt.allow_weaker_delivery",
             "spec.mqtt.allowWeakerDelivery",
         )
+        .replace(
+            "the top-level dead_letter",
+            &format!("BrokerConnection {connection:?}'s spec.deadLetter"),
+        )
+        .replace("on_unwritable: drop", "spec.onUnwritable: Drop")
+        .replace("when kafka.value is set", "when spec.kafka.value is set")
+}
+
+/// A `stallBudgetSeconds` out of the CRD's bounds (only past CEL), which the operator does not
+/// render: the forwarder would hold records for as long as a wrapped-around number says.
+fn stall_budget_problem(seconds: i32) -> Option<String> {
+    (!(0..=MAX_STALL_BUDGET_SECONDS).contains(&seconds)).then(|| {
+        format!(
+            "spec.stallBudgetSeconds: {seconds} is outside 0 (as long as it takes) to {MAX_STALL_BUDGET_SECONDS} (a week)"
+        )
+    })
 }
 
 /// The ForwardingRule field of a forwarder problem at one of its rule's paths, where the spec
@@ -443,6 +469,10 @@ fn rule_field(path: &str) -> Option<&'static str> {
     let (_, field) = path.split_once("].")?;
     match field {
         "mqtt.max_message_bytes" => Some("spec.mqtt.maxMessageBytes"),
+        "dead_letter" => Some("spec.deadLetter"),
+        "dead_letter.topic" => Some("spec.deadLetter.topic"),
+        "on_unwritable" => Some("spec.onUnwritable"),
+        "stall_budget_secs" => Some("spec.stallBudgetSeconds"),
         _ => None,
     }
 }
@@ -465,6 +495,13 @@ fn forwarder_refuses(
             "spec.kafka.value: {why}"
         ))));
     }
+    if let Some(problem) = rule
+        .spec
+        .stall_budget_seconds
+        .and_then(stall_budget_problem)
+    {
+        return Ok(Some(RuleOutcome::Invalid(problem)));
+    }
     let alone = render(&Group {
         connection,
         name: group,
@@ -475,7 +512,8 @@ fn forwarder_refuses(
         .config
         .validate()
         .iter()
-        .filter(|p| p.path.starts_with("rules") || p.path.starts_with("dead_letter"))
+        // The connection's own settings (`dead_letter`, ...) are judged on the connection.
+        .filter(|p| p.path.starts_with("rules"))
         .map(|p| {
             let message = in_spec_terms(&p.message, &connection.name_any());
             match expression_field(p) {
@@ -1099,13 +1137,9 @@ mod tests {
         let mut conn = connection("mqtt", "[\"k:9092\"]", "{}");
         let plain = rule("plain", "default", "a/+", "a", "2026-01-01T00:00:00Z");
         let mut encoded = rule("encoded", "default", "b/+", "b", "2026-01-01T00:00:00Z");
-        encoded.spec.kafka.value = Some(crd::ValueFormat {
-            format: crd::ValueFormatKind::Avro,
-            subject: None,
-            subject_name_strategy: crd::SubjectNameStrategy::TopicName,
-            record_name: None,
-            version: None,
-            message: None,
+        encoded.spec.kafka.value = Some(avro());
+        encoded.spec.dead_letter = Some(crd::DeadLetter {
+            topic: "b.dlq".into(),
         });
         let plan = connection_plan(&conn, &[&plain, &encoded]);
         assert!(matches!(fate(&plan, "plain"), RulePlan::Served { .. }));
@@ -1158,6 +1192,125 @@ mod tests {
             matches!(fate(&plan, "encoded"), RulePlan::Refused(RuleOutcome::Invalid(m)) if m.contains("set value.subject")),
         );
         assert!(matches!(fate(&plan, "plain"), RulePlan::Served { .. }));
+    }
+
+    fn avro() -> crd::ValueFormat {
+        crd::ValueFormat {
+            format: crd::ValueFormatKind::Avro,
+            subject: None,
+            subject_name_strategy: crd::SubjectNameStrategy::TopicName,
+            record_name: None,
+            version: None,
+            message: None,
+        }
+    }
+
+    /// A value that does not fit its schema fails for good: without a dead-letter topic (the
+    /// rule's own or its connection's) or `onUnwritable: Drop`, it would hold every rule of its
+    /// group. CEL on the rule cannot see the connection, so the operator refuses such a rule
+    /// alone, through the forwarder's own check, in the spec's terms.
+    #[test]
+    fn an_encoding_rule_needs_a_dead_letter_topic_its_own_or_its_connections() {
+        let mut conn = connection("mqtt", "[\"k:9092\"]", "{}");
+        conn.spec.schema_registry = Some(crd::SchemaRegistryEndpoint {
+            url: "http://registry:8081".into(),
+            tls: None,
+            credentials_secret_ref: None,
+        });
+        let plain = rule("plain", "default", "a/+", "a", "2026-01-01T00:00:00Z");
+        let mut encoded = rule("encoded", "default", "b/+", "b", "2026-01-01T00:00:00Z");
+        encoded.spec.kafka.value = Some(avro());
+        let plan = connection_plan(&conn, &[&plain, &encoded]);
+        match fate(&plan, "encoded") {
+            RulePlan::Refused(RuleOutcome::Invalid(m)) => assert_eq!(
+                m,
+                "the forwarder refuses it: spec.deadLetter: must be set (or BrokerConnection \"c\"'s spec.deadLetter, or spec.onUnwritable: Drop) when spec.kafka.value is set: a message whose value does not fit the schema would otherwise hold every rule of the forwarder"
+            ),
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+        // The group's other rules are rendered.
+        assert!(matches!(fate(&plan, "plain"), RulePlan::Served { .. }));
+        let names: Vec<String> = served_config(&plan, "default")
+            .rules
+            .iter()
+            .map(|r| r.name.clone())
+            .collect();
+        assert_eq!(names, ["plain"]);
+        // Each way out: its own dead-letter topic, onUnwritable: Drop, its connection's topic.
+        let mut own = encoded.clone();
+        own.spec.dead_letter = Some(crd::DeadLetter {
+            topic: "b.dlq".into(),
+        });
+        let mut dropping = encoded.clone();
+        dropping.spec.on_unwritable = crd::OnUnwritable::Drop;
+        for r in [&own, &dropping] {
+            let plan = connection_plan(&conn, &[&plain, r]);
+            assert!(
+                matches!(fate(&plan, "encoded"), RulePlan::Served { .. }),
+                "{:?}",
+                fate(&plan, "encoded")
+            );
+        }
+        conn.spec.dead_letter = Some(crd::DeadLetter {
+            topic: "ferry.dead-letters".into(),
+        });
+        let plan = connection_plan(&conn, &[&plain, &encoded]);
+        assert!(matches!(fate(&plan, "encoded"), RulePlan::Served { .. }));
+        let config = served_config(&plan, "default");
+        assert_eq!(
+            config.dead_letter.as_ref().map(|d| d.topic.as_str()),
+            Some("ferry.dead-letters")
+        );
+        let of = |name: &str| config.rules.iter().find(|r| r.name == name).cloned();
+        let served = of("encoded").expect("served");
+        assert_eq!(served.dead_letter, None, "the connection's, not a copy");
+        assert_eq!(
+            config.dead_letter_of(&served).map(|d| d.topic.as_str()),
+            Some("ferry.dead-letters")
+        );
+    }
+
+    /// The connection's dead-letter topic and stall budget are the connection's settings: what
+    /// CEL let through is refused on it, by spec field, not on each of its rules; a rule's own
+    /// budget out of bounds is refused on that rule alone.
+    #[test]
+    fn dead_letter_topics_and_stall_budgets_out_of_bounds_are_refused_by_spec_field() {
+        let mut conn = connection("mqtt", "[\"k:9092\"]", "{}");
+        conn.spec.dead_letter = Some(crd::DeadLetter {
+            topic: "dead letters".into(),
+        });
+        conn.spec.stall_budget_seconds = -1;
+        let message = connection_refused(&conn)
+            .expect("renders")
+            .expect("refused");
+        for expected in [
+            "spec.deadLetter.topic: \"dead letters\" is not a valid Kafka topic name",
+            "spec.stallBudgetSeconds: -1 is outside 0 (as long as it takes) to 604800 (a week)",
+        ] {
+            assert!(message.contains(expected), "{expected:?} in {message}");
+        }
+        conn.spec.dead_letter = Some(crd::DeadLetter {
+            topic: "ferry.dead-letters".into(),
+        });
+        for bound in [0, MAX_STALL_BUDGET_SECONDS] {
+            conn.spec.stall_budget_seconds = bound;
+            assert_eq!(connection_refused(&conn).expect("renders"), None, "{bound}");
+        }
+        let mut r = rule("r", "default", "a/+", "a", "2026-01-01T00:00:00Z");
+        r.spec.stall_budget_seconds = Some(MAX_STALL_BUDGET_SECONDS + 1);
+        assert_eq!(
+            alone(&r),
+            RulePlan::Refused(RuleOutcome::Invalid(
+                "spec.stallBudgetSeconds: 604801 is outside 0 (as long as it takes) to 604800 (a week)".into()
+            ))
+        );
+        r.spec.stall_budget_seconds = Some(0);
+        assert_eq!(
+            alone(&r),
+            RulePlan::Served {
+                group: "default".into()
+            }
+        );
     }
 
     /// Issue 34: a rule may take smaller messages than its connection, never larger ones (the

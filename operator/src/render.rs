@@ -176,8 +176,8 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
         rules: rules.into_iter().map(rule).collect(),
         http: HttpConfig::default(),
         shutdown_timeout_secs: defaults::SHUTDOWN_TIMEOUT_SECS,
-        dead_letter: None,
-        stall_budget_secs: defaults::STALL_BUDGET_SECS,
+        dead_letter: spec.dead_letter.as_ref().map(dead_letter),
+        stall_budget_secs: stall_budget(spec.stall_budget_seconds),
         log: LogConfig {
             format: LogFormat::Json,
             ..LogConfig::default()
@@ -366,15 +366,26 @@ fn rule(fr: &ForwardingRule) -> Rule {
             (None, Payload::Raw) => PayloadFormat::Raw,
             (None, Payload::WrappedJson) => PayloadFormat::WrappedJson,
         },
-        dead_letter: s.dead_letter.as_ref().map(|d| DeadLetter {
-            topic: d.topic.clone(),
-        }),
+        dead_letter: s.dead_letter.as_ref().map(dead_letter),
         on_unwritable: match s.on_unwritable {
             crd::OnUnwritable::Hold => OnUnwritable::Hold,
             crd::OnUnwritable::Drop => OnUnwritable::Drop,
         },
-        stall_budget_secs: None,
+        stall_budget_secs: s.stall_budget_seconds.map(stall_budget),
     }
+}
+
+fn dead_letter(d: &crd::DeadLetter) -> DeadLetter {
+    DeadLetter {
+        topic: d.topic.clone(),
+    }
+}
+
+/// A `stallBudgetSeconds` in the forwarder's terms. CEL bounds it; one out of its bounds (only
+/// past CEL) is refused before it is rendered (see `plan::stall_budget_problem`), and a
+/// negative one renders as the longest.
+fn stall_budget(seconds: i32) -> u64 {
+    u64::try_from(seconds).unwrap_or(u64::MAX)
 }
 
 /// A missing `level` or `expression` (CEL requires them) renders as level 0 or an empty
@@ -705,6 +716,70 @@ spec:
             r.restart_checksum,
             render_default(&connection(CONNECTION), &rs).restart_checksum
         );
+    }
+
+    #[test]
+    fn dead_letter_topics_and_stall_budgets_render_from_the_connection_and_the_rule() {
+        let defaults = render_default(&connection(CONNECTION), &rules());
+        assert_eq!(defaults.config.dead_letter, None);
+        assert_eq!(
+            defaults.config.stall_budget_secs,
+            defaults::STALL_BUDGET_SECS,
+            "unset: the forwarder's default"
+        );
+        assert!(
+            defaults
+                .config
+                .rules
+                .iter()
+                .all(|r| r.stall_budget_secs.is_none())
+        );
+
+        let conn = connection(&CONNECTION.replace(
+            "  kafka:\n",
+            "  deadLetter: { topic: ferry.dead-letters }\n  stallBudgetSeconds: 0\n  kafka:\n",
+        ));
+        let mut rs = rules();
+        rs[1].spec.stall_budget_seconds = Some(60);
+        let r = render_default(&conn, &rs);
+        assert_eq!(
+            r.config.dead_letter.as_ref().map(|d| d.topic.as_str()),
+            Some("ferry.dead-letters")
+        );
+        assert_eq!(r.config.stall_budget_secs, 0, "0: as long as it takes");
+        let own: Vec<(&str, Option<u64>, Option<&str>)> = r
+            .config
+            .rules
+            .iter()
+            .map(|r| {
+                let dead_letter = r.dead_letter.as_ref().map(|d| d.topic.as_str());
+                (r.name.as_str(), r.stall_budget_secs, dead_letter)
+            })
+            .collect();
+        assert_eq!(
+            own,
+            [
+                ("alarms", Some(60), None),
+                ("telemetry", None, Some("telemetry.dlq"))
+            ]
+        );
+        let (alarms, telemetry) = (&r.config.rules[0], &r.config.rules[1]);
+        assert_eq!(
+            r.config.stall_budget_of(alarms),
+            Some(std::time::Duration::from_secs(60))
+        );
+        assert_eq!(r.config.stall_budget_of(telemetry), None);
+        assert_eq!(
+            r.config.dead_letter_of(alarms).map(|d| d.topic.as_str()),
+            Some("ferry.dead-letters"),
+            "the connection's, for a rule without its own"
+        );
+        assert_eq!(r.config.validate(), [], "{}", r.config_yaml);
+        let reread: ForwarderConfig =
+            serde_saphyr::from_str(&r.config_yaml).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(reread, r.config);
+        // Both are reloaded live: no restart.
+        assert_eq!(r.restart_checksum, defaults.restart_checksum);
     }
 
     #[test]

@@ -27,6 +27,8 @@ pub struct PodReport {
 pub struct Live {
     /// The group whose workload this is (its label).
     pub group: String,
+    /// The StatefulSet's uid: only the pods it controls are asked for their `/status`.
+    pub uid: String,
     pub replicas: i32,
     pub reports: BTreeMap<u32, PodReport>,
     pub pods: BTreeSet<u32>,
@@ -97,6 +99,7 @@ mod tests {
     fn live(replicas: i32, reports: &[(u32, bool, bool)]) -> Live {
         Live {
             group: "g".to_owned(),
+            uid: "u".to_owned(),
             replicas,
             reports: reports
                 .iter()

@@ -378,6 +378,43 @@ fn invalid_objects() -> Vec<(&'static str, String, &'static str)> {
             "schemaRegistry.url must be an http:// or https:// URL",
         ),
         (
+            "a negative stall budget",
+            conn("  forwarder:\n", "  stallBudgetSeconds: -1\n  forwarder:\n"),
+            "stallBudgetSeconds must be between 0 (as long as it takes) and 604800 (a week)",
+        ),
+        (
+            "a stall budget over a week",
+            conn(
+                "  forwarder:\n",
+                "  stallBudgetSeconds: 604801\n  forwarder:\n",
+            ),
+            "stallBudgetSeconds must be between 0 (as long as it takes) and 604800 (a week)",
+        ),
+        (
+            "a rule's negative stall budget",
+            rule(
+                "  payload: wrappedJson\n",
+                "  payload: wrappedJson\n  stallBudgetSeconds: -1\n",
+            ),
+            "stallBudgetSeconds must be between 0 (as long as it takes) and 604800 (a week)",
+        ),
+        (
+            "a rule's stall budget over a week",
+            rule(
+                "  payload: wrappedJson\n",
+                "  payload: wrappedJson\n  stallBudgetSeconds: 604801\n",
+            ),
+            "stallBudgetSeconds must be between 0 (as long as it takes) and 604800 (a week)",
+        ),
+        (
+            "a connection's dead-letter topic that is no Kafka topic name",
+            conn(
+                "  forwarder:\n",
+                "  deadLetter: { topic: \"dead letters\" }\n  forwarder:\n",
+            ),
+            "deadLetter.topic must be a Kafka topic name",
+        ),
+        (
             "a filter longer than 4096 characters",
             rule(
                 "connectionRef: { name: plant }",
@@ -581,6 +618,32 @@ fn accepted_objects() -> Vec<(String, String)> {
         CONNECTION.replacen(
             "port: 8883",
             "port: 8883\n    maxInflightBytes: 67108864\n    maxMessageBytes: 33554432",
+            1,
+        ),
+    ));
+    cases.push((
+        "a connection's dead-letter topic and stall budget at their bounds".to_owned(),
+        CONNECTION.replacen(
+            "  forwarder:\n",
+            "  deadLetter: { topic: ferry.dead-letters }\n  stallBudgetSeconds: 604800\n  forwarder:\n",
+            1,
+        ),
+    ));
+    for budget in [0, 604800] {
+        cases.push((
+            format!("a rule's own stall budget of {budget}"),
+            RULE.replacen(
+                "  payload: wrappedJson\n",
+                &format!("  payload: wrappedJson\n  stallBudgetSeconds: {budget}\n"),
+                1,
+            ),
+        ));
+    }
+    cases.push((
+        "a connection stall budget of 0 (as long as it takes)".to_owned(),
+        CONNECTION.replacen(
+            "  forwarder:\n",
+            "  stallBudgetSeconds: 0\n  forwarder:\n",
             1,
         ),
     ));

@@ -613,9 +613,17 @@ fn a_held_record_makes_its_rule_held_and_its_neighbour_blocked_by_it() {
     }
     let op = Operator::start(&cp, "operator", &["--status-interval-seconds", "1"]);
     let images = rule("images", "depot", "images/#", "images");
+    // Messages up to 2 MiB are read (1 MiB by default): the one below is read, and Kafka
+    // refuses it.
+    let connection = Connection::new("depot", "127.0.0.1", &[&kafka.bootstrap()])
+        .namespace(NS)
+        .mqtt_port(mosquitto.port())
+        .replicas(1)
+        .set("/spec/mqtt/maxMessageBytes", json!(2 * 1024 * 1024))
+        .yaml();
     let rules = |images: &Rule| {
         [
-            connection_yaml("depot", 1, &mosquitto, &kafka),
+            connection.clone(),
             images.yaml(),
             rule("telemetry", "depot", "sensors/+/data", "telemetry").yaml(),
         ]

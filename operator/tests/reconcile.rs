@@ -414,10 +414,18 @@ fn refused_rules_say_why(s: &Scene, temps_accepted_at: &str) {
             .set("/spec/mqtt/maxMessageBytes", json!(2_097_152))
             .yaml(),
     );
+    // A schema-encoded value without a dead-letter topic (its own or the connection's) or
+    // onUnwritable: Drop: a value that does not fit the schema would hold the whole group.
+    s.apply(
+        &rule("encoded", "default", "plant/+/encoded", "encoded")
+            .set("/spec/kafka/value", json!({ "format": "avro" }))
+            .yaml(),
+    );
     s.op.wait_for("the refused rules' conditions", WAIT, || {
         s.cond("fr", "temps-copy", "Accepted").1 == "Conflict"
             && s.cond("fr", "deep", "Accepted").1 == "Invalid"
             && s.cond("fr", "huge", "Accepted").1 == "Invalid"
+            && s.cond("fr", "encoded", "Accepted").1 == "Invalid"
             && s.cond("fr", "hot", "Accepted").1 == "InvalidExpression"
             && s.cond("fr", "stray", "Accepted").1 == "ConnectionNotFound"
             && s.cond("fr", "resting", "Ready").1 == "Paused"
@@ -436,6 +444,12 @@ fn refused_rules_say_why(s: &Scene, temps_accepted_at: &str) {
     assert!(
         huge.contains("spec.mqtt.maxMessageBytes: 2097152 is over BrokerConnection \"plant\"'s spec.mqtt.maxMessageBytes (1048576)"),
         "names the field and the connection's limit: {huge}"
+    );
+    let encoded = s.cond("fr", "encoded", "Accepted").2;
+    assert!(
+        encoded.contains("spec.deadLetter: must be set (or BrokerConnection \"plant\"'s spec.deadLetter, or spec.onUnwritable: Drop) when spec.kafka.value is set")
+            && encoded.contains("would otherwise hold every rule"),
+        "names the field and why: {encoded}"
     );
     assert!(s.cond("fr", "stray", "Accepted").2.contains("\"nowhere\""));
     let (status, _, expression) = s.cond("fr", "hot", "Accepted");
@@ -464,6 +478,7 @@ fn refused_rules_say_why(s: &Scene, temps_accepted_at: &str) {
     assert!(
         !default.contains("t.{5}")
             && !default.contains("plant/+/huge")
+            && !default.contains("plant/+/encoded")
             && !default.contains("temps-copy")
             && !default.contains("json.temp"),
         "{default}"
