@@ -34,21 +34,16 @@ pub struct Startup {
 }
 
 impl Startup {
-    /// Messages per second over the first `seconds` after the first ack, and over the rest.
-    fn rates(&self) -> (f64, f64) {
-        let early_end = self.first_ack_seconds + 2.0;
+    /// Messages acked within the first second, and within the second (the full-speed rate,
+    /// when the drain lasts that long).
+    fn first_two_seconds(&self) -> (u64, u64) {
         let at = |t: f64| {
             self.acked_by
                 .iter()
-                .filter(|(s, _)| *s <= t)
-                .map(|(_, n)| *n)
-                .max()
-                .unwrap_or(0)
+                .find(|(s, _)| (*s - t).abs() < f64::EPSILON)
+                .map_or(0, |(_, n)| *n)
         };
-        let early = at(early_end) as f64 / 2.0;
-        let rest = (self.messages - at(early_end).min(self.messages)) as f64
-            / (self.all_acked_seconds - early_end).max(0.001);
-        (early, rest)
+        (at(1.0), at(2.0).saturating_sub(at(1.0)))
     }
 
     pub fn line(&self) -> String {
@@ -68,16 +63,17 @@ impl Startup {
     }
 
     pub fn section(&self, s: &mut String) {
-        let (early, rest) = self.rates();
+        let (first, second) = self.first_two_seconds();
         let _ = writeln!(
             s,
             "\n### The first seconds after a start\n\n\
-             A backlog of {} QoS 1 messages of {SIZE} B on {MQTT_TOPICS} MQTT topics, drained by a forwarder started on it (window 1,000). Acked by each second after the process started; the first ack came {:.2} s after the start, the last {:.2} s. Over the 2 s after the first ack: {early:.0} msg/s; over the rest of the drain: {rest:.0} msg/s ({:.2}×). Lost: {}.\n\n\
-             | seconds after start | acked |\n|---|---|",
+             A backlog of {} QoS 1 messages of {SIZE} B on {MQTT_TOPICS} MQTT topics, drained by a forwarder started on it (window 1,000), counted by the seconds after its process started. The first ack came {:.2} s after the start, the last {:.2} s ({:.0} msg/s over the whole drain). The first second (connections, the topics' limits asked) acked {first}, the second {second} ({:.2}×). Lost: {}.\n\n\
+             | seconds after start | acked by then |\n|---|---|",
             self.messages,
             self.first_ack_seconds,
             self.all_acked_seconds,
-            early / rest.max(1.0),
+            self.messages as f64 / self.all_acked_seconds.max(0.001),
+            first as f64 / (second.max(1)) as f64,
             self.lost
         );
         for (secs, n) in &self.acked_by {
