@@ -20,6 +20,8 @@ pub const MAX_RULES: usize = 10_000;
 /// Upper bound for `shutdown_timeout_secs` (a day): a drain bound beyond it is no bound, and
 /// adding it to the clock must not overflow.
 pub const MAX_SHUTDOWN_TIMEOUT_SECS: u64 = 86_400;
+/// The longest stall budget (a week; a longer wait is no budget, and 0 says that plainly).
+pub const MAX_STALL_BUDGET_SECS: u64 = 7 * 86_400;
 
 /// How often a rule encoding with a subject's latest schema looks it up again: a version
 /// registered later is used from then on.

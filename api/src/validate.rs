@@ -12,9 +12,9 @@ use std::ops::Deref;
 
 use crate::addr;
 use crate::config::{
-    DeadLetter, ForwarderConfig, KafkaConfig, MAX_RULES, MAX_SHUTDOWN_TIMEOUT_SECS, MqttConfig,
-    MqttProtocol, Problem, ProblemKind, Rule, Sasl, SaslMechanism, SchemaFormat, SchemaRegistry,
-    Tls, ValueEncoding,
+    DeadLetter, ForwarderConfig, KafkaConfig, MAX_RULES, MAX_SHUTDOWN_TIMEOUT_SECS,
+    MAX_STALL_BUDGET_SECS, MqttConfig, MqttProtocol, Problem, ProblemKind, Rule, Sasl,
+    SaslMechanism, SchemaFormat, SchemaRegistry, Tls, ValueEncoding,
 };
 use crate::config::{
     KeyStrategy, MIN_MESSAGE_BYTES, MQTT_PAYLOAD_MAX, OnUnwritable, PayloadFormat,
@@ -125,6 +125,12 @@ fn check(config: &ForwarderConfig) -> (Vec<Problem>, Option<Vec<RuleTopics>>) {
     }
     let topics = check_rules(&mut p, config);
     check_retiring(&mut p, config);
+    check_stall_budget(&mut p, "stall_budget_secs", config.stall_budget_secs);
+    for (i, rule) in config.rules.iter().enumerate() {
+        if let Some(secs) = rule.stall_budget_secs {
+            check_stall_budget(&mut p, &format!("rules[{i}].stall_budget_secs"), secs);
+        }
+    }
     if config.shutdown_timeout_secs > MAX_SHUTDOWN_TIMEOUT_SECS {
         p.add(
             "shutdown_timeout_secs",
@@ -166,6 +172,17 @@ fn check_mqtt(p: &mut Problems, m: &MqttConfig) {
         p.add(
             "mqtt.reconnect_min_ms",
             "must be at least 1 and not above mqtt.reconnect_max_ms",
+        );
+    }
+}
+
+fn check_stall_budget(p: &mut Problems, at: &str, secs: u64) {
+    if secs > MAX_STALL_BUDGET_SECS {
+        p.add(
+            at,
+            format!(
+                "{secs} is over the longest budget, {MAX_STALL_BUDGET_SECS} (a week); 0 means as long as it takes"
+            ),
         );
     }
 }
@@ -926,6 +943,28 @@ rules:
             )),
             [
                 "mqtt.max_inflight_bytes: 100000 is smaller than mqtt.max_message_bytes (1048576): the largest message could never be read"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_stall_budget_over_a_week_is_refused_by_field() {
+        let config = format!(
+            "stall_budget_secs: 604801\n{}",
+            TWO_RULES.replace(
+                "    kafka: { topic: x }\n",
+                "    kafka: { topic: x }\n    stall_budget_secs: 604800\n"
+            )
+        );
+        let found: Vec<String> = parsed(&config)
+            .validate()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(
+            found,
+            [
+                "stall_budget_secs: 604801 is over the longest budget, 604800 (a week); 0 means as long as it takes"
             ]
         );
     }
