@@ -137,6 +137,9 @@ pub struct Context {
     pub(crate) budget: WriteBudget,
     /// Consecutive failures per object, for its backoff.
     pub(crate) failures: Mutex<HashMap<String, u32>>,
+    /// The Kafka topics found per connection, and how often they are checked again (see
+    /// [`crate::preflight`]).
+    pub(crate) topics: crate::preflight::TopicCache,
     /// Groups whose scale-down waits for leaving pods to drain (so the Event is sent once).
     pub(crate) draining: Mutex<std::collections::HashSet<String>>,
     /// Connections to reconcile because the data plane changed whether one of their rules is
@@ -172,6 +175,7 @@ impl Context {
             network_policy: None,
             budget,
             failures: Mutex::new(HashMap::new()),
+            topics: crate::preflight::TopicCache::new(crate::preflight::DEFAULT_INTERVAL),
             draining: Mutex::new(std::collections::HashSet::new()),
             ready_changes,
         };

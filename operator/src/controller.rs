@@ -13,7 +13,7 @@
 //! Triggers are spec changes (generation) and deletions, never status writes, so the operator's
 //! own status updates do not wake it: at steady state nothing reconciles.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -37,14 +37,15 @@ use crate::apply::{apply, live_scale, moves_pending, prune, read_secrets, taken}
 use crate::budget::WriteBudget;
 use crate::children;
 use crate::conditions::FALSE;
-use crate::context::{Context, Error, listed, wait_listed};
+use crate::context::{At, Context, Error, Step, listed, wait_listed};
 use crate::events::{Recorder, Reporter};
 use crate::finalize::{SessionsOutcome, end_gone_sessions, finalize, set_finalizer};
 use crate::image::ForwarderImage;
 use crate::metrics::{Kind, Metrics};
 use crate::netpol::ForwarderNetworkPolicy;
 use crate::ownership::Serving;
-use crate::plan::{self, GroupPlan, Move, MovePhase};
+use crate::plan::{self, GroupPlan, Move, MovePhase, RulePlan};
+use crate::preflight;
 use crate::scope::Scope;
 use crate::status::{self, RuleOutcome, Workload};
 use crate::validate::{MARK_VALUE, SECRET_MARK, referenced_secrets};
@@ -75,7 +76,11 @@ pub async fn run(
     metrics: Arc<Metrics>,
     status_polling: crate::dataplane::Polling,
     identity: String,
-    (forwarder_image, network_policy): (ForwarderImage, Option<ForwarderNetworkPolicy>),
+    (forwarder_image, network_policy, topic_check_interval): (
+        ForwarderImage,
+        Option<ForwarderNetworkPolicy>,
+        Duration,
+    ),
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let shutdown = futures::FutureExt::shared(Box::pin(shutdown));
@@ -107,6 +112,7 @@ pub async fn run(
     );
     let mut ctx = ctx;
     ctx.network_policy = network_policy;
+    ctx.topics = crate::preflight::TopicCache::new(topic_check_interval);
     let ctx = Arc::new(ctx);
     // The rule loop's own watch, once its store has a rule's change, tells the connection loop
     // (rather than a second watch of every rule, which could run ahead of the store the
@@ -374,6 +380,7 @@ async fn reconcile_connection(
     let action = if guarded.meta().deletion_timestamp.is_some() {
         // No group failing any more: their backoff is forgotten.
         groups_retry(&ctx, &*guarded, &BTreeMap::new());
+        ctx.topics.forget(&key_of(&*guarded));
         finalize(&ctx, &guarded, &ns).await?
     } else if !wait_listed(&ctx.rules_listed).await {
         // Rendering from a store still filling would drop the rules not yet in it.
@@ -451,7 +458,18 @@ async fn reconcile_readable(
     let live = live_scale(client, ns, connection, &recorded).await?;
     let moves = moves_pending(client, ns, connection, &rules, &live).await?;
     report_moves(ctx, connection, &moves.pending).await;
-    let plan = plan::connection(connection, &rules, &secrets, image, &live, &moves.pending)?;
+    // Rules not served yet whose literal Kafka topic is missing are refused alone.
+    let topic_missing = topics_missing(ctx, connection, &rules, &secrets).await?;
+    let checked: Vec<&ForwardingRule> = rules
+        .iter()
+        .copied()
+        .filter(|r| !topic_missing.contains_key(&r.name_any()))
+        .collect();
+    let mut plan = plan::connection(connection, &checked, &secrets, image, &live, &moves.pending)?;
+    plan.rules.extend(rules.iter().filter_map(|r| {
+        let message = topic_missing.get(&r.name_any())?.clone();
+        Some((*r, RulePlan::Refused(RuleOutcome::TopicMissing(message))))
+    }));
     let mut draining = report_scale_downs(ctx, connection, &plan.groups).await;
 
     let applied = apply_groups(ctx, connection, &plan.groups).await;
@@ -482,6 +500,7 @@ async fn reconcile_readable(
     // the mark is seen here; and the removal of another owner's object is no trigger.
     let unresolved = !plan.missing_secrets.is_empty() || !applied.taken.is_empty();
     let retries = [
+        (!topic_missing.is_empty()).then_some(ctx.topics.interval),
         (draining || moves.poll).then_some(DRAIN_POLL),
         sessions.retry_in,
         unresolved.then_some(UNRESOLVED_RETRY),
@@ -490,6 +509,74 @@ async fn reconcile_readable(
     Ok(Action::requeue(
         retries.into_iter().flatten().min().unwrap_or(RESYNC),
     ))
+}
+
+/// The rules of `connection` to refuse because a literal Kafka topic of theirs is missing
+/// (rule name → message; see [`crate::preflight`]): only rules not served now, and none when
+/// the Secrets do not resolve or Kafka cannot be asked (unknown is not missing).
+async fn topics_missing(
+    ctx: &Context,
+    connection: &BrokerConnection,
+    rules: &[&ForwardingRule],
+    secrets: &crate::validate::Secrets,
+) -> Result<BTreeMap<String, String>, Error> {
+    let Ok(secret_data) = crate::validate::resolve_secrets(connection, secrets) else {
+        return Ok(BTreeMap::new());
+    };
+    // Served as its status says: it names a workload, and it was not paused (a paused rule
+    // is not in its group's config, so nothing is subscribed for it).
+    let mut served: BTreeSet<String> = rules
+        .iter()
+        .filter(|r| {
+            r.status.as_ref().is_some_and(|s| {
+                s.workload.is_some()
+                    && !s
+                        .conditions
+                        .iter()
+                        .any(|c| c.type_ == status::READY && c.reason == "Paused")
+            })
+        })
+        .map(|r| r.name_any())
+        .collect();
+    if preflight::candidates(connection, rules, &served).is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    // And as the groups' configs say (a status write may have failed after an apply).
+    served.extend(rendered_rules(&ctx.client, connection).await?);
+    let candidates = preflight::candidates(connection, rules, &served);
+    if candidates.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let key = key_of(connection);
+    let existing =
+        preflight::existing_topics(&ctx.topics, &key, connection, &secret_data, &candidates).await;
+    Ok(existing.map_or_else(BTreeMap::new, |existing| {
+        preflight::refusals(connection, rules, &served, &existing, ctx.topics.interval)
+    }))
+}
+
+/// The rules the connection's groups' ConfigMaps list now: what their forwarders serve.
+async fn rendered_rules(
+    client: &Client,
+    connection: &BrokerConnection,
+) -> Result<BTreeSet<String>, Error> {
+    let ns = connection.namespace().unwrap_or_default();
+    let selector = format!(
+        "{},{}={}",
+        children::SELECTOR,
+        children::LABEL_CONNECTION,
+        connection.name_any()
+    );
+    let maps = Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .list(&kube::api::ListParams::default().labels(&selector))
+        .await
+        .at(Step::Read)?;
+    Ok(maps
+        .items
+        .iter()
+        .filter_map(|m| m.data.as_ref()?.get(children::CONFIG_FILE))
+        .flat_map(|yaml| preflight::rules_in_config(yaml))
+        .collect())
 }
 
 /// Says which groups wait for leaving pods to drain before they shrink (a log line, and a
@@ -904,7 +991,8 @@ async fn write_rule_control(
     | RuleOutcome::Invalid(reason)
     | RuleOutcome::InvalidExpression(reason)
     | RuleOutcome::GroupFull(reason)
-    | RuleOutcome::GroupNotApplied(reason) = outcome
+    | RuleOutcome::GroupNotApplied(reason)
+    | RuleOutcome::TopicMissing(reason) = outcome
     {
         warn!(rule = %rule.name_any(), namespace = ?rule.namespace(), reason = %reason, "rule not rendered");
     }

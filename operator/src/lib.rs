@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod netpol;
 pub mod ownership;
 pub mod plan;
+pub mod preflight;
 pub mod readiness;
 pub mod release;
 pub mod render;

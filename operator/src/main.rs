@@ -65,6 +65,11 @@ struct Args {
         value_parser = writes_per_second
     )]
     status_writes_per_second: f64,
+    /// How often the literal Kafka topics of rules not yet served are checked again (a rule
+    /// whose topic is missing is refused, `TopicMissing`, until it exists); a rule's or its
+    /// connection's change checks at once. Each check is one metadata request per connection.
+    #[arg(long, env = "FERRY_TOPIC_CHECK_INTERVAL_SECONDS", default_value_t = 60)]
+    topic_check_interval_seconds: u64,
     /// Namespaces to watch, comma-separated: the operator lists, watches and changes nothing
     /// outside them, so a Role in each is all it needs. Empty or unset: every namespace.
     #[arg(
@@ -281,6 +286,8 @@ struct Reconciler {
     identity: String,
     forwarder_image: ForwarderImage,
     network_policy: Option<ForwarderNetworkPolicy>,
+    /// How often rules' literal Kafka topics are checked again.
+    topic_check_interval: Duration,
 }
 
 impl Reconciler {
@@ -305,6 +312,7 @@ impl Reconciler {
             identity,
             forwarder_image: args.forwarder_image.clone(),
             network_policy: None,
+            topic_check_interval: Duration::from_secs(args.topic_check_interval_seconds.max(1)),
         }
     }
 
@@ -316,7 +324,11 @@ impl Reconciler {
             self.metrics,
             self.status_polling,
             self.identity,
-            (self.forwarder_image, self.network_policy),
+            (
+                self.forwarder_image,
+                self.network_policy,
+                self.topic_check_interval,
+            ),
             shutdown,
         )
         .await;

@@ -93,6 +93,9 @@ pub enum RuleOutcome {
     GroupFull(String),
     /// Its group's children could not be applied (the message has the API's answer).
     GroupNotApplied(String),
+    /// A literal Kafka topic of the rule (its topic or its dead-letter topic) does not exist,
+    /// and the rule is not served yet (see [`crate::preflight`]).
+    TopicMissing(String),
 }
 
 /// The reconciler's part of a rule's status.
@@ -166,6 +169,7 @@ pub fn rule_control(
         RuleOutcome::InvalidExpression(m) => (not_accepted("InvalidExpression", m), None),
         RuleOutcome::GroupFull(m) => (not_accepted("GroupFull", m), None),
         RuleOutcome::GroupNotApplied(m) => (not_accepted("GroupNotApplied", m), None),
+        RuleOutcome::TopicMissing(m) => (not_accepted("TopicMissing", m), None),
         RuleOutcome::ConnectionNotFound(m) => (not_accepted("ConnectionNotFound", m), None),
         RuleOutcome::InvalidSpec(m) => (not_accepted("InvalidSpec", m), None),
     };
