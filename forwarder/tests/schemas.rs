@@ -428,3 +428,68 @@ fn records_wait_while_the_registry_is_unreachable_refuses_or_lacks_their_schema_
         },
     );
 }
+
+/// `schema_registry.url` changed by a live reload: the records after it carry the new
+/// registry's schema id. The two registries give the same subject different ids; before, the
+/// rule kept encoding with the old registry's id, which the new one does not have or gives
+/// another schema.
+#[test]
+fn a_registry_switched_live_encodes_with_the_new_registrys_ids() {
+    let brokers = Brokers::start();
+    create_topics(&brokers, &["switch.readings", "readings.dlq"]);
+    let old = SchemaRegistry::start().expect("the old registry");
+    let new = SchemaRegistry::start().expect("the new registry");
+    new.register("other-value", SchemaType::Json, JSON_SCHEMA)
+        .expect("register another subject first");
+    let old_id = old
+        .register("switch-value", SchemaType::Avro, AVRO)
+        .expect("register");
+    let new_id = new
+        .register("switch-value", SchemaType::Avro, AVRO)
+        .expect("register");
+    assert_ne!(old_id, new_id, "the registries give different ids");
+    let rules = rule(
+        "switch",
+        "switch/+",
+        "switch.readings",
+        "{ format: avro, subject: switch-value }",
+        "",
+    );
+    let config = |registry: &SchemaRegistry| {
+        format!(
+            "schema_registry:\n  url: {}\n{}",
+            registry.url(),
+            brokers.config("schemas-switch", &rules)
+        )
+    };
+    let mut fwd = Forwarder::start_configmap(&config(&old));
+    fwd.wait_ready(Duration::from_secs(30));
+    let id_in_use = |fwd: &Forwarder| {
+        fwd.status()
+            .and_then(|s| s.rule("switch").and_then(|r| r.schema.clone()))
+            .map(|s| s.id)
+    };
+    wait_until(&fwd, SETTLE, "the old registry's schema in use", || {
+        id_in_use(&fwd) == Some(old_id)
+    });
+    let half = MESSAGES / 2;
+    brokers.publish_acked(&fwd, "switch-1", messages("switch", half), half, SETTLE);
+    fwd.swap_config(&config(&new));
+    wait_until(&fwd, SETTLE, "the new registry's schema in use", || {
+        id_in_use(&fwd) == Some(new_id)
+    });
+    brokers.publish_acked(&fwd, "switch-2", messages("switch", half), 2 * half, SETTLE);
+    let records = brokers.read("switch.readings", 2 * half, Duration::from_secs(1), SETTLE);
+    // Confluent's wire format: a zero byte, then the schema id, big-endian.
+    let ids: Vec<u32> = records
+        .iter()
+        .map(|r| match r.value.get(..5) {
+            Some([0, a, b, c, d]) => u32::from_be_bytes([*a, *b, *c, *d]),
+            _ => panic!("not Confluent's wire format: {:?}", r.value),
+        })
+        .collect();
+    let want: Vec<u32> = std::iter::repeat_n(old_id, half)
+        .chain(std::iter::repeat_n(new_id, half))
+        .collect();
+    assert_eq!(ids, want, "each record with its registry's id, in order");
+}
