@@ -372,6 +372,10 @@ impl Driver {
         } = accepted;
         self.epoch += 1;
         self.ever_connected = true;
+        // What the last connection's read buffer held is gone with it: a payload being
+        // skipped, and the size of a PUBLISH that waited for room.
+        self.skipping = 0;
+        self.next_size = None;
         // Before `connected`: `/status` must never pair it with the last connection's state.
         self.metrics.drain.connected();
         self.metrics.set_mqtt_connected(true);
