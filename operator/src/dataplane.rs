@@ -172,6 +172,9 @@ async fn poll_once(
         let Some(ns) = rule.namespace() else { continue };
         let rule_key = (ns, rule.name_any());
         seen.insert(rule_key.clone());
+        if rule.status.as_ref().is_some_and(status::ready_stale) {
+            ctx.data_plane_changed(&rule_key.0, &rule.spec.connection_ref.name);
+        }
         match decide(rule, &rule_key, &by_group, writes, now) {
             RuleWrite::Nothing => {}
             RuleWrite::TakeBack => {

@@ -202,6 +202,20 @@ pub fn ready_affected(before: &ForwardingRuleStatus, after: &ForwardingRuleStatu
     blocked(Some(before)) != blocked(Some(after))
 }
 
+/// Whether a rule's `Ready` disagrees with its `Forwarding`: the reconcile that wrote `Ready`
+/// read an older `Forwarding` (the data plane's write had not reached its cache yet), and
+/// nothing else would make it run again. The data-plane poll then asks for it again.
+pub fn ready_stale(status: &ForwardingRuleStatus) -> bool {
+    let Some(ready) = condition(&status.conditions, READY) else {
+        return false;
+    };
+    let blocking = blocked(Some(status)).map(|(reason, _)| reason);
+    if ready.status == TRUE {
+        return blocking.is_some();
+    }
+    BLOCKING_REASONS.contains(&ready.reason.as_str()) && blocking != Some(ready.reason.as_str())
+}
+
 /// The reconciler's fields of a rule status as it stands (to compare before writing).
 pub fn rule_control_view(status: &ForwardingRuleStatus) -> ForwardingRuleStatus {
     ForwardingRuleStatus {
@@ -1118,6 +1132,42 @@ mod tests {
         );
         assert!(c.message.contains("broker down") && c.message.contains("2/2"));
         assert_eq!(t.len(), 1, "one transition: Ready went False");
+
+        // A Ready written from an older Forwarding is stale until the reconcile runs again.
+        let with_forwarding = |control: &ForwardingRuleStatus, data: &ForwardingRuleStatus| {
+            let mut whole = control.clone();
+            whole.conditions.retain(|c| c.type_ != FORWARDING);
+            whole.conditions.extend(
+                data.conditions
+                    .iter()
+                    .filter(|c| c.type_ == FORWARDING)
+                    .cloned(),
+            );
+            whole
+        };
+        assert!(
+            !ready_stale(&with_forwarding(&s, &data)),
+            "Ready False KafkaUnreachable from Forwarding False: agrees"
+        );
+        let up = vec![(
+            "p-0".to_owned(),
+            report(true, true, Some(rule(1, 0.0, None))),
+        )];
+        let (data_up, _) = rule_data(Some(&s), "telemetry", &up, at(4));
+        let recovered = with_forwarding(&s, &data_up);
+        assert!(
+            ready_stale(&recovered),
+            "Forwarding True again, Ready still KafkaUnreachable"
+        );
+        let (fixed, _) = rule_control(Some(&recovered), Some(1), &rendered, at(5));
+        assert!(
+            !ready_stale(&with_forwarding(&fixed, &data_up)),
+            "reconciled: agrees again"
+        );
+        assert!(
+            ready_stale(&with_forwarding(&ready, &data)),
+            "Ready True while Forwarding says KafkaUnreachable"
+        );
 
         // Records failing now and then: still Ready.
         let failing = vec![(
