@@ -475,6 +475,18 @@ pub const MIN_MESSAGE_BYTES: u32 = 1024;
 /// MQTT's largest packet (its remaining length), so its largest payload.
 pub const MQTT_PAYLOAD_MAX: usize = 268_435_455;
 
+impl KafkaConfig {
+    /// librdkafka's `security.protocol` for its TLS and SASL settings (`None`: plaintext).
+    pub fn security_protocol(&self) -> Option<&'static str> {
+        match (&self.tls, &self.sasl) {
+            (None, None) => None,
+            (Some(_), None) => Some("ssl"),
+            (None, Some(_)) => Some("sasl_plaintext"),
+            (Some(_), Some(_)) => Some("sasl_ssl"),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Rule {

@@ -5,12 +5,11 @@
 //! right after the forwarder starts; its peak RSS against the target, whatever the payloads.
 
 use std::fmt::Write as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use serde::{Deserialize, Serialize};
 
-use crate::procs::Forwarder;
 use crate::report::verdict;
 use crate::{Bench, PARTITIONS, TOPICS};
 
@@ -60,25 +59,8 @@ fn one(bench: &mut Bench, size: usize) -> Result<Flood> {
         kafka_config = bench.kafka_config,
     );
     let reader = bench.filled_session(run, &config, (MESSAGES, size, TOPICS), topic)?;
-    let start = Instant::now();
-    let mut fwd = Forwarder::start(
-        &bench.forwarder_bin,
-        bench.dir.path(),
-        &format!("run{run}"),
-        &config,
-    )?;
-    let deadline = Duration::from_secs(120);
-    loop {
-        let acked = fwd.metric("ferry_mqtt_acked_messages_total").unwrap_or(0.0);
-        if acked >= MESSAGES as f64 {
-            break;
-        }
-        if start.elapsed() > deadline {
-            bail!("flood of {size} B: {acked} of {MESSAGES} acked after {deadline:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let seconds = start.elapsed().as_secs_f64();
+    let (mut fwd, seconds) =
+        bench.until_acked(run, &config, MESSAGES, Duration::from_millis(50), |_, _| {})?;
     let unread = fwd
         .metric("ferry_mqtt_unread_messages_total")
         .context("the forwarder's unread counter")?;

@@ -319,6 +319,40 @@ impl Bench {
         )
     }
 
+    /// Starts run `run`'s forwarder on `config` (its session filled by
+    /// [`Bench::filled_session`]) and reads its acks every `poll` until `n` were acked, giving
+    /// `sample` the seconds since the start and the acks each time (2 minutes at most). The
+    /// forwarder, still running, and the seconds it took.
+    fn until_acked(
+        &self,
+        run: u32,
+        config: &str,
+        n: u64,
+        poll: Duration,
+        mut sample: impl FnMut(f64, u64),
+    ) -> Result<(Forwarder, f64)> {
+        let start = Instant::now();
+        let fwd = Forwarder::start(
+            &self.forwarder_bin,
+            self.dir.path(),
+            &format!("run{run}"),
+            config,
+        )?;
+        let deadline = Duration::from_secs(120);
+        loop {
+            let t = start.elapsed().as_secs_f64();
+            let acked = fwd.metric("ferry_mqtt_acked_messages_total").unwrap_or(0.0) as u64;
+            sample(t, acked);
+            if acked >= n {
+                return Ok((fwd, t));
+            }
+            if start.elapsed() > deadline {
+                bail!("run {run}: {acked} of {n} acked after {deadline:?}");
+            }
+            std::thread::sleep(poll);
+        }
+    }
+
     /// Starts the drain's forwarders on their filled sessions and times them until all `n`
     /// messages were acked; stops them.
     fn measure(&self, run: u32, spec: DrainSpec, n: u64, configs: &[String]) -> Result<Measured> {

@@ -5,12 +5,11 @@
 //! first second or two.
 
 use std::fmt::Write as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
-use crate::procs::Forwarder;
 use crate::{Bench, PARTITIONS};
 
 /// Messages of the backlog, and MQTT topics they are spread over (issue 36's case).
@@ -103,33 +102,16 @@ pub fn run(bench: &mut Bench) -> Result<Startup> {
         kafka_config = bench.kafka_config,
     );
     let reader = bench.filled_session(run, &config, (BACKLOG, SIZE, MQTT_TOPICS), topic)?;
-    let start = Instant::now();
-    let mut fwd = Forwarder::start(
-        &bench.forwarder_bin,
-        bench.dir.path(),
-        &format!("run{run}"),
-        &config,
-    )?;
     let (mut acked_by, mut marks) = (Vec::new(), MARKS.iter().peekable());
     let mut first_ack: Option<f64> = None;
-    let deadline = Duration::from_secs(120);
-    let all = loop {
-        let t = start.elapsed().as_secs_f64();
-        let acked = fwd.metric("ferry_mqtt_acked_messages_total").unwrap_or(0.0) as u64;
+    let (mut fwd, all) = bench.until_acked(run, &config, BACKLOG, POLL, |t, acked| {
         if acked > 0 && first_ack.is_none() {
             first_ack = Some(t);
         }
         while let Some(mark) = marks.next_if(|m| **m <= t) {
             acked_by.push((*mark, acked));
         }
-        if acked >= BACKLOG {
-            break t;
-        }
-        if start.elapsed() > deadline {
-            bail!("start-up drain: {acked} of {BACKLOG} acked after {deadline:?}");
-        }
-        std::thread::sleep(POLL);
-    };
+    })?;
     for mark in marks {
         acked_by.push((*mark, BACKLOG));
     }

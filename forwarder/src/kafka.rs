@@ -57,13 +57,7 @@ pub fn client_config(kafka: &KafkaConfig) -> ClientConfig {
     for (k, v) in DEFAULTS {
         cc.set(*k, *v);
     }
-    let protocol = match (&kafka.tls, &kafka.sasl) {
-        (None, None) => None,
-        (Some(_), None) => Some("ssl"),
-        (None, Some(_)) => Some("sasl_plaintext"),
-        (Some(_), Some(_)) => Some("sasl_ssl"),
-    };
-    if let Some(p) = protocol {
+    if let Some(p) = kafka.security_protocol() {
         cc.set("security.protocol", p);
     }
     if let Some(tls) = &kafka.tls {

@@ -238,7 +238,7 @@ impl Router {
                 key: &rule.kafka.key,
                 payload: &rule.payload,
                 headers: &rule.kafka.headers,
-                dead_letter: dead_letter.clone(),
+                dead_letter,
                 on_unwritable: rule.on_unwritable,
                 max_message_bytes: rule.max_message_bytes(config.mqtt.max_message_bytes),
                 stall_budget: config.stall_budget_of(rule),
@@ -260,10 +260,7 @@ impl Router {
                         });
                         Arc::clone(&slots[at])
                     });
-                    let mut new = target(rule, parsed, dead_letter, &rules[i], filter, value);
-                    new.max_message_bytes = key.max_message_bytes as usize;
-                    new.stall_budget = key.stall_budget;
-                    targets.push(new);
+                    targets.push(target(rule, parsed, &key, &rules[i], filter, value));
                     by_key.insert(key, targets.len() - 1);
                     targets.len() - 1
                 }
@@ -414,10 +411,11 @@ fn matched_as(filter: &TopicFilter) -> &str {
     }
 }
 
+/// The target of `rule` (the first of its `key`), which the rules of the same key share.
 fn target(
     rule: &Rule,
     parsed: &RuleTopics,
-    dead_letter: Option<Arc<str>>,
+    key: &TargetKey<'_>,
     stats: &Arc<RuleStats>,
     filter: Option<Expression>,
     value: Option<Arc<SchemaSlot>>,
@@ -433,11 +431,10 @@ fn target(
         headers: rule.kafka.headers.clone(),
         header_plan: HeaderPlan::new(&rule.kafka.headers),
         static_topic,
-        dead_letter,
-        on_unwritable: rule.on_unwritable,
-        // Set from the target's key by `Router::new`.
-        max_message_bytes: usize::MAX,
-        stall_budget: None,
+        dead_letter: key.dead_letter.clone(),
+        on_unwritable: key.on_unwritable,
+        max_message_bytes: key.max_message_bytes as usize,
+        stall_budget: key.stall_budget,
         rules: vec![Arc::clone(stats)],
         filters: vec![filter],
         evaluates: false,

@@ -191,13 +191,7 @@ pub fn client_config(
             .map(|b| String::from_utf8(b.0.clone()).map_err(|_| ClientError::NotText(what)))
             .transpose()
     };
-    let protocol = match (&kafka.tls, &kafka.sasl) {
-        (None, None) => None,
-        (Some(_), None) => Some("ssl"),
-        (None, Some(_)) => Some("sasl_plaintext"),
-        (Some(_), Some(_)) => Some("sasl_ssl"),
-    };
-    if let Some(p) = protocol {
+    if let Some(p) = kafka.security_protocol() {
         cc.set("security.protocol", p);
     }
     if kafka.tls.is_some() {
