@@ -139,6 +139,12 @@ pub struct RuleStatus {
     /// The registered schema this rule encodes its values with (`kafka.value`), once found.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<SchemaInUse>,
+    /// Every filter of this rule, in the form the config asks for (through `$share` or plain),
+    /// is granted by the broker (SUBACK) on the current connection: messages published now
+    /// reach this forwarder. False while connecting, before the SUBACK, and while the rule is
+    /// paused, retiring or the forwarder drains. Absent from forwarders older than the field.
+    #[serde(default)]
+    pub subscribed: bool,
     /// Present while the config lists this rule in `retiring` (it moved to another group):
     /// `drained` once this forwarder's session holds nothing more for it, so the rule can
     /// leave this forwarder's config without a message being acknowledged unmatched.

@@ -409,6 +409,7 @@ impl RuleStats {
             subscription_refused: self.refused(refused),
             schema: lock(&self.schema).clone(),
             retiring: self.retiring_status(settled),
+            subscribed: false,
         }
     }
 }

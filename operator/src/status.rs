@@ -834,6 +834,7 @@ mod tests {
             subscription_refused: None,
             schema: None,
             retiring: None,
+            subscribed: true,
         }
     }
 
