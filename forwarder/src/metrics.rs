@@ -384,9 +384,21 @@ impl RuleStats {
         *lock(&self.schema) = schema;
     }
 
+    /// Every filter of this rule, as subscribed, is in `granted` (the broker's SUBACKs on the
+    /// current connection; `None` while there is none, or while the forwarder drains), and the
+    /// rule is not retiring.
+    fn subscribed(&self, granted: Option<&HashSet<String>>) -> bool {
+        let Some(granted) = granted else {
+            return false;
+        };
+        let filters = lock(&self.subscribed);
+        !self.is_retiring() && !filters.is_empty() && filters.iter().all(|f| granted.contains(f))
+    }
+
     fn status(
         &self,
         refused: &BTreeMap<String, (&'static str, Timestamp)>,
+        granted: Option<&HashSet<String>>,
         settled: Option<Instant>,
     ) -> RuleStatus {
         let ms = self.last_forwarded_ms.load(Ordering::Relaxed);
@@ -409,7 +421,7 @@ impl RuleStats {
             subscription_refused: self.refused(refused),
             schema: lock(&self.schema).clone(),
             retiring: self.retiring_status(settled),
-            subscribed: false,
+            subscribed: self.subscribed(granted),
         }
     }
 }
@@ -456,6 +468,9 @@ pub struct Metrics {
     mqtt_refused: Mutex<BTreeMap<String, (&'static str, Timestamp)>>,
     /// Counts changes of `mqtt_refused`'s filters.
     refused_generation: AtomicU64,
+    /// The filters (as subscribed) the broker granted on the current connection: what the MQTT
+    /// driver keeps, reported here.
+    mqtt_granted: Mutex<HashSet<String>>,
     kafka_last_error: Mutex<Option<LastError>>,
     config: Mutex<ConfigStatus>,
     /// Whether this forwarder drains, and whether its session still holds anything.
@@ -618,6 +633,7 @@ impl Metrics {
             mqtt_last_error: Mutex::new(None),
             mqtt_refused: Mutex::new(BTreeMap::new()),
             refused_generation: AtomicU64::new(0),
+            mqtt_granted: Mutex::new(HashSet::new()),
             kafka_last_error: Mutex::new(None),
             config: Mutex::new(ConfigStatus {
                 generation: 1,
@@ -869,12 +885,25 @@ impl Metrics {
         self.subscribed_shared.store(shared, Ordering::Relaxed);
     }
 
+    /// A connection came up or went: either way nothing is granted on it yet.
     pub fn set_mqtt_connected(&self, up: bool) {
+        lock(&self.mqtt_granted).clear();
         self.health.mqtt_connected.store(up, Ordering::Relaxed);
         if !up {
             self.health.mqtt_subscribed.store(false, Ordering::Relaxed);
         }
         self.mqtt_connected.set(i64::from(up));
+    }
+
+    /// The broker granted `filter` (as subscribed) on the current connection, or no longer
+    /// does (refused, unsubscribed).
+    pub fn set_mqtt_granted(&self, filter: &str, granted: bool) {
+        let mut current = lock(&self.mqtt_granted);
+        if granted {
+            current.insert(filter.to_owned());
+        } else {
+            current.remove(filter);
+        }
     }
 
     /// The broker's answers so far on this connection: subscribed while it granted at least
@@ -992,9 +1021,13 @@ impl Metrics {
             rules: {
                 let refused = lock(&self.mqtt_refused);
                 let settled = self.drain.settled_since(self.health.mqtt_connected());
+                let granted = lock(&self.mqtt_granted);
+                // Draining, a forwarder subscribes nothing whatever its last SUBACKs said.
+                let granted =
+                    (self.health.mqtt_connected() && !self.drain.draining()).then_some(&*granted);
                 lock(&self.rules)
                     .iter()
-                    .map(|r| r.status(&refused, settled))
+                    .map(|r| r.status(&refused, granted, settled))
                     .collect()
             },
             drain: self.drain.draining().then(|| DrainStatus {
@@ -1081,6 +1114,37 @@ mod tests {
         assert_eq!(m.status().rules[1].subscription_refused, Some(r));
         m.set_mqtt_subscriptions(true, &BTreeMap::new());
         assert_eq!(m.status().rules[1].subscription_refused, None);
+    }
+
+    /// A rule is subscribed while every filter of it is granted on the current connection,
+    /// and never while it retires or the forwarder drains.
+    #[test]
+    fn a_rule_is_subscribed_while_each_of_its_filters_is_granted() {
+        let m = Metrics::new();
+        let rules = m.set_rules(&["both".to_owned(), "one".to_owned()]);
+        rules[0].set_subscribed(vec!["a/#".to_owned(), "b/#".to_owned()]);
+        rules[1].set_subscribed(vec!["a/#".to_owned()]);
+        let subscribed =
+            || -> Vec<bool> { m.status().rules.iter().map(|r| r.subscribed).collect() };
+        m.set_mqtt_connected(true);
+        assert_eq!(subscribed(), [false, false], "before any SUBACK");
+        m.set_mqtt_granted("a/#", true);
+        assert_eq!(subscribed(), [false, true], "b/# not granted yet");
+        m.set_mqtt_granted("b/#", true);
+        assert_eq!(subscribed(), [true, true]);
+        rules[1].set_retiring(true);
+        assert_eq!(subscribed(), [true, false], "retiring");
+        rules[1].set_retiring(false);
+        m.drain.set_draining(true);
+        assert_eq!(subscribed(), [false, false], "draining");
+        m.drain.set_draining(false);
+        m.set_mqtt_connected(false);
+        m.set_mqtt_connected(true);
+        assert_eq!(
+            subscribed(),
+            [false, false],
+            "a new connection grants nothing yet"
+        );
     }
 
     /// The operator reads `/status` up to `STATUS_MAX_BYTES`: a forwarder of the most rules,

@@ -613,6 +613,7 @@ impl Driver {
             {
                 Ok(qos) => {
                     debug!(filter, qos, "subscribed");
+                    self.metrics.set_mqtt_granted(&filter, true);
                     s.refused.remove(&filter);
                     s.granted.insert(filter);
                 }
@@ -624,6 +625,7 @@ impl Driver {
                     self.metrics.mqtt_error(format!(
                         "broker refused the subscription to {filter:?}: {reason}"
                     ));
+                    self.metrics.set_mqtt_granted(&filter, false);
                     s.granted.remove(&filter);
                     s.refused.insert(filter, reason);
                 }
@@ -725,6 +727,9 @@ impl Driver {
     fn unsubscribe(&self, s: &mut Session, filters: &[String]) -> Result<(), ConnError> {
         if filters.is_empty() {
             return Ok(());
+        }
+        for f in filters {
+            self.metrics.set_mqtt_granted(f, false);
         }
         let packets = s.unsubscribe(self.settings.codec, filters)?;
         for _ in 0..packets {
