@@ -110,7 +110,7 @@ pub async fn run(
         Background::spawn(&config, source, listener, &metrics, &fatal_tx, leave_rx);
     let pipeline = Pipeline::new(
         router,
-        kafka::with_queue_bound(&config.kafka, config.mqtt.max_inflight_bytes),
+        ferry_kafka_settings::with_queue_bound(&config.kafka, config.mqtt.max_inflight_bytes),
         Wiring {
             metrics: Arc::clone(&metrics),
             link,

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ferry_api::config::KafkaConfig;
+use ferry_kafka_settings::client_config;
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use tokio::sync::mpsc;
@@ -162,9 +163,7 @@ pub type Answers = mpsc::UnboundedSender<(Arc<str>, Learned)>;
 /// `max.message.bytes`, or the broker's `message.max.bytes` it inherits, and its
 /// `cleanup.policy`).
 pub async fn learn(kafka: KafkaConfig, mut asks: Asks, answers: Answers) {
-    let admin: AdminClient<DefaultClientContext> = match crate::kafka::client_config(&kafka)
-        .create()
-    {
+    let admin: AdminClient<DefaultClientContext> = match client_config(&kafka).create() {
         Ok(admin) => admin,
         Err(e) => {
             warn!(error = %e, "cannot create a kafka admin client; topics' max.message.bytes stay unknown, and a record too large for its topic may be judged only after a batch with others was refused");

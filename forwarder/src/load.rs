@@ -7,8 +7,7 @@ use std::net::SocketAddr;
 
 use ferry_api::config::ConfigError;
 use ferry_api::{LoadOptions, Loaded};
-
-use crate::kafka;
+use ferry_kafka_settings::config_problem;
 
 /// What the command line says about reading the config.
 #[derive(Debug, Clone, Default)]
@@ -33,7 +32,7 @@ pub fn load(text: &str, settings: &LoadSettings) -> Result<Loaded, ConfigError> 
         mqtt_client_id: settings.mqtt_client_id.clone(),
     };
     let mut loaded = ferry_api::load_with(text, &options, |path| std::fs::read(path))?;
-    if let Some(problem) = kafka::config_problem(&loaded.config.kafka) {
+    if let Some(problem) = config_problem(&loaded.config.kafka) {
         return Err(ConfigError::Invalid(vec![problem]));
     }
     if let Some(addr) = settings.http_listen {

@@ -367,7 +367,7 @@ pub fn connection_refused(connection: &BrokerConnection) -> Result<Option<String
     if problems.is_empty() {
         // What librdkafka refuses, as the forwarder asks it at start: the same library, so
         // a pod never exits on a setting this let through.
-        problems.extend(ferry_forwarder::kafka::config_problem(&config.kafka));
+        problems.extend(ferry_kafka_settings::config_problem(&config.kafka));
     }
     let mut problems: Vec<String> = problems
         .iter()

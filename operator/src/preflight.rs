@@ -179,7 +179,7 @@ pub fn client_config(
         rules: Vec::new(),
     })?;
     let kafka = rendered.config.kafka;
-    let mut cc = ferry_forwarder::kafka::client_config(&ferry_api::config::KafkaConfig {
+    let mut cc = ferry_kafka_settings::client_config(&ferry_api::config::KafkaConfig {
         tls: None,
         sasl: None,
         ..kafka.clone()
