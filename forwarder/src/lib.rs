@@ -3,6 +3,7 @@
 
 pub mod encode;
 pub mod eval;
+pub mod handover;
 pub mod http;
 pub mod kafka;
 pub mod limits;
@@ -22,7 +23,7 @@ pub mod window;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ferry_api::{ForwarderConfig, ValidConfig};
 use tokio::net::TcpListener;
@@ -87,7 +88,10 @@ pub async fn run(
         .map_err(|source| RunError::Http { addr, source })?;
     let max_inflight = usize::from(config.mqtt.max_inflight);
     let subscriptions = Arc::new(Mutex::new(config.subscription_plan()));
-    metrics.drain.set_draining(config.draining());
+    metrics.handover(|h| {
+        h.set_draining(config.draining());
+        h.set_retiring(config.retiring.iter().map(String::as_str), Instant::now());
+    });
     metrics.set_subscribed_shared(config.shares_subscriptions());
     // The driver's window bounds what is in this channel, so it never fills.
     let (to_pipeline, inbound) = mpsc::channel(max_inflight.max(1));

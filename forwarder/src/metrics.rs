@@ -4,7 +4,7 @@
 //! docs/metrics.md: alerts are written from there.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::handover::Handover;
 use crate::window::{BlockReason, PermanentReason};
 
 /// The window `rate_per_second` is computed over.
@@ -105,20 +106,6 @@ pub struct RuleStats {
     schema: Mutex<Option<SchemaInUse>>,
     /// (when, forwarded count) samples for the rate, oldest first.
     samples: Mutex<VecDeque<(Instant, u64)>>,
-    /// Set while the config lists it in `retiring`: when a message last matched it and no
-    /// rule kept (what its unsubscribed filters still brought).
-    retiring: Mutex<Option<Retiring>>,
-    /// `retiring` is set: read for every message the rule matches, without the lock.
-    is_retiring: AtomicBool,
-}
-
-#[derive(Debug, Clone, Copy)]
-struct Retiring {
-    last_alone: Instant,
-    /// How many messages it had matched at the last one that matched it alone (or when it
-    /// became retiring): handed over once as many are acknowledged (acknowledgements follow
-    /// arrival order), whatever a kept rule with an overlapping filter goes on bringing.
-    alone_seq: u64,
 }
 
 impl RuleStats {
@@ -142,53 +129,6 @@ impl RuleStats {
     }
     pub fn on_acked(&self) {
         self.acked.inc();
-    }
-    /// Whether the running config lists this rule in `retiring`; the quiet period starts
-    /// again when it becomes so.
-    pub fn set_retiring(&self, retiring: bool) {
-        let mut r = lock(&self.retiring);
-        self.is_retiring.store(retiring, Ordering::Relaxed);
-        match (retiring, r.is_some()) {
-            (true, false) => {
-                *r = Some(Retiring {
-                    last_alone: Instant::now(),
-                    alone_seq: self.received.get(),
-                })
-            }
-            (false, true) => *r = None,
-            _ => {}
-        }
-    }
-    pub fn is_retiring(&self) -> bool {
-        self.is_retiring.load(Ordering::Relaxed)
-    }
-    /// Its quiet period starts again (a reload listed it: its UNSUBSCRIBE goes out now).
-    pub fn restart_retiring_quiet(&self) {
-        if let Some(r) = lock(&self.retiring).as_mut() {
-            r.last_alone = Instant::now();
-        }
-    }
-    /// A message matched this retiring rule and no rule the forwarder keeps: its session
-    /// still delivers what the rule's filters brought.
-    pub fn on_retiring_delivery(&self) {
-        if let Some(r) = lock(&self.retiring).as_mut() {
-            r.last_alone = Instant::now();
-            r.alone_seq = self.received.get();
-        }
-    }
-    /// Retiring, and handed over: the session is `settled` (connected, every UNSUBSCRIBE
-    /// answered) since a time at least [`DRAIN_QUIET`] ago, nothing delivered for this rule
-    /// alone for as long, and every message it matched up to the last such one is
-    /// acknowledged (forwarded).
-    fn retiring_status(&self, settled: Option<Instant>) -> Option<DrainStatus> {
-        let retiring = *lock(&self.retiring);
-        retiring.map(|r| DrainStatus {
-            drained: settled.is_some_and(|since| {
-                since.elapsed() >= DRAIN_QUIET
-                    && r.last_alone.elapsed() >= DRAIN_QUIET
-                    && self.acked.get() >= r.alone_seq
-            }),
-        })
     }
     pub fn on_filtered(&self) {
         self.filtered.inc();
@@ -385,21 +325,21 @@ impl RuleStats {
     }
 
     /// Every filter of this rule, as subscribed, is in `granted` (the broker's SUBACKs on the
-    /// current connection; `None` while there is none, or while the forwarder drains), and the
-    /// rule is not retiring.
+    /// current connection; `None` while there is none, or while the forwarder drains).
     fn subscribed(&self, granted: Option<&HashSet<String>>) -> bool {
         let Some(granted) = granted else {
             return false;
         };
         let filters = lock(&self.subscribed);
-        !self.is_retiring() && !filters.is_empty() && filters.iter().all(|f| granted.contains(f))
+        !filters.is_empty() && filters.iter().all(|f| granted.contains(f))
     }
 
+    /// `handed_over`: what [`Handover::handed_over`] says of it (None: not retiring).
     fn status(
         &self,
         refused: &BTreeMap<String, (&'static str, Timestamp)>,
         granted: Option<&HashSet<String>>,
-        settled: Option<Instant>,
+        handed_over: Option<bool>,
     ) -> RuleStatus {
         let ms = self.last_forwarded_ms.load(Ordering::Relaxed);
         RuleStatus {
@@ -420,8 +360,9 @@ impl RuleStats {
             blocked_by: lock(&self.blocked_by).clone(),
             subscription_refused: self.refused(refused),
             schema: lock(&self.schema).clone(),
-            retiring: self.retiring_status(settled),
-            subscribed: self.subscribed(granted),
+            // A retiring rule is unsubscribed, whatever the broker granted before.
+            subscribed: handed_over.is_none() && self.subscribed(granted),
+            retiring: handed_over.map(|drained| DrainStatus { drained }),
         }
     }
 }
@@ -473,94 +414,11 @@ pub struct Metrics {
     mqtt_granted: Mutex<HashSet<String>>,
     kafka_last_error: Mutex<Option<LastError>>,
     config: Mutex<ConfigStatus>,
-    /// Whether this forwarder drains, and whether its session still holds anything.
-    pub drain: DrainTracker,
+    /// The hand-over's verdicts (draining, retiring rules), fed by the MQTT driver and the
+    /// pipeline; `/status` reports them.
+    handover: Mutex<Handover>,
     /// The filters go through `$share/<group>/`.
     subscribed_shared: AtomicBool,
-}
-
-/// How long the broker must have delivered nothing before a draining forwarder counts as
-/// drained. A broker sends what it queued for a connected session as soon as an ack frees a
-/// slot of its in-flight window, within a round trip; this is many round trips, and short
-/// next to a scale-down.
-pub const DRAIN_QUIET: Duration = Duration::from_secs(2);
-
-/// What decides that a draining forwarder's session holds nothing more: see [`Self::drained`].
-#[derive(Default)]
-pub struct DrainTracker {
-    draining: AtomicBool,
-    /// UNSUBSCRIBEs sent on the current connection and not acknowledged yet.
-    unsubscribes_pending: AtomicUsize,
-    /// The last PUBLISH received, or the connect, whichever came last.
-    last_delivery: Mutex<Option<Instant>>,
-    /// The current connection's start.
-    connected_at: Mutex<Option<Instant>>,
-    /// The driver takes messages (its window has room): what the broker holds arrives.
-    reading: AtomicBool,
-    /// When it last started taking messages again.
-    reading_since: Mutex<Option<Instant>>,
-}
-
-impl DrainTracker {
-    pub fn set_draining(&self, draining: bool) {
-        self.draining.store(draining, Ordering::Relaxed);
-    }
-    pub fn draining(&self) -> bool {
-        self.draining.load(Ordering::Relaxed)
-    }
-    /// A new connection: what was pending on the last one is gone with it.
-    pub fn connected(&self) {
-        self.unsubscribes_pending.store(0, Ordering::Relaxed);
-        *lock(&self.connected_at) = Some(Instant::now());
-        self.delivered();
-    }
-    /// Whether the driver took messages at the last turn of its loop (not while its window,
-    /// in messages or bytes, is full).
-    pub fn reading(&self) -> bool {
-        self.reading.load(Ordering::Relaxed)
-    }
-    /// Whether the driver takes messages now; called on every turn of its loop.
-    pub fn set_reading(&self, reading: bool) {
-        if self.reading.swap(reading, Ordering::Relaxed) != reading && reading {
-            *lock(&self.reading_since) = Some(Instant::now());
-        }
-    }
-    /// Since when the session is connected with every UNSUBSCRIBE answered and the driver
-    /// taking messages: `None` while not (what a connection's start, a pending UNSUBSCRIBE or
-    /// a full window holds back is unknown, so quiet then proves nothing).
-    fn settled_since(&self, connected: bool) -> Option<Instant> {
-        let settled = connected
-            && self.unsubscribes_pending.load(Ordering::Relaxed) == 0
-            && self.reading.load(Ordering::Relaxed);
-        if !settled {
-            return None;
-        }
-        let connected_at = (*lock(&self.connected_at))?;
-        Some(lock(&self.reading_since).map_or(connected_at, |r| r.max(connected_at)))
-    }
-    pub fn unsubscribe_sent(&self) {
-        self.unsubscribes_pending.fetch_add(1, Ordering::Relaxed);
-    }
-    pub fn unsubscribe_acked(&self) {
-        // An UNSUBACK of an earlier connection's packet never arrives here (counts reset on
-        // connect), so this does not wrap; saturate anyway.
-        let _ = self
-            .unsubscribes_pending
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                Some(n.saturating_sub(1))
-            });
-    }
-    pub fn delivered(&self) {
-        *lock(&self.last_delivery) = Some(Instant::now());
-    }
-    /// Connected, every UNSUBSCRIBE answered, nothing in flight, and nothing delivered for
-    /// [`DRAIN_QUIET`]: the broker holds nothing more for this session.
-    fn drained(&self, connected: bool, inflight: i64) -> bool {
-        connected
-            && inflight <= 0
-            && self.unsubscribes_pending.load(Ordering::Relaxed) == 0
-            && lock(&self.last_delivery).is_some_and(|at| at.elapsed() >= DRAIN_QUIET)
-    }
 }
 
 /// What `/readyz` answers from.
@@ -641,7 +499,7 @@ impl Metrics {
                 reload_error: None,
                 restart_required: Vec::new(),
             }),
-            drain: DrainTracker::default(),
+            handover: Mutex::new(Handover::default()),
             subscribed_shared: AtomicBool::new(false),
             registry: Registry::default(),
         };
@@ -867,8 +725,6 @@ impl Metrics {
             subscribed: Mutex::new(Vec::new()),
             schema: Mutex::new(None),
             samples: Mutex::new(VecDeque::new()),
-            retiring: Mutex::new(None),
-            is_retiring: AtomicBool::new(false),
         }
     }
 
@@ -1019,32 +875,42 @@ impl Metrics {
             },
             inflight: self.inflight.get().max(0) as u64,
             rules: {
+                let now = Instant::now();
                 let refused = lock(&self.mqtt_refused);
-                let settled = self.drain.settled_since(self.health.mqtt_connected());
+                let handover = lock(&self.handover);
                 let granted = lock(&self.mqtt_granted);
                 // Draining, a forwarder subscribes nothing whatever its last SUBACKs said.
                 let granted =
-                    (self.health.mqtt_connected() && !self.drain.draining()).then_some(&*granted);
+                    (self.health.mqtt_connected() && !handover.draining()).then_some(&*granted);
                 lock(&self.rules)
                     .iter()
-                    .map(|r| r.status(&refused, granted, settled))
+                    .map(|r| r.status(&refused, granted, handover.handed_over(&r.name, now)))
                     .collect()
             },
-            drain: self.drain.draining().then(|| DrainStatus {
-                drained: self
-                    .drain
-                    .drained(self.health.mqtt_connected(), self.inflight.get()),
-            }),
+            drain: {
+                let handover = lock(&self.handover);
+                handover.draining().then(|| DrainStatus {
+                    drained: handover.drained(Instant::now()),
+                })
+            },
         }
     }
 
     /// Draining, and the session holds nothing more (what `/status` reports as
     /// `drain.drained`).
     pub fn drained(&self) -> bool {
-        self.drain.draining()
-            && self
-                .drain
-                .drained(self.health.mqtt_connected(), self.inflight.get())
+        lock(&self.handover).drained(Instant::now())
+    }
+
+    /// Tells the hand-over what happened, or asks it (see [`Handover`]); the MQTT driver and
+    /// the pipeline call it, for each message among others.
+    pub fn handover<T>(&self, f: impl FnOnce(&mut Handover) -> T) -> T {
+        f(&mut lock(&self.handover))
+    }
+
+    /// Whether the MQTT driver takes messages (its window has room).
+    pub fn mqtt_reading(&self) -> bool {
+        lock(&self.handover).reading()
     }
 
     pub fn encode(&self) -> String {
@@ -1132,12 +998,12 @@ mod tests {
         assert_eq!(subscribed(), [false, true], "b/# not granted yet");
         m.set_mqtt_granted("b/#", true);
         assert_eq!(subscribed(), [true, true]);
-        rules[1].set_retiring(true);
+        m.handover(|h| h.set_retiring(["one"], Instant::now()));
         assert_eq!(subscribed(), [true, false], "retiring");
-        rules[1].set_retiring(false);
-        m.drain.set_draining(true);
+        m.handover(|h| h.set_retiring([], Instant::now()));
+        m.handover(|h| h.set_draining(true));
         assert_eq!(subscribed(), [false, false], "draining");
-        m.drain.set_draining(false);
+        m.handover(|h| h.set_draining(false));
         m.set_mqtt_connected(false);
         m.set_mqtt_connected(true);
         assert_eq!(

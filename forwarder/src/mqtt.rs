@@ -170,6 +170,7 @@ pub fn start(
         epoch: 0,
         ever_connected: false,
         unsubscribe_later: Vec::new(),
+        reading: false,
         batch: Vec::new(),
     };
     Ok((Link { outbound }, tokio::spawn(driver.run())))
@@ -256,6 +257,8 @@ struct Driver {
     /// Filters the pipeline dropped while no connection was up; unsubscribed on the next one
     /// (a resumed session still has them).
     unsubscribe_later: Vec<String>,
+    /// Whether it took messages at the last turn of its loop, as the hand-over was told.
+    reading: bool,
     batch: Vec<Outbound>,
 }
 
@@ -377,7 +380,10 @@ impl Driver {
         self.skipping = 0;
         self.next_size = None;
         // Before `connected`: `/status` must never pair it with the last connection's state.
-        self.metrics.drain.connected();
+        let reading = self.has_room();
+        self.metrics
+            .handover(|h| h.connected(reading, std::time::Instant::now()));
+        self.reading = reading;
         self.metrics.set_mqtt_connected(true);
         info!(session_present, epoch = self.epoch, broker = %self.settings.addr, "mqtt connected");
         let keep_alive = match server_keep_alive {
@@ -436,7 +442,11 @@ impl Driver {
             }
             let reading = self.has_room();
             s.note_reading(reading);
-            self.metrics.drain.set_reading(reading);
+            if reading != self.reading {
+                self.reading = reading;
+                self.metrics
+                    .handover(|h| h.set_reading(reading, std::time::Instant::now()));
+            }
             // Without room, bytes are still read ahead (never decoded into messages) so that the
             // broker closing the connection is noticed while the window is full.
             let read_ahead = reading || s.conn.read_buf.len() < READ_AHEAD;
@@ -492,9 +502,15 @@ impl Driver {
         self.taken == 0 || self.taken_bytes.saturating_add(size) <= self.settings.window_bytes
     }
 
+    /// `slots` messages are done: acknowledged, or given up (their connection is gone, or the
+    /// pipeline is).
     fn release(&mut self, slots: usize, bytes: usize) {
         self.taken = self.taken.saturating_sub(slots);
         self.taken_bytes = self.taken_bytes.saturating_sub(bytes);
+        if slots > 0 {
+            self.metrics
+                .handover(|h| h.completed(slots, std::time::Instant::now()));
+        }
     }
 
     /// Handles the whole packets in the read buffer, up to the first PUBLISH there is no room
@@ -561,7 +577,8 @@ impl Driver {
             }
             Incoming::UnsubAck(pkid) => {
                 debug!(pkid, "unsubscribed");
-                self.metrics.drain.unsubscribe_acked();
+                self.metrics
+                    .handover(|h| h.unsubscribe_answered(std::time::Instant::now()));
             }
             Incoming::PingResp => {}
             Incoming::Ignored(what) => debug!(packet = what, "ignored a packet from the broker"),
@@ -583,7 +600,8 @@ impl Driver {
                 "a message over mqtt.max_message_bytes: its payload was skipped unread; it fails on its rules"
             );
         }
-        self.metrics.drain.delivered();
+        self.metrics
+            .handover(|h| h.delivered(std::time::Instant::now()));
         self.metrics.received[usize::from(message.qos.min(2))].inc();
         message.epoch = self.epoch;
         match self.to_pipeline.try_send(message) {
@@ -713,6 +731,7 @@ impl Driver {
             Err(e) => Err(e.into()),
         };
         self.metrics.set_mqtt_connected(false);
+        self.metrics.handover(|h| h.disconnected());
         if let Err(e) = sent {
             warn!(error = %e, broker = %self.settings.addr, "mqtt connection lost while disconnecting; unacknowledged messages will be redelivered");
             return ReaderExit::ConnectionLost;
@@ -723,7 +742,7 @@ impl Driver {
     }
 
     /// Unsubscribes `filters` (if any), counted until the broker answers (see
-    /// [`crate::metrics::DrainTracker`]).
+    /// [`crate::handover::Handover`]).
     fn unsubscribe(&self, s: &mut Session, filters: &[String]) -> Result<(), ConnError> {
         if filters.is_empty() {
             return Ok(());
@@ -732,9 +751,7 @@ impl Driver {
             self.metrics.set_mqtt_granted(f, false);
         }
         let packets = s.unsubscribe(self.settings.codec, filters)?;
-        for _ in 0..packets {
-            self.metrics.drain.unsubscribe_sent();
-        }
+        self.metrics.handover(|h| h.unsubscribe_sent(packets));
         Ok(())
     }
 
@@ -748,6 +765,7 @@ impl Driver {
     fn on_lost(&mut self, e: &ConnError) {
         // At once, so /status and /readyz tell the truth during the backoff.
         self.metrics.set_mqtt_connected(false);
+        self.metrics.handover(|h| h.disconnected());
         warn!(error = %e, broker = %self.settings.addr, "mqtt connection lost; reconnecting");
         self.metrics.mqtt_error(e.to_string());
     }

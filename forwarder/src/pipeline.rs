@@ -101,6 +101,8 @@ pub struct Reload {
     pub subscriptions: SubscriptionPlan,
     /// The new config lists this forwarder in `drain`.
     pub draining: bool,
+    /// The rules the new config lists in `retiring`.
+    pub retiring: Vec<String>,
     /// The new config subscribes through `$share/<group>/`.
     pub shared: bool,
     /// Where the new rules' schemas are looked up.
@@ -113,6 +115,7 @@ impl Reload {
             router: Router::new(config, metrics),
             subscriptions: config.subscription_plan(),
             draining: config.draining(),
+            retiring: config.retiring.clone(),
             shared: config.shares_subscriptions(),
             schema_registry: config.schema_registry.clone(),
         }
@@ -362,14 +365,20 @@ impl Pipeline {
             same_registry,
         );
         self.router = Arc::new(reload.router);
-        for rule in self.router.rules().iter().filter(|r| r.is_retiring()) {
-            rule.restart_retiring_quiet();
-        }
         self.rejudge();
-        if reload.draining && !self.metrics.drain.draining() {
+        let was_draining = self.metrics.handover(|h| {
+            let was = h.draining();
+            h.set_draining(reload.draining);
+            // Listed now: its UNSUBSCRIBE, below, goes out now.
+            h.set_retiring(
+                reload.retiring.iter().map(String::as_str),
+                Instant::now().into_std(),
+            );
+            was
+        });
+        if reload.draining && !was_draining {
             info!("listed in drain: unsubscribing, forwarding what the session still holds");
         }
-        self.metrics.drain.set_draining(reload.draining);
         self.metrics.set_subscribed_shared(reload.shared);
         let wanted = reload.subscriptions.subscribe.clone();
         let old = {
@@ -400,12 +409,13 @@ impl Pipeline {
                 .map(|f| crate::mqtt::subscription_id(f))
                 .collect();
         }
-        self.router.route(
+        let alone_for = self.router.route(
             &message.topic,
             &message.subscription_ids,
             &self.refused_ids,
             &mut self.scratch,
         );
+        self.metrics.handover(|h| h.routed(alone_for));
         if self.scratch.is_empty() {
             self.metrics.unmatched.inc();
         }
@@ -689,7 +699,7 @@ impl Pipeline {
         // The window is full (in messages or bytes): no message of any rule is read until the
         // stall ends, so every other rule is stopped, those whose messages wait at the broker
         // included.
-        if !self.metrics.drain.reading() {
+        if !self.metrics.mqtt_reading() {
             for rule in self.router.rules() {
                 if stall.rules.binary_search(&rule.name).is_err()
                     && !held.contains_key(rule.name.as_str())

@@ -175,6 +175,8 @@ pub struct Router {
     tree: FilterTree<usize>,
     targets: Vec<Arc<Target>>,
     rules: Vec<Arc<RuleStats>>,
+    /// By rule index: the config lists it in `retiring`.
+    retiring: Vec<bool>,
     schemas: Vec<Arc<SchemaSlot>>,
 }
 
@@ -220,9 +222,10 @@ impl Router {
         let mut tree = FilterTree::default();
         let mut slots: Vec<Arc<SchemaSlot>> = Vec::new();
         let mut slot_of: HashMap<&ValueEncoding, usize> = HashMap::new();
-        let retiring: HashSet<&str> = config.retiring.iter().map(String::as_str).collect();
+        let listed: HashSet<&str> = config.retiring.iter().map(String::as_str).collect();
+        let mut retiring = Vec::with_capacity(rules.len());
         for (i, (rule, parsed)) in config.rules_with_topics().enumerate() {
-            rules[i].set_retiring(retiring.contains(rule.name.as_str()));
+            retiring.push(listed.contains(rule.name.as_str()));
             rules[i].set_subscribed(
                 rule.mqtt
                     .topics
@@ -293,6 +296,7 @@ impl Router {
                 })
                 .collect(),
             rules,
+            retiring,
             schemas: slots,
         }
     }
@@ -337,25 +341,29 @@ impl Router {
     /// matching the topic (a config since replaced) route by the topic alone: a duplicate at
     /// worst, never a loss. `refused`: the identifiers of the filters the broker refused: no
     /// copy ever comes for those, so a rule's first *granted* matching filter decides.
+    ///
+    /// Returns the names of the retiring rules it reached when no rule kept did: their old
+    /// subscription still delivers (see [`crate::handover::Handover::routed`]).
     pub fn route(
         &self,
         topic: &str,
         delivered_for: &[u32],
         refused: &HashSet<u32>,
         out: &mut Vec<Routed>,
-    ) {
+    ) -> Vec<&str> {
         out.clear();
         let mut matching = Vec::new();
         self.tree.matches(topic, &mut matching);
         if matching.is_empty() {
-            return;
+            return Vec::new();
         }
         // Rule order, then filter order: the order the rules are written in.
         matching.sort_unstable();
         let filters = || matching.iter().filter_map(|f| self.filters.get(*f));
         let known = !delivered_for.is_empty() && filters().any(|f| delivered_for.contains(&f.id));
         let mut last_rule = usize::MAX;
-        let (mut kept, mut retiring) = (false, false);
+        // The retiring rules it reached; whether it reached a rule kept.
+        let (mut retiring, mut kept): (Vec<&str>, bool) = (Vec::new(), false);
         for f in filters() {
             if f.rule == last_rule || (known && refused.contains(&f.id)) {
                 continue;
@@ -370,8 +378,8 @@ impl Router {
                 continue;
             };
             rule.on_received();
-            if rule.is_retiring() {
-                retiring = true;
+            if self.retiring.get(f.rule).copied().unwrap_or(false) {
+                retiring.push(rule.name.as_str());
             } else {
                 kept = true;
             }
@@ -388,15 +396,10 @@ impl Router {
             }
         }
         // Only what no kept rule takes shows that a retiring rule's old filters still deliver.
-        if retiring && !kept {
-            for rule in out
-                .iter()
-                .flat_map(|o| o.target.matched(&o.matched))
-                .filter(|r| r.is_retiring())
-            {
-                rule.on_retiring_delivery();
-            }
+        if kept {
+            retiring.clear();
         }
+        retiring
     }
 }
 

@@ -4,9 +4,10 @@
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use common::{Forwarder, wait_until};
+use common::{Brokers, Forwarder, end_session, runtime, wait_until};
+use ferry_e2e::rumqttc::QoS;
 use ferry_e2e::{FaultProxy, Mosquitto, MosquittoOptions, ProxyMode, free_port};
 
 /// How often the test reads `/status`: the forwarder's states change within milliseconds.
@@ -112,4 +113,89 @@ fn a_rule_is_subscribed_only_once_the_broker_granted_its_every_filter_on_this_co
         || subscribed(&fwd) == pairs(&[("open", true), ("secret", false), ("added", true)]),
     );
     fwd.kill();
+}
+
+/// The costliest filter the compile-time model accepts, on a payload at the model's worst
+/// case: evaluated off the read thread, for seconds (see `tests/expressions.rs`).
+const COSTLY_FILTER: &str =
+    "json.items.filter(x, x > 0).size() > 0 && json.items.map(x, x > 0, x * 2).size() > 0";
+
+/// `n` rules of their own targets (the transforms differ) on `costly/+`, each running
+/// [`COSTLY_FILTER`], and `light` on `light/+`.
+fn costly_rules(n: usize) -> String {
+    let mut rules: String = (0..n)
+        .map(|i| {
+            format!(
+                "  - name: costly-{i}\n    mqtt: {{ topics: [\"costly/+\"] }}\n    filter: \"{COSTLY_FILTER}\"\n    kafka: {{ topic: costly }}\n    payload: {{ transform: \"{{'n': json.n, 'rule': {i}}}\" }}\n"
+            )
+        })
+        .collect();
+    rules.push_str(&rule("light", "light/+"));
+    rules
+}
+
+/// A message whose judgement takes the costly rules seconds: the most items `json` holds.
+fn costly_message(n: usize) -> (String, Vec<u8>) {
+    let items = (ferry_api::expr::PAYLOAD_MAX_BYTES - 64) / 2;
+    let body = format!(r#"{{"n":{n},"items":[{}]}}"#, vec!["1"; items].join(","));
+    (format!("costly/{n}"), body.into_bytes())
+}
+
+/// Issue 35, item 4. A forwarder listed in `drain` when it starts, its session holding a
+/// message whose judgement takes seconds (off the read thread) followed by cheap ones: the
+/// cheap ones wait behind that judgement, received from the broker but not yet in the window.
+/// It must not say `drained` while they wait: once it does, it is stopped and its session
+/// ended, as the operator does, and every message the broker acknowledged to the publisher is
+/// in Kafka. (Before, the drain's verdict counted only the window, and the session was ended
+/// with the waiting messages.)
+#[test]
+fn a_draining_forwarder_is_not_drained_while_messages_wait_for_their_judgement() {
+    let brokers = Brokers::start();
+    let rt = runtime();
+    for topic in ["costly", "light"] {
+        rt.block_on(brokers.kafka.create_topic(topic, 1))
+            .expect("topic");
+    }
+    let costly_rule_count = 8;
+    let rules = costly_rules(costly_rule_count);
+    let id = "ferry-judged";
+    let mut fwd = Forwarder::start_configmap(&brokers.config(id, &rules));
+    fwd.wait_ready(Duration::from_secs(30));
+    fwd.kill();
+    // Queued in the session while the forwarder is away: the costly message first.
+    let light = 200;
+    let mut messages = vec![costly_message(0)];
+    messages.extend((0..light).map(|n| (format!("light/{}", n % 4), n.to_string().into_bytes())));
+    rt.block_on(ferry_e2e::publish(
+        brokers.mqtt.port(),
+        "pub-judged",
+        QoS::AtLeastOnce,
+        messages,
+    ))
+    .expect("publish while the forwarder is away");
+    fwd.swap_config(&(brokers.config(id, &rules) + &format!("drain: [{id}]\n")));
+    fwd.restart();
+    let started = Instant::now();
+    wait_until(&fwd, Duration::from_secs(120), "drained", || {
+        fwd.status()
+            .and_then(|s| s.drain)
+            .is_some_and(|d| d.drained)
+    });
+    let drained_after = started.elapsed();
+    // What the operator does with a drained pod: it goes, and so does its session.
+    fwd.kill();
+    end_session(brokers.mqtt.port(), id);
+    let read = |topic: &str, n: usize| {
+        brokers.read(topic, n, Duration::from_secs(2), Duration::from_secs(30))
+    };
+    let costly = read("costly", costly_rule_count).len();
+    let lights = read("light", light).len();
+    eprintln!(
+        "drained {drained_after:.1?} after the start; in Kafka: {costly} of {costly_rule_count} costly records, {lights} of {light} light"
+    );
+    assert_eq!(
+        (costly, lights),
+        (costly_rule_count, light),
+        "every message the session held is in Kafka"
+    );
 }

@@ -715,7 +715,7 @@ async fn taken_until_full(d: &mut Driver, acked: u64) -> Result<Vec<Message>> {
             while let Ok(m) = d.inbound.try_recv() {
                 got.push(m);
             }
-            d.metrics.acked.get() == acked && !d.metrics.drain.reading()
+            d.metrics.acked.get() == acked && !d.metrics.mqtt_reading()
         },
     )
     .await
@@ -724,7 +724,7 @@ async fn taken_until_full(d: &mut Driver, acked: u64) -> Result<Vec<Message>> {
         format!(
             "acked {} (waiting for {acked}), reading {}, taken {topics:?}",
             d.metrics.acked.get(),
-            d.metrics.drain.reading()
+            d.metrics.mqtt_reading()
         )
     })?;
     while let Ok(m) = d.inbound.try_recv() {
