@@ -199,3 +199,211 @@ fn a_draining_forwarder_is_not_drained_while_messages_wait_for_their_judgement()
         "every message the session held is in Kafka"
     );
 }
+
+/// The config of `id` with `rules`, and `extra` lines at the top level (`drain`,
+/// `retiring`): a replica of group `g` subscribing through `$share/g/` (`Some(true)`), or
+/// plainly (`Some(false)`, as a group of one replica does), or of no group (`None`).
+fn replica(brokers: &Brokers, id: &str, rules: &str, shared: Option<bool>, extra: &str) -> String {
+    let share = match shared {
+        Some(shared) => format!("  shared_group: g\n  subscribe_shared: {shared}\n"),
+        None => String::new(),
+    };
+    brokers.config(id, rules).replace(
+        &format!("  client_id: {id}\n"),
+        &format!("  client_id: {id}\n{share}"),
+    ) + extra
+}
+
+const MOVED_AND_KEPT: [(&str, &str); 2] = [("moved", "sensors/#"), ("kept", "kept/#")];
+
+fn moved_and_kept() -> String {
+    MOVED_AND_KEPT.iter().map(|(n, f)| rule(n, f)).collect()
+}
+
+/// `n` numbered messages of `moved` (`sensors/<i>/data`), each followed by one of `kept`.
+fn moved_with_kept(n: usize) -> Vec<(String, Vec<u8>)> {
+    common::numbered_messages(10, n)
+        .into_iter()
+        .enumerate()
+        .flat_map(|(i, m)| [m, (format!("kept/{i}"), format!("k{i}").into_bytes())])
+        .collect()
+}
+
+/// The replica `id` of a shared group ran, subscribed through `$share/g/`, and is away
+/// (killed, its session kept) while `n` messages of each of its rules are published: its
+/// session, the group's only member, holds them.
+fn a_session_left_by_a_previous_process(brokers: &Brokers, id: &str, n: usize) -> Forwarder {
+    let rt = runtime();
+    for (topic, _) in MOVED_AND_KEPT {
+        rt.block_on(brokers.kafka.create_topic(topic, 1))
+            .expect("topic");
+    }
+    let mut fwd =
+        Forwarder::start_configmap(&replica(brokers, id, &moved_and_kept(), Some(true), ""));
+    fwd.wait_ready(Duration::from_secs(30));
+    assert!(
+        fwd.status().is_some_and(|s| s.mqtt.shared),
+        "subscribed through $share"
+    );
+    fwd.kill();
+    rt.block_on(ferry_e2e::publish(
+        brokers.mqtt.port(),
+        &format!("pub-{id}"),
+        QoS::AtLeastOnce,
+        moved_with_kept(n),
+    ))
+    .expect("publish while the replica is away");
+    fwd
+}
+
+/// `leaving`'s session delivers nothing more: `more` is published and `witness`, subscribed
+/// plainly to the same filters, acknowledges every one, so the broker has routed each to every
+/// subscription it had; `leaving` received none of them.
+fn nothing_more_arrives(
+    brokers: &Brokers,
+    leaving: &Forwarder,
+    witness: &Forwarder,
+    more: Vec<(String, Vec<u8>)>,
+) {
+    let received = leaving.metric("ferry_mqtt_received_messages_total");
+    let acked = witness.metric("ferry_mqtt_acked_messages_total") as usize + more.len();
+    brokers.publish_acked(witness, "pub-after", more, acked, Duration::from_secs(60));
+    assert_eq!(
+        leaving.metric("ferry_mqtt_received_messages_total"),
+        received,
+        "nothing more delivered to the leaving session"
+    );
+}
+
+/// Issue 35, item 2 (the forwarder's part). A replica of a shared group comes back, a fresh
+/// process on its resumed session, with its rule `moved` listed in `retiring` (the rule moved
+/// to another group while it was away, and its group is down to this one replica, which
+/// subscribes plainly; its session, subscribed through `$share/g/` by the previous process,
+/// holds the rule's messages). It unsubscribes the rule's filter in both forms on connect,
+/// forwards everything its session held for the rule, acknowledges nothing unmatched, and
+/// reports the rule handed over; from then on nothing more reaches it through that filter
+/// (the new group's forwarder takes what follows), while its other rule goes on.
+#[test]
+fn a_rule_retiring_when_its_forwarder_starts_is_unsubscribed_in_both_forms_and_handed_over() {
+    let brokers = Brokers::start();
+    let held = 300;
+    let mut old = a_session_left_by_a_previous_process(&brokers, "ferry-old", held);
+    let new = Forwarder::start_configmap(&replica(
+        &brokers,
+        "ferry-new",
+        &rule("moved", "sensors/#"),
+        None,
+        "",
+    ));
+    old.swap_config(&replica(
+        &brokers,
+        "ferry-old",
+        &moved_and_kept(),
+        Some(false),
+        "retiring: [moved]\n",
+    ));
+    old.restart();
+    let started = Instant::now();
+    let moved = |fwd: &Forwarder| fwd.status().and_then(|s| s.rule("moved").cloned());
+    wait_until(&old, Duration::from_secs(60), "moved handed over", || {
+        moved(&old).is_some_and(|r| r.retiring.is_some_and(|d| d.drained))
+    });
+    eprintln!("handed over {:.1?} after the start", started.elapsed());
+    let status = old.status().expect("status");
+    assert_eq!(
+        status.rule("moved").map(|r| (r.forwarded, r.subscribed)),
+        Some((held as u64, false)),
+        "every message its session held forwarded, and unsubscribed: {status:?}"
+    );
+    assert!(
+        status.rule("kept").is_some_and(|r| r.subscribed),
+        "kept stays subscribed: {status:?}"
+    );
+    assert_eq!(old.metric("ferry_mqtt_unmatched_messages_total"), 0.0);
+    let mut new = new;
+    new.wait_ready(Duration::from_secs(30));
+    let more = 100;
+    let after: Vec<_> = common::numbered_messages(10, held + more).split_off(held);
+    nothing_more_arrives(&brokers, &old, &new, after);
+    let d = common::read_judged(
+        &brokers.kafka,
+        "moved",
+        held + more,
+        Duration::from_secs(60),
+    );
+    assert_eq!(d.missing, 0, "every message of the rule in Kafka: {d:?}");
+    let kept = brokers.read(
+        "kept",
+        held,
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+    );
+    assert_eq!(kept.len(), held, "the kept rule's messages, each once");
+}
+
+/// Issue 35, item 2 (the forwarder's part), for a scale-down: a replica of a shared group
+/// comes back, a fresh process on its resumed session (subscribed through `$share/g/` by the
+/// previous process), listed in `drain`. It unsubscribes everything on connect, forwards what
+/// its session held, and says drained; from then on nothing more reaches it (a replica that
+/// stays takes what follows), and ending its session then loses nothing.
+#[test]
+fn a_replica_draining_when_it_starts_unsubscribes_everything_and_forwards_what_it_held() {
+    let brokers = Brokers::start();
+    let held = 300;
+    let id = "ferry-leaving";
+    let mut leaving = a_session_left_by_a_previous_process(&brokers, id, held);
+    leaving.swap_config(&replica(
+        &brokers,
+        id,
+        &moved_and_kept(),
+        Some(true),
+        &format!("drain: [{id}]\n"),
+    ));
+    leaving.restart();
+    let started = Instant::now();
+    wait_until(&leaving, Duration::from_secs(60), "drained", || {
+        leaving
+            .status()
+            .and_then(|s| s.drain)
+            .is_some_and(|d| d.drained)
+    });
+    eprintln!("drained {:.1?} after the start", started.elapsed());
+    let status = leaving.status().expect("status");
+    assert!(
+        status.rules.iter().all(|r| !r.subscribed),
+        "draining, nothing subscribed: {status:?}"
+    );
+    assert_eq!(
+        leaving.metric("ferry_mqtt_acked_messages_total"),
+        (2 * held) as f64,
+        "what its session held, all acknowledged"
+    );
+    let mut stays = Forwarder::start_configmap(&replica(
+        &brokers,
+        "ferry-stays",
+        &moved_and_kept(),
+        Some(true),
+        "",
+    ));
+    stays.wait_ready(Duration::from_secs(30));
+    nothing_more_arrives(&brokers, &leaving, &stays, moved_with_kept(50));
+    leaving.kill();
+    end_session(brokers.mqtt.port(), id);
+    let moved = brokers.read(
+        "moved",
+        held,
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+    );
+    let kept = brokers.read(
+        "kept",
+        held,
+        Duration::from_secs(2),
+        Duration::from_secs(30),
+    );
+    assert_eq!(
+        (moved.len(), kept.len()),
+        (held + 50, held + 50),
+        "what the session held and what followed, once each"
+    );
+}
