@@ -12,6 +12,7 @@ pub mod crdgen;
 pub mod dataplane;
 pub mod events;
 pub mod finalize;
+pub mod handover;
 pub mod image;
 pub mod metrics;
 pub mod netpol;
