@@ -133,7 +133,7 @@ pub fn build(
 }
 
 /// The StatefulSet's replicas while a scale-down waits for its leaving pods to drain (see
-/// [`crate::scaledown`]).
+/// [`crate::handover`]).
 pub fn set_replicas(children: &mut Children, replicas: i32) {
     if let Some(spec) = children.stateful_set.spec.as_mut() {
         spec.replicas = Some(replicas);

@@ -33,21 +33,22 @@ use kube::{Client, Resource, ResourceExt};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
 
-use crate::apply::{apply, live_scale, moves_pending, prune, read_secrets, taken};
+use crate::apply::{apply, prune, read_secrets, taken};
 use crate::budget::WriteBudget;
 use crate::children;
 use crate::conditions::FALSE;
 use crate::context::{At, Context, Error, Step, listed, wait_listed};
 use crate::events::{Recorder, Reporter};
 use crate::finalize::{SessionsOutcome, end_gone_sessions, finalize, set_finalizer};
+use crate::handover::{self, Move, MovePhase, Retirement};
 use crate::image::ForwarderImage;
 use crate::metrics::{Kind, Metrics};
 use crate::netpol::ForwarderNetworkPolicy;
 use crate::ownership::Serving;
-use crate::plan::{self, GroupPlan, Move, MovePhase, RulePlan};
+use crate::plan::{self, GroupPlan, RulePlan};
 use crate::preflight;
 use crate::scope::Scope;
-use crate::status::{self, RuleOutcome, Workload};
+use crate::status::{self, RuleOutcome, Workload, column};
 use crate::validate::{MARK_VALUE, SECRET_MARK, referenced_secrets};
 use crate::writer::{FIELD_MANAGER, current_status, event, update_status, warn_event};
 use kube::runtime::events::EventType;
@@ -455,9 +456,6 @@ async fn reconcile_readable(
         .as_ref()
         .map(|s| s.mqtt_sessions.clone())
         .unwrap_or_default();
-    let live = live_scale(client, ns, connection, &recorded).await?;
-    let moves = moves_pending(client, ns, connection, &rules, &live).await?;
-    report_moves(ctx, connection, &moves.pending).await;
     // Rules not served yet whose literal Kafka topic is missing are refused alone.
     let topic_missing = topics_missing(ctx, connection, &rules, &secrets).await?;
     let checked: Vec<&ForwardingRule> = rules
@@ -465,12 +463,17 @@ async fn reconcile_readable(
         .copied()
         .filter(|r| !topic_missing.contains_key(&r.name_any()))
         .collect();
-    let mut plan = plan::connection(connection, &checked, &secrets, image, &live, &moves.pending)?;
+    let spec = plan::handover_spec(connection, &checked);
+    let observed = handover::observe::observe(client, ns, connection, &recorded, &spec).await?;
+    let mut plan = plan::connection(connection, &checked, &secrets, image, &observed)?;
     plan.rules.extend(rules.iter().filter_map(|r| {
         let message = topic_missing.get(&r.name_any())?.clone();
         Some((*r, RulePlan::Refused(RuleOutcome::TopicMissing(message))))
     }));
+    report_moves(ctx, connection, &plan.moves).await;
     let mut draining = report_scale_downs(ctx, connection, &plan.groups).await;
+    draining |= report_retiring(ctx, connection, &plan.groups).await;
+    draining |= !plan.moves.is_empty();
 
     let applied = apply_groups(ctx, connection, &plan.groups).await;
     let sessions = match &plan.secret_data {
@@ -478,8 +481,7 @@ async fn reconcile_readable(
         None => SessionsOutcome::unchanged(recorded),
         Some(secret_data) => {
             let serving = (&applied.serving(), ctx.network_policy.is_some());
-            let pruned = prune(client, ns, connection, serving, Some(&recorded)).await?;
-            draining |= report_retiring(ctx, connection, &pruned.retiring).await;
+            let pruned = prune(client, ns, connection, serving).await?;
             debug!(connection = %name, namespace = %ns, groups = applied.workloads.len(), pruned = pruned.deleted, "applied");
             // An earlier name's StatefulSet still running keeps its sessions; so do the pods of
             // a group that failed to apply (0 replicas: none of its sessions is ended).
@@ -501,7 +503,7 @@ async fn reconcile_readable(
     let unresolved = !plan.missing_secrets.is_empty() || !applied.taken.is_empty();
     let retries = [
         (!topic_missing.is_empty()).then_some(ctx.topics.interval),
-        (draining || moves.poll).then_some(DRAIN_POLL),
+        draining.then_some(DRAIN_POLL),
         sessions.retry_in,
         unresolved.then_some(UNRESOLVED_RETRY),
         groups_retry(ctx, connection, &applied.failed),
@@ -587,7 +589,7 @@ async fn report_scale_downs(
     groups: &[GroupPlan],
 ) -> bool {
     let mut any = false;
-    for group in groups {
+    for group in groups.iter().filter(|g| g.scale.retirement.is_none()) {
         let key = format!("{}#{}", key_of(connection), group.name);
         if group.scale.waiting.is_empty() {
             if let Ok(mut d) = ctx.draining.lock() {
@@ -628,28 +630,51 @@ async fn event_once(
     }
 }
 
-/// Says which workloads of groups no longer served wait for their pods to drain before they
-/// go (a log line, and a Normal Event when one starts waiting); whether any does.
+/// Says which workloads of groups no longer served wait, and for what (a log line, and a
+/// Normal Event when one starts waiting); whether any does.
 async fn report_retiring(
     ctx: &Context,
     connection: &BrokerConnection,
-    retiring: &BTreeMap<String, Vec<String>>,
+    groups: &[GroupPlan],
 ) -> bool {
     let prefix = format!("{}#retiring/", key_of(connection));
+    let retiring: BTreeMap<String, &GroupPlan> = groups
+        .iter()
+        .filter(|g| g.scale.retirement.is_some())
+        .map(|g| (g.children.stateful_set.name_any(), g))
+        .collect();
     if let Ok(mut d) = ctx.draining.lock() {
         d.retain(|k| {
             k.strip_prefix(&prefix)
-                .is_none_or(|w| retiring.contains_key(w))
+                .is_none_or(|w| retiring.contains_key(w.split('/').next().unwrap_or(w)))
         });
     }
-    for (workload, pods) in retiring {
-        info!(connection = %connection.name_any(), workload = %workload, waiting = ?pods, "group no longer served: waiting for its pods to drain");
-        let note = format!(
-            "{workload} is no longer served; it is removed once {} drained (forwarded what the broker holds for them), after the connection's other groups are ready",
-            pods.join(", ")
-        );
-        let key = format!("{prefix}{workload}");
-        event_once(ctx, connection, key, ("Retire", "Draining"), note).await;
+    for (workload, group) in &retiring {
+        let pods: Vec<String> = group
+            .scale
+            .waiting
+            .iter()
+            .map(|o| format!("{workload}-{o}"))
+            .collect();
+        let (phase, note) = match group.scale.retirement {
+            Some(Retirement::Serving) => (
+                "Serving",
+                format!(
+                    "{workload} is no longer served by a group of the spec; it serves {} until their new groups run them, then drains",
+                    column(group.scale.rules.iter().map(String::as_str)).unwrap_or_default()
+                ),
+            ),
+            _ => (
+                "Draining",
+                format!(
+                    "{workload} is no longer served; it is removed once {} drained (forwarded what the broker holds for them)",
+                    pods.join(", ")
+                ),
+            ),
+        };
+        info!(connection = %connection.name_any(), workload = %workload, phase, waiting = ?pods, "group no longer in the spec: handing over");
+        let key = format!("{prefix}{workload}/{phase}");
+        event_once(ctx, connection, key, ("Retire", phase), note).await;
     }
     !retiring.is_empty()
 }
@@ -673,14 +698,15 @@ async fn report_moves(
         info!(connection = %connection.name_any(), moving = ?moves, "rules moving to another group: kept in their old group until the new one runs them and the old one has handed over what its sessions hold for them");
     }
     for (key, (rule, m)) in keys {
+        let from = column(m.from.iter().map(String::as_str)).unwrap_or_default();
         let note = match m.phase {
             MovePhase::Subscribing => format!(
-                "rule {rule:?} moves out of group {:?}: served there until its new group's pods run it",
-                m.from
+                "rule {rule:?} moves to group {:?}: served by group {from} until the new group's pods run it",
+                m.to
             ),
             MovePhase::HandingOver => format!(
-                "rule {rule:?} runs in its new group; group {:?} hands over what its sessions still hold for it, then drops it",
-                m.from
+                "rule {rule:?} runs in group {:?}; group {from} hands over what its sessions still hold for it, then drops it",
+                m.to
             ),
         };
         event_once(ctx, connection, key, ("Move", "MovingRule"), note).await;
@@ -889,7 +915,7 @@ async fn write_statuses(
     let rule_api = Api::<ForwardingRule>::namespaced(ctx.client.clone(), &ns);
     let outcomes = plan.rules.iter().filter_map(|(rule, fate)| {
         let outcome = match fate {
-            plan::RulePlan::Served { group } => match applied.failed.get(group) {
+            plan::RulePlan::Served { group, .. } => match applied.failed.get(group) {
                 // Read again and retried at once: the rule's status stays as it is.
                 Some(f) if f.error.is_conflict() => return None,
                 Some(f) => RuleOutcome::GroupNotApplied(format!(

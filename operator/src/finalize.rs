@@ -159,7 +159,7 @@ pub(crate) async fn finalize(
     // The garbage collector would remove the forwarders only after the object is gone; their
     // sessions must end after the pods, so remove every child now.
     // NetworkPolicies stay: they keep nothing running, and the garbage collector takes them.
-    prune(&ctx.client, ns, connection, (&BTreeMap::new(), false), None).await?;
+    prune(&ctx.client, ns, connection, (&BTreeMap::new(), false)).await?;
     let recorded = connection
         .status
         .as_ref()

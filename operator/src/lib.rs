@@ -22,7 +22,6 @@ pub mod preflight;
 pub mod readiness;
 pub mod release;
 pub mod render;
-pub mod scaledown;
 pub mod scope;
 pub mod sessions;
 pub mod status;

@@ -2,18 +2,18 @@
 //! it references) to every group's children and every rule's fate, without touching the API.
 //! The reconciler then applies all of it, prunes, and writes the status once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use ferry_api::config::MAX_RULES;
-use ferry_api::crd::{BrokerConnection, ForwardingRule, MAX_STALL_BUDGET_SECONDS};
+use ferry_api::crd::{BrokerConnection, ForwardingRule, GroupReplicas, MAX_STALL_BUDGET_SECONDS};
 use ferry_api::{Problem, ProblemKind};
 use k8s_openapi::ByteString;
 use kube::ResourceExt;
 
 use crate::children::{self, CONFIG_FILE, Children};
+use crate::handover::{self, observe::Observed};
 use crate::image::ForwarderImage;
-use crate::render::{Group, RenderError, render};
-use crate::scaledown;
+use crate::render::{Group, RenderError, Rendered, render, workload_name};
 use crate::sessions::client_id;
 use crate::status::{RuleOutcome, Workload};
 use crate::validate::{self, MissingSecret, Secrets};
@@ -30,6 +30,8 @@ pub struct ConnectionPlan<'a> {
     pub secret_data: Option<BTreeMap<String, ByteString>>,
     /// Every rule of the connection, in the order they were listed, with its fate.
     pub rules: Vec<(&'a ForwardingRule, RulePlan)>,
+    /// Rules on their way to another group, by name.
+    pub moves: BTreeMap<String, handover::Move>,
 }
 
 /// One group's forwarder workload.
@@ -37,8 +39,9 @@ pub struct ConnectionPlan<'a> {
 pub struct GroupPlan {
     pub name: String,
     pub children: Children,
-    /// Where a scale-down of its StatefulSet stands.
-    pub scale: scaledown::Step,
+    /// What the hand-over decided for its workload (replicas, `drain`, `retiring`, what it
+    /// waits for, and whether the group is retiring).
+    pub scale: handover::Step,
 }
 
 /// A rule's fate before anything is applied.
@@ -46,8 +49,12 @@ pub struct GroupPlan {
 pub enum RulePlan {
     /// Not rendered, for this reason.
     Refused(RuleOutcome),
-    /// Rendered into this group's config (paused rules too: they stay listed, unsubscribed).
-    Served { group: String },
+    /// Rendered into this group's config (paused rules too: they stay listed, unsubscribed);
+    /// `moving` while workloads of other groups still list it.
+    Served {
+        group: String,
+        moving: Option<handover::Move>,
+    },
 }
 
 impl RulePlan {
@@ -61,7 +68,7 @@ impl RulePlan {
     ) -> RuleOutcome {
         match self {
             RulePlan::Refused(outcome) => outcome.clone(),
-            RulePlan::Served { group } => match (workloads.get(group), taken.get(group)) {
+            RulePlan::Served { group, .. } => match (workloads.get(group), taken.get(group)) {
                 (Some(workload), _) => RuleOutcome::Rendered {
                     workload: workload.clone(),
                     paused: rule.spec.paused,
@@ -76,143 +83,98 @@ impl RulePlan {
     }
 }
 
-/// A rule on its way to another group (its `spec.group` changed): the group it leaves, and how
-/// far the hand-over is. Until it is done the rule stays in its old group's config, and its
-/// status names the old workload (which is how the next reconcile knows of the move).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Move {
-    pub from: String,
-    pub phase: MovePhase,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MovePhase {
-    /// The new group's pods do not all run it yet: the old group goes on serving it, so some
-    /// group is subscribed to its filters throughout (duplicates, never a gap).
-    Subscribing,
-    /// The new group runs it; the old group's pods list it in `retiring`: they unsubscribe it
-    /// and forward what their sessions still hold for it, until each reports it handed over.
-    HandingOver,
-}
-
-impl MovePhase {
-    /// Where a move stands from what the pods report: `None` once it is done.
-    pub fn of(new_group_runs_it: bool, old_group_handed_over: bool) -> Option<Self> {
-        match (new_group_runs_it, old_group_handed_over) {
-            (false, _) => Some(Self::Subscribing),
-            (true, false) => Some(Self::HandingOver),
-            (true, true) => None,
+/// What the hand-over needs of the spec: each group that has rules (its workload; zero
+/// replicas when every rule of it is paused, which keeps its sessions), and the group of each
+/// rule that should run.
+pub fn handover_spec(connection: &BrokerConnection, rules: &[&ForwardingRule]) -> handover::Spec {
+    let mut spec = handover::Spec::default();
+    let name = connection.name_any();
+    for r in rules {
+        let group = r.spec.group.as_str();
+        let running = !r.spec.paused;
+        let replicas = match connection.spec.forwarder.replicas_of(group) {
+            GroupReplicas::Fixed(n) => handover::Replicas::Fixed(n),
+            GroupReplicas::Autoscaled => handover::Replicas::Autoscaled,
+        };
+        let entry = spec
+            .groups
+            .entry(group.to_owned())
+            .or_insert_with(|| handover::GroupSpec {
+                workload: workload_name(&name, group),
+                replicas: handover::Replicas::Fixed(0),
+            });
+        if running {
+            entry.replicas = replicas;
+            spec.targets.insert(r.name_any(), group.to_owned());
         }
     }
+    spec
 }
 
 /// The plan for `connection` and its `rules` (those whose `connectionRef` names it), with the
-/// data of the Secrets it references and the forwarder image it runs.
+/// data of the Secrets it references, the forwarder image it runs, and what runs (`observed`,
+/// for the hand-over: see [`crate::handover`]).
 pub fn connection<'a>(
     connection: &'a BrokerConnection,
     rules: &[&'a ForwardingRule],
     secrets: &Secrets,
     image: &ForwarderImage,
-    live: &BTreeMap<String, scaledown::Live>,
-    moving: &BTreeMap<String, Move>,
+    observed: &Observed,
 ) -> Result<ConnectionPlan<'a>, RenderError> {
     let secret_data = match validate::resolve_secrets(connection, secrets) {
         Ok(data) => data,
-        Err(missing) => {
-            let text: Vec<String> = missing.iter().map(ToString::to_string).collect();
-            let message = format!(
-                "BrokerConnection {:?} cannot be rendered: {}",
-                connection.name_any(),
-                text.join("; ")
-            );
-            return Ok(ConnectionPlan {
-                groups: Vec::new(),
-                missing_secrets: missing,
-                secret_data: None,
-                rules: rules
-                    .iter()
-                    .map(|r| {
-                        (
-                            *r,
-                            RulePlan::Refused(RuleOutcome::SecretMissing(message.clone())),
-                        )
-                    })
-                    .collect(),
-            });
-        }
+        Err(missing) => return Ok(unresolved(connection, rules, missing)),
     };
-    let mut by_group: BTreeMap<&str, Vec<&ForwardingRule>> = BTreeMap::new();
-    for r in rules {
-        by_group.entry(r.spec.group.as_str()).or_default().push(r);
-    }
-    // A rule on its way to another group stays in its old one until the new one runs it.
-    for r in rules {
-        if let Some(m) = moving.get(&r.name_any()) {
-            by_group.entry(m.from.as_str()).or_default().push(r);
-        }
-    }
+    let decision = handover::decide(&handover_spec(connection, rules), &observed.workloads);
+    let by_name: BTreeMap<String, &ForwardingRule> =
+        rules.iter().map(|r| (r.name_any(), *r)).collect();
     let mut fates: BTreeMap<String, RulePlan> = BTreeMap::new();
     let mut groups = Vec::new();
-    for (group, members) in &by_group {
-        let mut refused = refused_in_group(connection, group, members)?;
-        let accepted: Vec<&ForwardingRule> = members
+    for (workload, step) in &decision.workloads {
+        if step.retirement == Some(handover::Retirement::Done) {
+            continue;
+        }
+        let group = step.group.as_str();
+        // Its own rules (paused ones too, for their status), and those it keeps serving.
+        let members: Vec<&ForwardingRule> = rules
             .iter()
             .copied()
-            .filter(|r| !refused.contains_key(&r.name_any()))
+            .filter(|r| r.spec.group == group || step.rules.contains(&r.name_any()))
             .collect();
-        let (fitting, full) = fit_group(connection, group, accepted)?;
-        refused.extend(full);
-        let rendered = render(&Group {
-            connection,
-            name: group,
-            rules: fitting,
-        })?;
-        let wanted = children::replicas(&rendered, &connection.spec.forwarder, group);
-        let scale = match wanted {
-            // Every rule paused: no pod can run (a forwarder refuses a config without rules),
-            // so none can drain; the sessions keep their messages until a rule is back.
-            Some(_) if rendered.config.rules.is_empty() => scaledown::Step::default(),
-            Some(wanted) => scaledown::step(wanted, live.get(&rendered.workload)),
-            // An autoscaler's replicas: its pods drain themselves when stopped.
-            None => scaledown::Step::default(),
-        };
+        let (rendered, refused) = render_group(connection, group, &members)?;
+        let applied = observed.configs.get(workload);
         let namespace = connection.namespace().unwrap_or_default();
-        let leaving = scale
-            .drain
-            .iter()
-            .map(|o| client_id(&namespace, &format!("{}-{o}", rendered.workload)))
-            .collect();
-        let retiring = handed_over_by(group, &rendered.config, moving);
-        let rendered = rendered.handing_over(leaving, retiring)?;
+        let rendered = with_handover(rendered, step, (&namespace, applied), &by_name)?;
         let mut children =
             children::build(connection, group, &rendered, secret_data.clone(), image);
-        if wanted.is_some() {
-            children::set_replicas(&mut children, scale.replicas);
+        let replicas = if rendered.config.rules.is_empty() {
+            // Every rule paused or refused: no pod can run (a forwarder refuses a config
+            // without rules); the sessions keep their messages until a rule is back.
+            Some(0)
+        } else {
+            step.replicas
+        };
+        if let Some(replicas) = replicas {
+            children::set_replicas(&mut children, replicas);
         }
         groups.push(GroupPlan {
-            name: (*group).to_owned(),
+            name: group.to_owned(),
             children,
-            scale,
+            scale: step.clone(),
         });
-        for r in members.iter().filter(|r| r.spec.group == **group) {
+        for r in members.iter().filter(|r| r.spec.group == group) {
             let fate = match refused.get(&r.name_any()) {
                 Some(outcome) => RulePlan::Refused(outcome.clone()),
                 None => RulePlan::Served {
-                    group: (*group).to_owned(),
+                    group: group.to_owned(),
+                    moving: decision.moves.get(&r.name_any()).cloned(),
                 },
             };
             fates.insert(r.name_any(), fate);
         }
     }
-    // Until its move is done a rule the new group accepted is served by the old group, and
-    // says so (its status names the old workload, which is how the next reconcile knows).
-    for (rule, m) in moving {
-        if let Some(fate @ RulePlan::Served { .. }) = fates.get_mut(rule) {
-            *fate = RulePlan::Served {
-                group: m.from.clone(),
-            };
-        }
-    }
+    // A rule whose group has no workload of the decision's (none can: every spec group has
+    // one) would otherwise vanish from the status.
     Ok(ConnectionPlan {
         groups,
         missing_secrets: Vec::new(),
@@ -221,26 +183,96 @@ pub fn connection<'a>(
             .iter()
             .filter_map(|r| Some((*r, fates.remove(&r.name_any())?)))
             .collect(),
+        moves: decision.moves,
     })
 }
 
-/// The rules of `group`'s `config` that moved to another group, which runs them now: they hand
-/// over what the group's sessions still hold for them (its config's `retiring`).
-fn handed_over_by(
+/// Every rule refused, nothing applied: the referenced Secrets do not resolve.
+fn unresolved<'a>(
+    connection: &BrokerConnection,
+    rules: &[&'a ForwardingRule],
+    missing: Vec<MissingSecret>,
+) -> ConnectionPlan<'a> {
+    let text: Vec<String> = missing.iter().map(ToString::to_string).collect();
+    let message = format!(
+        "BrokerConnection {:?} cannot be rendered: {}",
+        connection.name_any(),
+        text.join("; ")
+    );
+    ConnectionPlan {
+        groups: Vec::new(),
+        missing_secrets: missing,
+        secret_data: None,
+        rules: rules
+            .iter()
+            .map(|r| {
+                let outcome = RuleOutcome::SecretMissing(message.clone());
+                (*r, RulePlan::Refused(outcome))
+            })
+            .collect(),
+        moves: BTreeMap::new(),
+    }
+}
+
+/// One group's config from its `members`, and the members it refuses (conflicts first, then
+/// what the forwarder would refuse, then what does not fit), by name.
+fn render_group(
+    connection: &BrokerConnection,
     group: &str,
-    config: &ferry_api::ForwarderConfig,
-    moving: &BTreeMap<String, Move>,
-) -> Vec<String> {
-    config
+    members: &[&ForwardingRule],
+) -> Result<(Rendered, BTreeMap<String, RuleOutcome>), RenderError> {
+    let mut refused = refused_in_group(connection, group, members)?;
+    let accepted: Vec<&ForwardingRule> = members
+        .iter()
+        .copied()
+        .filter(|r| !refused.contains_key(&r.name_any()))
+        .collect();
+    let (fitting, full) = fit_group(connection, group, accepted)?;
+    refused.extend(full);
+    let rendered = render(&Group {
+        connection,
+        name: group,
+        rules: fitting,
+    })?;
+    Ok((rendered, refused))
+}
+
+/// `rendered` with what the hand-over decided for its workload (`step`): the pods listed in
+/// `drain`, the rules listed in `retiring`, the subscription's form. A retiring rule that no
+/// object describes any more (deleted, or paused) keeps the form it has in the config as
+/// applied (`applied`), so its pods still forward what their sessions hold for it.
+fn with_handover(
+    mut rendered: Rendered,
+    step: &handover::Step,
+    (namespace, applied): (&str, Option<&ferry_api::ForwarderConfig>),
+    rules: &BTreeMap<String, &ForwardingRule>,
+) -> Result<Rendered, RenderError> {
+    let gone = |name: &String| rules.get(name).is_none_or(|r| r.spec.paused);
+    for name in step.retiring.iter().filter(|n| gone(n)) {
+        let kept = applied.and_then(|c| c.rules.iter().find(|r| &r.name == name));
+        if let Some(rule) = kept {
+            rendered.config.rules.push(rule.clone());
+        }
+    }
+    rendered.config.rules.sort_by(|a, b| a.name.cmp(&b.name));
+    let listed: BTreeSet<&str> = rendered
+        .config
         .rules
         .iter()
-        .filter(|r| {
-            moving
-                .get(&r.name)
-                .is_some_and(|m| m.from == group && m.phase == MovePhase::HandingOver)
-        })
-        .map(|r| r.name.clone())
-        .collect()
+        .map(|r| r.name.as_str())
+        .collect();
+    let drain = step
+        .drain
+        .iter()
+        .map(|o| client_id(namespace, &format!("{}-{o}", rendered.workload)))
+        .collect();
+    let retiring = step
+        .retiring
+        .iter()
+        .filter(|r| listed.contains(r.as_str()))
+        .cloned()
+        .collect();
+    rendered.handing_over(drain, retiring, step.shared)
 }
 
 /// The rules of one group that are not rendered, by name: conflicts first (the older rule
@@ -661,7 +693,8 @@ mod tests {
         assert_eq!(
             fate(&plan, "temps"),
             &RulePlan::Served {
-                group: "default".into()
+                group: "default".into(),
+                moving: None,
             }
         );
         assert!(
@@ -683,8 +716,7 @@ mod tests {
             rules,
             &secrets(),
             &ForwarderImage::default(),
-            &BTreeMap::new(),
-            &BTreeMap::new(),
+            &Observed::default(),
         )
         .expect("plan")
     }
@@ -720,23 +752,75 @@ mod tests {
             .sum()
     }
 
-    /// A rule moved from group `east` to `west` while `west` does not run it yet: both groups'
-    /// configs hold it, and it is served by (its status names) `east` until the move is done.
+    /// What runs, for the hand-over: `workloads` of the connection `conn` by group, each
+    /// listing rules (`retiring` of them) with one pod reporting `report`.
+    fn observed(
+        conn: &BrokerConnection,
+        workloads: &[(&str, &[&str], &[&str], handover::Report)],
+    ) -> Observed {
+        let mut out = Observed::default();
+        for (group, rules, retiring, report) in workloads {
+            let set = |l: &[&str]| l.iter().map(|s| (*s).to_owned()).collect();
+            let pod = handover::PodSeen {
+                exists: true,
+                terminating: false,
+                session: true,
+                report: Some(report.clone()),
+            };
+            let seen = handover::Seen {
+                group: (*group).to_owned(),
+                replicas: 1,
+                applied: Some(handover::Applied {
+                    rules: set(rules),
+                    retiring: set(retiring),
+                    ..handover::Applied::default()
+                }),
+                pods: BTreeMap::from([(0, pod)]),
+            };
+            out.workloads
+                .insert(workload_name(&conn.name_any(), group), seen);
+        }
+        out
+    }
+
+    fn report(subscribed: &[&str], handed_over: &[&str]) -> handover::Report {
+        handover::Report {
+            subscribed: subscribed.iter().map(|s| (*s).to_owned()).collect(),
+            handed_over: handed_over.iter().map(|s| (*s).to_owned()).collect(),
+            plain: true,
+            ..handover::Report::default()
+        }
+    }
+
+    fn served(group: &str, moving: Option<(&str, handover::MovePhase)>) -> RulePlan {
+        RulePlan::Served {
+            group: group.into(),
+            moving: moving.map(|(from, phase)| handover::Move {
+                to: group.into(),
+                from: BTreeSet::from([from.to_owned()]),
+                phase,
+            }),
+        }
+    }
+
+    /// A rule moved from group `east` to `west`: both groups' configs hold it until `west`
+    /// runs it, then `east` lists it in `retiring` until its pods handed it over; its status
+    /// names its group throughout, with the move and how far it is.
     #[test]
     fn a_moving_rule_stays_in_its_old_group_until_the_new_one_runs_it() {
+        use handover::MovePhase::{HandingOver, Subscribing};
         let conn = connection("mqtt", "[\"k:9092\"]", "{}");
         let moved = rule("moved", "west", "m/#", "m", "2026-01-01T00:00:00Z");
         let stays = rule("stays", "east", "s/#", "s", "2026-01-01T00:00:00Z");
         let anchor = rule("anchor", "west", "a/#", "a", "2026-01-01T00:00:00Z");
         let rules = [&moved, &stays, &anchor];
-        let plan_with = |moving: &BTreeMap<String, Move>| {
+        let plan_with = |observed: &Observed| {
             super::connection(
                 &conn,
                 &rules,
                 &secrets(),
                 &ForwarderImage::default(),
-                &BTreeMap::new(),
-                moving,
+                observed,
             )
             .expect("plan")
         };
@@ -747,115 +831,105 @@ mod tests {
                 .map(|r| r.name.clone())
                 .collect()
         };
-        let moving = |phase| {
-            BTreeMap::from([(
-                "moved".to_owned(),
-                Move {
-                    from: "east".into(),
-                    phase,
-                },
-            )])
-        };
-        let plan = plan_with(&moving(MovePhase::Subscribing));
+        let east_runs = report(&["moved", "stays"], &[]);
+        let plan = plan_with(&observed(
+            &conn,
+            &[
+                ("east", &["moved", "stays"], &[], east_runs.clone()),
+                ("west", &["anchor"], &[], report(&["anchor"], &[])),
+            ],
+        ));
         assert_eq!(names(&plan, "east"), ["moved", "stays"]);
         assert_eq!(names(&plan, "west"), ["anchor", "moved"]);
         assert_eq!(
             fate(&plan, "moved"),
-            &RulePlan::Served {
-                group: "east".into()
-            }
+            &served("west", Some(("east", Subscribing)))
         );
-        assert_eq!(
-            fate(&plan, "stays"),
-            &RulePlan::Served {
-                group: "east".into()
-            }
-        );
+        assert_eq!(fate(&plan, "stays"), &served("east", None));
         assert!(served_config(&plan, "east").retiring.is_empty());
         // Once the new group runs it, the old group's pods hand over what their sessions hold
-        // for it: still in their config and the rule's status, listed in `retiring` there only.
-        let plan = plan_with(&moving(MovePhase::HandingOver));
+        // for it: still in their config, listed in `retiring` there only.
+        let west_runs = (
+            "west",
+            &["anchor", "moved"][..],
+            &[][..],
+            report(&["anchor", "moved"], &[]),
+        );
+        let plan = plan_with(&observed(
+            &conn,
+            &[
+                ("east", &["moved", "stays"], &[], east_runs),
+                west_runs.clone(),
+            ],
+        ));
         assert_eq!(names(&plan, "east"), ["moved", "stays"]);
         assert_eq!(served_config(&plan, "east").retiring, ["moved"]);
         assert!(served_config(&plan, "west").retiring.is_empty());
         assert_eq!(
             fate(&plan, "moved"),
-            &RulePlan::Served {
-                group: "east".into()
-            }
+            &served("west", Some(("east", HandingOver)))
         );
         // Once they have, only in the new group.
-        let plan = plan_with(&BTreeMap::new());
+        let handed_over = report(&["stays"], &["moved"]);
+        let plan = plan_with(&observed(
+            &conn,
+            &[
+                ("east", &["moved", "stays"], &["moved"], handed_over),
+                west_runs,
+            ],
+        ));
         assert_eq!(names(&plan, "east"), ["stays"]);
-        assert_eq!(
-            fate(&plan, "moved"),
-            &RulePlan::Served {
-                group: "west".into()
-            }
-        );
-    }
-
-    #[test]
-    fn a_move_waits_for_the_new_group_then_for_the_old_one_to_hand_over() {
-        assert_eq!(MovePhase::of(false, false), Some(MovePhase::Subscribing));
-        assert_eq!(MovePhase::of(false, true), Some(MovePhase::Subscribing));
-        assert_eq!(MovePhase::of(true, false), Some(MovePhase::HandingOver));
-        assert_eq!(MovePhase::of(true, true), None);
+        assert_eq!(fate(&plan, "moved"), &served("west", None));
     }
 
     /// A rule moved into a group where another rule already writes its topic from an
-    /// overlapping filter is refused there, naming that rule; it is not served in its old group's
-    /// name, so the next plan (its status no longer names the old workload) leaves it out there
-    /// too. Every other rule of both groups is served as before.
+    /// overlapping filter is refused there, naming that rule; its old group goes on serving it
+    /// (its new group never runs it), so nothing published for it is lost meanwhile. Every
+    /// other rule of both groups is served as before.
     #[test]
-    fn a_rule_moved_into_a_conflict_is_refused_and_its_neighbours_keep_their_groups() {
+    fn a_rule_moved_into_a_conflict_is_refused_and_its_old_group_keeps_serving_it() {
         let conn = connection("mqtt", "[\"k:9092\"]", "{}");
         let moved = rule("moved", "west", "m/#", "shared", "2026-01-02T00:00:00Z");
         let stays = rule("stays", "east", "s/#", "s", "2026-01-01T00:00:00Z");
         let owner = rule("owner", "west", "m/+", "shared", "2026-01-01T00:00:00Z");
         let rules = [&moved, &stays, &owner];
-        let plan_with = |moving: &BTreeMap<String, Move>| {
-            super::connection(
-                &conn,
-                &rules,
-                &secrets(),
-                &ForwarderImage::default(),
-                &BTreeMap::new(),
-                moving,
-            )
-            .expect("plan")
-        };
-        let names = |plan: &ConnectionPlan<'_>, group: &str| -> Vec<String> {
-            served_config(plan, group)
-                .rules
-                .iter()
-                .map(|r| r.name.clone())
-                .collect()
-        };
-        let plan = plan_with(&BTreeMap::from([(
-            "moved".to_owned(),
-            Move {
-                from: "east".into(),
-                phase: MovePhase::Subscribing,
-            },
-        )]));
+        let observed = observed(
+            &conn,
+            &[
+                (
+                    "east",
+                    &["moved", "stays"],
+                    &[],
+                    report(&["moved", "stays"], &[]),
+                ),
+                ("west", &["owner"], &[], report(&["owner"], &[])),
+            ],
+        );
+        let plan = super::connection(
+            &conn,
+            &rules,
+            &secrets(),
+            &ForwarderImage::default(),
+            &observed,
+        )
+        .expect("plan");
         assert!(
             matches!(fate(&plan, "moved"), RulePlan::Refused(RuleOutcome::Conflict(m)) if m.contains("owner")),
             "{:?}",
             fate(&plan, "moved")
         );
-        assert_eq!(names(&plan, "west"), ["owner"]);
+        let names = |group: &str| -> Vec<String> {
+            served_config(&plan, group)
+                .rules
+                .iter()
+                .map(|r| r.name.clone())
+                .collect()
+        };
+        assert_eq!(names("west"), ["owner"]);
+        assert_eq!(names("east"), ["moved", "stays"]);
         for (rule, group) in [("stays", "east"), ("owner", "west")] {
-            assert_eq!(
-                fate(&plan, rule),
-                &RulePlan::Served {
-                    group: group.into()
-                }
-            );
+            assert_eq!(fate(&plan, rule), &served(group, None));
         }
-        let next = plan_with(&BTreeMap::new());
-        assert_eq!(names(&next, "east"), ["stays"]);
-        assert_eq!(names(&next, "west"), ["owner"]);
     }
 
     #[test]
@@ -874,7 +948,8 @@ mod tests {
         assert_eq!(
             fate(&plan, "home"),
             &RulePlan::Served {
-                group: "default".into()
+                group: "default".into(),
+                moving: None,
             }
         );
         let config = served_config(&plan, "default");
@@ -961,7 +1036,8 @@ mod tests {
             assert_eq!(
                 fate(&plan, &format!("big{i}")),
                 &RulePlan::Served {
-                    group: "big".into()
+                    group: "big".into(),
+                    moving: None,
                 }
             );
         }
@@ -980,7 +1056,8 @@ mod tests {
         assert_eq!(
             fate(&plan, "small"),
             &RulePlan::Served {
-                group: "small".into()
+                group: "small".into(),
+                moving: None,
             }
         );
         assert_eq!(served_config(&plan, "small").rules.len(), 1);
@@ -1002,8 +1079,7 @@ mod tests {
             &refs,
             &BTreeMap::new(),
             &ForwarderImage::default(),
-            &BTreeMap::new(),
-            &BTreeMap::new(),
+            &Observed::default(),
         )
         .expect("plan");
         assert!(plan.groups.is_empty() && plan.secret_data.is_none());
@@ -1024,6 +1100,7 @@ mod tests {
         let workloads = BTreeMap::from([("default".to_owned(), workload.clone())]);
         let served = RulePlan::Served {
             group: "default".into(),
+            moving: None,
         };
         assert_eq!(
             served.outcome(&r, &workloads, &BTreeMap::new()),
@@ -1096,7 +1173,8 @@ mod tests {
         assert_eq!(
             alone(&with_filter("json.a > 1 && levels[1] == 'north'")),
             RulePlan::Served {
-                group: "default".into()
+                group: "default".into(),
+                moving: None,
             }
         );
     }
@@ -1308,7 +1386,8 @@ mod tests {
         assert_eq!(
             alone(&r),
             RulePlan::Served {
-                group: "default".into()
+                group: "default".into(),
+                moving: None,
             }
         );
     }
@@ -1347,7 +1426,8 @@ mod tests {
             assert_eq!(
                 fate(&plan, name),
                 &RulePlan::Served {
-                    group: "default".into()
+                    group: "default".into(),
+                    moving: None,
                 }
             );
         }
@@ -1392,7 +1472,8 @@ mod tests {
         assert_eq!(
             alone(&r),
             RulePlan::Served {
-                group: "default".into()
+                group: "default".into(),
+                moving: None,
             }
         );
     }

@@ -206,18 +206,26 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
 }
 
 impl Rendered {
-    /// The same config with the pods of `client_ids` listed in `drain` and the rules named in
-    /// `retiring` listed there (they moved to another group).
+    /// The same config with the pods of `client_ids` listed in `drain`, the rules named in
+    /// `retiring` listed there (they moved to another group, or were deleted), and subscribing
+    /// through `$share` or not (`shared`): what the hand-over decided
+    /// ([`crate::handover`]).
     pub fn handing_over(
         mut self,
         client_ids: Vec<String>,
         retiring: Vec<String>,
+        shared: bool,
     ) -> Result<Self, RenderError> {
-        if self.config.drain == client_ids && self.config.retiring == retiring {
+        let mqtt = &self.config.mqtt;
+        if self.config.drain == client_ids
+            && self.config.retiring == retiring
+            && mqtt.subscribe_shared == shared
+        {
             return Ok(self);
         }
         self.config.drain = client_ids;
         self.config.retiring = retiring;
+        self.config.mqtt.subscribe_shared = shared;
         self.config_yaml =
             serde_saphyr::to_string(&self.config).map_err(|e| RenderError::Yaml {
                 group: self.workload.clone(),

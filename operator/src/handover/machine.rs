@@ -82,7 +82,9 @@ pub struct PodSeen {
 impl PodSeen {
     /// Its answer, unless it is going away.
     fn live_report(&self) -> Option<&Report> {
-        self.report.as_ref().filter(|_| self.exists && !self.terminating)
+        self.report
+            .as_ref()
+            .filter(|_| self.exists && !self.terminating)
     }
 }
 
@@ -128,7 +130,9 @@ impl Seen {
     /// subscribes nothing.
     fn drained(&self, o: u32) -> bool {
         let pod = self.pods.get(&o);
-        let reported = pod.and_then(|p| p.report.as_ref()).is_some_and(|r| r.drained);
+        let reported = pod
+            .and_then(|p| p.report.as_ref())
+            .is_some_and(|r| r.drained);
         let nothing = !pod.is_some_and(|p| p.exists || p.session);
         // Only under a config that lists it: one that reported drained from an older config
         // could read a newer one without it and subscribe again.
@@ -141,7 +145,9 @@ impl Seen {
     }
 
     fn lists(&self, rule: &str) -> bool {
-        self.applied.as_ref().is_some_and(|a| a.rules.contains(rule))
+        self.applied
+            .as_ref()
+            .is_some_and(|a| a.rules.contains(rule))
     }
 
     fn retires(&self, rule: &str) -> bool {
@@ -310,8 +316,10 @@ pub fn decide(spec: &Spec, seen: &BTreeMap<String, Seen>) -> Decision {
     }
     for (workload, s) in seen {
         if !out.workloads.contains_key(workload) {
-            out.workloads
-                .insert(workload.clone(), retire(s, BTreeSet::new(), BTreeSet::new()));
+            out.workloads.insert(
+                workload.clone(),
+                retire(s, BTreeSet::new(), BTreeSet::new()),
+            );
         }
     }
     bring_back(&mut out, seen);
@@ -355,7 +363,9 @@ fn keep(
 /// listed a rule now retiring: pod 0 runs again until it handed the rule over.
 fn bring_back(out: &mut Decision, seen: &BTreeMap<String, Seen>) {
     for (workload, step) in &mut out.workloads {
-        let Some(s) = seen.get(workload) else { continue };
+        let Some(s) = seen.get(workload) else {
+            continue;
+        };
         if step.replicas == Some(0) && !step.retiring.is_empty() && s.holds(0) {
             step.replicas = Some(1);
             step.waiting.push(0);
@@ -474,4 +484,280 @@ fn resize(wanted: Replicas, s: &Seen) -> Step {
         step.waiting.push(0);
     }
     step
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(items: &[&str]) -> BTreeSet<String> {
+        items.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    /// A workload of `group` at `replicas`, its config listing `rules` (`retiring` of them)
+    /// and `drain`, with a running pod per ordinal below the replicas.
+    fn seen(group: &str, replicas: i32, rules: &[&str], retiring: &[&str], drain: &[u32]) -> Seen {
+        Seen {
+            group: group.to_owned(),
+            replicas,
+            applied: Some(Applied {
+                rules: set(rules),
+                retiring: set(retiring),
+                drain: drain.iter().copied().collect(),
+                shared: replicas > 1,
+            }),
+            pods: (0..replicas.unsigned_abs())
+                .map(|o| {
+                    let pod = PodSeen {
+                        exists: true,
+                        session: true,
+                        ..PodSeen::default()
+                    };
+                    (o, pod)
+                })
+                .collect(),
+        }
+    }
+
+    fn report(s: &mut Seen, o: u32, r: Report) {
+        if let Some(p) = s.pods.get_mut(&o) {
+            p.report = Some(r);
+        }
+    }
+
+    fn subscribed(rules: &[&str]) -> Report {
+        Report {
+            subscribed: set(rules),
+            plain: true,
+            ..Report::default()
+        }
+    }
+
+    fn spec(groups: &[(&str, i32)], targets: &[(&str, &str)]) -> Spec {
+        Spec {
+            groups: groups
+                .iter()
+                .map(|(g, n)| {
+                    let workload = format!("w-{g}");
+                    (
+                        (*g).to_owned(),
+                        GroupSpec {
+                            workload,
+                            replicas: Replicas::Fixed(*n),
+                        },
+                    )
+                })
+                .collect(),
+            targets: targets
+                .iter()
+                .map(|(r, g)| ((*r).to_owned(), (*g).to_owned()))
+                .collect(),
+        }
+    }
+
+    fn workloads(list: Vec<Seen>) -> BTreeMap<String, Seen> {
+        list.into_iter()
+            .map(|s| (format!("w-{}", s.group), s))
+            .collect()
+    }
+
+    #[test]
+    fn a_scale_down_drains_the_leaving_pods_under_a_config_that_lists_them_before_shrinking() {
+        let mut s = seen("a", 3, &["r"], &[], &[]);
+        let step = scale(Replicas::Fixed(1), &s);
+        assert_eq!((step.replicas, step.drain.clone()), (Some(3), vec![1, 2]));
+        // Drained under a config that did not list it yet: it may read one that does not.
+        report(
+            &mut s,
+            1,
+            Report {
+                drained: true,
+                ..Report::default()
+            },
+        );
+        report(
+            &mut s,
+            2,
+            Report {
+                drained: true,
+                ..Report::default()
+            },
+        );
+        assert_eq!(scale(Replicas::Fixed(1), &s).replicas, Some(3));
+        if let Some(a) = s.applied.as_mut() {
+            a.drain = [1, 2].into();
+        }
+        let step = scale(Replicas::Fixed(1), &s);
+        assert_eq!((step.replicas, step.waiting.len()), (Some(1), 0));
+        assert!(step.shared, "pod 0 leaves the share group only once alone");
+    }
+
+    #[test]
+    fn going_to_zero_waits_for_pod_0_to_subscribe_plainly_under_a_plain_config() {
+        let mut s = seen("a", 1, &["r"], &[], &[]);
+        report(
+            &mut s,
+            0,
+            Report {
+                shared: true,
+                ..Report::default()
+            },
+        );
+        let step = scale(Replicas::Fixed(0), &s);
+        assert_eq!(
+            (step.replicas, step.waiting.clone(), step.shared),
+            (Some(1), vec![0], false)
+        );
+        report(&mut s, 0, subscribed(&["r"]));
+        assert_eq!(scale(Replicas::Fixed(0), &s).replicas, Some(0));
+    }
+
+    #[test]
+    fn a_group_of_one_joins_the_share_group_alone_before_a_second_pod_starts() {
+        let mut s = seen("a", 1, &["r"], &[], &[]);
+        report(&mut s, 0, subscribed(&["r"]));
+        let step = scale(Replicas::Fixed(2), &s);
+        assert_eq!((step.replicas, step.shared), (Some(1), true));
+        if let Some(a) = s.applied.as_mut() {
+            a.shared = true;
+        }
+        report(
+            &mut s,
+            0,
+            Report {
+                shared: true,
+                ..Report::default()
+            },
+        );
+        assert_eq!(scale(Replicas::Fixed(2), &s).replicas, Some(2));
+    }
+
+    #[test]
+    fn a_moved_rule_is_served_where_it_was_until_its_group_runs_it_then_handed_over() {
+        let spec = spec(&[("a", 1), ("b", 1)], &[("r", "b"), ("ka", "a")]);
+        let a = seen("a", 1, &["ka", "r"], &[], &[]);
+        let b = seen("b", 1, &[], &[], &[]);
+        let d = decide(&spec, &workloads(vec![a.clone(), b]));
+        assert_eq!(d.workloads["w-a"].rules, set(&["ka", "r"]));
+        assert!(d.workloads["w-a"].retiring.is_empty());
+        assert_eq!(d.moves["r"].phase, MovePhase::Subscribing);
+        // b's pod runs it under a config that lists it: a retires it.
+        let mut b = seen("b", 1, &["r"], &[], &[]);
+        report(&mut b, 0, subscribed(&["r"]));
+        let d = decide(&spec, &workloads(vec![a, b.clone()]));
+        assert_eq!(d.workloads["w-a"].retiring, set(&["r"]));
+        assert_eq!(d.moves["r"].phase, MovePhase::HandingOver);
+        // Handed over under a config that lists it retiring: dropped.
+        let mut a = seen("a", 1, &["ka", "r"], &["r"], &[]);
+        report(
+            &mut a,
+            0,
+            Report {
+                handed_over: set(&["r"]),
+                ..Report::default()
+            },
+        );
+        let d = decide(&spec, &workloads(vec![a, b]));
+        assert_eq!(d.workloads["w-a"].rules, set(&["ka"]));
+        assert!(d.moves.is_empty());
+    }
+
+    #[test]
+    fn a_move_reversed_half_way_keeps_the_rule_subscribed_where_it_is_until_its_group_runs_it_again()
+     {
+        // r moved a → b, b runs it, a retires it; then r goes back to a.
+        let spec = spec(
+            &[("a", 1), ("b", 1)],
+            &[("r", "a"), ("ka", "a"), ("kb", "b")],
+        );
+        let mut a = seen("a", 1, &["ka", "r"], &["r"], &[]);
+        report(
+            &mut a,
+            0,
+            Report {
+                handed_over: set(&["r"]),
+                ..subscribed(&["ka"])
+            },
+        );
+        let mut b = seen("b", 1, &["kb", "r"], &[], &[]);
+        report(&mut b, 0, subscribed(&["kb", "r"]));
+        let d = decide(&spec, &workloads(vec![a, b]));
+        assert!(
+            d.workloads["w-a"].retiring.is_empty(),
+            "a subscribes it again"
+        );
+        assert_eq!(d.workloads["w-b"].rules, set(&["kb", "r"]));
+        assert!(
+            d.workloads["w-b"].retiring.is_empty(),
+            "b serves it until a runs it"
+        );
+        assert_eq!(d.moves["r"].from, set(&["b"]));
+    }
+
+    #[test]
+    fn a_hand_over_waits_for_a_terminating_pod_to_come_back_and_hand_over_too() {
+        let spec = spec(&[("a", 2), ("b", 1)], &[("r", "b"), ("ka", "a")]);
+        let mut a = seen("a", 2, &["ka", "r"], &["r"], &[]);
+        report(
+            &mut a,
+            0,
+            Report {
+                handed_over: set(&["r"]),
+                ..Report::default()
+            },
+        );
+        report(
+            &mut a,
+            1,
+            Report {
+                handed_over: set(&["r"]),
+                ..Report::default()
+            },
+        );
+        if let Some(p) = a.pods.get_mut(&1) {
+            p.terminating = true;
+        }
+        let mut b = seen("b", 1, &["r"], &[], &[]);
+        report(&mut b, 0, subscribed(&["r"]));
+        let d = decide(&spec, &workloads(vec![a, b]));
+        assert_eq!(
+            d.workloads["w-a"].retiring,
+            set(&["r"]),
+            "pod 1 comes back and hands over"
+        );
+    }
+
+    #[test]
+    fn a_removed_group_waits_only_for_the_groups_that_take_its_rules() {
+        // Group a is gone (its rule r moved to b); group c, unrelated, has no pod running.
+        let spec = spec(&[("b", 1), ("c", 1)], &[("r", "b"), ("kc", "c")]);
+        let mut a = seen("a", 1, &["r"], &[], &[]);
+        report(&mut a, 0, subscribed(&["r"]));
+        let mut b = seen("b", 1, &["r"], &[], &[]);
+        report(&mut b, 0, subscribed(&["r"]));
+        let c = seen("c", 1, &["kc"], &[], &[]);
+        let d = decide(&spec, &workloads(vec![a.clone(), b.clone(), c.clone()]));
+        assert_eq!(d.workloads["w-a"].retirement, Some(Retirement::Draining));
+        assert_eq!(d.workloads["w-a"].drain, vec![0]);
+        let mut a = seen("a", 1, &["r"], &["r"], &[0]);
+        report(
+            &mut a,
+            0,
+            Report {
+                drained: true,
+                ..Report::default()
+            },
+        );
+        let d = decide(&spec, &workloads(vec![a, b, c]));
+        assert_eq!(d.workloads["w-a"].retirement, Some(Retirement::Done));
+    }
+
+    #[test]
+    fn a_deleted_rule_retires_where_it_is_listed_so_its_filters_are_unsubscribed() {
+        let spec = spec(&[("a", 1)], &[("ka", "a")]);
+        let a = seen("a", 1, &["ka", "r"], &[], &[]);
+        let d = decide(&spec, &workloads(vec![a]));
+        assert_eq!(d.workloads["w-a"].retiring, set(&["r"]));
+        assert!(d.moves.is_empty(), "not a move: it has no group");
+    }
 }

@@ -20,6 +20,7 @@
 pub mod machine;
 #[cfg(test)]
 mod model;
+pub mod observe;
 
 pub use machine::{
     Applied, Decision, GroupSpec, Move, MovePhase, PodSeen, Replicas, Report, Retirement, Seen,

@@ -163,15 +163,15 @@ impl World {
 
     fn spec(&self) -> Spec {
         let mut spec = Spec::default();
-        for g in 0..2 {
+        for (g, name) in GROUPS.iter().enumerate() {
             if self.in_spec(g) {
                 let group = GroupSpec {
                     workload: workload(g),
                     replicas: Replicas::Fixed(self.wanted[g]),
                 };
-                spec.groups.insert(GROUPS[g].to_owned(), group);
+                spec.groups.insert((*name).to_owned(), group);
                 if self.pinned[g] {
-                    spec.targets.insert(pinned(g), GROUPS[g].to_owned());
+                    spec.targets.insert(pinned(g), (*name).to_owned());
                 }
             }
         }
@@ -376,7 +376,9 @@ impl HandOver {
                 if p.running && wl.config.is_some() && p.loaded != wl.config {
                     actions.push(Action::Sync(g, o));
                 }
-                let below = wl.replicas.is_some_and(|n| index(o) < n.max(0).unsigned_abs());
+                let below = wl
+                    .replicas
+                    .is_some_and(|n| index(o) < n.max(0).unsigned_abs());
                 if below && !p.exists {
                     actions.push(Action::Create(g, o));
                 }
@@ -586,12 +588,14 @@ impl Model for HandOver {
     fn properties(&self) -> Vec<Property<Self>> {
         vec![
             Property::always("nothing is lost", |_: &HandOver, w: &World| w.lost == 0),
-            Property::always("a group's pods never both receive a message", |_: &HandOver, w: &World| {
-                !w.duplicated
-            }),
-            Property::always("a Ready rule stays subscribed", |_: &HandOver, w: &World| {
-                !w.ready_once || w.covered()
-            }),
+            Property::always(
+                "a group's pods never both receive a message",
+                |_: &HandOver, w: &World| !w.duplicated,
+            ),
+            Property::always(
+                "a Ready rule stays subscribed",
+                |_: &HandOver, w: &World| !w.ready_once || w.covered(),
+            ),
             Property::always("every hand-over ends", |m: &HandOver, w: &World| {
                 let mut actions = Vec::new();
                 HandOver::system(w, &mut actions);
@@ -659,8 +663,16 @@ fn settled(w: &World) -> bool {
         };
         wl.replicas == Some(w.wanted[g])
             && (c.rule == rule || waits)
-            && !c.drain.iter().enumerate().any(|(o, d)| *d && index(o) < index_of(w.wanted[g]))
-            && wl.pods.iter().enumerate().all(|(o, p)| subscribed_here(o, p))
+            && !c
+                .drain
+                .iter()
+                .enumerate()
+                .any(|(o, d)| *d && index(o) < index_of(w.wanted[g]))
+            && wl
+                .pods
+                .iter()
+                .enumerate()
+                .all(|(o, p)| subscribed_here(o, p))
     })
 }
 
@@ -670,7 +682,11 @@ fn index_of(n: i32) -> u32 {
 
 fn check(scenario: Scenario) {
     let name = scenario.name;
-    let checker = HandOver { scenario }.checker().threads(2).spawn_bfs().join();
+    let checker = HandOver { scenario }
+        .checker()
+        .threads(2)
+        .spawn_bfs()
+        .join();
     eprintln!("{name}: {} states", checker.unique_state_count());
     checker.assert_properties();
 }
