@@ -231,15 +231,15 @@ pub fn needs_reports(spec: &Spec, seen: &BTreeMap<String, Seen>) -> BTreeSet<Str
         .collect();
     let mut out = BTreeSet::new();
     for (workload, s) in seen {
-        let Some(wanted) = wanted.get(workload.as_str()) else {
-            out.insert(workload.clone());
-            continue;
-        };
         let extra_pods = s
             .pods
             .iter()
             .any(|(o, p)| p.exists && i64::from(*o) >= i64::from(s.replicas));
-        let resting = wanted.is_none_or(|n| n == s.replicas) && !extra_pods;
+        // A workload the spec no longer has is never at rest.
+        let resting = wanted
+            .get(workload.as_str())
+            .is_some_and(|n| n.is_none_or(|n| n == s.replicas))
+            && !extra_pods;
         let applied = s.applied.as_ref();
         let handing = applied.is_some_and(|a| !a.drain.is_empty() || !a.retiring.is_empty());
         if !resting || handing {
@@ -259,4 +259,79 @@ pub fn needs_reports(spec: &Spec, seen: &BTreeMap<String, Seen>) -> BTreeSet<Str
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::handover::{GroupSpec, Replicas};
+
+    fn seen(group: &str, replicas: i32, rules: &[&str], retiring: &[&str]) -> Seen {
+        let set = |l: &[&str]| l.iter().map(|s| (*s).to_owned()).collect();
+        Seen {
+            group: group.to_owned(),
+            replicas,
+            applied: Some(Applied {
+                rules: set(rules),
+                retiring: set(retiring),
+                ..Applied::default()
+            }),
+            pods: (0..replicas.unsigned_abs())
+                .map(|o| {
+                    let pod = PodSeen {
+                        exists: true,
+                        ..PodSeen::default()
+                    };
+                    (o, pod)
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn pods_are_asked_only_where_a_hand_over_depends_on_them() {
+        let spec = Spec {
+            groups: [("east", 1), ("west", 2), ("idle", 1)]
+                .into_iter()
+                .map(|(g, n)| {
+                    let workload = format!("w-{g}");
+                    let replicas = Replicas::Fixed(n);
+                    (g.to_owned(), GroupSpec { workload, replicas })
+                })
+                .collect(),
+            targets: [("moved", "east"), ("kw", "west"), ("ki", "idle")]
+                .into_iter()
+                .map(|(r, g)| (r.to_owned(), g.to_owned()))
+                .collect(),
+        };
+        let workloads = |list: Vec<Seen>| -> BTreeMap<String, Seen> {
+            list.into_iter()
+                .map(|s| (format!("w-{}", s.group), s))
+                .collect()
+        };
+        // A removed group still lists a rule of east: both sides are asked; west scales
+        // from 1 to 2; idle is at rest.
+        let asked = needs_reports(
+            &spec,
+            &workloads(vec![
+                seen("gone", 1, &["moved"], &[]),
+                seen("east", 1, &["moved"], &[]),
+                seen("west", 1, &["kw"], &[]),
+                seen("idle", 1, &["ki"], &[]),
+            ]),
+        );
+        let names: Vec<&str> = asked.iter().map(String::as_str).collect();
+        assert_eq!(names, ["w-east", "w-gone", "w-west"]);
+        // A rule retiring where it was: that workload is asked, the others rest.
+        let asked = needs_reports(
+            &spec,
+            &workloads(vec![
+                seen("east", 1, &["moved"], &[]),
+                seen("west", 2, &["kw", "old"], &["old"]),
+                seen("idle", 1, &["ki"], &[]),
+            ]),
+        );
+        let names: Vec<&str> = asked.iter().map(String::as_str).collect();
+        assert_eq!(names, ["w-west"]);
+    }
 }
