@@ -701,11 +701,11 @@ async fn report_moves(
         let from = column(m.from.iter().map(String::as_str)).unwrap_or_default();
         let note = match m.phase {
             MovePhase::Subscribing => format!(
-                "rule {rule:?} moves to group {:?}: served by group {from} until the new group's pods run it",
+                "rule {rule:?} moves to group {:?}: served by group {from:?} until the new group's pods run it",
                 m.to
             ),
             MovePhase::HandingOver => format!(
-                "rule {rule:?} runs in group {:?}; group {from} hands over what its sessions still hold for it, then drops it",
+                "rule {rule:?} runs in group {:?}; group {from:?} hands over what its sessions still hold for it, then drops it",
                 m.to
             ),
         };

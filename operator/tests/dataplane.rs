@@ -978,11 +978,67 @@ fn moving_a_rule_between_two_running_groups_loses_nothing(
     );
     let events = events(cp, "reason=MovingRule", "{.items[*].message}");
     assert!(
-        events.contains("\"handover\" moves out of group \"east\"")
+        events.contains("\"handover\" moves to group \"west\": served by group \"east\"")
             && events.contains("group \"east\" hands over what its sessions still hold"),
         "a Normal Event for each step of the move: {events}"
     );
-    drop((east_pod, west_pod));
+    reversing_a_move_half_way_loses_nothing(cp, op, mosquitto, kafka, [east_pod, west_pod], sent);
+}
+
+/// The rule moves back to east and is reverted to west half-way: east runs it, and west's pod
+/// has read `retiring` (it unsubscribed) when the rule's group is set back to west. West
+/// serves it again, and east keeps it until west's pod runs it again: with east's pod reading
+/// each config at once and west's [`NEW_GROUP_LAG`] later, no message published meanwhile is
+/// lost (before, east dropped it at once and nothing subscribed its filter until west's pod
+/// read its config).
+fn reversing_a_move_half_way_loses_nothing(
+    cp: &ControlPlane,
+    op: &Operator,
+    mosquitto: &Mosquitto,
+    kafka: &Kafka,
+    pods: [Pod; 2],
+    sent_before: usize,
+) {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = numbered_traffic(mosquitto.port(), "v", std::sync::Arc::clone(&stop));
+    std::thread::sleep(Duration::from_secs(2));
+    let group = |g: &str| {
+        rule("handover", "plant", "handover/#", "handover")
+            .group(g)
+            .yaml()
+    };
+    common::apply(cp, &group("east"));
+    op.wait_for("east runs handover and west retires it", WAIT, || {
+        sync_config(cp, "plant-east", "plant-east-0");
+        jsonpath(cp, NS, "configmap", "plant-west", "{.data.config\\.yaml}").contains("retiring:")
+    });
+    // West's pod reads it: it unsubscribes the rule's filter and starts handing over.
+    sync_config(cp, "plant-west", "plant-west-0");
+    common::apply(cp, &group("west"));
+    let reverted = Instant::now();
+    let mut dropped_early = false;
+    op.wait_for("handover served by west alone again", WAIT, || {
+        let east = sync_config(cp, "plant-east", "plant-east-0");
+        if reverted.elapsed() >= NEW_GROUP_LAG {
+            sync_config(cp, "plant-west", "plant-west-0");
+        } else {
+            dropped_early |= !east.contains("name: handover");
+        }
+        pod_status(3).contains("\"handover\"") && !pod_status(2).contains("\"handover\"")
+    });
+    eprintln!(
+        "move reverted half-way settled in {:.1?}",
+        reverted.elapsed()
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sent = sent_before + traffic.join().expect("traffic");
+    assert_all_in_kafka(kafka, sent);
+    assert!(
+        !dropped_early,
+        "east kept the rule while west's pod did not run it again"
+    );
+    drop(pods);
 }
 
 /// The Events of the test's namespace chosen by `selector`, as `jsonpath` prints them.

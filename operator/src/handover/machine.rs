@@ -73,7 +73,8 @@ pub struct PodSeen {
     pub exists: bool,
     /// Its deletion has begun: what it says may be its last word.
     pub terminating: bool,
-    /// It may have a session at the broker (it started, or its client id is recorded).
+    /// It may have a session at the broker: its pod started (its phase is past `Pending`), or
+    /// its client id is recorded as having run.
     pub session: bool,
     /// Its `/status`, when it answered.
     pub report: Option<Report>,
@@ -101,39 +102,40 @@ pub struct Seen {
 }
 
 impl Seen {
-    /// One past the highest ordinal that runs or may hold a session.
+    /// One past the highest ordinal that has a pod (started or not) or may hold a session.
     fn top(&self) -> u32 {
         let highest = self
             .pods
             .iter()
-            .filter(|(o, _)| self.holds(**o))
+            .filter(|(o, p)| p.exists || self.holds(**o))
             .map(|(o, _)| o + 1)
             .max()
             .unwrap_or(0);
         highest.max(self.replicas.max(0).unsigned_abs())
     }
 
-    /// Whether ordinal `o` may hold messages in a session: its pod exists, or it has a
-    /// session that is kept (the StatefulSet brings it back, or the group is at zero and
-    /// keeps its sessions for its return). A session above the replicas without a pod was
-    /// drained before the StatefulSet shrank, and is being ended.
+    /// Whether ordinal `o` may hold messages in a session: it has one (its pod started, or its
+    /// client id is recorded) and its pod exists or comes back (the StatefulSet keeps the
+    /// ordinal, or the group is at zero and keeps its sessions for its return). A session
+    /// above the replicas without a pod was drained before the StatefulSet shrank, and is
+    /// being ended; a pod that never started subscribed nothing.
     fn holds(&self, o: u32) -> bool {
         let kept = |o: u32| o < self.replicas.max(0).unsigned_abs() || self.replicas <= 0;
         self.pods
             .get(&o)
-            .is_some_and(|p| p.exists || (p.session && kept(o)))
+            .is_some_and(|p| p.session && (p.exists || kept(o)))
     }
 
     /// Whether ordinal `o` holds nothing more: it reported drained (its last word counts: a
-    /// pod in `drain` that terminates leaves for good), or it has neither pod nor session and
-    /// its config as applied lists it in `drain` already, so a pod started for it from now on
-    /// subscribes nothing.
+    /// pod in `drain` that terminates leaves for good), or it never had a session (no pod of
+    /// it started) and its config as applied lists it in `drain` already, so a pod that starts
+    /// for it from now on subscribes nothing.
     fn drained(&self, o: u32) -> bool {
         let pod = self.pods.get(&o);
         let reported = pod
             .and_then(|p| p.report.as_ref())
             .is_some_and(|r| r.drained);
-        let nothing = !pod.is_some_and(|p| p.exists || p.session);
+        let nothing = !pod.is_some_and(|p| p.session);
         // Only under a config that lists it: one that reported drained from an older config
         // could read a newer one without it and subscribe again.
         self.applied.as_ref().is_some_and(|a| a.drain.contains(&o)) && (reported || nothing)

@@ -11,7 +11,8 @@
 //! for each plain subscription and for one member of each share group (any member: every
 //! choice is explored), online or not. A reconcile is two events (observe and decide, then
 //! apply), so anything may happen between the two; an operator restart drops what it
-//! observed. The StatefulSet controller creates and deletes pods by the replicas.
+//! observed. The StatefulSet controller creates and deletes pods by the replicas; a created
+//! pod starts (and opens its session) as an event of its own.
 //!
 //! Not modelled: a broker restart (Mosquitto drops shared subscriptions: the documented
 //! limit), QoS 2, the forwarder's window (its own model, `forwarder/src/handover.rs`).
@@ -124,6 +125,8 @@ enum Action {
     Deliver(usize, usize),
     Sync(usize, usize),
     Create(usize, usize),
+    /// A created pod's container starts (until then it is `Pending` and has no session).
+    Start(usize, usize),
     Terminate(usize, usize),
     Gone(usize, usize),
     Observe,
@@ -382,6 +385,10 @@ impl HandOver {
                 if below && !p.exists {
                     actions.push(Action::Create(g, o));
                 }
+                let pending = p.exists && !p.terminating && !p.running && p.loaded.is_none();
+                if pending && wl.config.is_some() {
+                    actions.push(Action::Start(g, o));
+                }
                 if p.exists && !p.terminating && !below {
                     actions.push(Action::Terminate(g, o));
                 }
@@ -551,11 +558,11 @@ impl Model for HandOver {
                 let config = w.workloads[g].config.clone();
                 read_config(&mut w.workloads[g].pods[o], o, config, true);
             }
-            Action::Create(g, o) => {
+            Action::Create(g, o) => w.workloads[g].pods[o].exists = true,
+            Action::Start(g, o) => {
                 let config = w.workloads[g].config.clone();
                 let p = &mut w.workloads[g].pods[o];
-                p.exists = true;
-                p.running = config.is_some();
+                p.running = true;
                 read_config(p, o, config, false);
             }
             Action::Terminate(g, o) => {

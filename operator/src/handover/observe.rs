@@ -64,6 +64,15 @@ pub async fn observe(
     }
     for set in &objects.sets {
         let name = set.name_any();
+        // A group's StatefulSet under an earlier name (a Ferry upgrade renamed it) runs until
+        // the new one is settled, then is pruned (see `ownership::prunable`): not a hand-over.
+        let group = set.labels().get(LABEL_GROUP).map(String::as_str);
+        if group
+            .and_then(|g| spec.groups.get(g))
+            .is_some_and(|g| g.workload != name)
+        {
+            continue;
+        }
         let seen = seen(ns, set, &objects.pods, out.configs.get(&name), recorded);
         out.workloads.insert(name, seen);
     }
