@@ -60,6 +60,12 @@ pub struct ForwarderConfig {
     /// can then end without losing anything. Applied by a live reload.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drain: Vec<String>,
+    /// Counts the versions of a config the operator rendered, each different from the one
+    /// before: two versions with the same content (a move reversed, say) still differ, so a
+    /// forwarder's `/status` digest says which one it runs. The forwarder does nothing else
+    /// with it.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub revision: u64,
     /// Drain before stopping on SIGTERM, as if listed in `drain`, for up to
     /// `shutdown_timeout_secs`: for replicas that may be stopped for good by something that
     /// does not drain them first (an autoscaler scaling down). Client ids in `except` stop
@@ -163,6 +169,10 @@ pub struct SubscriptionPlan {
     /// Filters a session resumed from an earlier config may hold (the other shared/plain form
     /// of each filter, or every form while draining): unsubscribed on connect.
     pub unsubscribe_on_connect: Vec<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl ForwarderConfig {

@@ -87,6 +87,7 @@ impl LegacyConfig {
             stall_budget_secs: defaults::STALL_BUDGET_SECS,
             log: LogConfig::default(),
             drain: Vec::new(),
+            revision: 0,
             retiring: Vec::new(),
             drain_on_shutdown: None,
             schema_registry: None,

@@ -70,6 +70,20 @@ pub struct ConfigStatus {
     /// Changed settings that only take effect after a restart (e.g. `mqtt.host`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub restart_required: Vec<String>,
+    /// [`config_digest`] of the config file's text this forwarder runs, when it watches a
+    /// file: the operator trusts what a pod says of a hand-over only when it runs the config
+    /// the ConfigMap holds now (a pod may still read an older version the kubelet wrote).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+}
+
+/// The SHA-256 of a config file's text, in hex.
+pub fn config_digest(text: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -64,8 +64,8 @@ fn main() -> ExitCode {
             path: path.display().to_string(),
             source,
         })
-        .and_then(|text| load(&text, &settings));
-    let loaded = match loaded {
+        .and_then(|text| Ok((load(&text, &settings)?, text)));
+    let (loaded, text) = match loaded {
         Ok(l) => l,
         Err(e) => {
             eprintln!("ferry-forwarder: invalid config {}: {e}", path.display());
@@ -92,6 +92,7 @@ fn main() -> ExitCode {
     }
     let source = (!cli.no_reload).then(|| ConfigSource {
         path: path.clone(),
+        started_text: text,
         settings,
         // A level given on the command line or in the environment wins over the file's.
         set_log_level: (!level_overridden).then_some(set_log_level),

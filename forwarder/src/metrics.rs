@@ -498,6 +498,7 @@ impl Metrics {
                 applied_at: Timestamp::now(),
                 reload_error: None,
                 restart_required: Vec::new(),
+                digest: None,
             }),
             handover: Mutex::new(Handover::default()),
             subscribed_shared: AtomicBool::new(false),
@@ -836,8 +837,15 @@ impl Metrics {
         self.kafka_reachable.set(i64::from(up));
     }
 
-    pub fn config_applied(&self, restart_required: Vec<String>) {
+    /// The text of the config file running since start (see [`ConfigStatus::digest`]).
+    pub fn config_started(&self, text: &str) {
+        lock(&self.config).digest = Some(ferry_api::status::config_digest(text));
+    }
+
+    /// A new version of the config file (`text`) runs.
+    pub fn config_applied(&self, restart_required: Vec<String>, text: &str) {
         let mut c = lock(&self.config);
+        c.digest = Some(ferry_api::status::config_digest(text));
         c.generation += 1;
         c.applied_at = Timestamp::now();
         c.reload_error = None;
@@ -1114,7 +1122,7 @@ mod tests {
         for reason in BlockReason::ALL {
             rules[0].on_retry(reason.as_str(), "x".to_owned());
         }
-        m.config_applied(Vec::new());
+        m.config_applied(Vec::new(), "rules: []");
         m.config_rejected("x".to_owned());
         let text = m.encode();
         for sample in [

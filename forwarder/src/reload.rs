@@ -26,6 +26,8 @@ pub type LogLevelSetter = Arc<dyn Fn(&str) -> Result<(), String> + Send + Sync>;
 #[derive(Clone)]
 pub struct ConfigSource {
     pub path: PathBuf,
+    /// The file's text the forwarder started with: changes are looked for from there.
+    pub started_text: String,
     /// How every version of the file is read: as at start.
     pub settings: LoadSettings,
     pub set_log_level: Option<LogLevelSetter>,
@@ -79,7 +81,8 @@ pub async fn watch(
     mut leave: oneshot::Receiver<()>,
 ) {
     let path = source.path.display().to_string();
-    let mut last_text = tokio::fs::read_to_string(&source.path).await.ok();
+    metrics.config_started(&source.started_text);
+    let mut last_text = Some(source.started_text.clone());
     let mut running = started_with.clone();
     // Whether `leave` may still fire, and whether it has.
     let (mut listening, mut leaving) = (true, false);
@@ -108,7 +111,7 @@ pub async fn watch(
             continue;
         }
         last_text = Some(text.clone());
-        let (new, reload) = match prepare(&source, text, leaving, &metrics).await {
+        let (new, reload) = match prepare(&source, text.clone(), leaving, &metrics).await {
             Ok(prepared) => prepared,
             Err(e) => {
                 error!(config = %path, error = %e, "config file changed but is invalid; keeping the running config");
@@ -130,7 +133,7 @@ pub async fn watch(
             return; // Shutting down.
         }
         info!(config = %path, rules = new.rules.len(), "config reloaded");
-        metrics.config_applied(restart);
+        metrics.config_applied(restart, &text);
         running = new;
     }
 }

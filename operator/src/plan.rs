@@ -272,7 +272,8 @@ fn with_handover(
         .filter(|r| listed.contains(r.as_str()))
         .cloned()
         .collect();
-    rendered.handing_over(drain, retiring, step.shared)
+    let rendered = rendered.handing_over(drain, retiring, step.shared)?;
+    rendered.revised(applied)
 }
 
 /// The rules of one group that are not rendered, by name: conflicts first (the older rule

@@ -183,6 +183,7 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
             ..LogConfig::default()
         },
         drain: Vec::new(),
+        revision: 0,
         retiring: Vec::new(),
         drain_on_shutdown,
         // Only where a rule encodes: the other groups neither need nor depend on it.
@@ -206,6 +207,33 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
 }
 
 impl Rendered {
+    /// The same config with the revision of `applied` (the config as applied), one more when
+    /// the content differs: no two versions a pod may read in turn look the same.
+    pub fn revised(mut self, applied: Option<&ForwarderConfig>) -> Result<Self, RenderError> {
+        let Some(applied) = applied else {
+            return Ok(self);
+        };
+        let same = ForwarderConfig {
+            revision: self.config.revision,
+            ..applied.clone()
+        } == self.config;
+        let revision = if same {
+            applied.revision
+        } else {
+            applied.revision.wrapping_add(1)
+        };
+        if revision == self.config.revision {
+            return Ok(self);
+        }
+        self.config.revision = revision;
+        self.config_yaml =
+            serde_saphyr::to_string(&self.config).map_err(|e| RenderError::Yaml {
+                group: self.workload.clone(),
+                reason: e.to_string(),
+            })?;
+        Ok(self)
+    }
+
     /// The same config with the pods of `client_ids` listed in `drain`, the rules named in
     /// `retiring` listed there (they moved to another group, or were deleted), and subscribing
     /// through `$share` or not (`shared`): what the hand-over decided

@@ -791,6 +791,7 @@ mod tests {
                 applied_at: at(0),
                 reload_error: None,
                 restart_required: vec![],
+                digest: None,
             },
             mqtt: MqttStatus {
                 connected,

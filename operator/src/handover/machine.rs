@@ -159,20 +159,24 @@ impl Seen {
     }
 
     /// Whether `rule` runs here: its config as applied lists it (not retiring: a pod that has
-    /// not read that config yet would unsubscribe it when it does), some pod has its filters
-    /// subscribed, and every pod that answers and is not leaving does (a new pod has no
-    /// subscription to lose; a pod that answers without it has not read its config yet).
+    /// not read that config yet would unsubscribe it when it does), and every pod that runs
+    /// and stays (not leaving, not terminating) has its filters subscribed under that config,
+    /// one at least. A pod that has not started has no subscription to lose and subscribes
+    /// when it starts; one that terminates comes back under its session and reads the config
+    /// then; but one that runs an older config may still read one in between.
     fn runs(&self, rule: &str, leaving: &BTreeSet<u32>) -> bool {
         if !self.lists(rule) || self.retires(rule) {
             return false;
         }
-        let answering: Vec<&Report> = self
+        let staying: Vec<(&u32, &PodSeen)> = self
             .pods
             .iter()
-            .filter(|(o, _)| !leaving.contains(o))
-            .filter_map(|(_, p)| p.live_report())
+            .filter(|(o, p)| !leaving.contains(o) && p.exists && !p.terminating && p.session)
             .collect();
-        !answering.is_empty() && answering.iter().all(|r| r.subscribed.contains(rule))
+        !staying.is_empty()
+            && staying
+                .iter()
+                .all(|(_, p)| p.live_report().is_some_and(|r| r.subscribed.contains(rule)))
     }
 
     /// Whether no session of this workload holds anything more for `rule`: each ordinal that

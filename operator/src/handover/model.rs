@@ -6,12 +6,15 @@
 //! never moves (`ka`, `kb`; deleting one removes its group), and rule `r` whose messages are
 //! counted, on one filter. Each group has up to two pods. A pod reads its config when it
 //! starts and at a config sync, each its own event (the kubelet syncs mounted ConfigMaps up to
-//! a minute apart); at each read it subscribes `r`'s filter in the config's form, or
+//! a minute apart) — the kubelet writes the ConfigMap into the pod's volume and the pod reads
+//! it later, so a pod may read a version older than the ConfigMap holds by then; at each read
+//! it subscribes `r`'s filter in the config's form, or
 //! unsubscribes it (retiring, draining, or removed by a reload). The broker queues a message
 //! for each plain subscription and for one member of each share group (any member: every
 //! choice is explored), online or not. A reconcile is two events (observe and decide, then
 //! apply), so anything may happen between the two; an operator restart drops what it
-//! observed. The StatefulSet controller creates and deletes pods by the replicas; a created
+//! observed. The operator hears a pod's `/status` only when the pod runs the config the
+//! ConfigMap holds (the digest it reports). The StatefulSet controller creates and deletes pods by the replicas; a created
 //! pod starts (and opens its session) as an event of its own.
 //!
 //! Not modelled: a broker restart (Mosquitto drops shared subscriptions: the documented
@@ -57,6 +60,8 @@ struct Config {
     pinned: bool,
     drain: [bool; PODS],
     shared: bool,
+    /// One more at each change: a pod's digest tells the versions apart.
+    revision: u8,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
@@ -73,7 +78,9 @@ struct Pod {
     terminating: bool,
     /// Its process runs and is connected.
     running: bool,
-    /// The config it runs.
+    /// The config the kubelet last wrote into its volume.
+    disk: Option<Config>,
+    /// The config it runs (it reads its volume after the kubelet wrote it).
     loaded: Option<Config>,
     /// Its session at the broker (kept while the pod is away).
     session: Option<Session>,
@@ -123,6 +130,9 @@ enum Action {
     /// The member of each group's share group that gets the message.
     Publish([usize; 2]),
     Deliver(usize, usize),
+    /// The kubelet writes the ConfigMap as it is now into the pod's volume.
+    Kubelet(usize, usize),
+    /// The pod reads its volume.
     Sync(usize, usize),
     Create(usize, usize),
     /// A created pod's container starts (until then it is `Pending` and has no session).
@@ -213,7 +223,7 @@ impl World {
                 .pods
                 .iter()
                 .enumerate()
-                .map(|(o, p)| (index(o), pod_seen(g, o, p)))
+                .map(|(o, p)| (index(o), pod_seen(g, o, p, w.config.as_ref())))
                 .collect();
             let seen = Seen {
                 group: GROUPS[g].to_owned(),
@@ -264,9 +274,11 @@ fn subscribed(o: usize, p: &Pod) -> bool {
     p.running && c.rule == Some(false) && !c.drain[o] && s.subs & form(c) != 0
 }
 
-/// What the pod's `/status` says, as the forwarder decides it.
-fn pod_seen(g: usize, o: usize, p: &Pod) -> PodSeen {
-    let report = p.loaded.as_ref().filter(|_| p.running).map(|c| {
+/// What the pod's `/status` says, as the forwarder decides it; heard only when the pod runs
+/// the config the ConfigMap holds (`current`: its digest is the ConfigMap's).
+fn pod_seen(g: usize, o: usize, p: &Pod, current: Option<&Config>) -> PodSeen {
+    let heard = p.running && p.loaded.as_ref() == current;
+    let report = p.loaded.as_ref().filter(|_| heard).map(|c| {
         let s = p.session.clone().unwrap_or_default();
         let quiet = s.queue == 0 && s.subs == 0;
         let mut r = Report {
@@ -376,7 +388,10 @@ impl HandOver {
                 if p.running && w.kafka_up && queued {
                     actions.push(Action::Deliver(g, o));
                 }
-                if p.running && wl.config.is_some() && p.loaded != wl.config {
+                if p.exists && !p.terminating && wl.config.is_some() && p.disk != wl.config {
+                    actions.push(Action::Kubelet(g, o));
+                }
+                if p.running && p.disk.is_some() && p.loaded != p.disk {
                     actions.push(Action::Sync(g, o));
                 }
                 let below = wl
@@ -431,7 +446,7 @@ fn apply(w: &mut World, d: &Decision) {
                 *d = true;
             }
         }
-        wl.config = Some(Config {
+        let mut config = Config {
             rule: step
                 .rules
                 .contains(RULE)
@@ -439,7 +454,12 @@ fn apply(w: &mut World, d: &Decision) {
             pinned: step.rules.contains(&pinned(g)),
             drain,
             shared: step.shared,
-        });
+            revision: wl.config.as_ref().map_or(0, |c| c.revision),
+        };
+        if wl.config.as_ref() != Some(&config) {
+            config.revision = config.revision.wrapping_add(1);
+        }
+        wl.config = Some(config);
         wl.replicas = step.replicas;
     }
     let wanted = w.rule_wanted();
@@ -526,8 +546,9 @@ impl Model for HandOver {
                 w.events -= 1;
             }
             Action::Restart(g, o) => {
-                let config = w.workloads[g].config.clone();
-                read_config(&mut w.workloads[g].pods[o], o, config, false);
+                let p = &mut w.workloads[g].pods[o];
+                let config = p.disk.clone();
+                read_config(p, o, config, false);
                 w.events -= 1;
             }
             Action::OperatorRestart => {
@@ -554,15 +575,20 @@ impl Model for HandOver {
                     w.lost += 1;
                 }
             }
+            Action::Kubelet(g, o) => {
+                w.workloads[g].pods[o].disk = w.workloads[g].config.clone();
+            }
             Action::Sync(g, o) => {
-                let config = w.workloads[g].config.clone();
-                read_config(&mut w.workloads[g].pods[o], o, config, true);
+                let p = &mut w.workloads[g].pods[o];
+                let config = p.disk.clone();
+                read_config(p, o, config, true);
             }
             Action::Create(g, o) => w.workloads[g].pods[o].exists = true,
             Action::Start(g, o) => {
                 let config = w.workloads[g].config.clone();
                 let p = &mut w.workloads[g].pods[o];
                 p.running = true;
+                p.disk.clone_from(&config);
                 read_config(p, o, config, false);
             }
             Action::Terminate(g, o) => {
@@ -764,6 +790,7 @@ fn a_group_removed_or_the_rule_deleted_mid_move_loses_nothing_and_ends() {
     check(Scenario {
         start_wanted: [2, 1],
         events: 3,
+        publishes: 1,
         moves: true,
         delete_rule: true,
         remove_group: true,

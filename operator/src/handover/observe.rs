@@ -1,13 +1,16 @@
 //! What runs, read once per reconcile for the hand-over: the connection's StatefulSets, its
 //! pods (one list), its ConfigMaps (the configs as applied), and the `/status` of the pods of
 //! the workloads whose hand-over depends on them (one read each, from pods their group's
-//! StatefulSet owns). A workload at rest costs no `/status` read.
+//! StatefulSet owns). A workload at rest costs no `/status` read. A pod is heard only when it
+//! runs the config its ConfigMap holds (the digest it reports): one that runs an older
+//! version may still read another in between (the kubelet writes the volume, the forwarder
+//! reads it later), so what it says could be undone.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use ferry_api::ForwarderConfig;
 use ferry_api::crd::BrokerConnection;
-use ferry_api::status::ForwarderStatus;
+use ferry_api::status::{ForwarderStatus, config_digest};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -52,14 +55,15 @@ pub async fn observe(
 ) -> Result<Observed, Error> {
     let objects = list(client, ns, connection).await?;
     let mut out = Observed::default();
+    // Each config's digest: a pod is heard only when it runs the version the ConfigMap holds.
+    let mut digests: BTreeMap<String, String> = BTreeMap::new();
     for map in &objects.maps {
-        let config = map
-            .data
-            .as_ref()
-            .and_then(|d| d.get(children::CONFIG_FILE))
-            .and_then(|text| serde_saphyr::from_str::<ForwarderConfig>(text).ok());
-        if let Some(config) = config {
+        let Some(text) = map.data.as_ref().and_then(|d| d.get(children::CONFIG_FILE)) else {
+            continue;
+        };
+        if let Ok(config) = serde_saphyr::from_str::<ForwarderConfig>(text) {
             out.configs.insert(map.name_any(), config);
+            digests.insert(map.name_any(), config_digest(text));
         }
     }
     for set in &objects.sets {
@@ -100,9 +104,11 @@ pub async fn observe(
         .collect()
         .await;
     for (workload, ordinal, status) in reports {
+        let current = digests.get(&workload);
         let seen = out.workloads.get_mut(&workload);
         if let (Some(seen), Some(status)) = (seen, status)
             && let Some(pod) = seen.pods.get_mut(&ordinal)
+            && status.config.digest.as_ref() == current
         {
             pod.report = Some(report(&status));
         }
