@@ -22,7 +22,7 @@ use crate::ownership::{self, Holder, Serving};
 use crate::plan::{Move, MovePhase};
 use crate::render::workload_name;
 use crate::scaledown::{Live, PodReport};
-use crate::sessions::{client_id, workload_of};
+use crate::sessions::{SessionPrefix, client_id, workload_of};
 use crate::validate::{ReadSecret, Secrets, referenced_secrets};
 use crate::writer::FIELD_MANAGER;
 
@@ -157,7 +157,7 @@ async fn retire(
     selector: &str,
     uid: &str,
     serving: &BTreeMap<String, Serving>,
-    recorded: &[String],
+    (recorded, prefix): (&[String], &SessionPrefix),
 ) -> Result<BTreeMap<String, Vec<String>>, Error> {
     let sets = Api::<StatefulSet>::namespaced(client.clone(), ns)
         .list(&ListParams::default().labels(selector))
@@ -187,7 +187,7 @@ async fn retire(
         .at(Step::Prune)?;
     let holds = |pod: &str| {
         let object = objects.items.iter().find(|p| p.name_any() == pod);
-        may_hold_session(ns, recorded, pod, object)
+        may_hold_session(prefix, recorded, pod, object)
     };
     let retired: Vec<(String, Vec<String>)> = retired
         .into_iter()
@@ -212,7 +212,7 @@ async fn retire(
             out.insert(workload, pods);
             continue;
         }
-        list_in_drain(client, ns, &workload, &pods).await?;
+        list_in_drain(client, ns, (&workload, prefix), &pods).await?;
         let set_uid = uids.get(&workload);
         let asked =
             |pod: &Pod, w: &str, _| w == workload && set_uid.is_some_and(|u| owned_by(pod, u));
@@ -275,7 +275,7 @@ async fn serving_runs_its_rules(
 async fn list_in_drain(
     client: &Client,
     ns: &str,
-    workload: &str,
+    (workload, prefix): (&str, &SessionPrefix),
     pods: &[String],
 ) -> Result<(), Error> {
     let api = Api::<ConfigMap>::namespaced(client.clone(), ns);
@@ -290,7 +290,7 @@ async fn list_in_drain(
     let Ok(mut config) = serde_saphyr::from_str::<ferry_api::ForwarderConfig>(text) else {
         return Ok(());
     };
-    let ids: Vec<String> = pods.iter().map(|p| client_id(ns, p)).collect();
+    let ids: Vec<String> = pods.iter().map(|p| client_id(prefix, p)).collect();
     if config.drain == ids {
         return Ok(());
     }
@@ -321,7 +321,8 @@ pub(crate) async fn prune(
     let uid = connection.uid().unwrap_or_default();
     let mut out = Pruned::default();
     if let Some(recorded) = retire {
-        out.retiring = self::retire(client, ns, &selector, &uid, serving, recorded).await?;
+        let sessions = (recorded, &SessionPrefix::of(connection));
+        out.retiring = self::retire(client, ns, &selector, &uid, serving, sessions).await?;
     }
     let only = Only {
         uid: &uid,
@@ -490,6 +491,7 @@ pub(crate) async fn live_scale(
         return Ok(live);
     }
     let stays = |workload: &str| wanted(workload).max(1).unsigned_abs();
+    let prefix = SessionPrefix::of(connection);
     let asked = |pod: &Pod, workload: &str, ordinal: u32| {
         let wanted = wanted(workload);
         live.get(workload).is_some_and(|l| {
@@ -513,7 +515,7 @@ pub(crate) async fn live_scale(
         };
         for ordinal in first..l.replicas.unsigned_abs() {
             let pod = format!("{workload}-{ordinal}");
-            if !may_hold_session(ns, recorded, &pod, by_name.get(&pod).copied()) {
+            if !may_hold_session(&prefix, recorded, &pod, by_name.get(&pod).copied()) {
                 l.reports.entry(ordinal).or_insert(PodReport {
                     drained: true,
                     plain: true,
@@ -526,8 +528,13 @@ pub(crate) async fn live_scale(
 
 /// Whether forwarder pod `pod` may have a session at the broker: its client id is recorded,
 /// or the pod has started (its phase is past `Pending`).
-fn may_hold_session(ns: &str, recorded: &[String], pod: &str, object: Option<&Pod>) -> bool {
-    object.is_some_and(crate::sessions::started) || recorded.contains(&client_id(ns, pod))
+fn may_hold_session(
+    prefix: &SessionPrefix,
+    recorded: &[String],
+    pod: &str,
+    object: Option<&Pod>,
+) -> bool {
+    object.is_some_and(crate::sessions::started) || recorded.contains(&client_id(prefix, pod))
 }
 
 /// The `/status` of the `pods` (the connection's) that `asked` names (by the pod, its

@@ -176,11 +176,15 @@ pub fn connection<'a>(
             // An autoscaler's replicas: its pods drain themselves when stopped.
             None => scaledown::Step::default(),
         };
-        let namespace = connection.namespace().unwrap_or_default();
         let leaving = scale
             .drain
             .iter()
-            .map(|o| client_id(&namespace, &format!("{}-{o}", rendered.workload)))
+            .map(|o| {
+                client_id(
+                    &rendered.session_prefix,
+                    &format!("{}-{o}", rendered.workload),
+                )
+            })
             .collect();
         let retiring = handed_over_by(group, &rendered.config, moving);
         let rendered = rendered.handing_over(leaving, retiring)?;
