@@ -499,6 +499,15 @@ pub struct BrokerConnectionStatus {
     /// replicas scaled down, connection deleted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mqtt_sessions: Vec<String>,
+    /// How this connection's forwarders name their MQTT sessions: each pod's client id is this
+    /// prefix and the pod's name, each group's shared-subscription group this prefix and the
+    /// StatefulSet's name. `ferry.<namespace>.<first 8 hex digits of metadata.uid>.`, so a
+    /// connection deleted and created again under the same name never resumes, nor shares, the
+    /// sessions of the one before; `ferry.<namespace>.` for a connection whose forwarders
+    /// already had sessions under that older scheme (they keep them). Set when the connection is
+    /// first rendered, never changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_prefix: Option<String>,
 }
 
 /// What to forward from MQTT to Kafka, through which connection.

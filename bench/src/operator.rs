@@ -265,6 +265,16 @@ fn run_pod(cp: &ControlPlane, bin: &Path, g: usize) -> Result<Pod> {
     if config.is_empty() {
         bail!("ConfigMap {workload} has no config.yaml");
     }
+    // The connection's `status.sessionPrefix` starts its pods' client ids.
+    let prefix = cp.run_kubectl([
+        "get",
+        "bc",
+        "plant",
+        "-n",
+        NS,
+        "-o",
+        "jsonpath={.status.sessionPrefix}",
+    ])?;
     let dir = cp.dir().join(&name);
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("config.yaml"), config)?;
@@ -276,7 +286,7 @@ fn run_pod(cp: &ControlPlane, bin: &Path, g: usize) -> Result<Pod> {
         .args(["--http-listen", &addr.to_string()])
         // As the pod template's arguments have it, with Kubernetes' `$(VAR)` expanded.
         .arg("--no-env-substitution")
-        .args(["--mqtt-client-id", &format!("ferry.{NS}.{name}")])
+        .args(["--mqtt-client-id", &format!("{prefix}{name}")])
         .stdin(Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)

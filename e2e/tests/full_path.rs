@@ -468,6 +468,17 @@ impl SteadyLoad {
 }
 
 /// The IP of forwarder pod `name`.
+/// The start of connection `plant`'s client ids, its `status.sessionPrefix`
+/// (`ferry.<namespace>.<8 hex digits of its UID>.`).
+fn session_prefix(c: &Cluster) -> Result<String> {
+    let prefix = c.jsonpath("bc", "plant", NS, "{.status.sessionPrefix}")?;
+    ensure!(
+        prefix.starts_with(&format!("ferry.{NS}.")),
+        "status.sessionPrefix {prefix:?}"
+    );
+    Ok(prefix)
+}
+
 fn pod_ip(c: &Cluster, name: &str) -> Result<String> {
     forwarder_pods(c)?
         .into_iter()
@@ -556,7 +567,7 @@ fn delete_pod_under_load(
         "{dup_kill} duplicates after {how} {victim}: more than {replay_bound}"
     );
     // Same name, so the same client id; clean start off (c0), so the broker resumed the session.
-    let client_id = format!("ferry.{NS}.{victim}");
+    let client_id = format!("{}{victim}", session_prefix(c)?);
     let mqtt_log = fs::read_to_string(mqtt.dir().join("mosquitto.log"))?;
     let connects: Vec<&str> = mqtt_log
         .lines()
@@ -614,7 +625,7 @@ fn scale_down_under_load(
 ) -> Result<()> {
     let log = |msg: String| println!("[{:6.1?}] {msg}", t0.elapsed());
     let leaving = format!("{STS}-1");
-    let client_id = format!("ferry.{NS}.{leaving}");
+    let client_id = format!("{}{leaving}", session_prefix(c)?);
     let leaving_ip = pod_ip(c, &leaving)?;
     let grace: u64 = c
         .jsonpath("pod", &leaving, NS, "{.spec.terminationGracePeriodSeconds}")?
@@ -1740,6 +1751,7 @@ fn deleting_the_connection_removes_its_children_and_sessions(
     log(format!(
         "owned by the connection before deleting it:\n{before}"
     ));
+    let prefix = session_prefix(c)?;
     let t = Instant::now();
     c.kubectl(&[
         "delete",
@@ -1774,7 +1786,7 @@ fn deleting_the_connection_removes_its_children_and_sessions(
     // clean start, so the broker holds none for them and queues nothing.
     let mqtt_log = fs::read_to_string(mqtt.dir().join("mosquitto.log"))?;
     for pod in &running {
-        let client_id = format!("ferry.{NS}.{pod}");
+        let client_id = format!("{prefix}{pod}");
         let last_connect = mqtt_log
             .lines()
             .rev()

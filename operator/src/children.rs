@@ -4,10 +4,10 @@
 //! pure functions of the rendered group, so they are unit-tested without a cluster.
 //!
 //! Why a StatefulSet: each forwarder keeps a persistent MQTT session under a stable client id
-//! (`ferry.<namespace>.<pod name>`). A StatefulSet's pods keep their names (`<group>-0`,
-//! `<group>-1`) across restarts, so a replaced pod resumes its session and the messages the
-//! broker held for it. A Deployment's pods get new random names: the old session, and what it
-//! held, would be orphaned until it expires.
+//! (its connection's session prefix and the pod's name). A StatefulSet's pods keep their names
+//! (`<group>-0`, `<group>-1`) across restarts, so a replaced pod resumes its session and the
+//! messages the broker held for it. A Deployment's pods get new random names: the old session,
+//! and what it held, would be orphaned until it expires.
 
 use std::collections::BTreeMap;
 
@@ -238,7 +238,7 @@ fn pod_template(
                 pods,
                 rendered.config.mqtt.max_inflight_bytes,
                 image,
-                env(),
+                (forwarder_args(&rendered.session_prefix), env()),
                 mounts,
             )],
             volumes: Some(volumes),
@@ -265,7 +265,7 @@ fn container(
     pods: &ForwarderPods,
     inflight_bytes: u64,
     image: &ForwarderImage,
-    env: Vec<EnvVar>,
+    (args, env): (Vec<String>, Vec<EnvVar>),
     mounts: Vec<VolumeMount>,
 ) -> Container {
     let probe = |path: &str| Probe {
@@ -282,7 +282,7 @@ fn container(
         name: "forwarder".to_owned(),
         image: Some(image.image.to_string()),
         image_pull_policy: image.pull_policy.map(|p| p.as_str().to_owned()),
-        args: Some(forwarder_args()),
+        args: Some(args),
         env: Some(env),
         ports: Some(vec![ContainerPort {
             name: Some("http".to_owned()),
@@ -352,16 +352,13 @@ fn memory_limit(inflight_bytes: u64) -> Quantity {
 /// never a template), and the pod's own client id, unique per pod and stable across its
 /// restarts (a StatefulSet's ordinal names), so each replica resumes its own persistent
 /// session. Kubernetes expands `$(VAR)` from [`env`].
-fn forwarder_args() -> Vec<String> {
+fn forwarder_args(sessions: &crate::sessions::SessionPrefix) -> Vec<String> {
     vec![
         "--config".to_owned(),
         format!("{CONFIG_DIR}/{CONFIG_FILE}"),
         "--no-env-substitution".to_owned(),
         "--mqtt-client-id".to_owned(),
-        crate::sessions::client_id(
-            &format!("$({ENV_POD_NAMESPACE})"),
-            &format!("$({ENV_POD_NAME})"),
-        ),
+        sessions.client_id_arg(),
     ]
 }
 
@@ -682,7 +679,7 @@ spec:
                 "/etc/ferry/config/config.yaml",
                 "--no-env-substitution",
                 "--mqtt-client-id",
-                "ferry.$(POD_NAMESPACE).$(POD_NAME)"
+                "ferry.factory.3f1c2d9e.$(POD_NAME)"
             ],
             "the config is read as written; each pod has its own client id"
         );

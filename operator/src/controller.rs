@@ -907,6 +907,7 @@ async fn write_statuses(
         now,
     );
     desired.mqtt_sessions = sessions;
+    desired.session_prefix = Some(crate::sessions::SessionPrefix::of(connection).into());
     let ns = connection.namespace().unwrap_or_default();
     let changed = connection.status.as_ref() != Some(&desired);
     let api = Api::<BrokerConnection>::namespaced(ctx.client.clone(), &ns);

@@ -18,7 +18,7 @@ use crate::children::{LABEL_CONNECTION, SELECTOR};
 use crate::context::{At, Context, Error, Step};
 use crate::release::RELEASED_ANNOTATION;
 use crate::validate;
-use crate::writer::{current_status, warn_event};
+use crate::writer::{FIELD_MANAGER, current_status, update_status, warn_event};
 
 /// What became of a connection's recorded MQTT sessions in one reconcile.
 pub(crate) struct SessionsOutcome {
@@ -74,7 +74,8 @@ pub(crate) async fn end_gone_sessions(
                 (pod.name_any(), crate::sessions::PodState { started, ours })
             })
             .collect();
-    let mut plan = crate::sessions::plan(&ns, recorded, groups, &pods);
+    let prefix = crate::sessions::SessionPrefix::of(connection);
+    let mut plan = crate::sessions::plan(&prefix, recorded, groups, &pods);
     if !plan.end.is_empty() {
         // The watch cache may not yet hold this operator's own last write of the record (a
         // reconcile right after another): ending a session twice could end the one a new pod
@@ -85,7 +86,7 @@ pub(crate) async fn end_gone_sessions(
                 .map(|s| s.mqtt_sessions)
                 .unwrap_or_default();
         if fresh != recorded {
-            plan = crate::sessions::plan(&ns, &fresh, groups, &pods);
+            plan = crate::sessions::plan(&prefix, &fresh, groups, &pods);
         }
     }
     let mut out = SessionsOutcome {
@@ -156,15 +157,13 @@ pub(crate) async fn finalize(
         set_finalizer(&ctx.client, guarded, ns, false).await?;
         return Ok(Action::await_change());
     };
+    // Pods that started since the last reconcile are not recorded yet, and once gone nothing
+    // would name their sessions: record them before they go.
+    let recorded = record_running(ctx, connection, ns).await?;
     // The garbage collector would remove the forwarders only after the object is gone; their
     // sessions must end after the pods, so remove every child now.
     // NetworkPolicies stay: they keep nothing running, and the garbage collector takes them.
     prune(&ctx.client, ns, connection, (&BTreeMap::new(), false)).await?;
-    let recorded = connection
-        .status
-        .as_ref()
-        .map(|s| s.mqtt_sessions.clone())
-        .unwrap_or_default();
     let secrets = read_secrets(&ctx.client, ns, connection).await?;
     let outcome = match validate::resolve_secrets(connection, &secrets) {
         Ok(secret_data) => {
@@ -178,6 +177,7 @@ pub(crate) async fn finalize(
     };
     if outcome.retry_in.is_some() && outcome.failed.is_empty() {
         // Pods still terminating.
+        record(ctx, connection, ns, (&recorded, outcome.recorded)).await?;
         return Ok(Action::requeue(SESSIONS_POD_WAIT));
     }
     if let Some((id, e)) = outcome.failed.first() {
@@ -188,6 +188,7 @@ pub(crate) async fn finalize(
             .map(|t| jiff::Timestamp::now().duration_since(t.0))
             .unwrap_or_default();
         if deleting_for < jiff::SignedDuration::try_from(FINALIZE_GIVE_UP).unwrap_or_default() {
+            record(ctx, connection, ns, (&recorded, outcome.recorded)).await?;
             return Ok(Action::requeue(SESSIONS_RETRY));
         }
         warn_event(ctx, &reference, "EndSessions", "SessionsNotEnded", format!("gave up ending {} MQTT sessions after {FINALIZE_GIVE_UP:?} ({id}: {e}); they end by their expiry", outcome.failed.len())).await;
@@ -195,6 +196,56 @@ pub(crate) async fn finalize(
     set_finalizer(&ctx.client, guarded, ns, false).await?;
     info!(connection = %name, namespace = %ns, "forwarders stopped and their MQTT sessions ended; released");
     Ok(Action::await_change())
+}
+
+/// The client ids a connection being deleted has sessions under: those its status records (as
+/// the API server has it, not the watch cache, which may lag behind the last pass's write) and
+/// those of its forwarder pods that have started, recorded from now on.
+async fn record_running(
+    ctx: &Context,
+    connection: &BrokerConnection,
+    ns: &str,
+) -> Result<Vec<String>, Error> {
+    let name = connection.name_any();
+    let recorded =
+        current_status::<BrokerConnection, BrokerConnectionStatus>(&ctx.client, ns, &name)
+            .await?
+            .map(|s| s.mqtt_sessions)
+            .unwrap_or_default();
+    let prefix = crate::sessions::SessionPrefix::of(connection);
+    let mut all = recorded.clone();
+    let selector = format!("{SELECTOR},{LABEL_CONNECTION}={name}");
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), ns)
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .at(Step::Sessions)?;
+    for pod in pods.items.iter().filter(|p| crate::sessions::started(p)) {
+        all.push(crate::sessions::client_id(&prefix, &pod.name_any()));
+    }
+    all.sort();
+    all.dedup();
+    record(ctx, connection, ns, (&recorded, all.clone())).await?;
+    Ok(all)
+}
+
+/// Writes `now` as the connection's recorded sessions when it differs from `was`.
+async fn record(
+    ctx: &Context,
+    connection: &BrokerConnection,
+    ns: &str,
+    (was, now): (&[String], Vec<String>),
+) -> Result<(), Error> {
+    if was == now.as_slice() {
+        return Ok(());
+    }
+    let status = BrokerConnectionStatus {
+        mqtt_sessions: now,
+        session_prefix: Some(crate::sessions::SessionPrefix::of(connection).into()),
+        ..connection.status.clone().unwrap_or_default()
+    };
+    let api = Api::<BrokerConnection>::namespaced(ctx.client.clone(), ns);
+    update_status(ctx, &api, connection, FIELD_MANAGER, (&status, true), &[]).await?;
+    Ok(())
 }
 
 /// Adds (`present`) or removes [`crate::sessions::FINALIZER`], leaving other finalizers as

@@ -143,8 +143,7 @@ pub fn connection<'a>(
             .collect();
         let (rendered, refused) = render_group(connection, group, &members)?;
         let applied = observed.configs.get(workload);
-        let namespace = connection.namespace().unwrap_or_default();
-        let rendered = with_handover(rendered, step, (&namespace, applied), &by_name)?;
+        let rendered = with_handover(rendered, step, applied, &by_name)?;
         let mut children =
             children::build(connection, group, &rendered, secret_data.clone(), image);
         let replicas = if rendered.config.rules.is_empty() {
@@ -244,7 +243,7 @@ fn render_group(
 fn with_handover(
     mut rendered: Rendered,
     step: &handover::Step,
-    (namespace, applied): (&str, Option<&ferry_api::ForwarderConfig>),
+    applied: Option<&ferry_api::ForwarderConfig>,
     rules: &BTreeMap<String, &ForwardingRule>,
 ) -> Result<Rendered, RenderError> {
     let gone = |name: &String| rules.get(name).is_none_or(|r| r.spec.paused);
@@ -264,7 +263,12 @@ fn with_handover(
     let drain = step
         .drain
         .iter()
-        .map(|o| client_id(namespace, &format!("{}-{o}", rendered.workload)))
+        .map(|o| {
+            client_id(
+                &rendered.session_prefix,
+                &format!("{}-{o}", rendered.workload),
+            )
+        })
         .collect();
     let retiring = step
         .retiring

@@ -19,6 +19,8 @@ use ferry_api::defaults;
 use kube::ResourceExt;
 use sha2::{Digest, Sha256};
 
+use crate::sessions::{SessionPrefix, client_id};
+
 /// Where the group's Secret is mounted in the forwarder pods.
 pub const MQTT_TLS_DIR: &str = "/etc/ferry/mqtt-tls";
 pub const KAFKA_TLS_DIR: &str = "/etc/ferry/kafka-tls";
@@ -78,6 +80,8 @@ pub struct Rendered {
     /// Changes only with the settings a forwarder applies at start; goes on the pod template
     /// so those roll the pods, while rule changes are reloaded live without a restart.
     pub restart_checksum: String,
+    /// How the pods name their sessions and the group's shared subscription.
+    pub session_prefix: SessionPrefix,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -143,7 +147,7 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 /// others sorted by name, so the output does not depend on listing order.
 pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
     let spec = &group.connection.spec;
-    let namespace = group.connection.namespace().unwrap_or_default();
+    let session_prefix = SessionPrefix::of(group.connection);
     let workload = workload_name(&group.connection.name_any(), group.name);
     let mut rules: Vec<&ForwardingRule> = group
         .rules
@@ -152,12 +156,12 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
         .filter(|r| !r.spec.paused)
         .collect();
     rules.sort_by_key(|r| r.name_any());
-    let shared_group = format!("ferry.{namespace}.{workload}");
+    let shared_group = session_prefix.shared_group(&workload);
     let replicas = spec.forwarder.replicas_of(group.name);
     // An autoscaler stops pods without asking the operator: each but the first drains on
     // SIGTERM, while the first stays subscribed for the others.
     let drain_on_shutdown = (replicas == GroupReplicas::Autoscaled).then(|| DrainOnShutdown {
-        except: vec![format!("{shared_group}-0")],
+        except: vec![client_id(&session_prefix, &format!("{workload}-0"))],
     });
     let encodes = rules.iter().any(|r| r.spec.kafka.value.is_some());
     let config = ForwarderConfig {
@@ -203,6 +207,7 @@ pub fn render(group: &Group<'_>) -> Result<Rendered, RenderError> {
         config,
         config_yaml,
         restart_checksum,
+        session_prefix,
     })
 }
 
@@ -495,7 +500,7 @@ mod tests {
     const CONNECTION: &str = r#"
 apiVersion: ferry.dev/v1alpha1
 kind: BrokerConnection
-metadata: { name: plant, namespace: factory }
+metadata: { name: plant, namespace: factory, uid: 0c8e51a7-5b1d-4c2e-9f00-000000000001 }
 spec:
   mqtt:
     host: mqtt.factory.svc
@@ -573,12 +578,13 @@ spec:
         );
         let c = &r.config;
         assert_eq!(
-            c.mqtt.client_id, "ferry.factory.plant-default",
+            c.mqtt.client_id, "ferry.factory.0c8e51a7.plant-default",
             "no template: each pod's --mqtt-client-id replaces it"
         );
         assert_eq!(
             c.mqtt.shared_group.as_deref(),
-            Some("ferry.factory.plant-default")
+            Some("ferry.factory.0c8e51a7.plant-default"),
+            "the connection's identity: a re-created one never joins this share group"
         );
         assert_eq!(c.mqtt.protocol, MqttProtocol::V5);
         assert_eq!(
@@ -617,7 +623,7 @@ spec:
         };
         let options = ferry_api::LoadOptions {
             variables: None,
-            mqtt_client_id: Some("ferry.factory.plant-default-0".to_owned()),
+            mqtt_client_id: Some("ferry.factory.0c8e51a7.plant-default-0".to_owned()),
         };
         let loaded = ferry_api::load_with(&r.config_yaml, &options, files).unwrap_or_else(|e| {
             panic!(
@@ -626,7 +632,7 @@ spec:
             )
         });
         let c = loaded.config;
-        assert_eq!(c.mqtt.client_id, "ferry.factory.plant-default-0");
+        assert_eq!(c.mqtt.client_id, "ferry.factory.0c8e51a7.plant-default-0");
         assert_eq!(c.rules.len(), 2);
         assert_eq!(c.mqtt.password.as_ref().map(Secret::expose), Some(password));
         let sasl = c
@@ -635,6 +641,27 @@ spec:
             .as_ref()
             .map(|s| (s.username.as_str(), s.password.expose()));
         assert_eq!(sasl, Some(("user", password)));
+    }
+
+    #[test]
+    fn a_connection_with_sessions_of_the_older_scheme_keeps_their_names() {
+        // Recorded by an operator from before `status.sessionPrefix`: the pods keep their
+        // sessions and the group its share group, so nothing queued there is left behind.
+        let legacy = format!(
+            "{CONNECTION}  forwarder: {{ groups: [{{ name: default, autoscaled: true }}] }}\n\
+             status: {{ mqttSessions: [ferry.factory.plant-default-0] }}\n"
+        );
+        let r = render_default(&connection(&legacy), &rules());
+        assert_eq!(
+            r.config.mqtt.shared_group.as_deref(),
+            Some("ferry.factory.plant-default")
+        );
+        let except = r.config.drain_on_shutdown.map(|d| d.except);
+        assert_eq!(
+            except,
+            Some(vec!["ferry.factory.plant-default-0".to_owned()])
+        );
+        assert_eq!(r.session_prefix.as_str(), "ferry.factory.");
     }
 
     #[test]

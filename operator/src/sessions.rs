@@ -1,24 +1,25 @@
 //! The forwarders' MQTT sessions at the broker, and ending the ones nobody will resume.
 //!
 //! Each forwarder pod has a persistent session under a client id of its own
-//! (`ferry.<namespace>.<pod>`), so a replaced pod picks up what the broker held for it. When a
-//! pod goes for good (its group removed, its connection deleted, replicas scaled down), the
-//! broker would keep queueing for that id until it runs out of memory. The operator records
-//! every client id it started in the connection's status and, once such a pod is gone, connects
-//! with that id and a clean start, which makes the broker discard the session, then
+//! (`<prefix><pod>`, see [`SessionPrefix`]), so a replaced pod picks up what the broker held
+//! for it. When a pod goes for good (its group removed, its connection deleted, replicas scaled
+//! down), the broker would keep queueing for that id until it runs out of memory. The operator
+//! records every client id it started in the connection's status and, once such a pod is gone,
+//! connects with that id and a clean start, which makes the broker discard the session, then
 //! disconnects. What decides which ids to end is [`plan`], pure; [`end_session`] is the I/O.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferry_api::crd::{MqttEndpoint, MqttProtocolVersion};
+use ferry_api::crd::{BrokerConnection, MqttEndpoint, MqttProtocolVersion};
 use k8s_openapi::ByteString;
+use kube::ResourceExt;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
 
-use crate::render::keys;
+use crate::render::{ENV_POD_NAME, ENV_POD_NAMESPACE, keys};
 
 /// On the BrokerConnection while its forwarders may hold sessions at the broker.
 pub const FINALIZER: &str = "ferry.dev/mqtt-sessions";
@@ -26,9 +27,122 @@ pub const FINALIZER: &str = "ferry.dev/mqtt-sessions";
 /// The longest one session's ending may take (connect, CONNACK, DISCONNECT).
 const END_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The MQTT client id of forwarder pod `pod` in `namespace`.
-pub fn client_id(namespace: &str, pod: &str) -> String {
-    format!("ferry.{namespace}.{pod}")
+/// How many hex digits of the connection's UID its prefix carries. The API server's UIDs are
+/// random (version 4) UUIDs, so these are 32 random bits: two connections of one name in one
+/// namespace get the same prefix with a chance of about k²/2³³ over k incarnations (1 in 86
+/// million for 10), and only incarnations whose sessions coexist count (an orphaned MQTT 5
+/// session expires, after a day by default). Short enough to keep client ids readable.
+const UID_DIGITS: usize = 8;
+
+/// The start of a connection's MQTT client ids (`<prefix><pod>`) and shared-subscription group
+/// names (`<prefix><workload>`), as its `status.sessionPrefix` records it.
+///
+/// `ferry.<namespace>.<8 hex digits of the UID>.`: a connection deleted without its sessions
+/// ended (the operator absent, e.g. after `helm uninstall`) and created again under the same
+/// name neither resumes the old sessions nor joins their share group, where an offline member
+/// would take its share of every message and hold it. `ferry.<namespace>.` (legacy): a
+/// connection whose forwarders had sessions before the UID was part of the name keeps them,
+/// and the messages they hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionPrefix {
+    prefix: String,
+    /// Without the UID: another connection's pod of the same name would use the same id.
+    legacy: bool,
+}
+
+impl SessionPrefix {
+    /// The connection's prefix: the one its status records; else legacy when its status
+    /// records client ids, none of them with its UID (sessions of an operator from before
+    /// `sessionPrefix`); else with its UID. The same after an operator restart, from the
+    /// object alone.
+    pub fn of(connection: &BrokerConnection) -> SessionPrefix {
+        let ns = connection.namespace().unwrap_or_default();
+        let legacy = Self::legacy(&ns);
+        // Only an object that never went through an API server has no UID.
+        let Some(with_uid) = connection
+            .uid()
+            .as_deref()
+            .and_then(|u| Self::with_uid(&ns, u))
+        else {
+            return legacy;
+        };
+        let status = connection.status.as_ref();
+        if let Some(recorded) = status.and_then(|s| s.session_prefix.as_deref()) {
+            return SessionPrefix {
+                legacy: recorded == legacy.prefix,
+                prefix: recorded.to_owned(),
+            };
+        }
+        let sessions = status
+            .map(|s| s.mqtt_sessions.as_slice())
+            .unwrap_or_default();
+        if !sessions.is_empty() && !sessions.iter().any(|id| with_uid.pod_of(id).is_some()) {
+            return legacy;
+        }
+        with_uid
+    }
+
+    fn legacy(namespace: &str) -> SessionPrefix {
+        SessionPrefix {
+            prefix: format!("ferry.{namespace}."),
+            legacy: true,
+        }
+    }
+
+    fn with_uid(namespace: &str, uid: &str) -> Option<SessionPrefix> {
+        let digits: String = uid
+            .chars()
+            .filter(char::is_ascii_hexdigit)
+            .take(UID_DIGITS)
+            .map(|c| c.to_ascii_lowercase())
+            .collect();
+        (digits.len() == UID_DIGITS).then(|| SessionPrefix {
+            prefix: format!("ferry.{namespace}.{digits}."),
+            legacy: false,
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Whether another connection's pod of a name this connection uses would have the same
+    /// client id (only without the UID).
+    pub fn is_legacy(&self) -> bool {
+        self.legacy
+    }
+
+    /// The shared-subscription group of StatefulSet `workload`.
+    pub fn shared_group(&self, workload: &str) -> String {
+        format!("{}{workload}", self.prefix)
+    }
+
+    /// The pod whose client id `client_id` is, if it has this prefix.
+    pub fn pod_of<'a>(&self, client_id: &'a str) -> Option<&'a str> {
+        client_id.strip_prefix(&self.prefix)
+    }
+
+    /// The pod template's `--mqtt-client-id`, for Kubernetes to expand. The legacy one is the
+    /// argument forwarders had before, so an upgrade does not restart their pods.
+    pub fn client_id_arg(&self) -> String {
+        if self.legacy {
+            format!("ferry.$({ENV_POD_NAMESPACE}).$({ENV_POD_NAME})")
+        } else {
+            format!("{}$({ENV_POD_NAME})", self.prefix)
+        }
+    }
+}
+
+/// What `status.sessionPrefix` records.
+impl From<SessionPrefix> for String {
+    fn from(p: SessionPrefix) -> String {
+        p.prefix
+    }
+}
+
+/// The MQTT client id of the connection's forwarder pod `pod`.
+pub fn client_id(prefix: &SessionPrefix, pod: &str) -> String {
+    format!("{}{pod}", prefix.prefix)
 }
 
 /// What to do with the recorded sessions of one connection.
@@ -42,14 +156,15 @@ pub struct Plan {
     pub waiting_for_pods: bool,
 }
 
-/// A forwarder pod of the connection as the API server has it.
+/// A forwarder pod of the namespace as the API server has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PodState {
     /// Its container has started (phase other than `Pending`), so it may have connected and
     /// left a session at the broker. A pod that never ran left nothing to end.
     pub started: bool,
-    /// Labelled with this connection. Another's pod of a recorded name runs that session now:
-    /// the connection neither ends nor records it.
+    /// Labelled with this connection. Another's pod of a recorded name runs that session now
+    /// when the prefix is legacy (the same name gives the same id): the connection neither
+    /// ends nor records it.
     pub ours: bool,
 }
 
@@ -58,10 +173,10 @@ pub struct PodState {
 ///
 /// A group scaled to zero (or whose rules are all paused) keeps its sessions: it is expected
 /// back and the broker holds its messages meanwhile. An id is ended only once no forwarder pod
-/// of that name exists, this connection's or another's, so the operator never takes a session
-/// over from a running forwarder.
+/// of that name exists, this connection's or (with a legacy `prefix`) another's, so the
+/// operator never takes a session over from a running forwarder.
 pub fn plan(
-    namespace: &str,
+    prefix: &SessionPrefix,
     recorded: &[String],
     groups: &BTreeMap<String, i32>,
     pods: &BTreeMap<String, PodState>,
@@ -73,15 +188,20 @@ pub fn plan(
                 .is_some_and(|replicas| *replicas == 0 || ordinal < replicas.unsigned_abs())
         })
     };
+    // With the UID in the ids, another connection's pod never runs a session of ours.
+    let pods: BTreeMap<&str, &PodState> = pods
+        .iter()
+        .filter(|(_, state)| state.ours || prefix.is_legacy())
+        .map(|(pod, state)| (pod.as_str(), state))
+        .collect();
     let mut out = Plan::default();
-    for (pod, state) in pods {
+    for (pod, state) in &pods {
         if state.started && state.ours {
-            out.keep.insert(client_id(namespace, pod));
+            out.keep.insert(client_id(prefix, pod));
         }
     }
-    let prefix = client_id(namespace, "");
     for id in recorded {
-        let pod = id.strip_prefix(&prefix);
+        let pod = prefix.pod_of(id);
         match pod.and_then(|p| pods.get(p)) {
             Some(state) if !state.ours => {}
             _ if pod.is_some_and(wanted) => {
@@ -311,8 +431,25 @@ fn tls_config(
 mod tests {
     use super::*;
 
+    /// The prefix of connection `plant` in namespace `ns` as its YAML `status` has it.
+    fn prefix_of(status: &str) -> SessionPrefix {
+        let yaml = format!(
+            "apiVersion: ferry.dev/v1alpha1\nkind: BrokerConnection\n\
+             metadata: {{ name: plant, namespace: ns, uid: 3F1C2D9E-0000-4000-8000-000000000001 }}\n\
+             spec: {{ mqtt: {{ host: m }}, kafka: {{ bootstrapServers: [\"k:9092\"] }} }}\n\
+             status: {status}\n"
+        );
+        let connection: BrokerConnection =
+            serde_saphyr::from_str(&yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+        SessionPrefix::of(&connection)
+    }
+
+    fn uid_prefix() -> SessionPrefix {
+        prefix_of("{}")
+    }
+
     fn ids(names: &[&str]) -> BTreeSet<String> {
-        names.iter().map(|p| client_id("ns", p)).collect()
+        names.iter().map(|p| client_id(&uid_prefix(), p)).collect()
     }
 
     fn recorded(names: &[&str]) -> Vec<String> {
@@ -335,7 +472,7 @@ mod tests {
     fn pods_that_ran_are_recorded_and_pods_that_never_ran_are_not() {
         let groups = BTreeMap::from([("plant-default".to_owned(), 2)]);
         let p = plan(
-            "ns",
+            &uid_prefix(),
             &[],
             &groups,
             &pods(&["plant-default-0"], &["plant-default-1"]),
@@ -349,7 +486,7 @@ mod tests {
         let all = recorded(&["plant-default-0", "plant-default-1", "plant-default-2"]);
         let groups = BTreeMap::from([("plant-default".to_owned(), 1)]);
         let terminating = plan(
-            "ns",
+            &uid_prefix(),
             &all,
             &groups,
             &pods(&["plant-default-0", "plant-default-2"], &[]),
@@ -360,13 +497,18 @@ mod tests {
             terminating.keep,
             ids(&["plant-default-0", "plant-default-2"])
         );
-        let gone = plan("ns", &all, &groups, &pods(&["plant-default-0"], &[]));
+        let gone = plan(
+            &uid_prefix(),
+            &all,
+            &groups,
+            &pods(&["plant-default-0"], &[]),
+        );
         assert_eq!(gone.end, ids(&["plant-default-1", "plant-default-2"]));
         assert_eq!(gone.keep, ids(&["plant-default-0"]));
         assert!(!gone.waiting_for_pods);
         // Ordinal 10 of a group scaled to 2 is gone too (numbers, not text).
         let p = plan(
-            "ns",
+            &uid_prefix(),
             &recorded(&["plant-default-10"]),
             &BTreeMap::from([("plant-default".to_owned(), 2)]),
             &pods(&[], &[]),
@@ -384,7 +526,7 @@ mod tests {
         ]);
         // "plant-a-1" is group "a-1": its pod is "plant-a-1-0", not ordinal "1-0" of "a".
         let groups = BTreeMap::from([("plant-slow".to_owned(), 0), ("plant-a-1".to_owned(), 1)]);
-        let p = plan("ns", &all, &groups, &pods(&[], &[]));
+        let p = plan(&uid_prefix(), &all, &groups, &pods(&[], &[]));
         assert_eq!(p.end, ids(&["plant-bulk-0", "plant-bulk-1"]));
         assert_eq!(p.keep, ids(&["plant-a-1-0", "plant-slow-0"]));
     }
@@ -393,42 +535,99 @@ mod tests {
     fn a_deleted_connection_ends_every_session_once_the_pods_are_gone() {
         let all = recorded(&["plant-default-0", "plant-default-1"]);
         let draining = plan(
-            "ns",
+            &uid_prefix(),
             &all,
             &BTreeMap::new(),
             &pods(&["plant-default-1"], &[]),
         );
         assert_eq!(draining.end, ids(&["plant-default-0"]));
         assert!(draining.waiting_for_pods);
-        let gone = plan("ns", &all, &BTreeMap::new(), &pods(&[], &[]));
+        let gone = plan(&uid_prefix(), &all, &BTreeMap::new(), &pods(&[], &[]));
         assert_eq!(gone.end, ids(&["plant-default-0", "plant-default-1"]));
         assert!(gone.keep.is_empty());
     }
 
     #[test]
     fn ids_of_other_shapes_are_ended_not_misread() {
-        // Recorded by this connection, so ours to end, whatever they look like.
-        let all = vec!["ferry.other.plant-default-0".to_owned(), "odd".to_owned()];
+        // Recorded by this connection, so ours to end, whatever they look like (the first is
+        // the legacy id of the pod that runs).
+        let all = vec![
+            "ferry.ns.plant-default-0".to_owned(),
+            "ferry.other.plant-default-0".to_owned(),
+            "odd".to_owned(),
+        ];
         let groups = BTreeMap::from([("plant-default".to_owned(), 1)]);
-        let p = plan("ns", &all, &groups, &pods(&["plant-default-0"], &[]));
+        let p = plan(
+            &uid_prefix(),
+            &all,
+            &groups,
+            &pods(&["plant-default-0"], &[]),
+        );
         assert_eq!(p.end, all.iter().cloned().collect());
     }
 
     #[test]
     fn a_session_whose_name_another_connections_pod_runs_is_neither_ended_nor_recorded() {
-        let all = recorded(&["plant-east-bulk-0", "plant-default-0"]);
+        let legacy = prefix_of("{ mqttSessions: [ferry.ns.plant-default-0] }");
+        let all: Vec<String> = ["plant-east-bulk-0", "plant-default-0"]
+            .iter()
+            .map(|p| client_id(&legacy, p))
+            .collect();
         let mut pods = pods(&["plant-default-0"], &[]);
-        pods.insert(
-            "plant-east-bulk-0".to_owned(),
-            PodState {
-                started: true,
-                ours: false,
-            },
-        );
+        let foreign = PodState {
+            started: true,
+            ours: false,
+        };
+        pods.insert("plant-east-bulk-0".to_owned(), foreign);
         // Deleting this connection: its own session ends, the other's live one is left alone.
-        let p = plan("ns", &all, &BTreeMap::new(), &pods);
+        let p = plan(&legacy, &all, &BTreeMap::new(), &pods);
         assert!(p.end.is_empty(), "{p:?}");
-        assert_eq!(p.keep, ids(&["plant-default-0"]));
+        assert_eq!(
+            p.keep,
+            BTreeSet::from([client_id(&legacy, "plant-default-0")])
+        );
         assert!(p.waiting_for_pods);
+
+        // With the UID in the ids, the other connection's pod runs a session of its own.
+        let p = plan(
+            &uid_prefix(),
+            &recorded(&["plant-east-bulk-0"]),
+            &BTreeMap::new(),
+            &pods,
+        );
+        assert_eq!(p.end, ids(&["plant-east-bulk-0"]));
+    }
+
+    #[test]
+    fn a_new_connection_names_its_sessions_with_its_uid_and_keeps_the_name() {
+        let p = uid_prefix();
+        assert_eq!(p.as_str(), "ferry.ns.3f1c2d9e.");
+        assert!(!p.is_legacy());
+        assert_eq!(client_id(&p, "plant-b-1"), "ferry.ns.3f1c2d9e.plant-b-1");
+        assert_eq!(p.shared_group("plant-b"), "ferry.ns.3f1c2d9e.plant-b");
+        assert_eq!(p.client_id_arg(), "ferry.ns.3f1c2d9e.$(POD_NAME)");
+        // Once it records sessions, and once it records the prefix.
+        assert_eq!(
+            prefix_of("{ mqttSessions: [ferry.ns.3f1c2d9e.plant-b-0] }"),
+            p
+        );
+        assert_eq!(prefix_of("{ sessionPrefix: ferry.ns.3f1c2d9e. }"), p);
+    }
+
+    #[test]
+    fn a_connection_with_sessions_of_the_older_scheme_keeps_their_ids() {
+        // An operator from before `sessionPrefix` recorded these: the pods keep their sessions.
+        let legacy = prefix_of("{ mqttSessions: [ferry.ns.plant-b-0, ferry.ns.plant-b-1] }");
+        assert!(legacy.is_legacy());
+        assert_eq!(legacy.as_str(), "ferry.ns.");
+        assert_eq!(client_id(&legacy, "plant-b-1"), "ferry.ns.plant-b-1");
+        assert_eq!(legacy.shared_group("plant-b"), "ferry.ns.plant-b");
+        assert_eq!(
+            legacy.client_id_arg(),
+            "ferry.$(POD_NAMESPACE).$(POD_NAME)",
+            "the argument the pods already run with: no restart on upgrade"
+        );
+        // Recorded, it stays legacy when every session has ended.
+        assert_eq!(prefix_of("{ sessionPrefix: ferry.ns. }"), legacy);
     }
 }

@@ -338,6 +338,7 @@ pub fn connection(
         group_names: column(workloads.iter().map(|(g, _)| g.as_str())),
         bootstrap_servers: column(bootstrap_servers.iter().map(|s| s.0.as_str())),
         mqtt_sessions: Vec::new(),
+        session_prefix: None,
     };
     (status, transitions)
 }

@@ -174,6 +174,7 @@ fn brokers_and_control_plane() -> (ControlPlane, Mosquitto, Kafka, tokio::runtim
 const STEPS_NET: u8 = 0;
 const HELD_NET: u8 = 1;
 const BUDGET_NET: u8 = 2;
+const ORPHAN_NET: u8 = 3;
 
 #[test]
 fn rules_report_what_their_forwarder_pods_forward_and_steady_state_reconciles_nothing() {
@@ -820,8 +821,9 @@ fn scaling_down_drains_the_leaving_pod_and_loses_nothing(
     assert!(events.contains("Normal Draining"), "{events}");
     let leaving = pods.pop().expect("pod 1");
     release_pod(cp, op, "plant-default-1", leaving);
+    let prefix = session_prefix(cp, op, "plant");
     op.wait_for("pod 1's session ended", WAIT, || {
-        sessions(cp) == "ferry.ferry.plant-default-0"
+        sessions(cp) == format!("{prefix}plant-default-0")
     });
     op.wait_for("pod 0 subscribes plainly", WAIT, || {
         sync_config(cp, "plant-default", "plant-default-0");
@@ -831,7 +833,7 @@ fn scaling_down_drains_the_leaving_pod_and_loses_nothing(
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let sent = traffic.join().expect("traffic");
     assert_all_in_kafka(kafka, sent);
-    assert_session_gone(&rt, mosquitto, "ferry.ferry.plant-default-1");
+    assert_session_gone(&rt, mosquitto, &format!("{prefix}plant-default-1"));
     renaming_the_group_drains_the_old_workload_and_loses_nothing(
         cp, op, mosquitto, kafka, pods, sent,
     );
@@ -889,15 +891,16 @@ fn renaming_the_group_drains_the_old_workload_and_loses_nothing(
     assert!(events.contains("Normal Draining"), "{events}");
     let old = pods.pop().expect("pod 0");
     release_pod(cp, op, "plant-default-0", old);
+    let prefix = session_prefix(cp, op, "plant");
     op.wait_for("the old pod's session ended", WAIT, || {
-        sessions(cp) == "ferry.ferry.plant-east-0"
+        sessions(cp) == format!("{prefix}plant-east-0")
     });
     std::thread::sleep(Duration::from_secs(3));
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let sent = sent_before + traffic.join().expect("traffic");
     assert_all_in_kafka(kafka, sent);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    assert_session_gone(&rt, mosquitto, "ferry.ferry.plant-default-0");
+    assert_session_gone(&rt, mosquitto, &format!("{prefix}plant-default-0"));
     moving_a_rule_between_two_running_groups_loses_nothing(
         cp, op, mosquitto, kafka, east_pod, sent,
     );
@@ -1158,4 +1161,119 @@ fn numbered_traffic(
             })
             .collect()
     })
+}
+
+/// Issue 35, as found on a cluster: `helm uninstall` (the operator gone, the connection's
+/// finalizer released), then the connection deleted, leaves its forwarders' sessions at the
+/// broker, members of their group's share group. The same manifests applied again (a GitOps
+/// re-sync) create it anew with group `b` at 2: every message the broker acknowledges reaches
+/// Kafka, because the new pods neither resume the old sessions nor join their share group. (With
+/// the ids of before, `ferry.<namespace>.<pod>`, the orphan `hub-b-2` was a third member of the
+/// new group and held every third message.)
+#[test]
+fn a_connection_created_again_shares_no_session_with_the_one_deleted_without_an_operator() {
+    let (cp, mosquitto, kafka, rt) = brokers_and_control_plane();
+    let mut op = Operator::start(&cp, "operator", &[]);
+    let hub = |replicas| connection_yaml("hub", replicas, &mosquitto, &kafka);
+    let lines = rule("lines", "hub", "line1/#", "temps").group("b").yaml();
+    common::apply(&cp, &[hub(3), lines].concat());
+    let old = run_group(&cp, &op, "hub-b", 3);
+    let old_prefix = session_prefix(&cp, &op, "hub");
+
+    // The uninstall: the operator stops, the chart's hook releases the finalizer; then the
+    // connection is deleted, its forwarders stop, and their sessions stay at the broker.
+    op.terminate();
+    cp.run_kubectl([
+        "patch",
+        "bc",
+        "hub",
+        "-n",
+        NS,
+        "--type=merge",
+        "-p",
+        r#"{"metadata":{"finalizers":null}}"#,
+    ])
+    .expect("release the finalizer");
+    drop(old);
+    cp.run_kubectl(["delete", "bc", "hub", "-n", NS])
+        .expect("delete the connection");
+    // The garbage collector's part, done here at once: in a control plane this new, its first
+    // pass over a new kind takes half a minute.
+    let (children, of_hub) = ("sts,cm,secret,svc,pdb,pod", "ferry.dev/connection=hub");
+    cp.run_kubectl(["delete", children, "-n", NS, "-l", of_hub])
+        .expect("delete the connection's children");
+
+    // The reinstall, and the same manifests with group b at 2.
+    let op = Operator::start(&cp, "operator-reinstalled", &[]);
+    common::apply(&cp, &hub(2));
+    let _new = run_group(&cp, &op, "hub-b", 2);
+    let n = 900;
+    let messages = (0..n)
+        .map(|i| (format!("line1/{}", i % 10), format!("o{i}").into_bytes()))
+        .collect();
+    publish(&rt, &mosquitto, messages);
+    let records = kafka
+        .read_all("temps", n, Duration::from_secs(1), Duration::from_secs(30))
+        .expect("read temps");
+    let distinct: std::collections::BTreeSet<&str> =
+        records.iter().map(|r| r.value_str()).collect();
+    assert_eq!(
+        distinct.len(),
+        n,
+        "every message the broker acknowledged is in Kafka"
+    );
+    // The new connection's names carry its UID, its group subscribes through a share group of
+    // its own, and the orphan was there all along, in the old one, holding its share of copies.
+    let new_prefix = session_prefix(&cp, &op, "hub");
+    let uid = jsonpath(&cp, NS, "bc", "hub", "{.metadata.uid}");
+    assert_eq!(new_prefix, format!("ferry.{NS}.{}.", &uid[..8]));
+    assert_ne!(new_prefix, old_prefix, "a new connection, new names");
+    let config = jsonpath(&cp, NS, "configmap", "hub-b", "{.data.config\\.yaml}");
+    assert!(
+        config.contains(&format!("shared_group: {new_prefix}hub-b\n"))
+            && !config.contains("subscribe_shared: false"),
+        "the new group's own share group:\n{config}"
+    );
+    let orphan = format!("{old_prefix}hub-b-2");
+    let (present, queued) = rt
+        .block_on(ferry_e2e::probe_session(
+            std::net::IpAddr::from([127, 0, 0, 1]),
+            mosquitto.port(),
+            None,
+            &orphan,
+            false,
+        ))
+        .expect("probe the broker");
+    eprintln!("{orphan}: session present {present}, {queued} of {n} messages queued");
+    assert!(present && queued > 0, "the orphaned session stayed");
+}
+
+/// Once the StatefulSet controller has created `workload`'s `replicas` pods, runs them on
+/// `127.77.<ORPHAN_NET>.<ordinal + 1>` and waits until each is ready (subscribed, Kafka
+/// reached).
+fn run_group(cp: &ControlPlane, op: &Operator, workload: &str, replicas: u8) -> Vec<Pod> {
+    let names: Vec<String> = (0..replicas).map(|o| format!("{workload}-{o}")).collect();
+    op.wait_for(&format!("{workload}'s pods"), WAIT, || {
+        names
+            .iter()
+            .all(|p| cp.run_kubectl(["get", "pod", p, "-n", NS]).is_ok())
+    });
+    let ip = |o: u8| Ipv4Addr::new(127, 77, ORPHAN_NET, o + 1);
+    let pods = (0..replicas)
+        .map(|o| run_pod(cp, workload, &names[usize::from(o)], ip(o)))
+        .collect();
+    op.wait_for(&format!("{workload}'s pods subscribed"), WAIT, || {
+        (0..replicas).all(|o| {
+            ferry_e2e::http_get_at(SocketAddr::from((ip(o), 8080)), "/readyz")
+                .is_ok_and(|(code, _)| code == 200)
+        })
+    });
+    pods
+}
+
+/// Connection `name`'s `status.sessionPrefix` (the start of its client ids), once written.
+fn session_prefix(cp: &ControlPlane, op: &Operator, name: &str) -> String {
+    let prefix = || jsonpath(cp, NS, "bc", name, "{.status.sessionPrefix}");
+    op.wait_for("status.sessionPrefix", WAIT, || !prefix().is_empty());
+    prefix()
 }

@@ -1131,8 +1131,10 @@ fn strimzi_shaped_secrets_and_replicas_per_group_without_a_fight_with_an_autosca
 
     // The autoscaled group: every pod but the first drains on SIGTERM, given the time to.
     let config = jsonpath(&cp, "ferry", "configmap", "plant-scaled", "{.data}");
+    let prefix = jsonpath(&cp, "ferry", "bc", "plant", "{.status.sessionPrefix}");
+    assert!(prefix.starts_with("ferry.ferry."), "{prefix:?}");
     assert!(
-        config.contains("drain_on_shutdown") && config.contains("ferry.ferry.plant-scaled-0"),
+        config.contains("drain_on_shutdown") && config.contains(&format!("{prefix}plant-scaled-0")),
         "{config}"
     );
     assert!(

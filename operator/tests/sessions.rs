@@ -46,8 +46,20 @@ fn rule(name: &str, connection: &str, group: &str) -> String {
         .yaml()
 }
 
-fn client_id(pod: &str) -> String {
-    format!("ferry.{NS}.{pod}")
+/// The client id of connection `plant`'s pod `pod`: its `status.sessionPrefix` (waited for)
+/// and the pod's name.
+fn client_id(cp: &ferry_e2e::kube::ControlPlane, pod: &str) -> String {
+    format!("{}{pod}", session_prefix(cp, "plant"))
+}
+
+/// Connection `name`'s `status.sessionPrefix`, once written.
+fn session_prefix(cp: &ferry_e2e::kube::ControlPlane, name: &str) -> String {
+    let prefix = || jsonpath(cp, NS, "brokerconnection", name, "{.status.sessionPrefix}");
+    ferry_e2e::wait_until("status.sessionPrefix", WAIT, ferry_e2e::WAIT_POLL, || {
+        !prefix().is_empty()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    prefix()
 }
 
 /// What the broker holds for `client_id` (see [`ferry_e2e::probe_session`]).
@@ -63,10 +75,10 @@ async fn probe_session(port: u16, client_id: &str, keep: bool) -> (bool, usize) 
     .expect("probe the broker")
 }
 
-/// What a forwarder in pod `pod` leaves at the broker: a persistent session subscribed to
-/// [`FILTER`] (MQTT 5, expiry 1 h as the operator's default would give a day).
-async fn leave_session(port: u16, pod: &str) {
-    let mut options = MqttOptions::new(client_id(pod), "127.0.0.1", port);
+/// What a forwarder with client id `id` leaves at the broker: a persistent session subscribed
+/// to [`FILTER`] (MQTT 5, expiry 1 h as the operator's default would give a day).
+async fn leave_session(port: u16, id: &str) {
+    let mut options = MqttOptions::new(id, "127.0.0.1", port);
     options.set_clean_start(true);
     options.set_session_expiry_interval(Some(3600));
     let (client, mut events) = AsyncClient::new(options, 10);
@@ -78,7 +90,7 @@ async fn leave_session(port: u16, pod: &str) {
         match tokio::time::timeout(Duration::from_secs(5), events.poll()).await {
             Ok(Ok(Event::Incoming(Packet::SubAck(_)))) => break,
             Ok(Ok(_)) => {}
-            other => panic!("session for {pod}: {other:?}"),
+            other => panic!("session for {id}: {other:?}"),
         }
     }
     client.disconnect().await.expect("disconnect");
@@ -108,7 +120,7 @@ fn recorded(cp: &ferry_e2e::kube::ControlPlane) -> String {
 }
 
 fn wait_recorded(op: &Operator, cp: &ferry_e2e::kube::ControlPlane, pods: &[&str]) {
-    let want: Vec<String> = pods.iter().map(|p| client_id(p)).collect();
+    let want: Vec<String> = pods.iter().map(|p| client_id(cp, p)).collect();
     let want = want.join(" ");
     op.wait_for(
         &format!("status.mqttSessions = {want:?} (is {:?})", recorded(cp)),
@@ -165,8 +177,15 @@ fn sessions_of_removed_pods_groups_and_connections_are_ended_at_the_broker() {
     );
     assert!(config.contains("session_expiry_secs: 86400"), "{config}");
 
-    for pod in &all {
-        rt.block_on(leave_session(port, pod));
+    // Named after the connection's UID: one created again under this name is a new client.
+    let uid = jsonpath(&cp, NS, "brokerconnection", "plant", "{.metadata.uid}");
+    assert_eq!(
+        session_prefix(&cp, "plant"),
+        format!("ferry.{NS}.{}.", &uid[..8])
+    );
+    let ids: Vec<String> = all.iter().map(|p| client_id(&cp, p)).collect();
+    for (pod, id) in all.iter().zip(&ids) {
+        rt.block_on(leave_session(port, id));
         mark_running(&cp, pod);
     }
     wait_recorded(&op, &cp, &all);
@@ -203,7 +222,7 @@ fn sessions_of_removed_pods_groups_and_connections_are_ended_at_the_broker() {
         "kept until its pods drained"
     );
     assert_eq!(
-        rt.block_on(probe_session(port, &client_id("plant-bulk-0"), true)),
+        rt.block_on(probe_session(port, &client_id(&cp, "plant-bulk-0"), true)),
         (true, 3),
         "a session not drained is not ended"
     );
@@ -222,11 +241,11 @@ fn sessions_of_removed_pods_groups_and_connections_are_ended_at_the_broker() {
         "ferry.dev/mqtt-sessions"
     );
     delete_plant(&op, &cp);
-    for pod in &all {
+    for id in &ids {
         assert_eq!(
-            rt.block_on(probe_session(port, &client_id(pod), false)),
+            rt.block_on(probe_session(port, id, false)),
             (false, 0),
-            "{pod}: a deleted connection's sessions are ended"
+            "{id}: a deleted connection's sessions are ended"
         );
     }
     assert_eq!(
@@ -251,23 +270,24 @@ fn mqtt_311_sessions_of_a_deleted_connection_are_ended() {
     common::apply(&cp, &connection("plant", port, "3.1.1", 2));
     common::apply(&cp, &rule("telemetry", "plant", "default"));
     let pods = ["plant-default-0", "plant-default-1"];
-    for pod in pods {
+    let ids = pods.map(|p| client_id(&cp, p));
+    for (pod, id) in pods.iter().zip(&ids) {
         mark_running(&cp, pod);
-        rt.block_on(leave_session_311(port, pod));
+        rt.block_on(leave_session_311(port, id));
     }
     wait_recorded(&op, &cp, &pods);
     delete_plant(&op, &cp);
-    for pod in pods {
+    for id in &ids {
         assert!(
-            !rt.block_on(session_present_311(port, pod)),
-            "{pod}: the deleted connection's session is ended"
+            !rt.block_on(session_present_311(port, id)),
+            "{id}: the deleted connection's session is ended"
         );
     }
 }
 
-async fn leave_session_311(port: u16, pod: &str) {
+async fn leave_session_311(port: u16, id: &str) {
     use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
-    let mut options = MqttOptions::new(client_id(pod), "127.0.0.1", port);
+    let mut options = MqttOptions::new(id, "127.0.0.1", port);
     options.set_clean_session(false);
     let (client, mut events) = AsyncClient::new(options, 10);
     client
@@ -278,7 +298,7 @@ async fn leave_session_311(port: u16, pod: &str) {
         match tokio::time::timeout(Duration::from_secs(5), events.poll()).await {
             Ok(Ok(Event::Incoming(Packet::SubAck(_)))) => break,
             Ok(Ok(_)) => {}
-            other => panic!("session for {pod}: {other:?}"),
+            other => panic!("session for {id}: {other:?}"),
         }
     }
     ferry_e2e::disconnect(&client, &mut events)
@@ -288,16 +308,16 @@ async fn leave_session_311(port: u16, pod: &str) {
 
 /// MQTT 3.1.1 CONNACK's session present, connecting without a clean session (which leaves a
 /// session behind: call it last for an id).
-async fn session_present_311(port: u16, pod: &str) -> bool {
+async fn session_present_311(port: u16, id: &str) -> bool {
     use rumqttc::{AsyncClient, Event, MqttOptions, Packet};
-    let mut options = MqttOptions::new(client_id(pod), "127.0.0.1", port);
+    let mut options = MqttOptions::new(id, "127.0.0.1", port);
     options.set_clean_session(false);
     let (client, mut events) = AsyncClient::new(options, 10);
     let present = loop {
         match tokio::time::timeout(Duration::from_secs(5), events.poll()).await {
             Ok(Ok(Event::Incoming(Packet::ConnAck(ack)))) => break ack.session_present,
             Ok(Ok(_)) => {}
-            other => panic!("probing {pod}: {other:?}"),
+            other => panic!("probing {id}: {other:?}"),
         }
     };
     ferry_e2e::disconnect(&client, &mut events)
@@ -306,38 +326,13 @@ async fn session_present_311(port: u16, pod: &str) -> bool {
     present
 }
 
-/// A client id recorded by one connection whose pod is now another connection's (as after an
-/// upgrade renamed the groups, or two names once collided) is that pod's live session: deleting
-/// the first connection ends its own sessions and leaves that one, and what it queued, alone.
-#[test]
-fn deleting_a_connection_never_ends_a_session_another_connections_pod_runs() {
-    let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let mqtt = ferry_e2e::Mosquitto::start().expect("mosquitto");
-    let port = mqtt.port();
-    let cp = common::control_plane_with_crds(NS);
-    let op = Operator::start(&cp, "operator", &[]);
-    common::apply(&cp, &connection("plant", port, "5", 1));
-    common::apply(&cp, &connection("other", port, "5", 1));
-    common::apply(&cp, &rule("telemetry", "plant", "default"));
-    common::apply(&cp, &rule("telemetry-other", "other", "default"));
-    for pod in ["plant-default-0", "other-default-0"] {
-        op.wait_for(&format!("pod {pod}"), WAIT, || {
-            cp.run_kubectl(["get", "pod", pod, "-n", NS]).is_ok()
-        });
-        rt.block_on(leave_session(port, pod));
-        mark_running(&cp, pod);
-    }
-    wait_recorded(&op, &cp, &["plant-default-0"]);
-    // `plant`'s record also names the other connection's pod.
-    let record = format!(
-        "{{\"status\":{{\"mqttSessions\":[\"{}\",\"{}\"]}}}}",
-        client_id("other-default-0"),
-        client_id("plant-default-0")
-    );
+/// Writes `ids` as connection `name`'s `status.mqttSessions`.
+fn set_recorded(cp: &ferry_e2e::kube::ControlPlane, name: &str, ids: &[String]) {
+    let record = serde_json::json!({ "status": { "mqttSessions": ids } }).to_string();
     cp.run_kubectl([
         "patch",
         "brokerconnection",
-        "plant",
+        name,
         "-n",
         NS,
         "--subresource=status",
@@ -346,6 +341,58 @@ fn deleting_a_connection_never_ends_a_session_another_connections_pod_runs() {
         &record,
     ])
     .expect("patch the record");
+}
+
+/// Connections an operator from before `status.sessionPrefix` ran (their status records
+/// sessions under `ferry.<namespace>.<pod>`) keep those ids after the upgrade: their pods are
+/// rendered with the arguments they had, and the prefix recorded is the old one. With such ids,
+/// one recorded by one connection whose pod is now another connection's (as after an upgrade
+/// renamed the groups, or two names once collided) is that pod's live session: deleting the
+/// first connection ends its own sessions and leaves that one, and what it queued, alone.
+#[test]
+fn upgraded_connections_keep_their_ids_and_never_end_another_connections_session() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mqtt = ferry_e2e::Mosquitto::start().expect("mosquitto");
+    let port = mqtt.port();
+    let cp = common::control_plane_with_crds(NS);
+    let legacy = |pod: &str| format!("ferry.{NS}.{pod}");
+    // What the earlier operator left: the connections, their rules and their records.
+    common::apply(&cp, &connection("plant", port, "5", 1));
+    common::apply(&cp, &connection("other", port, "5", 1));
+    common::apply(&cp, &rule("telemetry", "plant", "default"));
+    common::apply(&cp, &rule("telemetry-other", "other", "default"));
+    for name in ["plant", "other"] {
+        set_recorded(&cp, name, &[legacy(&format!("{name}-default-0"))]);
+    }
+    let op = Operator::start(&cp, "operator", &[]);
+    for name in ["plant", "other"] {
+        assert_eq!(session_prefix(&cp, name), format!("ferry.{NS}."));
+        let args = jsonpath(
+            &cp,
+            NS,
+            "statefulset",
+            &format!("{name}-default"),
+            "{.spec.template.spec.containers[0].args}",
+        );
+        assert!(
+            args.contains("\"ferry.$(POD_NAMESPACE).$(POD_NAME)\""),
+            "the pods' arguments of before, so they are not restarted: {args}"
+        );
+    }
+    for pod in ["plant-default-0", "other-default-0"] {
+        op.wait_for(&format!("pod {pod}"), WAIT, || {
+            cp.run_kubectl(["get", "pod", pod, "-n", NS]).is_ok()
+        });
+        rt.block_on(leave_session(port, &legacy(pod)));
+        mark_running(&cp, pod);
+    }
+    wait_recorded(&op, &cp, &["plant-default-0"]);
+    // `plant`'s record also names the other connection's pod.
+    set_recorded(
+        &cp,
+        "plant",
+        &[legacy("other-default-0"), legacy("plant-default-0")],
+    );
     rt.block_on(ferry_e2e::publish(
         port,
         "publisher",
@@ -356,12 +403,12 @@ fn deleting_a_connection_never_ends_a_session_another_connections_pod_runs() {
 
     delete_plant(&op, &cp);
     assert_eq!(
-        rt.block_on(probe_session(port, &client_id("plant-default-0"), false)),
+        rt.block_on(probe_session(port, &legacy("plant-default-0"), false)),
         (false, 0),
         "the deleted connection's own session is ended"
     );
     assert_eq!(
-        rt.block_on(probe_session(port, &client_id("other-default-0"), true)),
+        rt.block_on(probe_session(port, &legacy("other-default-0"), true)),
         (true, 1),
         "the other connection's live session keeps what was queued for it"
     );

@@ -21,7 +21,7 @@ use super::machine::{Applied, PodSeen, Report, Seen, Spec};
 use crate::children::{self, LABEL_CONNECTION, LABEL_GROUP};
 use crate::context::{At, Error, Step};
 use crate::dataplane::{owned_by, pod_status};
-use crate::sessions::{client_id, started, workload_of};
+use crate::sessions::{SessionPrefix, client_id, started, workload_of};
 
 /// `/status` reads in flight at once.
 const CONCURRENT_READS: usize = 16;
@@ -54,6 +54,7 @@ pub async fn observe(
     spec: &Spec,
 ) -> Result<Observed, Error> {
     let objects = list(client, ns, connection).await?;
+    let sessions = SessionPrefix::of(connection);
     let mut out = Observed::default();
     // Each config's digest: a pod is heard only when it runs the version the ConfigMap holds.
     let mut digests: BTreeMap<String, String> = BTreeMap::new();
@@ -77,7 +78,13 @@ pub async fn observe(
         {
             continue;
         }
-        let seen = seen(ns, set, &objects.pods, out.configs.get(&name), recorded);
+        let seen = seen(
+            &sessions,
+            set,
+            &objects.pods,
+            out.configs.get(&name),
+            recorded,
+        );
         out.workloads.insert(name, seen);
     }
     let asked: BTreeSet<String> = needs_reports(spec, &out.workloads);
@@ -143,7 +150,7 @@ async fn list(client: &Client, ns: &str, connection: &BrokerConnection) -> Resul
 
 /// One workload as it runs, without its pods' reports.
 fn seen(
-    ns: &str,
+    sessions: &SessionPrefix,
     set: &StatefulSet,
     pods: &[Pod],
     config: Option<&ForwarderConfig>,
@@ -154,7 +161,7 @@ fn seen(
     let mut out = Seen {
         group: set.labels().get(LABEL_GROUP).cloned().unwrap_or_default(),
         replicas,
-        applied: config.map(|c| applied(ns, &name, c)),
+        applied: config.map(|c| applied(sessions, &name, c)),
         pods: BTreeMap::new(),
     };
     for ordinal in 0..replicas.max(0).unsigned_abs() {
@@ -163,7 +170,7 @@ fn seen(
     let prefix = format!("{name}-");
     for id in recorded {
         let ordinal = id
-            .strip_prefix(&client_id(ns, &prefix))
+            .strip_prefix(&client_id(sessions, &prefix))
             .and_then(|o| o.parse::<u32>().ok());
         if let Some(o) = ordinal {
             out.pods.entry(o).or_default().session = true;
@@ -186,8 +193,8 @@ fn seen(
 }
 
 /// What the hand-over reads of a config as applied.
-fn applied(ns: &str, workload: &str, config: &ForwarderConfig) -> Applied {
-    let prefix = client_id(ns, &format!("{workload}-"));
+fn applied(sessions: &SessionPrefix, workload: &str, config: &ForwarderConfig) -> Applied {
+    let prefix = client_id(sessions, &format!("{workload}-"));
     Applied {
         rules: config.rules.iter().map(|r| r.name.clone()).collect(),
         retiring: config.retiring.iter().cloned().collect(),
