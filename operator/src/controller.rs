@@ -598,22 +598,36 @@ async fn report_scale_downs(
             continue;
         }
         any = true;
-        let workload = group.children.stateful_set.name_any();
-        let pods: Vec<String> = group
-            .scale
-            .waiting
-            .iter()
-            .map(|o| format!("{workload}-{o}"))
-            .collect();
-        info!(connection = %connection.name_any(), group = %group.name, waiting = ?pods, "scaling down: waiting for leaving pods to drain");
-        let note = format!(
-            "group {:?} scales down once {} drained (forwarded what the broker holds for them)",
-            group.name,
-            pods.join(", ")
-        );
+        let pods = waiting_pods(group);
+        let leaving = !group.scale.drain.is_empty();
+        info!(connection = %connection.name_any(), group = %group.name, waiting = ?pods, leaving, "changing replicas: waiting for pods to report");
+        let note = if leaving {
+            format!(
+                "group {:?} scales down once {} drained (forwarded what the broker holds for them)",
+                group.name,
+                pods.join(", ")
+            )
+        } else {
+            format!(
+                "group {:?} changes its replicas once {} subscribes in the group's new form (through $share, or plainly when alone)",
+                group.name,
+                pods.join(", ")
+            )
+        };
         event_once(ctx, connection, key, ("ScaleDown", "Draining"), note).await;
     }
     any
+}
+
+/// The pods a group's hand-over waits for, by name.
+fn waiting_pods(group: &GroupPlan) -> Vec<String> {
+    let workload = group.children.stateful_set.name_any();
+    group
+        .scale
+        .waiting
+        .iter()
+        .map(|o| format!("{workload}-{o}"))
+        .collect()
 }
 
 /// A Normal Event on `connection`, once while `key` stays in [`Context::draining`].
@@ -650,12 +664,7 @@ async fn report_retiring(
         });
     }
     for (workload, group) in &retiring {
-        let pods: Vec<String> = group
-            .scale
-            .waiting
-            .iter()
-            .map(|o| format!("{workload}-{o}"))
-            .collect();
+        let pods = waiting_pods(group);
         let (phase, note) = match group.scale.retirement {
             Some(Retirement::Serving) => (
                 "Serving",

@@ -231,12 +231,7 @@ impl Rendered {
             return Ok(self);
         }
         self.config.revision = revision;
-        self.config_yaml =
-            serde_saphyr::to_string(&self.config).map_err(|e| RenderError::Yaml {
-                group: self.workload.clone(),
-                reason: e.to_string(),
-            })?;
-        Ok(self)
+        self.written_again()
     }
 
     /// The same config with the pods of `client_ids` listed in `drain`, the rules named in
@@ -259,6 +254,11 @@ impl Rendered {
         self.config.drain = client_ids;
         self.config.retiring = retiring;
         self.config.mqtt.subscribe_shared = shared;
+        self.written_again()
+    }
+
+    /// `config_yaml` from the changed `config`.
+    fn written_again(mut self) -> Result<Self, RenderError> {
         self.config_yaml =
             serde_saphyr::to_string(&self.config).map_err(|e| RenderError::Yaml {
                 group: self.workload.clone(),
