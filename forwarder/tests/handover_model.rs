@@ -305,11 +305,8 @@ impl HandoverModel {
         match action {
             Action::Publish(rule) => {
                 s.publishes = s.publishes.checked_sub(1)?;
-                let matching: Vec<String> = (s.subs.iter())
-                    .filter(|f| matched_as(f) == rule.filter())
-                    .cloned()
-                    .collect();
-                for _ in matching {
+                let copies = s.subs.iter().filter(|f| matched_as(f) == rule.filter());
+                for _ in 0..copies.count() {
                     let copy = Msg {
                         id: s.next_id,
                         rule: *rule,
@@ -318,19 +315,7 @@ impl HandoverModel {
                     s.queue.push_back(copy);
                 }
             }
-            Action::Deliver => {
-                let (m, again) = self.sendable(&s)?;
-                if again {
-                    s.resend.pop_front();
-                } else {
-                    s.queue.pop_front();
-                    s.inflight.push((m, false));
-                }
-                s.handover.delivered(now);
-                s.judging.push_back((m, s.epoch));
-                let reading = s.reading();
-                s.handover.set_reading(reading, now);
-            }
+            Action::Deliver => self.deliver(&mut s, now)?,
             Action::BrokerRead => match s.to_broker.pop_front()? {
                 // Its SUBACK says nothing the verdicts use.
                 Up::Subscribe(fs) => s.subs.extend(fs),
@@ -350,22 +335,7 @@ impl HandoverModel {
                 s.handover.routed(alone);
                 s.window.push_back((m, epoch));
             }
-            Action::Complete => {
-                // Kafka took the oldest message (acks go in arrival order: which of the
-                // window's records Kafka takes first does not matter here). Not prompt: Kafka
-                // may be slow or down for as long as the checker lets time pass.
-                let (m, epoch) = s.window.pop_front()?;
-                // Acknowledged only on the connection it arrived on; the broker reads the ack
-                // within a round trip, and nothing the verdicts use happens in between.
-                if s.connected && epoch == s.epoch {
-                    s.inflight.retain(|(i, _)| i.id != m.id);
-                } else if let Some(held) = s.inflight.iter_mut().find(|(i, _)| i.id == m.id) {
-                    held.1 = true;
-                }
-                s.handover.completed(1, now);
-                let reading = s.reading();
-                s.handover.set_reading(reading, now);
-            }
+            Action::Complete => self.complete(&mut s, now)?,
             Action::Disconnect => {
                 if !s.connected {
                     return None;
@@ -389,6 +359,40 @@ impl HandoverModel {
             }
         }
         Some(s)
+    }
+
+    /// The broker sends the driver its next message (see [`Self::sendable`]).
+    fn deliver(&self, s: &mut State, now: Instant) -> Option<()> {
+        let (m, again) = self.sendable(s)?;
+        if again {
+            s.resend.pop_front();
+        } else {
+            s.queue.pop_front();
+            s.inflight.push((m, false));
+        }
+        s.handover.delivered(now);
+        s.judging.push_back((m, s.epoch));
+        let reading = s.reading();
+        s.handover.set_reading(reading, now);
+        Some(())
+    }
+
+    /// Kafka took the window's oldest message (acks go in arrival order: which of its records
+    /// Kafka takes first does not matter here). Never prompt: Kafka may be slow or down for as
+    /// long as the checker lets time pass.
+    fn complete(&self, s: &mut State, now: Instant) -> Option<()> {
+        let (m, epoch) = s.window.pop_front()?;
+        // Acknowledged only on the connection it arrived on; the broker reads the ack within a
+        // round trip, and nothing the verdicts use happens in between.
+        if s.connected && epoch == s.epoch {
+            s.inflight.retain(|(i, _)| i.id != m.id);
+        } else if let Some(held) = s.inflight.iter_mut().find(|(i, _)| i.id == m.id) {
+            held.1 = true;
+        }
+        s.handover.completed(1, now);
+        let reading = s.reading();
+        s.handover.set_reading(reading, now);
+        Some(())
     }
 
     /// A new connection on the resumed session: the broker sends again what it had in
