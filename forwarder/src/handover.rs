@@ -14,8 +14,10 @@
 //! for its judgement (an expression evaluated off the read thread can take seconds), in the
 //! window, or its ack not yet written.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::time::{Duration, Instant};
+
+use ferry_api::config::SubscriptionPlan;
 
 /// How long a settled session must receive nothing that counts before a verdict is given.
 /// The broker sends what it queued within a round trip of the session reading; this is many
@@ -241,6 +243,52 @@ impl Handover {
     }
 }
 
+/// What a reload subscribes (new filters, and those whose QoS changed) and unsubscribes: in
+/// time linear in the filters. The new filters go out before the old ones are unsubscribed,
+/// so that a filter changing form (shared, plain) is never subscribed in neither.
+pub fn subscription_changes(
+    old: &[(String, u8)],
+    new: &[(String, u8)],
+) -> (Vec<(String, u8)>, Vec<String>) {
+    let old_set: HashSet<(&str, u8)> = old.iter().map(|(f, q)| (f.as_str(), *q)).collect();
+    let new_filters: HashSet<&str> = new.iter().map(|(f, _)| f.as_str()).collect();
+    let added = new
+        .iter()
+        .filter(|(f, q)| !old_set.contains(&(f.as_str(), *q)))
+        .cloned()
+        .collect();
+    let removed = old
+        .iter()
+        .filter(|(f, _)| !new_filters.contains(f.as_str()))
+        .map(|(f, _)| f.clone())
+        .collect();
+    (added, removed)
+}
+
+/// What a new connection unsubscribes, besides subscribing `plan.subscribe`: the filters a
+/// reload dropped while no connection was up (`dropped_offline`), and on a resumed session
+/// every form of the rules' filters an earlier config or process may have left subscribed
+/// (the other shared/plain form, a retiring rule's, everything while draining): the broker
+/// would go on delivering them. Never what it subscribes; sorted, each once.
+pub fn unsubscribe_on_connect(
+    plan: &SubscriptionPlan,
+    dropped_offline: Vec<String>,
+    session_present: bool,
+) -> Vec<String> {
+    let resumed = if session_present {
+        plan.unsubscribe_on_connect.clone()
+    } else {
+        Vec::new()
+    };
+    dropped_offline
+        .into_iter()
+        .chain(resumed)
+        .filter(|f| !plan.subscribe.iter().any(|(s, _)| s == f))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -395,6 +443,51 @@ mod tests {
         // After the quiet, what waits cannot be its own: the broker sent that long before.
         h.delivered(c.at(4.0));
         assert_eq!(h.handed_over("moved", c.at(9.0)), Some(true));
+    }
+
+    fn plan(extra: &str) -> SubscriptionPlan {
+        let yaml = format!(
+            "mqtt: {{ host: h, client_id: me, shared_group: g, subscribe_shared: false }}\n\
+             kafka: {{ bootstrap_servers: \"k:9092\" }}\n\
+             rules:\n\
+             \x20 - {{ name: moved, mqtt: {{ topics: [\"m/#\"] }}, kafka: {{ topic: m }} }}\n\
+             \x20 - {{ name: kept, mqtt: {{ topics: [\"k/#\"] }}, kafka: {{ topic: k }} }}\n{extra}"
+        );
+        match ferry_api::load_str(&yaml, |_| None) {
+            Ok(loaded) => loaded.config.subscription_plan(),
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Issue 35, item 2: a fresh process on a resumed session loses a retiring rule's filter
+    /// in both forms an earlier process may have subscribed, and everything while draining.
+    #[test]
+    fn a_resumed_session_loses_every_form_of_what_the_config_no_longer_subscribes() {
+        let retiring = plan("retiring: [moved]\n");
+        assert_eq!(
+            unsubscribe_on_connect(&retiring, Vec::new(), true),
+            ["$share/g/k/#", "$share/g/m/#", "m/#"]
+        );
+        let draining = plan("drain: [me]\n");
+        assert_eq!(
+            unsubscribe_on_connect(&draining, vec!["m/#".to_owned()], true),
+            ["$share/g/k/#", "$share/g/m/#", "k/#", "m/#"]
+        );
+        // A new session holds nothing; what a reload dropped offline goes all the same.
+        assert_eq!(
+            unsubscribe_on_connect(&retiring, vec!["old/#".to_owned(), "k/#".to_owned()], false),
+            ["old/#"],
+            "never what it subscribes"
+        );
+    }
+
+    #[test]
+    fn a_reload_subscribes_what_is_new_or_changed_and_unsubscribes_what_is_gone() {
+        let old = [("a".to_owned(), 1), ("b".to_owned(), 1)];
+        let new = [("b".to_owned(), 2), ("c".to_owned(), 0)];
+        let (added, removed) = subscription_changes(&old, &new);
+        assert_eq!(added, [("b".to_owned(), 2), ("c".to_owned(), 0)]);
+        assert_eq!(removed, ["a"]);
     }
 
     #[test]

@@ -41,6 +41,7 @@ use self::conn::Conn;
 pub use self::conn::ConnError;
 pub use self::wire::WireError;
 use self::wire::{Codec, ConnectFields, Head, Incoming};
+use crate::handover;
 use crate::metrics::Metrics;
 use crate::tls::{self, TlsSetupError};
 
@@ -412,20 +413,8 @@ impl Driver {
             // Draining: subscribed to all it should be.
             self.metrics.set_mqtt_subscriptions(true, &BTreeMap::new());
         }
-        // A resumed session keeps what an earlier config subscribed (the other shared/plain
-        // form, or everything before a drain): the broker would go on delivering it.
-        let resumed = if session_present {
-            plan.unsubscribe_on_connect
-        } else {
-            Vec::new()
-        };
-        let gone: Vec<String> = std::mem::take(&mut self.unsubscribe_later)
-            .into_iter()
-            .chain(resumed)
-            .filter(|f| !subs.iter().any(|(s, _)| s == f))
-            .collect::<BTreeSet<_>>()
-            .into_iter()
-            .collect();
+        let later = std::mem::take(&mut self.unsubscribe_later);
+        let gone = handover::unsubscribe_on_connect(&plan, later, session_present);
         self.unsubscribe(&mut session, &gone)?;
         Ok(session)
     }

@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 use crate::eval::{self, EvalError, Evaluated, Scope};
+use crate::handover;
 use crate::kafka::{self, Classified, Fatal, KafkaProducer, ProducerWiring, Replacement, Report};
 use crate::limits::{self, Judgement, Learned, TopicLimits};
 use crate::metrics::{Metrics, RuleStats};
@@ -388,7 +389,7 @@ impl Pipeline {
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             std::mem::replace(&mut *subs, reload.subscriptions).subscribe
         };
-        let (added, removed) = subscription_changes(&old, &wanted);
+        let (added, removed) = handover::subscription_changes(&old, &wanted);
         let (subscribed, unsubscribed) = (added.len(), removed.len());
         // Queued behind the acks already sent, so they keep their order.
         if !added.is_empty() {
@@ -1243,27 +1244,6 @@ fn json_reads(routed: &[Routed]) -> Option<Arc<JsonReads>> {
         (Some(only), None) => Some(Arc::clone(only)),
         _ => JsonReads::merged(readers().map(|r| &**r)).map(Arc::new),
     }
-}
-
-/// What a reload subscribes (new filters, and those whose QoS changed) and unsubscribes: in
-/// time linear in the filters.
-fn subscription_changes(
-    old: &[(String, u8)],
-    new: &[(String, u8)],
-) -> (Vec<(String, u8)>, Vec<String>) {
-    let old_set: HashSet<(&str, u8)> = old.iter().map(|(f, q)| (f.as_str(), *q)).collect();
-    let new_filters: HashSet<&str> = new.iter().map(|(f, _)| f.as_str()).collect();
-    let added = new
-        .iter()
-        .filter(|(f, q)| !old_set.contains(&(f.as_str(), *q)))
-        .cloned()
-        .collect();
-    let removed = old
-        .iter()
-        .filter(|(f, _)| !new_filters.contains(f.as_str()))
-        .map(|(f, _)| f.clone())
-        .collect();
-    (added, removed)
 }
 
 /// Applies the filters of a target's matched rules: the rules that pass (true, or no filter),
