@@ -27,7 +27,9 @@
 //!    published during the Kafka outage is lost;
 //! 7. a rule is edited live (new Kafka topic and key) while messages keep coming: every forwarder
 //!    pod applies the new config without a restart, nothing is lost, and what is published
-//!    afterwards follows the new mapping;
+//!    afterwards follows the new mapping; meanwhile a rule is added to the running group,
+//!    `kubectl wait --for=condition=Ready` on it returns only once the pods subscribed it, and
+//!    100 messages published at once then all reach Kafka;
 //! 8. a forwarder pod is deleted under load: the StatefulSet recreates it with the same name (so
 //!    the same MQTT client id and persistent session), nothing is lost (time to come back
 //!    measured, duplicates counted); its reconnect (same client id, clean start off) is checked
@@ -877,6 +879,7 @@ fn run(
         "devices",
         "readings.3",
         "ferry.dead-letters",
+        ADDED_TOPIC,
         METRICS_TOPIC,
     ] {
         rt.block_on(kafka.create_topic(topic, 2))?;
@@ -1167,15 +1170,18 @@ fn apply_connection_and_rules(
             &schema_registry.url(),
         )),
     )?;
+    // Ready once the pods serving the group subscribed the rules, which may be before both
+    // pods are (a rule's Ready waits for data to flow, not for every pod).
     wait_until_some(
-        "the rules Ready",
+        "the rules Ready and both forwarder pods ready",
         Duration::from_secs(150),
         CLUSTER_POLL,
         || {
             Ok((c.rule_ready("temps", NS)?
                 && c.rule_ready("alarms", NS)?
-                && c.rule_ready("metrics", NS)?)
-            .then_some(()))
+                && c.rule_ready("metrics", NS)?
+                && forwarder_pods(c)?.iter().filter(|p| p.3).count() == 2)
+                .then_some(()))
         },
     )?;
     let to_ready = t.elapsed();
@@ -1381,8 +1387,86 @@ fn live_rule_edit_under_load(
     rt: &tokio::runtime::Runtime,
     t0: Instant,
 ) -> Result<()> {
-    let edit = edit_rule_under_load(c, mqtt, rt)?;
-    edited_rule_lost_nothing_and_follows_the_new_mapping(kafka, &edit, t0)
+    // A rule added to the running group meanwhile: the same kubelet sync brings both.
+    c.kubectl_in(&["apply", "-f", "-"], Some(&added_rule_yaml()))?;
+    let (edit, added) = std::thread::scope(|s| {
+        let added = s.spawn(|| wait_ready_then_publish(c, mqtt, rt));
+        let edit = edit_rule_under_load(c, mqtt, rt);
+        let added = added
+            .join()
+            .unwrap_or_else(|_| Err(anyhow!("kubectl wait thread panicked")));
+        (edit, added)
+    });
+    edited_rule_lost_nothing_and_follows_the_new_mapping(kafka, &edit?, t0)?;
+    let (ready, sent) = added?;
+    let (lost, _) = read_lost_and_duplicates(kafka, ADDED_TOPIC, "added", &sent)?;
+    println!(
+        "[{:6.1?}] rule {ADDED_TOPIC} added to the running group: kubectl wait \
+         --for=condition=Ready returned {ready:.1?} after kubectl apply; {} published at once \
+         then, lost {}",
+        t0.elapsed(),
+        sent.len(),
+        lost.len()
+    );
+    ensure!(
+        lost.is_empty(),
+        "published once the rule was Ready, lost: {lost:?}"
+    );
+    Ok(())
+}
+
+/// The rule added to the running group by [`live_rule_edit_under_load`], and its Kafka topic.
+const ADDED_TOPIC: &str = "added";
+
+fn added_rule_yaml() -> String {
+    format!(
+        r#"apiVersion: ferry.dev/v1alpha1
+kind: ForwardingRule
+metadata:
+  name: {ADDED_TOPIC}
+  namespace: {NS}
+spec:
+  connectionRef: {{ name: plant }}
+  mqtt:
+    topics: ["plant/+/{ADDED_TOPIC}"]
+  kafka:
+    topic: {ADDED_TOPIC}
+"#
+    )
+}
+
+/// As a user would (issue 35): `kubectl wait --for=condition=Ready` on the added rule, then at
+/// once 100 QoS 1 messages to it; how long the wait took, and what was published.
+fn wait_ready_then_publish(
+    c: &Cluster,
+    mqtt: &Mosquitto,
+    rt: &tokio::runtime::Runtime,
+) -> Result<(Duration, Vec<String>)> {
+    let t = Instant::now();
+    let rule = format!("fr/{ADDED_TOPIC}");
+    c.kubectl(&[
+        "wait",
+        "--for=condition=Ready",
+        &rule,
+        "-n",
+        NS,
+        "--timeout=150s",
+    ])?;
+    let ready = t.elapsed();
+    let sent: Vec<String> = (0..100).map(|i| format!("added-{i}")).collect();
+    let messages = sent
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            (
+                format!("plant/{}/{ADDED_TOPIC}", i % 5 + 1),
+                p.clone().into_bytes(),
+            )
+        })
+        .collect();
+    let broker = publisher_endpoint(c.node_ip(), mqtt);
+    rt.block_on(publish_to(&broker, "e2e-added", messages))?;
+    Ok((ready, sent))
 }
 
 /// What [`edit_rule_under_load`] published and saw.

@@ -45,24 +45,37 @@ pub struct Transition {
     pub first: bool,
 }
 
-/// Reasons of a False condition that someone chose (a paused rule, a connection scaled to zero
-/// or without rules): worth an Event, not a Warning.
-const DELIBERATE: [&str; 3] = ["Paused", "ScaledToZero", "NoRules"];
+/// Reasons of a False condition that nobody has to act on, worth an Event but not a Warning:
+/// what someone chose (a paused rule, a connection scaled to zero or without rules), a rule's
+/// filters being subscribed after it was added or changed (the kubelet syncs the ConfigMap
+/// within about a minute), a move to another group that is over.
+const EXPECTED: [&str; 5] = ["Paused", "ScaledToZero", "NoRules", "Subscribing", "Moved"];
 
-/// Reasons a new object's condition starts with while its forwarder pods start or have not
-/// reported yet: the expected beginning (Argo CD shows it Progressing), not news; a change to
-/// them later is. Thousands of rules created at once would otherwise each get an Event for it.
-const STARTING: [&str; 3] = ["ForwarderNotReady", "ForwardersNotReady", "NoReport"];
+/// Reasons a new object's condition starts with while its forwarder pods start, load it or
+/// have not reported yet: the expected beginning (Argo CD shows it Progressing), not news; a
+/// change to them later is. Thousands of rules created at once would otherwise each get an
+/// Event for it.
+const STARTING: [&str; 4] = [
+    "ForwarderNotReady",
+    "ForwardersNotReady",
+    "NoReport",
+    "Subscribing",
+];
+
+/// Condition types whose appearance is news: a rule starting to move to another group.
+const NEWS_WHEN_NEW: [&str; 1] = ["Moving"];
 
 impl Transition {
     /// Worth telling a human: a change of status, or a problem from the start.
     pub fn noteworthy(&self) -> bool {
-        !self.first || (self.status != TRUE && !STARTING.contains(&self.reason.as_str()))
+        !self.first
+            || NEWS_WHEN_NEW.contains(&self.type_.as_str())
+            || (self.status != TRUE && !STARTING.contains(&self.reason.as_str()))
     }
 
-    /// Whether its Event is a Warning: a condition turned False, unless on purpose.
+    /// Whether its Event is a Warning: a condition turned False, unless expected.
     pub fn warns(&self) -> bool {
-        self.status == FALSE && !DELIBERATE.contains(&self.reason.as_str())
+        self.status == FALSE && !EXPECTED.contains(&self.reason.as_str())
     }
 }
 

@@ -936,20 +936,26 @@ async fn write_statuses(
             },
             plan::RulePlan::Refused(_) => fate.outcome(rule, &applied.workloads, &applied.taken),
         };
-        Some((*rule, outcome))
+        let moving = match fate {
+            plan::RulePlan::Served { moving, .. } => moving.clone(),
+            plan::RulePlan::Refused(_) => None,
+        };
+        Some((*rule, outcome, moving))
     });
     // A few at once, as for the groups: thousands of rules accepted at once are thousands of
     // writes. Every rule's write is tried; the first failure fails the reconcile.
     // In batches: thousands of writes' futures made up front would hold thousands of request
     // states at once.
-    let outcomes: Vec<(&ForwardingRule, RuleOutcome)> = outcomes.collect();
+    let outcomes: Vec<(&ForwardingRule, RuleOutcome, Option<Move>)> = outcomes.collect();
     let mut outcomes = outcomes.into_iter().peekable();
     let mut written: Vec<Result<(), Error>> = Vec::new();
     while outcomes.peek().is_some() {
         let batch: Vec<_> = outcomes
             .by_ref()
             .take(WRITE_BATCH)
-            .map(|(rule, outcome)| write_rule_control(ctx, &rule_api, rule, outcome, now))
+            .map(|(rule, outcome, moving)| {
+                write_rule_control(ctx, &rule_api, rule, (outcome, moving), now)
+            })
             .collect();
         let done: Vec<Result<(), Error>> = futures::stream::iter(batch)
             .buffer_unordered(CONCURRENT_WRITES)
@@ -1017,7 +1023,7 @@ async fn write_rule_control(
     ctx: &Context,
     api: &Api<ForwardingRule>,
     rule: &ForwardingRule,
-    outcome: RuleOutcome,
+    (outcome, moving): (RuleOutcome, Option<Move>),
     now: jiff::Timestamp,
 ) -> Result<(), Error> {
     let outcome = &outcome;
@@ -1032,14 +1038,7 @@ async fn write_rule_control(
     {
         warn!(rule = %rule.name_any(), namespace = ?rule.namespace(), reason = %reason, "rule not rendered");
     }
-    let (mut desired, transitions) =
-        status::rule_control(rule.status.as_ref(), rule.meta().generation, outcome, now);
-    desired.mqtt_topics = status::column(rule.spec.mqtt.topics.iter().map(|t| t.0.as_str()));
-    let kafka = &rule.spec.kafka;
-    desired.kafka_topic = kafka
-        .topic
-        .clone()
-        .or_else(|| kafka.topic_expression.clone());
+    let (desired, transitions) = status::rule_control_for(rule, outcome, moving.as_ref(), now);
     let current = rule.status.as_ref().map(status::rule_control_view);
     let update = (&desired, current.as_ref() != Some(&desired));
     update_status(ctx, api, rule, FIELD_MANAGER, update, &transitions).await?;
@@ -1086,7 +1085,7 @@ async fn reconcile_rule(
     if let Some(outcome) = outcome {
         let now = jiff::Timestamp::now();
         match &guarded.0 {
-            Ok(rule) => write_rule_control(&ctx, &api, rule, outcome, now).await?,
+            Ok(rule) => write_rule_control(&ctx, &api, rule, (outcome, None), now).await?,
             Err(_) => {
                 let current =
                     current_status::<ForwardingRule, ForwardingRuleStatus>(&ctx.client, &ns, &name)

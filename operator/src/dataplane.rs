@@ -1,11 +1,15 @@
 //! The data plane as the forwarders see it: every interval, `GET /status` on each forwarder
 //! pod that has an IP (ready or not) and is its group's StatefulSet's (see [`counted_group`]),
 //! summed per rule into its status (`Forwarding`, rate, counters, last error)
-//! under a field manager of its own. Outside the reconcile loop on purpose: rates change all
-//! the time, and a poll must not cost a reconcile. A condition change is written at once;
+//! under a field manager of its own; `Forwarding` is True only once every pod serving the
+//! rule's group reports its current filters subscribed (see `Filters` and
+//! `status::rule_data`), which is what makes the rule `Ready`. Outside the reconcile loop on
+//! purpose: rates change all the time, and a poll must not cost a reconcile. A condition change is written at once;
 //! moving counters at most once per rule per write interval (see `status::data_write_due`).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::hash_map::Entry;
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,7 +36,7 @@ use crate::context::{Context, wait_listed};
 use crate::controller::WRITE_BATCH;
 use crate::render::{HTTP_PORT, rule_name, workload_name};
 use crate::scope::Scope;
-use crate::status::{self, ACCEPTED};
+use crate::status::{self, ACCEPTED, PodSeen, RuleSeen};
 use crate::writer::{STATUS_FIELD_MANAGER, update_status, update_status_with};
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
@@ -99,6 +103,7 @@ pub async fn run(
             min_interval: jiff::SignedDuration::try_from(polling.min_write_interval)
                 .unwrap_or(jiff::SignedDuration::MAX),
             last: HashMap::new(),
+            filters: Filters::default(),
         };
         loop {
             tick.tick().await;
@@ -123,14 +128,16 @@ type Stores<'a> = (
     &'a Store<DeserializeGuard<ForwardingRule>>,
 );
 
-/// When each rule's data-plane status was last written by this process.
+/// When each rule's data-plane status was last written by this process, and what it remembers
+/// of the rules' filters.
 struct Writes {
     min_interval: jiff::SignedDuration,
     last: HashMap<RuleKey, jiff::Timestamp>,
+    filters: Filters,
 }
 
-/// Reports per group.
-type Reports = BTreeMap<GroupKey, Vec<(String, ForwarderStatus)>>;
+/// Each group's forwarder pods as one poll saw them, sorted by name.
+type Reports = BTreeMap<GroupKey, Vec<PodSeen>>;
 
 /// What one poll writes of one rule's data-plane status.
 enum RuleWrite {
@@ -164,6 +171,7 @@ async fn poll_once(
 ) {
     let by_group = fetch_reports(ctx, http, pods, &workload_uids(workloads)).await;
     let now = jiff::Timestamp::now();
+    writes.filters.observe_pods(&by_group);
     let mut seen = HashSet::new();
     let mut at_once = Vec::new();
     let mut deferred = Vec::new();
@@ -195,6 +203,7 @@ async fn poll_once(
         }
     }
     writes.last.retain(|key, _| seen.contains(key));
+    writes.filters.forget_rules(now);
     // In batches: thousands of writes' futures made up front would hold thousands of request
     // states at once.
     let mut at_once = at_once.into_iter().peekable();
@@ -224,50 +233,68 @@ async fn poll_once(
     }
 }
 
-/// `GET /status` on every forwarder pod with an IP that its group's StatefulSet owns
-/// (`workloads`), a few at a time; the answers by group, sorted by pod name. A group whose pods
-/// all failed to answer has an empty list.
+/// Every forwarder pod its group's StatefulSet owns (`workloads`) and not being deleted, by
+/// group and sorted by name: whether its kubelet says Ready, and its `GET /status` if it has an
+/// IP and answered (a few asked at a time).
 async fn fetch_reports(
     ctx: &Context,
     http: &HttpClient<HttpConnector, Empty<Bytes>>,
     pods: &Store<Pod>,
     workloads: &WorkloadUids,
 ) -> Reports {
-    let targets: Vec<(GroupKey, String, String)> = pods
+    let targets: Vec<(GroupKey, String, bool, Option<String>)> = pods
         .state()
         .iter()
+        .filter(|pod| pod.meta().deletion_timestamp.is_none())
         .filter_map(|pod| {
             let key = counted_group(pod, workloads)?;
-            let url = status_url(pod)?;
-            Some((key, pod.name_any(), url))
+            Some((key, pod.name_any(), kubelet_ready(pod), status_url(pod)))
         })
         .collect();
-    let reports: Vec<(GroupKey, String, Option<ForwarderStatus>)> = futures::stream::iter(targets)
-        .map(|(key, pod, url)| async move {
-            let report = fetch(http, &url).await;
-            match &report {
-                Ok(_) => ctx.metrics.polled("ok"),
-                Err(e) => {
-                    ctx.metrics.polled("error");
-                    debug!(pod = %pod, url = %url, error = %e, "no /status");
-                }
-            }
-            (key, pod, report.ok())
+    let seen: Vec<(GroupKey, PodSeen)> = futures::stream::iter(targets)
+        .map(|(key, name, ready, url)| async move {
+            let report = match url {
+                Some(url) => match fetch(http, &url).await {
+                    Ok(report) => {
+                        ctx.metrics.polled("ok");
+                        Some(report)
+                    }
+                    Err(e) => {
+                        ctx.metrics.polled("error");
+                        debug!(pod = %name, url = %url, error = %e, "no /status");
+                        None
+                    }
+                },
+                None => None,
+            };
+            (
+                key,
+                PodSeen {
+                    name,
+                    ready,
+                    report,
+                },
+            )
         })
         .buffer_unordered(CONCURRENT_REQUESTS)
         .collect()
         .await;
     let mut by_group = Reports::new();
-    for (key, pod, report) in reports {
-        let entry = by_group.entry(key).or_default();
-        if let Some(r) = report {
-            entry.push((pod, r));
-        }
+    for (key, pod) in seen {
+        by_group.entry(key).or_default().push(pod);
     }
-    for (_, reports) in by_group.iter_mut() {
-        reports.sort_by(|a, b| a.0.cmp(&b.0));
+    for pods in by_group.values_mut() {
+        pods.sort_by(|a, b| a.name.cmp(&b.name));
     }
     by_group
+}
+
+/// Whether the pod's kubelet reports it Ready.
+fn kubelet_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// What this poll writes of `rule`'s data-plane status (see [`RuleWrite`]).
@@ -275,11 +302,18 @@ fn decide(
     rule: &ForwardingRule,
     rule_key: &RuleKey,
     by_group: &Reports,
-    writes: &Writes,
+    writes: &mut Writes,
     now: jiff::Timestamp,
 ) -> RuleWrite {
     let current = rule.status.clone().unwrap_or_default();
     let current_view = status::rule_data_view(&current);
+    let groups = rule_groups(rule, &rule_key.0, by_group);
+    let name = rule_name(rule);
+    let generation = rule.meta().generation;
+    // The reconciler has rendered this generation into the group's config.
+    let rendered = current.observed_generation == generation;
+    let filters = filters_hash(rule);
+    let stale = (writes.filters).stale(rule_key, &name, (filters, rendered), &groups, now);
     let serving = !rule.spec.paused
         && status::condition(&current.conditions, ACCEPTED)
             .is_some_and(|c| c.status == crate::conditions::TRUE);
@@ -290,13 +324,13 @@ fn decide(
             RuleWrite::TakeBack
         };
     }
-    let key = (
-        rule_key.0.clone(),
-        rule.spec.connection_ref.name.clone(),
-        rule.spec.group.clone(),
-    );
-    let reports = by_group.get(&key).map(Vec::as_slice).unwrap_or_default();
-    let (desired, transitions) = status::rule_data(Some(&current), &rule_name(rule), reports, now);
+    let seen = RuleSeen {
+        name: &name,
+        generation,
+        groups: &groups,
+        stale: &stale,
+    };
+    let (desired, transitions) = status::rule_data(Some(&current), &seen, now);
     let last = writes.last.get(rule_key).copied();
     if !status::data_write_due(&current_view, &desired, last, now, writes.min_interval) {
         RuleWrite::Nothing
@@ -307,6 +341,130 @@ fn decide(
         }
     } else {
         RuleWrite::Counters { last, desired }
+    }
+}
+
+/// The pods of the groups serving `rule` (in namespace `ns`): its own group, and while it
+/// moves, the one it leaves, whose workload its status still names (that group serves it
+/// until the new one runs it).
+fn rule_groups<'a>(rule: &ForwardingRule, ns: &str, by_group: &'a Reports) -> Vec<&'a [PodSeen]> {
+    let connection = &rule.spec.connection_ref.name;
+    let own = (ns.to_owned(), connection.clone(), rule.spec.group.clone());
+    let mut groups = vec![by_group.get(&own).map(Vec::as_slice).unwrap_or_default()];
+    let leaving = rule
+        .status
+        .as_ref()
+        .and_then(|s| s.workload.as_deref())
+        .filter(|w| *w != workload_name(connection, &rule.spec.group));
+    if let Some(workload) = leaving {
+        groups.extend(
+            by_group
+                .iter()
+                .filter(|((n, c, g), _)| {
+                    n == ns && c == connection && workload_name(c, g) == workload
+                })
+                .map(|(_, pods)| pods.as_slice()),
+        );
+    }
+    groups
+}
+
+/// A rule's filters, in any order, as one number.
+fn filters_hash(rule: &ForwardingRule) -> u64 {
+    let sorted: BTreeSet<&str> = rule.spec.mqtt.topics.iter().map(|t| t.0.as_str()).collect();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    sorted.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// How long the filters of a rule no longer seen are remembered: a rule deleted and made again
+/// under its name within it is compared with them (pods may still run the old one). Longer
+/// than kubelets take to sync a ConfigMap (about a minute by default).
+const FORGET_RULES_AFTER: jiff::SignedDuration = jiff::SignedDuration::from_secs(600);
+
+/// (started at, config generation) of a forwarder: it changes with every config it loads.
+type Loaded = (jiff::Timestamp, u64);
+
+/// What the poller remembers to tell whether a pod's config has a rule's current filters: a
+/// pod's report names its rules and says whether they are subscribed, not with which filters.
+/// When a rule's filters change, each pod of its groups is behind on that rule until it has
+/// loaded a config (or restarted) since and the reconciler has rendered the change. Kept in
+/// memory: after a restart of the operator every pod counts as current.
+#[derive(Default)]
+struct Filters {
+    /// Each rule's filters as last seen ([`filters_hash`]), and when.
+    rules: HashMap<RuleKey, (u64, jiff::Timestamp)>,
+    /// By (namespace, pod): what each forwarder pod had loaded when last seen.
+    pods: HashMap<(String, String), PodFilters>,
+}
+
+/// A forwarder pod's config as last seen, and the rules (by config name) whose filters changed
+/// while it had it: the config it had then, and the filters it has.
+type PodFilters = (Loaded, HashMap<String, (Loaded, u64)>);
+
+impl Filters {
+    /// Notes which config each pod that answered has loaded; forgets the pods gone.
+    fn observe_pods(&mut self, by_group: &Reports) {
+        let mut present = HashSet::new();
+        for ((ns, _, _), pods) in by_group {
+            for pod in pods {
+                let key = (ns.clone(), pod.name.clone());
+                present.insert(key.clone());
+                let Some(report) = &pod.report else { continue };
+                let loaded = (report.started_at, report.config.generation);
+                match self.pods.entry(key) {
+                    Entry::Occupied(mut e) => e.get_mut().0 = loaded,
+                    Entry::Vacant(e) => {
+                        e.insert((loaded, HashMap::new()));
+                    }
+                }
+            }
+        }
+        self.pods.retain(|key, _| present.contains(key));
+    }
+
+    /// The pods of `groups` whose config may still have earlier filters of rule `name`; notes
+    /// `filters` as its filters now, and whether the reconciler has `rendered` them.
+    fn stale(
+        &mut self,
+        rule: &RuleKey,
+        name: &str,
+        (filters, rendered): (u64, bool),
+        groups: &[&[PodSeen]],
+        now: jiff::Timestamp,
+    ) -> BTreeSet<String> {
+        let changed_from = self
+            .rules
+            .insert(rule.clone(), (filters, now))
+            .map(|(before, _)| before)
+            .filter(|before| *before != filters);
+        let mut stale = BTreeSet::new();
+        for pod in groups.iter().flat_map(|g| g.iter()) {
+            let Some((loaded, behind)) = self.pods.get_mut(&(rule.0.clone(), pod.name.clone()))
+            else {
+                continue;
+            };
+            if let Some(before) = changed_from {
+                // Behind until it loads a config after this change; it still has what it had.
+                let entry = behind.entry(name.to_owned()).or_insert((*loaded, before));
+                entry.0 = *loaded;
+            }
+            let Some((then, has)) = behind.get(name).copied() else {
+                continue;
+            };
+            if has == filters || (rendered && then != *loaded) {
+                behind.remove(name);
+            } else {
+                stale.insert(pod.name.clone());
+            }
+        }
+        stale
+    }
+
+    /// Forgets the filters of rules not seen for [`FORGET_RULES_AFTER`].
+    fn forget_rules(&mut self, now: jiff::Timestamp) {
+        self.rules
+            .retain(|_, (_, seen)| now.duration_since(*seen) < FORGET_RULES_AFTER);
     }
 }
 
@@ -564,6 +722,63 @@ status:
             "u-1".to_owned(),
         )]);
         assert_eq!(counted_group(&ours, &elsewhere), None);
+    }
+
+    /// A pod of group `default` of connection `plant` that answered: (started at second
+    /// `started`, config `generation`).
+    fn answered(name: &str, started: i64, generation: u64) -> PodSeen {
+        let report = serde_json::json!({
+            "version": "0", "startedAt": jiff::Timestamp::from_second(started).unwrap(),
+            "config": {"generation": generation, "appliedAt": "2026-11-22T10:00:00Z"},
+            "mqtt": {"connected": true, "subscribed": true}, "kafka": {"reachable": true},
+            "inflight": 0, "rules": [],
+        });
+        PodSeen {
+            name: name.into(),
+            ready: true,
+            report: Some(serde_json::from_value(report).unwrap()),
+        }
+    }
+
+    /// A rule's changed filters make each pod of its group behind on that rule until it has
+    /// loaded a config since and the reconciler has rendered the change (a report does not say
+    /// which filters a rule has); a pod that reloaded before the render is not stuck behind,
+    /// filters changed back need no reload, a pod first seen after the change is current.
+    #[test]
+    fn a_pod_is_behind_on_changed_filters_until_it_loads_a_config_after_the_render() {
+        let key = ("plant".to_owned(), "telemetry".to_owned());
+        let group_key = ("plant".to_owned(), "plant".to_owned(), "default".to_owned());
+        let now = jiff::Timestamp::from_second(1000).unwrap();
+        let mut f = Filters::default();
+        let poll = |f: &mut Filters, pods: Vec<PodSeen>, filters, rendered| {
+            let by_group = Reports::from([(group_key.clone(), pods)]);
+            f.observe_pods(&by_group);
+            let groups = [by_group[&group_key].as_slice()];
+            f.stale(&key, "telemetry", (filters, rendered), &groups, now)
+        };
+        let none = BTreeSet::new();
+        let p0 = BTreeSet::from(["p-0".to_owned()]);
+        assert_eq!(poll(&mut f, vec![answered("p-0", 1, 1)], 10, true), none);
+        // Changed: behind, rendered or not, until it loads a config.
+        assert_eq!(poll(&mut f, vec![answered("p-0", 1, 1)], 20, false), p0);
+        assert_eq!(poll(&mut f, vec![answered("p-0", 1, 1)], 20, true), p0);
+        // A pod first seen now started with the config as it is.
+        let both = || vec![answered("p-0", 1, 1), answered("p-1", 5, 1)];
+        assert_eq!(poll(&mut f, both(), 20, true), p0);
+        assert_eq!(poll(&mut f, vec![answered("p-0", 1, 2)], 20, true), none);
+        // Changed again and back before any reload: nothing to wait for.
+        assert_eq!(poll(&mut f, vec![answered("p-0", 1, 2)], 30, true), p0);
+        assert_eq!(poll(&mut f, vec![answered("p-0", 1, 2)], 20, true), none);
+        // A reload seen before the render still counts once it is rendered.
+        assert_eq!(poll(&mut f, vec![answered("p-0", 1, 2)], 40, false), p0);
+        assert_eq!(poll(&mut f, vec![answered("p-0", 1, 3)], 40, false), p0);
+        assert_eq!(poll(&mut f, vec![answered("p-0", 1, 3)], 40, true), none);
+        // A restart loads the config as it is, like a reload.
+        assert_eq!(poll(&mut f, vec![answered("p-0", 1, 3)], 50, true), p0);
+        assert_eq!(poll(&mut f, vec![answered("p-0", 9, 1)], 50, true), none);
+        // A rule not seen for a while is forgotten: its filters are taken as they come.
+        f.forget_rules(now + FORGET_RULES_AFTER);
+        assert!(f.rules.is_empty());
     }
 
     #[test]

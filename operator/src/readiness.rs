@@ -25,7 +25,7 @@ use crate::status::{BLOCKING_REASONS, READY};
 
 /// A rule's `Ready` reasons, as the operator writes them (the label's whole vocabulary, with
 /// [`NOT_RECONCILED`] and [`OTHER`]).
-pub const RULE_REASONS: [&str; 11] = [
+pub const RULE_REASONS: [&str; 12] = [
     "ForwarderReady",
     "ForwarderNotReady",
     "Paused",
@@ -37,6 +37,7 @@ pub const RULE_REASONS: [&str; 11] = [
     BLOCKING_REASONS[3],
     BLOCKING_REASONS[4],
     BLOCKING_REASONS[5],
+    BLOCKING_REASONS[6],
 ];
 
 /// A connection's `Ready` reasons, as the operator writes them.

@@ -53,6 +53,12 @@ impl Drop for Pod {
 
 /// Runs pod `name` of StatefulSet `workload` as a forwarder on `ip`, and reports it Ready.
 fn run_pod(cp: &ControlPlane, workload: &str, name: &str, ip: Ipv4Addr) -> Pod {
+    start_pod(cp, workload, name, ip, true)
+}
+
+/// Runs pod `name` of StatefulSet `workload` as a forwarder on `ip`; once it listens, reports
+/// it Running with that IP, and Ready as `ready` says.
+fn start_pod(cp: &ControlPlane, workload: &str, name: &str, ip: Ipv4Addr, ready: bool) -> Pod {
     let config = jsonpath(cp, NS, "configmap", workload, "{.data.config\\.yaml}");
     assert!(!config.is_empty(), "ConfigMap {workload} has a config");
     let dir = cp.dir().join(name);
@@ -79,8 +85,8 @@ fn run_pod(cp: &ControlPlane, workload: &str, name: &str, ip: Ipv4Addr) -> Pod {
         assert!(start.elapsed() < WAIT, "forwarder {name} never listened");
         std::thread::sleep(Duration::from_millis(100));
     }
-    cp.report_pod(NS, name, Some("Running"), Some(ip.into()), true)
-        .expect("report the pod Ready");
+    cp.report_pod(NS, name, Some("Running"), Some(ip.into()), ready)
+        .expect("report the pod Running");
     Pod { child, log }
 }
 
@@ -1276,4 +1282,255 @@ fn session_prefix(cp: &ControlPlane, op: &Operator, name: &str) -> String {
     let prefix = || jsonpath(cp, NS, "bc", name, "{.status.sessionPrefix}");
     op.wait_for("status.sessionPrefix", WAIT, || !prefix().is_empty());
     prefix()
+}
+
+/// The stand-in pods' IPs of the test below (see [`STEPS_NET`]).
+const SUBSCRIBE_NET: u8 = 4;
+
+/// How long after the operator renders a rule the stand-in kubelet syncs the group's
+/// ConfigMap into its pods (a real kubelet takes up to about a minute): long against the 1 s
+/// poll and a reconcile, so that a `Ready` that does not wait for the pods shows.
+const KUBELET_SYNC: Duration = Duration::from_secs(5);
+
+/// Issue 35, as found on a cluster: `kubectl wait --for=condition=Ready` on a rule just added
+/// to a running group, then publishing at once: every message reaches Kafka, because `Ready`
+/// waited until every pod of the group had subscribed the rule's filters. And a scale-up under
+/// traffic, the new pod starting and then joining: the running pods' rules stay Ready, with
+/// no Warning Event, and every message reaches Kafka.
+#[test]
+fn a_rule_is_ready_once_its_pods_subscribed_it_and_stays_so_through_a_scale_up() {
+    let (cp, mosquitto, kafka, rt) = brokers_and_control_plane();
+    let op = Operator::start(&cp, "operator", &["--status-interval-seconds", "1"]);
+    common::apply(
+        &cp,
+        &[
+            connection_yaml("plant", 2, &mosquitto, &kafka),
+            rule("temps", "plant", "plant/+/temp", "temps").yaml(),
+        ]
+        .concat(),
+    );
+    let mut pods: Vec<Pod> = (0..2u8)
+        .map(|o| {
+            let name = format!("plant-default-{o}");
+            op.wait_for(&format!("pod {name}"), WAIT, || {
+                cp.run_kubectl(["get", "pod", &name, "-n", NS]).is_ok()
+            });
+            let pod = start_pod(&cp, "plant-default", &name, subscribe_ip(o), false);
+            probe_until_ready(&cp, &name, o);
+            pod
+        })
+        .collect();
+    op.wait_for("rule temps Ready", WAIT, || {
+        cond(&cp, "fr", "temps", "Ready").0 == "True"
+    });
+    kubectl_wait_then_publish_loses_nothing(&cp, &op, &mosquitto, &kafka, &rt);
+    pods.push(a_scale_up_leaves_the_rules_ready(
+        &cp, &op, &mosquitto, &kafka,
+    ));
+}
+
+/// `127.77.<SUBSCRIBE_NET>.<ordinal + 1>`.
+fn subscribe_ip(ordinal: u8) -> Ipv4Addr {
+    Ipv4Addr::new(127, 77, SUBSCRIBE_NET, ordinal + 1)
+}
+
+/// The forwarder container's readiness probe period (`periodSeconds` in `children.rs`).
+const READINESS_PERIOD: Duration = Duration::from_secs(5);
+
+/// The kubelet's readiness probe of pod `name` (on [`subscribe_ip`] of `ordinal`), from its
+/// start and every [`READINESS_PERIOD`]: reports it Ready once its `/readyz` says so (it
+/// subscribed and reached Kafka).
+fn probe_until_ready(cp: &ControlPlane, name: &str, ordinal: u8) {
+    let addr = SocketAddr::from((subscribe_ip(ordinal), 8080));
+    let start = Instant::now();
+    while !ferry_e2e::http_get_at(addr, "/readyz").is_ok_and(|(code, _)| code == 200) {
+        assert!(start.elapsed() < WAIT, "{name} never ready");
+        std::thread::sleep(READINESS_PERIOD);
+    }
+    set_ready(cp, &[name], true);
+}
+
+/// Rule alarms added to the running group: `kubectl wait --for=condition=Ready` returns only
+/// once both pods have loaded and subscribed it (the stand-in kubelet syncs their config
+/// [`KUBELET_SYNC`] after the render); 100 QoS 1 messages published at once then all reach
+/// Kafka.
+fn kubectl_wait_then_publish_loses_nothing(
+    cp: &ControlPlane,
+    op: &Operator,
+    mosquitto: &Mosquitto,
+    kafka: &Kafka,
+    rt: &tokio::runtime::Runtime,
+) {
+    common::apply(
+        cp,
+        &rule("alarms", "plant", "plant/+/alarm", "alarms").yaml(),
+    );
+    let applied = Instant::now();
+    let timeout = format!("--timeout={}s", WAIT.as_secs());
+    let wait = cp
+        .kubectl([
+            "wait",
+            "--for=condition=Ready",
+            "fr/alarms",
+            "-n",
+            NS,
+            &timeout,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl wait");
+    op.wait_for("rule alarms rendered", WAIT, || {
+        jsonpath(
+            cp,
+            NS,
+            "configmap",
+            "plant-default",
+            "{.data.config\\.yaml}",
+        )
+        .contains("name: alarms")
+    });
+    std::thread::sleep(KUBELET_SYNC.saturating_sub(applied.elapsed()));
+    for o in 0..2 {
+        sync_config(cp, "plant-default", &format!("plant-default-{o}"));
+    }
+    let synced = applied.elapsed();
+    let waited = wait.wait_with_output().expect("kubectl wait");
+    let ready = applied.elapsed();
+    assert!(
+        waited.status.success(),
+        "kubectl wait: {}",
+        String::from_utf8_lossy(&waited.stderr)
+    );
+    let n = 100;
+    let messages: Vec<(String, Vec<u8>)> = (0..n)
+        .map(|i| {
+            (
+                format!("plant/{}/alarm", i % 10),
+                format!("w{i}").into_bytes(),
+            )
+        })
+        .collect();
+    publish(rt, mosquitto, messages);
+    let records = kafka
+        .read_all("alarms", n, Duration::from_secs(1), Duration::from_secs(30))
+        .expect("read alarms");
+    let arrived: std::collections::BTreeSet<&str> = records.iter().map(|r| r.value_str()).collect();
+    eprintln!(
+        "rule alarms: the pods' config synced {synced:.1?} after kubectl apply, kubectl wait \
+         returned {ready:.1?} after it; {} of {n} published then reached Kafka",
+        arrived.len()
+    );
+    assert_eq!(arrived.len(), n, "every message published once Ready");
+}
+
+/// The connection's replicas 2 → 3 under steady traffic: the stand-in kubelet starts pod 2,
+/// reports it Running and not Ready, and Ready once its `/readyz` says so (its readiness
+/// probe). Sampled at every 1 s poll until pod 2 serves both rules, neither rule leaves Ready
+/// True; no rule gets a Warning Event meanwhile; every message reaches Kafka. Returns pod 2.
+fn a_scale_up_leaves_the_rules_ready(
+    cp: &ControlPlane,
+    op: &Operator,
+    mosquitto: &Mosquitto,
+    kafka: &Kafka,
+) -> Pod {
+    let rule_warnings = || {
+        let warnings = events(
+            cp,
+            "involvedObject.kind=ForwardingRule,type=Warning",
+            "{range .items[*]}{.involvedObject.name} {.reason} x{.count}: {.message}\n{end}",
+        );
+        warnings
+            .lines()
+            .map(str::to_owned)
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    let warned_before = rule_warnings();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = steady_traffic(mosquitto.port(), stop.clone());
+    common::apply(cp, &connection_yaml("plant", 3, mosquitto, kafka));
+    let scaled = Instant::now();
+    let new = "plant-default-2";
+    // One read of every rule per sample: name, Ready, readyReplicas, Forwarding's message.
+    let each_rule = "jsonpath={range .items[*]}{.metadata.name}|\
+        {.status.conditions[?(@.type==\"Ready\")].status}|\
+        {.status.conditions[?(@.type==\"Ready\")].reason}|{.status.readyReplicas}|\
+        {.status.conditions[?(@.type==\"Forwarding\")].message}{\"\\n\"}{end}";
+    let sampling = std::sync::atomic::AtomicBool::new(true);
+    let (pod, samples) = std::thread::scope(|scope| {
+        // Sampled at the operator's poll interval here, while the kubelet's part goes on.
+        let sampler = scope.spawn(|| {
+            let mut samples = Vec::new();
+            let mut tick = Instant::now();
+            while sampling.load(std::sync::atomic::Ordering::SeqCst) {
+                let rules = cp
+                    .run_kubectl(["get", "fr", "-n", NS, "-o", each_rule])
+                    .expect("kubectl get fr");
+                samples.push((scaled.elapsed(), rules));
+                tick += Duration::from_secs(1);
+                std::thread::sleep(tick.saturating_duration_since(Instant::now()));
+            }
+            samples
+        });
+        op.wait_for("pod 2 created", WAIT, || {
+            cp.run_kubectl(["get", "pod", new, "-n", NS]).is_ok()
+        });
+        let pod = start_pod(cp, "plant-default", new, subscribe_ip(2), false);
+        probe_until_ready(cp, new, 2);
+        // Until it serves both rules: counted in readyReplicas, and found subscribed.
+        op.wait_for("pod 2 serving both rules", WAIT, || {
+            let rules = cp
+                .run_kubectl(["get", "fr", "-n", NS, "-o", each_rule])
+                .expect("kubectl get fr");
+            rules
+                .lines()
+                .filter(|l| l.contains("|3/3|") && l.contains("serving its group (3)"))
+                .count()
+                == 2
+        });
+        sampling.store(false, std::sync::atomic::Ordering::SeqCst);
+        (pod, sampler.join().expect("sampler"))
+    });
+    let served = scaled.elapsed();
+    let not_ready: Vec<String> = samples
+        .iter()
+        .flat_map(|(at, rules)| {
+            rules
+                .lines()
+                .filter(|l| l.split('|').nth(1) != Some("True"))
+                .map(move |l| format!("{at:.1?} {l}"))
+        })
+        .collect();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let sent = traffic.join().expect("traffic");
+    let warnings: Vec<String> = rule_warnings()
+        .difference(&warned_before)
+        .cloned()
+        .collect();
+    let mut arrived = std::collections::BTreeSet::new();
+    for (topic, share) in [("temps", 15), ("alarms", 5)] {
+        let records = kafka
+            .read_all(topic, sent * share / 20, Duration::from_secs(3), WAIT)
+            .expect("read");
+        arrived.extend(
+            records
+                .into_iter()
+                .map(|r| r.value_str().to_owned())
+                .filter(|v| v.starts_with('s')),
+        );
+    }
+    eprintln!(
+        "scaled 2 -> 3 under traffic: pod 2 served both rules {served:.1?} after the patch; {} \
+         samples of both rules' Ready, not True: {not_ready:?}; Warning Events on rules: \
+         {warnings:?}; {} of {sent} messages in Kafka",
+        samples.len(),
+        arrived.len()
+    );
+    assert!(not_ready.is_empty(), "Ready left True: {not_ready:?}");
+    assert!(
+        warnings.is_empty(),
+        "Warning Events of the scale-up: {warnings:?}"
+    );
+    assert_eq!(arrived.len(), sent, "every message published meanwhile");
+    pod
 }

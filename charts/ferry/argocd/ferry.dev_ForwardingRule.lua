@@ -31,8 +31,8 @@ if obj.status.conditions ~= nil then
       elseif c.reason == "Paused" or c.reason == "ScaledToZero" then
         -- Stopped on purpose (spec.paused, or the connection's replicas at 0).
         hs.status = "Suspended"
-      elseif c.reason == "ForwarderNotReady" then
-        -- Pods starting or rolling out.
+      elseif c.reason == "ForwarderNotReady" or c.reason == "Subscribing" then
+        -- Pods starting or rolling out, or loading and subscribing the rule's filters.
         hs.status = "Progressing"
       elseif c.status == "False" then
         hs.status = "Degraded"
