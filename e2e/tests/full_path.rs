@@ -429,6 +429,23 @@ fn config_generations(c: &Cluster) -> Result<Vec<(String, u64)>> {
         .collect()
 }
 
+/// Whether every forwarder pod runs the config its ConfigMap holds now (`/status`
+/// `config.digest`): a reload of an earlier version (another change the kubelet brought
+/// first) does not count.
+fn pods_run_current_config(c: &Cluster) -> Result<bool> {
+    let text = c.jsonpath("configmap", "plant-default", NS, "{.data.config\\.yaml}")?;
+    let want = ferry_api::status::config_digest(&text);
+    for (name, _, ip, _) in forwarder_pods(c)? {
+        let body = http_get_ok(SocketAddr::new(ip.parse()?, 8080), "/status")?;
+        let v: serde_json::Value = serde_json::from_str(&body)?;
+        if v["config"]["digest"].as_str() != Some(want.as_str()) {
+            println!("{name} does not run the current config yet");
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 /// Messages a second a step under load publishes.
 const LOAD_PER_SECOND: u32 = 200;
 
@@ -1511,7 +1528,7 @@ fn edit_rule_under_load(
         r#"{"spec":{"kafka":{"topic":"temps.v2","key":{"strategy":"mqttTopic","level":null}}}}"#,
     ])?;
     let gens_after = wait_until_some(
-        "every forwarder pod applied the edited rule (/status config.generation)",
+        "every forwarder pod applied the edited rule (/status config.generation and digest)",
         Duration::from_secs(150),
         CLUSTER_POLL,
         || {
@@ -1520,7 +1537,8 @@ fn edit_rule_under_load(
                 && now
                     .iter()
                     .zip(&gens_before)
-                    .all(|(a, b)| a.0 == b.0 && a.1 > b.1);
+                    .all(|(a, b)| a.0 == b.0 && a.1 > b.1)
+                && pods_run_current_config(c)?;
             Ok(all.then_some(now))
         },
     )?;
