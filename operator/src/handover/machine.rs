@@ -493,7 +493,7 @@ fn resize(wanted: Replicas, s: &Seen) -> Step {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn set(items: &[&str]) -> BTreeSet<String> {
@@ -502,7 +502,13 @@ mod tests {
 
     /// A workload of `group` at `replicas`, its config listing `rules` (`retiring` of them)
     /// and `drain`, with a running pod per ordinal below the replicas.
-    fn seen(group: &str, replicas: i32, rules: &[&str], retiring: &[&str], drain: &[u32]) -> Seen {
+    pub(in crate::handover) fn seen(
+        group: &str,
+        replicas: i32,
+        rules: &[&str],
+        retiring: &[&str],
+        drain: &[u32],
+    ) -> Seen {
         Seen {
             group: group.to_owned(),
             replicas,
@@ -539,7 +545,7 @@ mod tests {
         }
     }
 
-    fn spec(groups: &[(&str, i32)], targets: &[(&str, &str)]) -> Spec {
+    pub(in crate::handover) fn spec(groups: &[(&str, i32)], targets: &[(&str, &str)]) -> Spec {
         Spec {
             groups: groups
                 .iter()
@@ -561,7 +567,7 @@ mod tests {
         }
     }
 
-    fn workloads(list: Vec<Seen>) -> BTreeMap<String, Seen> {
+    pub(in crate::handover) fn workloads(list: Vec<Seen>) -> BTreeMap<String, Seen> {
         list.into_iter()
             .map(|s| (format!("w-{}", s.group), s))
             .collect()

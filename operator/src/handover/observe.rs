@@ -286,51 +286,15 @@ pub fn needs_reports(spec: &Spec, seen: &BTreeMap<String, Seen>) -> BTreeSet<Str
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::handover::{GroupSpec, Replicas};
-
-    fn seen(group: &str, replicas: i32, rules: &[&str], retiring: &[&str]) -> Seen {
-        let set = |l: &[&str]| l.iter().map(|s| (*s).to_owned()).collect();
-        Seen {
-            group: group.to_owned(),
-            replicas,
-            applied: Some(Applied {
-                rules: set(rules),
-                retiring: set(retiring),
-                ..Applied::default()
-            }),
-            pods: (0..replicas.unsigned_abs())
-                .map(|o| {
-                    let pod = PodSeen {
-                        exists: true,
-                        ..PodSeen::default()
-                    };
-                    (o, pod)
-                })
-                .collect(),
-        }
-    }
+    use crate::handover::machine::tests::{seen, spec, workloads};
 
     #[test]
     fn pods_are_asked_only_where_a_hand_over_depends_on_them() {
-        let spec = Spec {
-            groups: [("east", 1), ("west", 2), ("idle", 1)]
-                .into_iter()
-                .map(|(g, n)| {
-                    let workload = format!("w-{g}");
-                    let replicas = Replicas::Fixed(n);
-                    (g.to_owned(), GroupSpec { workload, replicas })
-                })
-                .collect(),
-            targets: [("moved", "east"), ("kw", "west"), ("ki", "idle")]
-                .into_iter()
-                .map(|(r, g)| (r.to_owned(), g.to_owned()))
-                .collect(),
-        };
-        let workloads = |list: Vec<Seen>| -> BTreeMap<String, Seen> {
-            list.into_iter()
-                .map(|s| (format!("w-{}", s.group), s))
-                .collect()
-        };
+        let spec = spec(
+            &[("east", 1), ("west", 2), ("idle", 1)],
+            &[("moved", "east"), ("kw", "west"), ("ki", "idle")],
+        );
+        let seen = |group, replicas, rules, retiring| seen(group, replicas, rules, retiring, &[]);
         // A removed group still lists a rule of east: both sides are asked; west scales
         // from 1 to 2; idle is at rest.
         let asked = needs_reports(
