@@ -197,6 +197,7 @@ fn evaluation_cost(rule: ExprRule, size: usize) -> Result<EvaluationCost> {
             qos: 1,
             pkid: 1,
             retain: false,
+            dup: false,
             content_type: None,
             user_properties: Vec::new(),
             epoch: 1,

@@ -508,6 +508,7 @@ mod tests {
             qos: 1,
             pkid: 1,
             retain: false,
+            dup: false,
             content_type: Some("application/json".into()),
             user_properties: vec![("site".into(), "north".into())],
             epoch: 1,

@@ -388,6 +388,9 @@ pub struct Metrics {
     pub unmatched: Counter,
     /// Messages over `mqtt.max_message_bytes`, whose payload was skipped unread.
     pub unread: Counter,
+    /// PUBLISH packets the broker flagged DUP: sent again, on a new connection, because it had
+    /// not seen them acknowledged. They are what an at-least-once replay consists of.
+    pub redelivered: Counter,
     pub acked: Counter,
     pub produce_retries: Counter,
     pub inflight: Gauge,
@@ -475,6 +478,7 @@ impl Metrics {
             received,
             unmatched: Counter::default(),
             unread: Counter::default(),
+            redelivered: Counter::default(),
             acked: Counter::default(),
             produce_retries: Counter::default(),
             inflight: Gauge::default(),
@@ -589,6 +593,11 @@ impl Metrics {
             "mqtt_unread_messages",
             "Messages over mqtt.max_message_bytes: their payload was skipped on the wire, never held, and they failed on each rule they matched",
             self.unread.clone(),
+        );
+        r.register(
+            "mqtt_redelivered_messages",
+            "PUBLISH packets the broker sent again (DUP): it had not seen them acknowledged before a reconnect",
+            self.redelivered.clone(),
         );
         r.register(
             "mqtt_acked_messages",

@@ -66,6 +66,8 @@ pub struct Message {
     pub qos: u8,
     pub pkid: u16,
     pub retain: bool,
+    /// The broker sent it before, on an earlier connection, and saw no acknowledgement.
+    pub dup: bool,
     /// MQTT 5 only.
     pub content_type: Option<String>,
     /// MQTT 5 only.
@@ -592,6 +594,9 @@ impl Driver {
         self.metrics
             .handover(|h| h.delivered(std::time::Instant::now()));
         self.metrics.received[usize::from(message.qos.min(2))].inc();
+        if message.dup {
+            self.metrics.redelivered.inc();
+        }
         message.epoch = self.epoch;
         match self.to_pipeline.try_send(message) {
             Ok(()) => {}

@@ -1425,6 +1425,7 @@ rules:
             qos: 1,
             pkid: 1,
             retain: false,
+            dup: false,
             content_type: None,
             user_properties: Vec::new(),
             epoch: 1,

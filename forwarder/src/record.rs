@@ -231,6 +231,7 @@ mod tests {
             qos: 1,
             pkid: 1,
             retain: false,
+            dup: false,
             content_type: None,
             user_properties: vec![("trace".into(), "t1".into())],
             subscription_ids: Vec::new(),

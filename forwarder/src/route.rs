@@ -833,6 +833,7 @@ rules:
             qos: 1,
             pkid: 7,
             retain: true,
+            dup: false,
             content_type: Some("application/json".into()),
             user_properties: vec![("trace".into(), "abc".into())],
             subscription_ids: Vec::new(),

@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 
 use ferry_e2e::{Kafka, KafkaCluster, Mosquitto, Record, free_port};
 
+/// The forwarder's window in [`config`]: `mqtt.max_inflight`.
+pub const WINDOW: usize = 1000;
+
 pub struct Brokers {
     pub mqtt: Mosquitto,
     pub kafka: Kafka,
@@ -68,7 +71,7 @@ impl Brokers {
 /// `rules` is the YAML list under `rules:`.
 pub fn config(mqtt: &Mosquitto, bootstrap: &str, client_id: &str, rules: &str) -> String {
     format!(
-        "mqtt:\n  host: 127.0.0.1\n  port: {}\n  client_id: {client_id}\n  max_inflight: 1000\n  reconnect_max_ms: 1000\n\
+        "mqtt:\n  host: 127.0.0.1\n  port: {}\n  client_id: {client_id}\n  max_inflight: {WINDOW}\n  reconnect_max_ms: 1000\n\
          kafka:\n  bootstrap_servers: {bootstrap}\n\
          shutdown_timeout_secs: 20\n\
          rules:\n{rules}",
@@ -256,6 +259,27 @@ impl Forwarder {
             std::thread::sleep(Duration::from_millis(50));
         }
         None
+    }
+
+    /// SIGKILLs the forwarder mid-stream, as a crash, and returns what the crash may replay
+    /// at most: its `window` (messages taken and not acknowledged) plus the acks it had written
+    /// that the broker had not read yet, which the connection's reset discards. Those are
+    /// counted from the kernel's socket queues while the forwarder is stopped (SIGSTOP): its
+    /// send queue and the broker's receive queue on its MQTT connection, a PUBACK being at
+    /// least 4 bytes. Panics if the connection cannot be found.
+    pub fn crash(&mut self, mqtt_port: u16, window: usize) -> usize {
+        self.signal(libc::SIGSTOP);
+        let pid = self
+            .child
+            .as_ref()
+            .map(|c| c.id())
+            .expect("running forwarder");
+        let unread = unread_ack_bytes(pid, mqtt_port)
+            .unwrap_or_else(|e| panic!("the forwarder's MQTT connection: {e}\n{}", self.log()));
+        self.signal(libc::SIGKILL);
+        let status = self.wait_exit(Duration::from_secs(5)).expect("killed");
+        eprintln!("forwarder crashed ({status}) with {unread} bytes of acks unread by the broker");
+        window + unread.div_ceil(4)
     }
 
     pub fn kill(&mut self) {
@@ -570,4 +594,44 @@ pub fn end_session(port: u16, client_id: &str) {
             }
         }
     });
+}
+
+/// Bytes written on `pid`'s connection to 127.0.0.1:`port` that the peer has not read:
+/// `pid`'s send queue plus the peer's receive queue, from `/proc/net/tcp`.
+fn unread_ack_bytes(pid: u32, port: u16) -> Result<usize, String> {
+    let inodes: Vec<String> = fs::read_dir(format!("/proc/{pid}/fd"))
+        .map_err(|e| format!("/proc/{pid}/fd: {e}"))?
+        .filter_map(|fd| fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|link| {
+            let link = link.to_string_lossy().into_owned();
+            Some(link.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+        })
+        .collect();
+    let table = fs::read_to_string("/proc/net/tcp").map_err(|e| format!("/proc/net/tcp: {e}"))?;
+    // sl local rem st tx_queue:rx_queue tr tm->when retrnsmt uid timeout inode
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().collect())
+        .filter(|r: &Vec<&str>| r.len() > 9)
+        .collect();
+    let port_of = |addr: &str| {
+        addr.rsplit_once(':')
+            .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+    };
+    let queues = |row: &Vec<&str>| -> Result<(usize, usize), String> {
+        let (tx, rx) = row[4].split_once(':').ok_or("queues")?;
+        let hex = |q| usize::from_str_radix(q, 16).map_err(|e| format!("{q}: {e}"));
+        Ok((hex(tx)?, hex(rx)?))
+    };
+    let ours = rows
+        .iter()
+        .find(|r| port_of(r[2]) == Some(port) && inodes.iter().any(|i| i == r[9]))
+        .ok_or_else(|| format!("no socket of pid {pid} connected to port {port}"))?;
+    let local = port_of(ours[1]).ok_or("local port")?;
+    let peer = rows
+        .iter()
+        .find(|r| port_of(r[1]) == Some(port) && port_of(r[2]) == Some(local))
+        .ok_or_else(|| format!("no broker socket for port {local}"))?;
+    Ok(queues(ours)?.0 + queues(peer)?.1)
 }
