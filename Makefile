@@ -12,7 +12,7 @@ CHECKOUT := $(notdir $(CURDIR))-$(shell printf '%s' '$(CURDIR)' | sha256sum | cu
 export CARGO_TARGET_DIR ?= $(FERRY_CACHE)/checkouts/$(CHECKOUT)
 export FERRY_IMAGES_DIR ?= $(CARGO_TARGET_DIR)/images
 
-.PHONY: all deps k8s tools helm nextest build release images test check lint docs-check unit demo demo-local bench soak crds chart-docs chart-docs-check clean-cache
+.PHONY: all deps k8s tools helm nextest build release images cost test check lint docs-check unit demo demo-local bench soak crds chart-docs chart-docs-check clean-cache
 
 NEXTEST := $(FERRY_CACHE)/tools/bin/cargo-nextest nextest
 # The tests that need no brokers: unit, property and model tests, and the command-line tests
@@ -73,9 +73,15 @@ docs-check:
 # starts its own brokers on free ports, so cargo-nextest runs several at once
 # (.config/nextest.toml); passing tests' output is in target/nextest/default/junit.xml (nextest's
 # store, in the checkout).
-test: deps k8s tools lint images
+test: deps k8s tools lint images cost
 	cargo test --workspace --doc
 	$(NEXTEST) run --workspace
+
+# The per-message path's cost in instructions (callgrind, through gungraun): plain, CEL and Avro
+# rules against the budget in forwarder/benches/cost/budget.rs; fails with the figures when a
+# count passes it. Part of `make test`.
+cost: deps tools
+	GUNGRAUN_RUNNER=$(FERRY_CACHE)/tools/bin/gungraun-runner cargo bench -p ferry-forwarder --bench cost
 
 # The inner loop: formatting, clippy, and the tests that need no brokers.
 check: deps nextest

@@ -4,7 +4,8 @@
 #     certificates), cmake/openssl headers (librdkafka's build), DejaVu fonts (benchmark plots),
 #     Lua 5.4 (runs the chart's Argo CD health checks), shellcheck (lints the workflows' scripts),
 #     Debian's docker-registry (the CNCF distribution registry) and skopeo (the full-path test
-#     installs from a private registry)
+#     installs from a private registry), valgrind (the cost benchmark counts instructions with
+#     callgrind)
 #   - Apache Kafka's jars from Maven Central (version pinned in e2e/kafka/pom.xml)
 #   - Apicurio Registry, the tests' schema registry (Confluent-compatible API), built from Maven
 #     Central with the Quarkus Maven plugin (versions pinned in e2e/registry/pom.xml)
@@ -26,7 +27,8 @@ python_dir="$cache/python-confluent-kafka-$confluent_version"
 need_pkgs=()
 for bin_pkg in mosquitto:mosquitto mosquitto_pub:mosquitto-clients openssl:openssl cmake:cmake pkg-config:pkg-config \
                java:openjdk-17-jre-headless mvn:maven g++:g++ make:make lua5.4:lua5.4 \
-               shellcheck:shellcheck docker-registry:docker-registry skopeo:skopeo python3:python3; do
+               shellcheck:shellcheck docker-registry:docker-registry skopeo:skopeo python3:python3 \
+               valgrind:valgrind; do
   command -v "${bin_pkg%%:*}" >/dev/null 2>&1 || [ -x "/usr/sbin/${bin_pkg%%:*}" ] || need_pkgs+=("${bin_pkg#*:}")
 done
 for dev_pkg in libssl-dev zlib1g-dev fonts-dejavu-core; do

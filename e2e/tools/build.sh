@@ -13,6 +13,9 @@
 #                in a temporary target dir that is removed; then cached like the others
 #   cargo-nextest  the test runner of `make test` and `make check` (.config/nextest.toml), also
 #                `cargo install`ed, pinned and `--locked`, the same way as lychee
+#   gungraun-runner  runs the cost benchmark (forwarder/benches/cost) under callgrind for
+#                `make cost`; `cargo install`ed the same way, at the version of the gungraun
+#                crate in Cargo.lock (the two must match)
 #   schemas      kubeconform normally downloads its schemas from GitHub, which is out of reach
 #                here. They are generated instead, the way openapi2jsonschema does ("standalone",
 #                "standalone-strict"), by the small Go program in openapi2jsonschema/:
@@ -25,7 +28,7 @@
 #
 # Output, in ${FERRY_CACHE:-~/.cache/ferry}/tools:
 #   bin/helm, bin/kubeconform, bin/actionlint, bin/ferry-openapi2jsonschema, bin/lychee,
-#   bin/cargo-nextest
+#   bin/cargo-nextest, bin/gungraun-runner
 #   schemas/v<k8s>-standalone-strict/<kind>-<group>-<version>.json (and -standalone/)
 #   schemas/crds/<group>/<kind>_<version>.json
 #   crds/monitoring.coreos.com_{servicemonitors,podmonitors,prometheusrules}.yaml (the CRDs
@@ -58,6 +61,9 @@ KUBECONFORM_VERSION=v0.8.0
 ACTIONLINT_VERSION=v1.7.12
 LYCHEE_VERSION=0.24.2
 NEXTEST_VERSION=0.9.151
+# The runner must be the gungraun library's version: read from the lock file, not written twice.
+GUNGRAUN_VERSION=$(sed -n '/^name = "gungraun"$/{n;s/^version = "\(.*\)"$/\1/p;}' "$(dirname "$0")/../../Cargo.lock")
+[ -n "$GUNGRAUN_VERSION" ] || { echo "ferry: tools: no gungraun in Cargo.lock" >&2; exit 1; }
 PROMETHEUS_OPERATOR_VERSION=v0.85.0 # the newest version of the root module on the proxy
 # GitOps CRDs for examples/gitops (Argo CD Application, Flux GitRepository and Kustomization,
 # External Secrets ExternalSecret).
@@ -76,14 +82,14 @@ schemas="$root/schemas"
 # The stamp also names the checksums of this script and the schema generator: editing either
 # regenerates the schemas (helm, kubeconform, actionlint and lychee are only rebuilt when their
 # version changes).
-stamp="helm $HELM_VERSION kubeconform $KUBECONFORM_VERSION actionlint $ACTIONLINT_VERSION lychee $LYCHEE_VERSION nextest $NEXTEST_VERSION kubernetes $k8s_version \
+stamp="helm $HELM_VERSION kubeconform $KUBECONFORM_VERSION actionlint $ACTIONLINT_VERSION lychee $LYCHEE_VERSION nextest $NEXTEST_VERSION gungraun $GUNGRAUN_VERSION kubernetes $k8s_version \
 prometheus-operator $PROMETHEUS_OPERATOR_VERSION argo-cd $ARGOCD_VERSION \
 flux $FLUX_KUSTOMIZE_VERSION/$FLUX_SOURCE_VERSION external-secrets $EXTERNAL_SECRETS_VERSION script $(cat "$here/build.sh" "$here"/openapi2jsonschema/{go.mod,go.sum,main.go} | sha256sum | cut -c1-12)"
 
 complete() {
   [ "$(cat "$root/.complete" 2>/dev/null)" = "$stamp" ] || return 1
   local b
-  for b in helm kubeconform actionlint ferry-openapi2jsonschema lychee cargo-nextest; do [ -x "$bin/$b" ] || return 1; done
+  for b in helm kubeconform actionlint ferry-openapi2jsonschema lychee cargo-nextest gungraun-runner; do [ -x "$bin/$b" ] || return 1; done
   [ -f "$schemas/$k8s_version-standalone-strict/deployment-apps-v1.json" ] &&
     [ -f "$schemas/crds/monitoring.coreos.com/servicemonitor_v1.json" ] &&
     [ -f "$root/crds/monitoring.coreos.com_podmonitors.yaml" ] &&
@@ -195,6 +201,9 @@ if [ "$("$bin/lychee" --version 2>/dev/null)" != "lychee $LYCHEE_VERSION" ]; the
   cargo_install lychee "$LYCHEE_VERSION" lychee
 fi
 nextest_current || cargo_install cargo-nextest "$NEXTEST_VERSION" cargo-nextest
+if [ "$("$bin/gungraun-runner" --version 2>/dev/null)" != "gungraun-runner $GUNGRAUN_VERSION" ]; then
+  cargo_install gungraun-runner "$GUNGRAUN_VERSION" gungraun-runner
+fi
 
 # The schema generator: its own Go module beside this script (go.mod and go.sum pinned, so the
 # build only reads the repository; its objects go to GOCACHE).

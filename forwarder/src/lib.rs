@@ -10,6 +10,7 @@ pub mod limits;
 pub mod load;
 pub mod metrics;
 pub mod mqtt;
+pub mod path;
 pub mod permanent;
 pub mod pipeline;
 pub mod record;

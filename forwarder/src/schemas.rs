@@ -145,7 +145,8 @@ impl SchemaSlot {
         }
     }
 
-    fn set_ready(&self, found: Arc<Ready>) {
+    /// A schema found: by the registry lookup, or given (the cost benchmark has no registry).
+    pub fn set_ready(&self, found: Arc<Ready>) {
         let mut state = write(&self.state);
         if matches!(*state, State::Retired) {
             return;
