@@ -50,17 +50,16 @@ use crate::preflight;
 use crate::scope::Scope;
 use crate::status::{self, RuleOutcome, Workload, column};
 use crate::validate::{MARK_VALUE, SECRET_MARK, referenced_secrets};
-use crate::writer::{FIELD_MANAGER, current_status, event, update_status, warn_event};
+use crate::writer::{
+    CONCURRENT_WRITES, FIELD_MANAGER, WRITE_BATCH, current_status, event, update_status, warn_event,
+};
 use kube::runtime::events::EventType;
 
 const CONNECTION: &str = "BrokerConnection";
 const RULE: &str = "ForwardingRule";
 /// A safety net against drift nobody told us about; changes arrive by watch.
 const RESYNC: Duration = Duration::from_secs(600);
-/// API writes a reconcile has in flight at once (groups applied, rule statuses written).
-const CONCURRENT_WRITES: usize = 16;
-/// Writes whose futures exist at once: a few rounds of [`CONCURRENT_WRITES`].
-pub(crate) const WRITE_BATCH: usize = 4 * CONCURRENT_WRITES;
+
 /// How soon to reconcile again a connection whose Secrets do not resolve, or one of whose
 /// groups has a name another owner holds.
 const UNRESOLVED_RETRY: Duration = Duration::from_secs(30);

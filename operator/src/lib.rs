@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod netpol;
 pub mod ownership;
 pub mod plan;
+pub mod podstatus;
 pub mod preflight;
 pub mod readiness;
 pub mod release;

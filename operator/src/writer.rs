@@ -16,6 +16,12 @@ use crate::context::{At, Context, Error, Step};
 use crate::events::Recorder;
 use crate::metrics::Kind;
 
+/// API writes a reconcile has in flight at once (groups applied, rule statuses written).
+pub(crate) const CONCURRENT_WRITES: usize = 16;
+/// Writes whose futures exist at once: a few rounds of [`CONCURRENT_WRITES`]. Thousands of
+/// writes' futures made up front would hold thousands of request states at once.
+pub(crate) const WRITE_BATCH: usize = 4 * CONCURRENT_WRITES;
+
 /// Field manager of children, connection status and the rules' `Accepted`/`Ready`.
 pub const FIELD_MANAGER: &str = "ferry-operator";
 /// Field manager of the rules' data-plane status (see `dataplane`).

@@ -20,7 +20,7 @@ use kube::{Client, ResourceExt};
 use super::machine::{Applied, PodSeen, Report, Seen, Spec};
 use crate::children::{self, LABEL_CONNECTION, LABEL_GROUP};
 use crate::context::{At, Error, Step};
-use crate::dataplane::{owned_by, pod_status};
+use crate::podstatus::{owned_by, pod_status};
 use crate::sessions::{SessionPrefix, client_id, started, workload_of};
 
 /// `/status` reads in flight at once.
