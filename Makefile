@@ -78,10 +78,10 @@ test: deps k8s tools lint images cost
 	$(NEXTEST) run --workspace
 
 # The per-message path's cost in instructions (callgrind, through gungraun): plain, CEL and Avro
-# rules against the budget in forwarder/benches/cost/budget.rs; fails with the figures when a
-# count passes it. Part of `make test`.
-cost: deps tools
-	GUNGRAUN_RUNNER=$(FERRY_CACHE)/tools/bin/gungraun-runner cargo bench -p ferry-forwarder --bench cost
+# rules against the budget in bench/src/cost/budget.rs; fails with the figures when a count
+# passes it. Part of `make test`. The runner is found on PATH (`make tools` builds it).
+cost: release tools
+	PATH="$(FERRY_CACHE)/tools/bin:$$PATH" $(CARGO_TARGET_DIR)/release/ferry-cost --bench
 
 # The inner loop: formatting, clippy, and the tests that need no brokers.
 check: deps nextest

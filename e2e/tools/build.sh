@@ -13,7 +13,7 @@
 #                in a temporary target dir that is removed; then cached like the others
 #   cargo-nextest  the test runner of `make test` and `make check` (.config/nextest.toml), also
 #                `cargo install`ed, pinned and `--locked`, the same way as lychee
-#   gungraun-runner  runs the cost benchmark (forwarder/benches/cost) under callgrind for
+#   gungraun-runner  runs the cost benchmark (bench/src/cost, the ferry-cost binary) under callgrind for
 #                `make cost`; `cargo install`ed the same way, at the version of the gungraun
 #                crate in Cargo.lock (the two must match)
 #   schemas      kubeconform normally downloads its schemas from GitHub, which is out of reach

@@ -1,7 +1,7 @@
 //! One message's way through the forwarder without I/O: routed (`route.rs`), judged by its
 //! rules' expressions, taken into the window with its targets' specs, its records built and
 //! encoded, and its rules credited once acknowledged. The pipeline does the I/O around it; the
-//! cost benchmark (`benches/cost.rs`) counts the instructions of exactly these steps.
+//! cost benchmark (`bench/src/cost`, `make cost`) counts the instructions of exactly these steps.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -14,8 +14,9 @@ use crate::eval::{self, EvalError, Evaluated, Scope};
 use crate::limits::{Judgement, TopicLimits};
 use crate::metrics::RuleStats;
 use crate::mqtt::Message;
-use crate::record::Source;
+use crate::record::{Record, Source, Unencoded};
 use crate::route::{Routed, RuleSet, Target};
+use crate::schemas::Ready;
 use crate::window::{Alone, PermanentReason, TargetSpec};
 
 /// Steps a message's expressions may take on the runtime's only thread (about a millisecond's
@@ -44,6 +45,9 @@ pub struct Leg {
     pub(crate) sent_at: Instant,
     /// What the target's expressions made of the message; `None` for a target without any.
     pub(crate) evaluated: Option<Box<Evaluated>>,
+    /// Its value as its schema encoded it, and the schema: a retry under the same schema
+    /// produces these bytes again instead of encoding anew.
+    pub(crate) encoded: Option<(Arc<Ready>, Vec<u8>)>,
 }
 
 impl Inflight {
@@ -76,6 +80,13 @@ impl Inflight {
         Some(self.legs.get(pos)?.source(&self.message))
     }
 
+    /// The record of its target at `pos` for that target's own topic, its value encoded once
+    /// per schema.
+    pub fn primary_record(&mut self, pos: usize) -> Option<Result<Record<'_>, Unencoded>> {
+        let Inflight { message, legs, .. } = self;
+        Some(legs.get_mut(pos)?.primary_record(message))
+    }
+
     /// Credits every rule it went through: its records were confirmed or settled.
     pub fn credit_acked(&self) {
         for leg in &self.legs {
@@ -90,6 +101,28 @@ impl Inflight {
 }
 
 impl Leg {
+    /// Its record for its own topic. The encoded value is kept while the target's schema is
+    /// the one that encoded it; a reload that replaced the schema encodes it again.
+    fn primary_record<'m>(&'m mut self, message: &'m Message) -> Result<Record<'m>, Unencoded> {
+        let Some(schema) = self.source(message).schema()? else {
+            return Ok(self.source(message).primary());
+        };
+        let (_, value) = match self.encoded.take() {
+            Some(kept) if Arc::ptr_eq(&kept.0, &schema) => self.encoded.insert(kept),
+            _ => {
+                let value = self.source(message).encode(&schema)?;
+                self.encoded.insert((schema, value))
+            }
+        };
+        // Built from the fields: `value` borrows `encoded`, the rest borrow the others.
+        let source = Source {
+            target: &self.target,
+            evaluated: self.evaluated.as_deref(),
+            message,
+        };
+        Ok(source.primary_valued(value))
+    }
+
     /// What its records are built from.
     pub fn source<'m>(&'m self, message: &'m Message) -> Source<'m> {
         Source {
@@ -215,6 +248,7 @@ pub fn judge(
                 matched: matched.clone(),
                 sent_at: now,
                 evaluated: Some(Box::new(Evaluated::failed(error))),
+                encoded: None,
             });
             continue;
         }
@@ -224,6 +258,7 @@ pub fn judge(
                 matched: matched.clone(),
                 sent_at: now,
                 evaluated: None,
+                encoded: None,
             });
             continue;
         }
@@ -261,6 +296,7 @@ pub fn judge(
                 matched,
                 sent_at: now,
                 evaluated: Some(Box::new(evaluated)),
+                encoded: None,
             });
         }
     }
@@ -458,5 +494,78 @@ rules:
             judged(Some(1_000_000)).is_some(),
             "within the limit: judged at once"
         );
+    }
+
+    #[test]
+    fn a_record_is_encoded_once_per_schema() {
+        let yaml = r##"
+mqtt: { host: h, client_id: c }
+kafka: { bootstrap_servers: "k:9092" }
+schema_registry: { url: "http://registry:8081" }
+rules:
+  - name: readings
+    mqtt: { topics: ["#"] }
+    on_unwritable: drop
+    kafka: { topic: readings, value: { format: avro, subject: readings } }
+"##;
+        let router = router_of(yaml);
+        let slot = &router.schemas()[0];
+        let ready = |id| {
+            let fetched = crate::registry::Fetched {
+                subject: "readings".to_owned(),
+                version: 1,
+                id,
+                format: slot.spec.format,
+                text: r#"{"type":"record","name":"R","fields":[{"name":"t","type":"double"}]}"#
+                    .to_owned(),
+            };
+            Arc::new(crate::schemas::compile(fetched, &slot.spec).unwrap_or_else(|e| panic!("{e}")))
+        };
+        slot.set_ready(ready(7));
+        let message = Message {
+            topic: "a/b".to_owned(),
+            payload: r#"{"t": 21.5}"#.into(),
+            qos: 1,
+            pkid: 1,
+            retain: false,
+            dup: false,
+            content_type: None,
+            user_properties: Vec::new(),
+            epoch: 1,
+            subscription_ids: Vec::new(),
+            size: 0,
+            unread: None,
+        };
+        let mut routed = Vec::new();
+        router.route(&message.topic, &[], &HashSet::new(), &mut routed);
+        let now = Instant::now();
+        let Some(judged) = judge(&routed, &message, now, 1_000_000, None) else {
+            panic!("judged")
+        };
+        let mut limits = TopicLimits::new(1_000_000);
+        let (mut inflight, _) = Inflight::new(judged, message, &mut limits, now);
+        // The record borrows the bytes kept with its leg: a retry takes the same ones.
+        let produced = |inflight: &mut Inflight| match inflight.primary_record(0) {
+            Some(Ok(record)) => {
+                assert!(matches!(record.value, std::borrow::Cow::Borrowed(_)));
+                (record.value.to_vec(), record.value.as_ptr())
+            }
+            _ => panic!("no record"),
+        };
+        let kept = |inflight: &Inflight| inflight.legs[0].encoded.as_ref().map(|(_, v)| v.as_ptr());
+        let (first, at) = produced(&mut inflight);
+        assert_eq!(kept(&inflight), Some(at));
+        assert_eq!(&first[..5], &[0, 0, 0, 0, 7], "the schema's id");
+        assert_eq!(
+            produced(&mut inflight),
+            (first.clone(), at),
+            "not encoded again"
+        );
+        assert_eq!(kept(&inflight), Some(at));
+        // A reload replaced the schema: encoded again, under the new id.
+        slot.set_ready(ready(8));
+        let (second, _) = produced(&mut inflight);
+        assert_eq!(&second[..5], &[0, 0, 0, 0, 8]);
+        assert_eq!(second[5..], first[5..]);
     }
 }

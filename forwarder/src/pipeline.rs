@@ -444,6 +444,7 @@ impl Pipeline {
                     reason: PermanentReason::Expression,
                     message: format!("the evaluation {why}"),
                 }))),
+                encoded: None,
             })
             .collect();
         Judged {
@@ -678,17 +679,14 @@ impl Pipeline {
         let Some(inflight) = self.window.message_mut(seq) else {
             return;
         };
-        let message = &inflight.message;
-        let Some(leg) = inflight.legs.get_mut(pos) else {
-            return;
-        };
-        leg.sent_at = Instant::now();
-        let leg = &*leg;
-        let source = leg.source(message);
+        if let Some(leg) = inflight.legs.get_mut(pos) {
+            leg.sent_at = Instant::now();
+        }
         let record = match dest {
-            Dest::Primary => match source.encoded_primary() {
-                Ok(record) => record,
-                Err(unencoded) => {
+            Dest::Primary => match inflight.primary_record(pos) {
+                None => return,
+                Some(Ok(record)) => record,
+                Some(Err(unencoded)) => {
                     let outcome = match unencoded {
                         Unencoded::Waiting(error) => Outcome::Blocked {
                             reason: BlockReason::Schema,
@@ -705,7 +703,11 @@ impl Pipeline {
                 }
             },
             Dest::DeadLetter { error } => {
-                source.dead_letter(&leg.target.matched_names(&leg.matched), error)
+                let Some(leg) = inflight.legs.get(pos) else {
+                    return;
+                };
+                let rules = leg.target.matched_names(&leg.matched);
+                leg.source(&inflight.message).dead_letter(&rules, error)
             }
         };
         let mut base =

@@ -4,6 +4,7 @@
 //! conversion at the edge (`owned_headers`).
 
 use std::borrow::Cow;
+use std::sync::Arc;
 
 use ferry_api::{KafkaTopic, KeyStrategy, PayloadFormat};
 use rdkafka::message::OwnedHeaders;
@@ -11,7 +12,7 @@ use rdkafka::message::OwnedHeaders;
 use crate::eval::Evaluated;
 use crate::mqtt::Message;
 use crate::route::{Target, header, record_key, wrap_json};
-use crate::schemas::NotYet;
+use crate::schemas::{NotYet, Ready};
 
 /// One Kafka record, borrowing from the message and its evaluation where it can.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,46 +48,69 @@ pub const BATCH_OVERHEAD: usize = 61;
 impl<'m> Source<'m> {
     /// The record for the target's own topic.
     pub fn primary(self) -> Record<'m> {
-        let Source {
-            target,
-            evaluated,
-            message,
-        } = self;
-        let value: Cow<'m, [u8]> = match (&target.payload, evaluated) {
+        Record {
+            key: self.key(),
+            value: self.value(),
+            headers: self.headers(),
+        }
+    }
+
+    /// The record for the target's own topic with `value` as its value: the one its schema
+    /// encoded ([`Source::encode`]).
+    pub fn primary_valued(self, value: &'m [u8]) -> Record<'m> {
+        Record {
+            key: self.key(),
+            value: Cow::Borrowed(value),
+            headers: self.headers(),
+        }
+    }
+
+    /// The value as the target makes it, before any schema.
+    fn value(self) -> Cow<'m, [u8]> {
+        match (&self.target.payload, self.evaluated) {
             (PayloadFormat::Transform(_), Some(e)) => {
                 Cow::Borrowed(e.value.as_deref().unwrap_or_default())
             }
             (PayloadFormat::WrappedJson, _) => {
-                Cow::Owned(wrap_json(&message.topic, &message.payload))
+                Cow::Owned(wrap_json(&self.message.topic, &self.message.payload))
             }
-            _ => Cow::Borrowed(&message.payload[..]),
-        };
-        Record {
-            key: self.key(),
-            value,
-            headers: self.headers(),
+            _ => Cow::Borrowed(&self.message.payload[..]),
         }
+    }
+
+    /// The schema the target encodes its values with (`kafka.value`), `None` when it has
+    /// none, or why there is none yet.
+    pub fn schema(self) -> Result<Option<Arc<Ready>>, Unencoded> {
+        let Some(slot) = &self.target.value else {
+            return Ok(None);
+        };
+        slot.ready().map(Some).map_err(|not| match not {
+            NotYet::Waiting(why) => Unencoded::Waiting(why),
+            NotYet::Retired(why) => Unencoded::Mismatch(why),
+        })
+    }
+
+    /// The value encoded by `schema`.
+    pub fn encode(self, schema: &Ready) -> Result<Vec<u8>, Unencoded> {
+        let value = self.value();
+        let mut out = Vec::with_capacity(value.len() + 16);
+        schema.encoder.encode(&value, &mut out).map_err(|e| {
+            Unencoded::Mismatch(format!(
+                "does not fit the schema of subject {:?} version {} (id {}): {e}",
+                schema.subject, schema.version, schema.id
+            ))
+        })?;
+        Ok(out)
     }
 
     /// The record for the target's own topic with its value encoded by the target's schema
     /// (`kafka.value`), when it has one.
     pub fn encoded_primary(self) -> Result<Record<'m>, Unencoded> {
-        let mut record = self.primary();
-        let Some(slot) = &self.target.value else {
-            return Ok(record);
+        let Some(schema) = self.schema()? else {
+            return Ok(self.primary());
         };
-        let ready = slot.ready().map_err(|not| match not {
-            NotYet::Waiting(why) => Unencoded::Waiting(why),
-            NotYet::Retired(why) => Unencoded::Mismatch(why),
-        })?;
-        let mut out = Vec::with_capacity(record.value.len() + 16);
-        ready.encoder.encode(&record.value, &mut out).map_err(|e| {
-            Unencoded::Mismatch(format!(
-                "does not fit the schema of subject {:?} version {} (id {}): {e}",
-                ready.subject, ready.version, ready.id
-            ))
-        })?;
-        record.value = Cow::Owned(out);
+        let mut record = self.primary();
+        record.value = Cow::Owned(self.encode(&schema)?);
         Ok(record)
     }
 

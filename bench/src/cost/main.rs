@@ -168,12 +168,12 @@ impl Path {
         while let Some(action) = self.window.next_action() {
             match action {
                 Action::Produce { target, .. } => {
-                    let source = self
+                    let record = self
                         .window
-                        .message(target.seq)
-                        .and_then(|m| m.source(target.pos))
-                        .expect("the target produced");
-                    let record = source.encoded_primary().expect("encoded");
+                        .message_mut(target.seq)
+                        .and_then(|m| m.primary_record(target.pos))
+                        .expect("the target produced")
+                        .expect("encoded");
                     black_box((&record.value, record.key, record.owned_headers()));
                     self.window
                         .on_outcome(target, Outcome::Delivered, std::time::Instant::now());
