@@ -9,6 +9,7 @@
 mod avro;
 mod json_schema;
 mod protobuf;
+mod protobuf_wire;
 
 use std::fmt;
 

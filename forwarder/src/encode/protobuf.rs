@@ -1,7 +1,12 @@
 //! JSON to Protobuf: the schema text compiled in process by `protox` (proto2 and proto3, the
-//! google/protobuf well-known types importable), the JSON read by `prost-reflect` by the
-//! Protobuf JSON mapping, then encoded. JSON members the message has no field for are ignored,
-//! as in the Avro encoder; an enum value the schema does not define is an error.
+//! google/protobuf well-known types importable), the JSON read by the Protobuf JSON mapping.
+//! JSON members the message has no field for are ignored, as in the Avro encoder; an enum value
+//! the schema does not define is an error.
+//!
+//! Two paths: the wire path (`protobuf_wire.rs`) writes the wire format as it reads the JSON,
+//! for messages without well-known types or groups; it gives up on anything it does not
+//! accept. The reflection path, which reads the JSON into a `prost-reflect` message and encodes
+//! that, then decides: it is the reference, and it alone words the errors.
 
 use prost::Message as _;
 use prost_reflect::{
@@ -10,6 +15,7 @@ use prost_reflect::{
 };
 use protox::file::{ChainFileResolver, File, FileResolver, GoogleFileResolver};
 
+use super::protobuf_wire::WirePlan;
 use super::{EncodeError, SchemaError, push_pointer_segment, put_zigzag, shortened};
 
 /// The name the registered schema is compiled under (imports name other files).
@@ -20,6 +26,9 @@ pub(super) struct ProtobufEncoder {
     /// Confluent's message-index array of `message`, encoded.
     indexes: Vec<u8>,
     options: DeserializeOptions,
+    /// The message compiled for the wire path; `None` when it holds what only the reflection
+    /// path encodes.
+    wire: Option<WirePlan>,
 }
 
 /// Serves the registered schema; its imports come from the next resolver.
@@ -81,14 +90,44 @@ impl ProtobufEncoder {
                 })?,
         };
         let indexes = message_indexes(&descriptor);
+        let wire = match WirePlan::compile(&descriptor) {
+            Ok(plan) => Some(plan),
+            Err(why) => {
+                tracing::debug!(
+                    message_type = descriptor.full_name(),
+                    %why,
+                    "Protobuf messages of this type go the slower reflection path"
+                );
+                None
+            }
+        };
         Ok(ProtobufEncoder {
             message: descriptor,
             indexes,
             options: DeserializeOptions::new(),
+            wire,
         })
     }
 
     pub(super) fn encode(&self, json: &[u8], out: &mut Vec<u8>) -> Result<(), EncodeError> {
+        if let Some(wire) = &self.wire {
+            let start = out.len();
+            out.extend_from_slice(&self.indexes);
+            if wire.encode(json, out).is_ok() {
+                return Ok(());
+            }
+            // Refused, or a case the wire path leaves alone: the reflection path decides.
+            out.truncate(start);
+        }
+        self.encode_by_reflection(json, out)
+    }
+
+    /// The reference: the JSON read into a `DynamicMessage`, checked, then encoded.
+    pub(super) fn encode_by_reflection(
+        &self,
+        json: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<(), EncodeError> {
         // Most payloads name only the message's fields: read straight from the text, strictly.
         let mut de = serde_json::Deserializer::from_slice(json);
         let message = match self.read(&mut de).and_then(|m| {
@@ -116,6 +155,21 @@ impl ProtobufEncoder {
             path: String::new(),
             reason: format!("cannot encode the message: {e}"),
         })
+    }
+}
+
+#[cfg(test)]
+impl ProtobufEncoder {
+    pub(super) fn wire(&self) -> Option<&WirePlan> {
+        self.wire.as_ref()
+    }
+
+    pub(super) fn descriptor(&self) -> &MessageDescriptor {
+        &self.message
+    }
+
+    pub(super) fn indexes(&self) -> &[u8] {
+        &self.indexes
     }
 }
 
