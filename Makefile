@@ -77,7 +77,7 @@ test: deps k8s tools lint images cost
 	cargo test --workspace --doc
 	$(NEXTEST) run --workspace
 
-# The per-message path's cost in instructions (callgrind, through gungraun): plain, CEL and Avro
+# The per-message path's cost in instructions (callgrind, through gungraun): plain, CEL, Avro and Protobuf
 # rules against the budget in bench/src/cost/budget.rs; fails with the figures when a count
 # passes it. Part of `make test`. The runner is found on PATH (`make tools` builds it).
 cost: release tools

@@ -8,3 +8,5 @@ pub const PLAIN: u64 = 7_800;
 pub const CEL: u64 = 21_300;
 /// The value encoded as Avro.
 pub const AVRO: u64 = 14_100;
+/// The value encoded as Protobuf.
+pub const PROTOBUF: u64 = 14_600;

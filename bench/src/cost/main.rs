@@ -2,7 +2,7 @@
 //! gungraun): routed, judged by its rule's expressions, taken into the window, its record built
 //! and encoded, confirmed and acknowledged — `ferry_forwarder::path`, the steps the pipeline runs
 //! between the MQTT socket and librdkafka, without either. One bench per kind of rule: plain,
-//! CEL (filter and key), Avro. Each fails when the count passes its budget (`budget.rs`), so a
+//! CEL (filter and key), Avro, Protobuf. Each fails when the count passes its budget (`budget.rs`), so a
 //! change that makes the hot path costlier fails `make test` with the figures. Instruction
 //! counts do not depend on the machine's load, unlike times.
 
@@ -13,6 +13,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use ferry_api::config::SchemaFormat;
 use ferry_forwarder::limits::{Learned, TopicLimits};
 use ferry_forwarder::metrics::Metrics;
 use ferry_forwarder::mqtt::Message;
@@ -42,6 +43,18 @@ const AVRO_SCHEMA: &str = r#"{"type": "record", "name": "Reading", "namespace": 
     {"name": "filler", "type": "string"}
   ]}"#;
 
+const PROTOBUF_SCHEMA: &str = r#"syntax = "proto3";
+package plant;
+message Reading {
+  int64 seq = 1;
+  int64 sent = 2;
+  string device = 3;
+  string type = 4;
+  double temp = 5;
+  string filler = 6;
+}
+"#;
+
 #[derive(Debug, Clone, Copy)]
 enum Rule {
     /// The payload as it came, to one topic.
@@ -50,6 +63,8 @@ enum Rule {
     Cel,
     /// Each value encoded as an Avro record (the schema given, as the registry would).
     Avro,
+    /// Each value encoded as a Protobuf message, the same way.
+    Protobuf,
 }
 
 impl Rule {
@@ -59,9 +74,16 @@ impl Rule {
             Rule::Cel => format!(
                 "    filter: \"json.type != 'heartbeat'\"\n    kafka: {{ topic: {TOPIC}, key: {{ expression: \"json.device\" }} }}\n"
             ),
-            Rule::Avro => format!(
-                "    on_unwritable: drop\n    kafka: {{ topic: {TOPIC}, value: {{ format: avro, subject: readings }} }}\n"
-            ),
+            Rule::Avro | Rule::Protobuf => {
+                let format = if matches!(self, Rule::Avro) {
+                    "avro"
+                } else {
+                    "protobuf"
+                };
+                format!(
+                    "    on_unwritable: drop\n    kafka: {{ topic: {TOPIC}, value: {{ format: {format}, subject: readings }} }}\n"
+                )
+            }
         };
         let kafka = if rule.is_empty() {
             format!("    kafka: {{ topic: {TOPIC} }}\n")
@@ -81,6 +103,7 @@ impl Rule {
             Rule::Plain => budget::PLAIN,
             Rule::Cel => budget::CEL,
             Rule::Avro => budget::AVRO,
+            Rule::Protobuf => budget::PROTOBUF,
         }
     }
 }
@@ -108,7 +131,11 @@ impl Path {
                 version: 1,
                 id: 1,
                 format: slot.spec.format,
-                text: AVRO_SCHEMA.to_owned(),
+                text: match slot.spec.format {
+                    SchemaFormat::Protobuf => PROTOBUF_SCHEMA,
+                    _ => AVRO_SCHEMA,
+                }
+                .to_owned(),
             };
             let ready = schemas::compile(fetched, &slot.spec).expect("the bench's schema");
             slot.set_ready(Arc::new(ready));
@@ -232,6 +259,7 @@ fn counted(rule: Rule) -> LibraryBenchmarkConfig {
 #[bench::plain(args = (Rule::Plain), setup = Path::new, config = counted(Rule::Plain))]
 #[bench::cel(args = (Rule::Cel), setup = Path::new, config = counted(Rule::Cel))]
 #[bench::avro(args = (Rule::Avro), setup = Path::new, config = counted(Rule::Avro))]
+#[bench::protobuf(args = (Rule::Protobuf), setup = Path::new, config = counted(Rule::Protobuf))]
 fn thousand_messages(mut path: Path) -> Path {
     path.forward_all();
     path
