@@ -106,6 +106,56 @@ pub fn ensure_helm() -> Result<()> {
     Ok(())
 }
 
+/// In a private cluster's temp dir: the pid of the test process it belongs to.
+const OWNER_FILE: &str = "owner.pid";
+
+/// Tears down the private clusters named `name` whose test process is gone. A test killed by
+/// nextest's timeout or a SIGKILL never runs its drop, and its cluster (a control plane,
+/// containerd, the kubelet and their pods) would run on and take the CPU of every later test.
+/// A pid that is alive, even reused by another process, keeps its cluster. Best effort: what
+/// `down.sh` cannot remove is said and left.
+fn reap_orphans(name: &str) {
+    let Ok(entries) = fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    let prefix = format!("{name}-");
+    for entry in entries.flatten() {
+        let tmp = entry.path();
+        if !entry.file_name().to_string_lossy().starts_with(&prefix) {
+            continue;
+        }
+        let owner = fs::read_to_string(tmp.join(OWNER_FILE)).ok();
+        let Some(pid) = owner.and_then(|o| o.trim().parse::<u32>().ok()) else {
+            continue;
+        };
+        // Without its cluster.env, down.sh would take the default cluster's settings.
+        if Path::new(&format!("/proc/{pid}")).exists() || !tmp.join("state/cluster.env").exists() {
+            continue;
+        }
+        eprintln!(
+            "tearing down the cluster in {} left by a test that is gone (pid {pid})",
+            tmp.display()
+        );
+        let down = Command::new("bash")
+            .arg(e2e_dir().join("cluster").join("down.sh"))
+            .env("FERRY_CLUSTER_DIR", tmp.join("state"))
+            .output();
+        match down {
+            Ok(out) if out.status.success() => {
+                if let Err(e) = fs::remove_dir_all(&tmp) {
+                    eprintln!("could not remove {}: {e}", tmp.display());
+                }
+            }
+            Ok(out) => eprintln!(
+                "down.sh could not tear down {}:\n{}",
+                tmp.display(),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => eprintln!("down.sh for {}: {e}", tmp.display()),
+        }
+    }
+}
+
 /// A cluster of `e2e/cluster/up.sh` with its settings (state dir, netns, subnets); torn down
 /// with `down.sh` on drop unless [`Cluster::down`] ran.
 pub struct Cluster {
@@ -129,10 +179,12 @@ impl Cluster {
     /// Private settings (state dir in a temp dir, netns `ferry-<tag><pid>`, subnets derived from
     /// the pid), so that it runs next to any other cluster. Nothing is started yet.
     pub fn private(name: &str, tag: &str) -> Result<Self> {
+        reap_orphans(name);
         let tmp = tempfile::Builder::new()
             .prefix(&format!("{name}-"))
             .tempdir()?;
         let id = std::process::id();
+        fs::write(tmp.path().join(OWNER_FILE), id.to_string())?;
         let k = 20 + id % 200;
         Ok(Self {
             dir: tmp.path().join("state"),
