@@ -191,20 +191,7 @@ fn evaluation_cost(rule: ExprRule, size: usize) -> Result<EvaluationCost> {
     let reads = JsonReads::union(&compiled).context("the rule reads json")?;
     // A thousand different readings (devices, heartbeats), cycled.
     let messages: Vec<Message> = (0..1000u64)
-        .map(|seq| Message {
-            topic: load::topic_of("b1", seq, 16),
-            payload: load::json_payload(seq, size).into(),
-            qos: 1,
-            pkid: 1,
-            retain: false,
-            dup: false,
-            content_type: None,
-            user_properties: Vec::new(),
-            epoch: 1,
-            subscription_ids: Vec::new(),
-            size: 0,
-            unread: None,
-        })
+        .map(|seq| Message::new(load::topic_of("b1", seq, 16), load::json_payload(seq, size)))
         .collect();
     // Shared as the pipeline shares a target's: one reference count per message.
     let time = |reads: &Arc<JsonReads>| -> Result<f64> {

@@ -503,18 +503,9 @@ mod tests {
 
     pub(super) fn message(topic: &str, payload: &[u8]) -> Message {
         Message {
-            topic: topic.into(),
-            payload: bytes::Bytes::copy_from_slice(payload),
-            qos: 1,
-            pkid: 1,
-            retain: false,
-            dup: false,
             content_type: Some("application/json".into()),
             user_properties: vec![("site".into(), "north".into())],
-            epoch: 1,
-            subscription_ids: Vec::new(),
-            size: 0,
-            unread: None,
+            ..Message::new(topic, bytes::Bytes::copy_from_slice(payload))
         }
     }
 

@@ -85,6 +85,27 @@ pub struct Message {
     pub unread: Option<usize>,
 }
 
+impl Message {
+    /// A QoS 1 message as first delivered on connection 1, without MQTT 5 properties: what
+    /// tests and benchmarks start from.
+    pub fn new(topic: impl Into<String>, payload: impl Into<Bytes>) -> Message {
+        Message {
+            topic: topic.into(),
+            payload: payload.into(),
+            qos: 1,
+            pkid: 1,
+            retain: false,
+            dup: false,
+            content_type: None,
+            user_properties: Vec::new(),
+            epoch: 1,
+            subscription_ids: Vec::new(),
+            size: 0,
+            unread: None,
+        }
+    }
+}
+
 /// The largest MQTT 5 Subscription Identifier.
 const SUBSCRIPTION_ID_MAX: u32 = 268_435_455;
 

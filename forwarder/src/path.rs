@@ -71,15 +71,6 @@ impl Inflight {
         (inflight, specs)
     }
 
-    pub fn message(&self) -> &Message {
-        &self.message
-    }
-
-    /// What the records of its target at `pos` are built from.
-    pub fn source(&self, pos: usize) -> Option<Source<'_>> {
-        Some(self.legs.get(pos)?.source(&self.message))
-    }
-
     /// The record of its target at `pos` for that target's own topic, its value encoded once
     /// per schema.
     pub fn primary_record(&mut self, pos: usize) -> Option<Result<Record<'_>, Unencoded>> {
@@ -453,20 +444,7 @@ rules:
 "##;
         let router = router_of(yaml);
         let items = vec!["1"; 2_000].join(",");
-        let message = Message {
-            topic: "a/b".to_owned(),
-            payload: format!(r#"{{"items":[{items}]}}"#).into(),
-            qos: 1,
-            pkid: 1,
-            retain: false,
-            dup: false,
-            content_type: None,
-            user_properties: Vec::new(),
-            epoch: 1,
-            subscription_ids: Vec::new(),
-            size: 0,
-            unread: None,
-        };
+        let message = Message::new("a/b", format!(r#"{{"items":[{items}]}}"#));
         let mut routed = Vec::new();
         router.route(&message.topic, &[], &HashSet::new(), &mut routed);
         let now = Instant::now();
@@ -522,20 +500,7 @@ rules:
             Arc::new(crate::schemas::compile(fetched, &slot.spec).unwrap_or_else(|e| panic!("{e}")))
         };
         slot.set_ready(ready(7));
-        let message = Message {
-            topic: "a/b".to_owned(),
-            payload: r#"{"t": 21.5}"#.into(),
-            qos: 1,
-            pkid: 1,
-            retain: false,
-            dup: false,
-            content_type: None,
-            user_properties: Vec::new(),
-            epoch: 1,
-            subscription_ids: Vec::new(),
-            size: 0,
-            unread: None,
-        };
+        let message = Message::new("a/b", r#"{"t": 21.5}"#);
         let mut routed = Vec::new();
         router.route(&message.topic, &[], &HashSet::new(), &mut routed);
         let now = Instant::now();

@@ -103,17 +103,6 @@ impl<'m> Source<'m> {
         Ok(out)
     }
 
-    /// The record for the target's own topic with its value encoded by the target's schema
-    /// (`kafka.value`), when it has one.
-    pub fn encoded_primary(self) -> Result<Record<'m>, Unencoded> {
-        let Some(schema) = self.schema()? else {
-            return Ok(self.primary());
-        };
-        let mut record = self.primary();
-        record.value = Cow::Owned(self.encode(&schema)?);
-        Ok(record)
-    }
-
     /// The record for the dead-letter topic: the message's payload as it came, the original
     /// record's key and headers, and where it came from, where it was going (`rules`, the
     /// target's matched rules), and why it could not get there.
@@ -250,18 +239,8 @@ mod tests {
 
     fn message(payload: &[u8]) -> Message {
         Message {
-            topic: "plant/7/temp".into(),
-            payload: bytes::Bytes::copy_from_slice(payload),
-            qos: 1,
-            pkid: 1,
-            retain: false,
-            dup: false,
-            content_type: None,
             user_properties: vec![("trace".into(), "t1".into())],
-            subscription_ids: Vec::new(),
-            size: 0,
-            unread: None,
-            epoch: 1,
+            ..Message::new("plant/7/temp", bytes::Bytes::copy_from_slice(payload))
         }
     }
 

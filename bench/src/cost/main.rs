@@ -12,7 +12,6 @@ use std::collections::HashSet;
 use std::hint::black_box;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use ferry_api::config::SchemaFormat;
 use ferry_forwarder::limits::{Learned, TopicLimits};
 use ferry_forwarder::metrics::Metrics;
@@ -234,18 +233,9 @@ fn message(seq: u64) -> Message {
     }
     payload.push_str("\"}");
     Message {
-        topic: format!("sensors/{}/data", seq % 50),
         size: payload.len() + 20,
-        payload: Bytes::from(payload),
-        qos: 1,
         pkid: (seq % 65_535 + 1) as u16,
-        retain: false,
-        dup: false,
-        content_type: None,
-        user_properties: Vec::new(),
-        epoch: 1,
-        subscription_ids: Vec::new(),
-        unread: None,
+        ..Message::new(format!("sensors/{}/data", seq % 50), payload)
     }
 }
 
